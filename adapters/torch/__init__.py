@@ -1,0 +1,123 @@
+"""memgov's PyTorch adapter: cap the caching allocator so the whole process stays in its budget.
+
+The budget counts what NVML counts for the process: CUDA context, library modules and workspaces,
+and the caching allocator. Only the allocator can be capped
+(``torch.cuda.set_per_process_memory_fraction``), so its cap is the budget minus the process's
+measured non-allocator overhead, taken when CUDA initialises, plus a margin for libraries loaded
+later (cuDNN, cuBLAS kernels). Nothing here initialises CUDA: the cap is deferred with
+``torch.cuda._lazy_call`` (private API, covered by tests) until torch initialises CUDA itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from memgov._adapters import Budget
+from memgov._sizes import format_size, parse_size
+
+DEFAULT_OVERHEAD = 700 * 2**20
+"""Used when this process's own NVML figure cannot be read (inside a PID namespace); measured
+612-650 MiB on an H200 with torch 2.11 (docs/RESULTS.md)."""
+DEFAULT_MARGIN = 160 * 2**20
+"""Device memory libraries take after CUDA initialises (cuDNN, cuBLAS and lazily loaded kernels)."""
+
+_state: dict[str, Any] = {}
+
+
+class TorchAdapter:
+    name = "torch"
+    module = "torch"
+
+    def configure_env(self, budget: Budget) -> str | None:
+        return None
+
+    def cuda_initialized(self) -> bool:
+        torch = sys.modules.get("torch")
+        return bool(torch is not None and torch.cuda.is_initialized())
+
+    def apply(self, budget: Budget) -> str:
+        import torch
+
+        notes = []
+        if budget.threads:
+            torch.set_num_threads(budget.threads)
+            notes.append(f"{budget.threads} CPU thread(s)")
+        if budget.bytes is None:
+            return "torch: " + ", ".join(notes + ["no cap (growth only: torch never preallocates)"])
+        if budget.simulated or budget.device_index is None:
+            return "torch: " + ", ".join(notes + ["no CUDA cap on a simulated device"])
+        _state["budget"] = budget
+        _explain_out_of_memory(torch)
+        if torch.cuda.is_initialized():
+            return "torch: " + ", ".join([*notes, _cap(budget)])
+        torch.cuda._lazy_call(lambda: _cap(budget))
+        return "torch: " + ", ".join(
+            [*notes, f"allocator cap from {format_size(budget.bytes)} when CUDA initialises"]
+        )
+
+
+def _cap(budget: Budget) -> str:
+    import torch
+
+    assert budget.bytes is not None
+    index = _torch_index(torch, budget)
+    total = torch.cuda.get_device_properties(index).total_memory
+    overhead = _measured_overhead(budget.device_uuid) + _margin()
+    cap = budget.bytes - overhead
+    if cap <= 0:
+        cap = 1  # a budget below the context's own size: every tensor allocation fails cleanly
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
+    _state.update(cap=cap, overhead=overhead)
+    return (
+        f"allocator capped at {format_size(cap)} on cuda:{index} "
+        f"({format_size(overhead)} kept for context and libraries)"
+    )
+
+
+def _torch_index(torch: Any, budget: Budget) -> int:
+    for index in range(torch.cuda.device_count()):
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        if budget.device_uuid in (uuid, f"GPU-{uuid}"):
+            return index
+    return budget.device_index or 0
+
+
+def _measured_overhead(uuid: str) -> int:
+    """This process's NVML footprint right after CUDA initialised: context and runtime only."""
+    from memgov import _nvml
+    from memgov._attribution import HOST_PIDNS, pidns_of
+
+    if pidns_of() != HOST_PIDNS:
+        return DEFAULT_OVERHEAD  # NVML's PIDs are the host's; ours cannot be found among them
+    used = (_nvml.processes(uuid) or {}).get(os.getpid())
+    return used if used else DEFAULT_OVERHEAD
+
+
+def _margin() -> int:
+    raw = os.environ.get("MEMGOV_TORCH_MARGIN", "").strip()
+    return parse_size(raw, what="MEMGOV_TORCH_MARGIN") if raw else DEFAULT_MARGIN
+
+
+def _explain_out_of_memory(torch: Any) -> None:
+    """Add memgov's budget to torch's OutOfMemoryError text, so the cause is plain."""
+    cls = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    if getattr(cls, "_memgov_explained", False):
+        return
+    original = cls.__str__
+
+    def __str__(self: BaseException) -> str:
+        text = original(self)
+        budget: Budget | None = _state.get("budget")
+        if budget is None or budget.bytes is None:
+            return text
+        cap = _state.get("cap")
+        detail = f"; tensors capped at {format_size(cap)}" if cap else ""
+        return (
+            f"{text}\nmemgov: this process's budget is {format_size(budget.bytes)} on "
+            f"{budget.device_uuid} (claim {budget.name!r}){detail}. Claim more, or use less."
+        )
+
+    cls.__str__ = __str__
+    cls._memgov_explained = True

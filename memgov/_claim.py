@@ -1,0 +1,255 @@
+"""memgov.claim(): reserve a GPU memory budget for this process and make its frameworks keep to it."""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from memgov import _adapters, _devices
+from memgov._errors import BudgetExceeded, ConfigError, MemgovError
+from memgov._ledger import DeviceLedger, Snapshot, record_payload
+from memgov._records import Held
+from memgov._sizes import format_size, parse_size
+
+HOLDER_ENV = "MEMGOV_HOLDER"
+"""Set while this process holds a claim (``<device uuid>/<record>``); children inherit it."""
+
+_state_lock = threading.RLock()
+_current: Claim | None = None
+
+
+@dataclass
+class Claim:
+    """A budget held on one GPU until released or until the process ends, however it ends."""
+
+    bytes: int
+    device: str
+    """The GPU's UUID (indices differ between containers; UUIDs do not)."""
+    name: str
+    mode: str
+    """"hard" when the GPU driver enforces the budget (MPS), else "soft" (framework caps)."""
+    index: int | None
+    """The GPU's index in this process's frameworks (cuda:N); None for simulated devices."""
+    id: str
+    record: str
+    reports: dict[str, str] = field(default_factory=dict)
+    """Adapter name -> what it applied (filled in as frameworks are imported)."""
+    _ledger: DeviceLedger | None = field(default=None, repr=False)
+    _held: Held | None = field(default=None, repr=False)
+
+    @property
+    def released(self) -> bool:
+        return self._held is None
+
+    def release(self) -> None:
+        """Give the budget back. Frameworks cannot lift a cap once set, so release at the end."""
+        global _current
+        with _state_lock:
+            held, ledger, self._held = self._held, self._ledger, None
+            if _current is self:
+                _current = None
+                os.environ.pop(HOLDER_ENV, None)
+        if held is not None and ledger is not None:
+            ledger.remove("claims", held)
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __str__(self) -> str:
+        where = f"cuda:{self.index}" if self.index is not None else "simulated"
+        state = "released" if self.released else self.mode
+        return f"claim {self.name!r}: {format_size(self.bytes)} on {self.device} ({where}, {state})"
+
+
+def current() -> Claim | None:
+    """The claim this process holds, if any."""
+    return _current
+
+
+def claim(
+    size: int | str,
+    *,
+    device: int | str | None = None,
+    wait: float | None = None,
+    name: str | None = None,
+) -> Claim:
+    """Reserve ``size`` of GPU memory for this process and cap its frameworks to it.
+
+    ``size``: bytes, "2GiB", "512MiB", "2G" (binary), "2GB" (decimal) or "25%" of the device.
+    ``device``: None (first visible GPU), an index (cuda:N), a GPU UUID, or "auto" (most free).
+    ``wait``: None fails at once; seconds queue first-come-first-served for that long.
+    Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
+    """
+    global _current
+    wait_s = _check_wait(wait)
+    label = _check_name(name)
+    with _state_lock:
+        if _current is not None:
+            # One claim per process: a holder that waits for more could deadlock with another.
+            raise MemgovError(
+                f"this process already holds {_current}; release it before claiming again"
+            )
+        candidates = _devices.candidates(device)
+        sizes = {d.uuid: parse_size(size, total=d.total, what="claim size") for d in candidates}
+        ledger, held, payload = _admit([DeviceLedger(d) for d in candidates], sizes, wait_s, label)
+        chosen = ledger.device
+        index = None if chosen.simulated else chosen.visible_index
+        if not chosen.simulated and not _adapters.cuda_initialized():
+            # Pin the frameworks to the claimed GPU: it becomes their cuda:0.
+            os.environ["CUDA_VISIBLE_DEVICES"] = chosen.uuid
+            index = 0
+        result = Claim(
+            bytes=payload["bytes"],
+            device=chosen.uuid,
+            name=label,
+            mode=payload["mode"],
+            index=index,
+            id=payload["id"],
+            record=held.name,
+            _ledger=ledger,
+            _held=held,
+        )
+        _current = result
+        os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
+    budget = _adapters.Budget(
+        bytes=result.bytes,
+        device_uuid=chosen.uuid,
+        device_total=chosen.total,
+        device_index=None if chosen.simulated else index,
+        simulated=chosen.simulated,
+        name=label,
+        threads=_threads(),
+        hard=result.mode == "hard",
+    )
+    _adapters.govern(budget, result.reports)
+    return result
+
+
+def _admit(
+    ledgers: list[DeviceLedger], sizes: dict[str, int], wait_s: float | None, name: str
+) -> tuple[DeviceLedger, Held, dict[str, Any]]:
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    tickets: dict[str, Held] = {}
+    try:
+        if deadline is not None:
+            for ledger in ledgers:
+                uuid = ledger.device.uuid
+                payload = record_payload("waiter", ledger.device, sizes[uuid], name, "soft")
+                tickets[uuid] = ledger.add("queue", payload)
+        delay = 0.005
+        while True:
+            refusals: list[tuple[Snapshot, int, bool]] = []
+            for ledger in ledgers:
+                uuid = ledger.device.uuid
+                with ledger.locked():
+                    snap = ledger.scan()
+                    mine = tickets.get(uuid)
+                    ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
+                    if ahead == 0 and sizes[uuid] <= snap.free:
+                        payload = record_payload("claim", ledger.device, sizes[uuid], name, "soft")
+                        held = ledger.add("claims", payload)
+                        if mine is not None:
+                            ledger.remove("queue", tickets.pop(uuid))
+                        return ledger, held, payload
+                refusals.append((snap, ahead, sizes[uuid] > snap.capacity))
+            never = all(impossible for _, _, impossible in refusals)
+            if deadline is None or never or time.monotonic() >= deadline:
+                raise _refusal(refusals, sizes, wait_s, never)
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.05)
+    finally:
+        for ledger in ledgers:
+            ticket = tickets.pop(ledger.device.uuid, None)
+            if ticket is not None:
+                ledger.remove("queue", ticket)
+
+
+def _refusal(
+    refusals: list[tuple[Snapshot, int, bool]],
+    sizes: dict[str, int],
+    wait_s: float | None,
+    never: bool,
+) -> BudgetExceeded:
+    snap, ahead, _ = max(refusals, key=lambda r: r[0].free)
+    uuid = snap.device.uuid
+    holders = [(c.name, c.bytes) for c in snap.largest_holders()]
+    parts = [
+        f"cannot claim {format_size(sizes[uuid])} on {uuid} ({snap.device.name}): "
+        + snap.describe()
+    ]
+    if holders:
+        parts.append(
+            "largest holders: " + ", ".join(f"{n} {format_size(b)}" for n, b in holders)
+        )
+    if ahead:
+        parts.append(f"{ahead} claim(s) queued ahead (first come, first served)")
+    if never:
+        parts.append("it can never fit: the request exceeds the device's capacity")
+    elif wait_s:
+        parts.append(f"waited {wait_s:g} s")
+    else:
+        parts.append("pass wait=SECONDS to queue for it")
+    return BudgetExceeded(
+        "; ".join(parts),
+        device=uuid,
+        requested=sizes[uuid],
+        free=snap.free,
+        holders=holders,
+        queued_ahead=ahead,
+    )
+
+
+def _check_wait(wait: object) -> float | None:
+    if wait is None:
+        return None
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait):
+        raise ValueError(f"wait={wait!r}: accepted None (fail at once) or seconds >= 0")
+    if wait < 0:
+        raise ValueError(f"wait={wait!r}: accepted None (fail at once) or seconds >= 0")
+    return float(wait) if wait > 0 else None
+
+
+def _check_name(name: object) -> str:
+    if name is None:
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        return f"{program or 'python'}:{os.getpid()}"
+    if not isinstance(name, str) or not name.strip() or len(name) > 128 or not name.isprintable():
+        raise ValueError(f"name={name!r}: accepted a printable string of 1 to 128 characters")
+    return name
+
+
+def _threads() -> int | None:
+    raw = os.environ.get("MEMGOV_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"MEMGOV_THREADS={raw!r}: accepted a whole number of CPU threads >= 1")
+    return int(raw)
+
+
+def _forget_in_child() -> None:
+    # A forked child must not keep the parent's record lock alive after the parent dies.
+    global _current
+    held = _current._held if _current is not None else None
+    if held is not None:
+        os.close(held.fd)
+    _current = None
+
+
+def _release_at_exit() -> None:
+    claim_now = _current
+    if claim_now is not None:
+        claim_now.release()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(_release_at_exit)

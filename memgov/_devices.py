@@ -1,0 +1,158 @@
+"""The GPUs memgov budgets: real ones through NVML, or simulated ones from MEMGOV_DEVICES.
+
+Simulated devices (``MEMGOV_DEVICES="sim0:16GiB,sim1:80GiB"``) replace NVML entirely. They exist so
+that memgov, and programs built on it, can be run and tested on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from memgov import _nvml
+from memgov._errors import ConfigError, NoDeviceError
+from memgov._sizes import parse_size
+
+_SIM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SIM_FORMAT = (
+    'MEMGOV_DEVICES: accepted a comma-separated list of NAME:TOTAL[:USED], e.g. '
+    '"sim0:16GiB,sim1:80GiB:2GiB" (NAME of letters, digits, "_", "-", "."; USED is memory taken '
+    "by processes outside memgov)"
+)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU as memgov sees it."""
+
+    index: int
+    """Position in the host's list (NVML's index, or the position in MEMGOV_DEVICES)."""
+    uuid: str
+    name: str
+    total: int
+    used: int
+    """Bytes in use on the device when it was read, by anyone (NVML); configured for simulated."""
+    simulated: bool
+    visible_index: int | None
+    """The index frameworks in this process would use (cuda:N), or None if hidden from them."""
+
+
+def simulated_spec() -> str | None:
+    raw = os.environ.get("MEMGOV_DEVICES")
+    return raw if raw and raw.strip() else None
+
+
+def _simulated(spec: str) -> list[Device]:
+    found: list[Device] = []
+    for position, item in enumerate(spec.split(",")):
+        parts = [p.strip() for p in item.split(":")]
+        if len(parts) not in (2, 3) or not _SIM_NAME.match(parts[0]):
+            raise ConfigError(f"MEMGOV_DEVICES item {item.strip()!r} is not valid; {SIM_FORMAT}")
+        if any(d.uuid == parts[0] for d in found):
+            raise ConfigError(f"MEMGOV_DEVICES names {parts[0]!r} twice; {SIM_FORMAT}")
+        try:
+            total = parse_size(parts[1], what=f"MEMGOV_DEVICES {parts[0]} total")
+            used = 0
+            if len(parts) == 3 and parts[2] not in ("0", "0B"):
+                used = parse_size(parts[2], total=total, what=f"MEMGOV_DEVICES {parts[0]} used")
+        except ValueError as exc:
+            raise ConfigError(f"{exc}; {SIM_FORMAT}") from None
+        found.append(Device(position, parts[0], f"simulated {parts[0]}", total, used, True, position))
+    return found
+
+
+def _visible_order(nvml_devices: list[_nvml.NvmlDevice]) -> list[_nvml.NvmlDevice]:
+    """The devices CUDA would show this process, in its order, from CUDA_VISIBLE_DEVICES.
+
+    Mirrors CUDA: indices or (prefixes of) UUIDs; the list ends at the first token that matches
+    nothing; "" or "-1" hide every GPU.
+    """
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return nvml_devices
+    order: list[_nvml.NvmlDevice] = []
+    for token in (t.strip() for t in raw.split(",")):
+        match = None
+        if token.isdigit():
+            match = next((d for d in nvml_devices if d.index == int(token)), None)
+        elif token.startswith("GPU-"):
+            hits = [d for d in nvml_devices if d.uuid.startswith(token)]
+            match = hits[0] if len(hits) == 1 else None
+        if match is None or match in order:
+            break
+        order.append(match)
+    return order
+
+
+def devices() -> list[Device]:
+    """Every GPU on the host (or simulated), with its memory read now."""
+    spec = simulated_spec()
+    if spec is not None:
+        return _simulated(spec)
+    nvml_devices = _nvml.devices()
+    visible = {d.uuid: i for i, d in enumerate(_visible_order(nvml_devices))}
+    return [
+        Device(d.index, d.uuid, d.name, d.total, d.used, False, visible.get(d.uuid))
+        for d in nvml_devices
+    ]
+
+
+def refresh(device: Device) -> Device:
+    """The same device with its memory use read again."""
+    if device.simulated:
+        return device
+    total, used = _nvml.memory(device.uuid)
+    return Device(
+        device.index, device.uuid, device.name, total, used, False, device.visible_index
+    )
+
+
+def candidates(selector: int | str | None) -> list[Device]:
+    """The devices a claim may go to: one, or every visible one for "auto" (best fit decides).
+
+    ``selector``: None (the first visible GPU), an index as frameworks count (cuda:N), a UUID or a
+    unique UUID prefix, or "auto".
+    """
+    visible = sorted(
+        (d for d in devices() if d.visible_index is not None),
+        key=lambda d: d.visible_index or 0,
+    )
+    if not visible:
+        reason = _nvml.unavailable_reason() if simulated_spec() is None else None
+        hint = f" (NVML: {reason})" if reason else ""
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hint += f" (CUDA_VISIBLE_DEVICES={cvd!r})" if cvd is not None else ""
+        raise NoDeviceError(
+            "no GPU is visible to this process" + hint + "; on a machine without a GPU, simulate "
+            'some with MEMGOV_DEVICES="sim0:16GiB"'
+        )
+    if selector is None:
+        return visible[:1]
+    if isinstance(selector, bool):
+        raise ConfigError(f"device={selector!r}: {_DEVICE_ACCEPTED}")
+    if isinstance(selector, str) and selector.strip().lower() == "auto":
+        return visible
+    if isinstance(selector, str) and selector.strip().isdigit():
+        selector = int(selector.strip())
+    if isinstance(selector, int):
+        if not 0 <= selector < len(visible):
+            raise NoDeviceError(
+                f"device={selector}: this process sees {len(visible)} GPU(s), indices "
+                f"0..{len(visible) - 1}"
+            )
+        return [visible[selector]]
+    if isinstance(selector, str) and selector.strip():
+        wanted = selector.strip()
+        hits = [d for d in visible if d.uuid == wanted] or [
+            d for d in visible if d.uuid.startswith(wanted)
+        ]
+        if len(hits) == 1:
+            return hits
+        known = ", ".join(d.uuid for d in visible)
+        what = "matches several" if hits else "matches no"
+        raise NoDeviceError(f"device={selector!r} {what} visible GPU (visible: {known})")
+    raise ConfigError(f"device={selector!r}: {_DEVICE_ACCEPTED}")
+
+
+_DEVICE_ACCEPTED = 'accepted None (first visible GPU), an index (cuda:N), a GPU UUID, or "auto"'

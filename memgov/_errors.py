@@ -1,0 +1,43 @@
+"""memgov's exceptions. Every error a user can cause says what was wrong and what is accepted."""
+
+from __future__ import annotations
+
+
+class MemgovError(Exception):
+    """Base class of every error memgov raises on purpose."""
+
+
+class ConfigError(MemgovError, ValueError):
+    """A size, environment variable or argument memgov cannot use."""
+
+
+class LedgerError(MemgovError):
+    """The ledger folder cannot be used (permissions, a symlink, a lock that is never released)."""
+
+
+class NoDeviceError(MemgovError):
+    """No GPU (real or simulated) matches what was asked for."""
+
+
+class BudgetExceeded(MemgovError):
+    """A claim does not fit in the free budget of its device.
+
+    Carries the facts a scheduler needs to decide what to do next.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: str,
+        requested: int,
+        free: int,
+        holders: list[tuple[str, int]] | None = None,
+        queued_ahead: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.device = device
+        self.requested = requested
+        self.free = free
+        self.holders = holders or []
+        self.queued_ahead = queued_ahead

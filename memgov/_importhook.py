@@ -1,0 +1,85 @@
+"""Run code right after a module is imported, before the importer gets it back.
+
+Adapters need this: TensorFlow's GPU options and JAX's allocator settings only take effect if
+applied after the framework is imported but before its first operation.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+Callback = Callable[[ModuleType], None]
+
+_lock = threading.RLock()
+_callbacks: dict[str, list[Callback]] = {}
+_resolving: set[str] = set()
+
+
+def when_imported(name: str, callback: Callback) -> None:
+    """Call ``callback(module)`` once ``name`` is imported (now, if it already is)."""
+    with _lock:
+        module = sys.modules.get(name)
+        if module is None:
+            _callbacks.setdefault(name, []).append(callback)
+            _install()
+            return
+    callback(module)
+
+
+def _install() -> None:
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+def _fire(name: str, module: ModuleType) -> None:
+    with _lock:
+        pending = _callbacks.pop(name, [])
+    for callback in pending:
+        callback(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        with _lock:
+            if fullname not in _callbacks or fullname in _resolving:
+                return None
+            _resolving.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            with _lock:
+                _resolving.discard(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader, fullname)
+        return spec
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: Any, name: str) -> None:
+        self._inner = inner
+        self._name = name
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        result: ModuleType | None = self._inner.create_module(spec)
+        return result
+
+    def exec_module(self, module: ModuleType) -> None:
+        # Restore the real loader first: frameworks look at __loader__/__spec__ (e.g. resources).
+        module.__loader__ = self._inner
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._inner
+        self._inner.exec_module(module)
+        _fire(self._name, module)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._inner, attr)

@@ -1,0 +1,260 @@
+"""The host's ledger of claims: one folder per GPU UUID under MEMGOV_DIR.
+
+    $MEMGOV_DIR/v1/<gpu-uuid>/admission.lock   serialises admissions (filelock, flock-based)
+    $MEMGOV_DIR/v1/<gpu-uuid>/claims/*.json    one record per live claim, flock-held by its holder
+    $MEMGOV_DIR/v1/<gpu-uuid>/queue/*.json     one record per waiting claimer, in arrival order
+
+Admission is the only read-modify-write and runs entirely under the admission lock: scan the live
+records, read NVML, decide, write the new record. Releases need no lock: removing a record only
+frees room, and a concurrent admission that still sees it is merely conservative. Liveness comes
+from each record's own flock (see _records), so a dead holder's budget is free at the next scan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from memgov import _config, _nvml, _records
+from memgov._attribution import Holder, attribute, pidns_of
+from memgov._devices import Device, refresh
+from memgov._errors import LedgerError
+from memgov._sizes import format_size
+
+VERSION_DIR = "v1"
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+STALE_TMP_S = 60.0
+"""A temporary record older than this with no lock is debris of a dead writer."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A live claim or a queued claimer, as recorded."""
+
+    record: str
+    kind: str
+    id: str
+    name: str
+    bytes: int
+    pid: int
+    pidns: int | None
+    host: str
+    uid: int | None
+    created: float
+    mode: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, seen: _records.Seen) -> Entry:
+        data = seen.data or {}
+        known = {"version", "id", "kind", "device", "bytes", "name", "pid", "pidns", "host",
+                 "created", "mode"}
+        pidns = data.get("pidns")
+        return cls(
+            record=seen.name,
+            kind=data["kind"],
+            id=data["id"],
+            name=data["name"],
+            bytes=data["bytes"],
+            pid=data["pid"],
+            pidns=pidns if isinstance(pidns, int) else None,
+            host=str(data.get("host", "")),
+            uid=seen.owner,
+            created=float(data["created"]),
+            mode=str(data.get("mode", "soft")),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+
+@dataclass
+class Snapshot:
+    """One consistent view of a device's budget."""
+
+    device: Device
+    reserve: int
+    claims: list[Entry]
+    queue: list[Entry]
+    use: dict[str, int | None]
+    """Claim record -> bytes its process uses now (None where not visible)."""
+    outside: int
+    """Bytes used on the device outside every claim (NVML), the driver's own included."""
+    problems: list[str]
+    removed: list[str]
+
+    @property
+    def claimed(self) -> int:
+        return sum(c.bytes for c in self.claims)
+
+    @property
+    def capacity(self) -> int:
+        return max(0, self.device.total - self.reserve)
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.claimed - self.outside)
+
+    def largest_holders(self, n: int = 3) -> list[Entry]:
+        return sorted(self.claims, key=lambda c: c.bytes, reverse=True)[:n]
+
+    def describe(self) -> str:
+        return (
+            f"free budget {format_size(self.free)} of {format_size(self.device.total)} "
+            f"(claimed {format_size(self.claimed)} by {len(self.claims)} claim(s), "
+            f"{format_size(self.outside)} used outside memgov, "
+            f"{format_size(self.reserve)} reserve)"
+        )
+
+
+def new_record_name() -> str:
+    # Arrival order is the name order: nanoseconds since the epoch agree across the containers of
+    # one host; the random tail keeps names unique.
+    return f"{time.time_ns():020d}-{secrets.token_hex(6)}{_records.SUFFIX}"
+
+
+def folder_name(uuid: str) -> str:
+    return _SAFE.sub("_", uuid)
+
+
+class DeviceLedger:
+    """The ledger of one device."""
+
+    def __init__(self, device: Device, root: Path | None = None) -> None:
+        self.device = device
+        self.root = root if root is not None else _config.ledger_dir()
+        self.parts = (VERSION_DIR, folder_name(device.uuid))
+        self.path = self.root.joinpath(*self.parts)
+
+    # -- locking -------------------------------------------------------------------------------
+    def _admission_lock(self) -> FileLock:
+        with _records.open_dir(self.root, self.parts, create=True):
+            pass  # make the folders (shared mode, no symlinks) before filelock creates the file
+        return FileLock(
+            str(self.path / "admission.lock"), timeout=_config.LOCK_TIMEOUT_S, mode=0o666
+        )
+
+    def locked(self) -> _Locked:
+        return _Locked(self._admission_lock(), self.path)
+
+    # -- reading -------------------------------------------------------------------------------
+    def scan(self, clean: bool = True) -> Snapshot:
+        """Read the live claims and queue; call under ``locked()`` for a consistent view.
+
+        ``clean`` removes dead holders' files where this user may.
+        """
+        device = refresh(self.device)
+        problems: list[str] = []
+        removed: list[str] = []
+        sections: dict[str, list[Entry]] = {"claims": [], "queue": []}
+        for section in sections:
+            with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
+                for seen in _records.scan(fd):
+                    where = f"{self.path / section / seen.name}"
+                    if seen.alive and seen.data is not None:
+                        if seen.data["device"] == device.uuid:
+                            sections[section].append(Entry.from_record(seen))
+                        else:
+                            problems.append(f"{where}: record of device {seen.data['device']}")
+                        continue
+                    if seen.alive:
+                        problems.append(f"{where}: skipped, {seen.problem} (holder alive)")
+                        continue
+                    if seen.name.startswith(_records.TMP_PREFIX) and not _old(fd, seen.name):
+                        continue  # being written right now
+                    why = _records.remove_dead(fd, seen.name) if clean else "not cleaned"
+                    label = seen.problem or "dead holder"
+                    if why is None:
+                        removed.append(f"{where} ({label})")
+                    elif seen.problem:
+                        problems.append(f"{where}: skipped, {seen.problem}; {why}")
+        claims = sections["claims"]
+        processes = None if device.simulated else _nvml.processes(device.uuid)
+        split = attribute(
+            device.used,
+            (Holder(c.record, c.bytes, c.pid, c.pidns) for c in claims),
+            processes,
+        )
+        return Snapshot(
+            device=device,
+            reserve=_config.reserve(device.total, device.simulated),
+            claims=claims,
+            queue=sections["queue"],
+            use=split.use,
+            outside=split.outside,
+            problems=problems,
+            removed=removed,
+        )
+
+    def snapshot(self) -> Snapshot:
+        with self.locked():
+            return self.scan()
+
+    # -- writing -------------------------------------------------------------------------------
+    def add(self, section: str, payload: dict[str, Any]) -> _records.Held:
+        with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
+            return _records.create(fd, self.path / section, new_record_name(), payload)
+
+    def update(self, section: str, held: _records.Held, payload: dict[str, Any]) -> None:
+        with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
+            _records.replace(fd, held, payload)
+
+    def remove(self, section: str, held: _records.Held) -> None:
+        try:
+            with _records.open_dir(self.root, (*self.parts, section), create=False) as fd:
+                _records.release(fd, held)
+        except (FileNotFoundError, LedgerError):
+            os.close(held.fd)  # folder gone (someone wiped the ledger): dropping the lock is all
+
+
+def record_payload(
+    kind: str, device: Device, size: int, name: str, mode: str, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "id": secrets.token_hex(8),
+        "kind": kind,
+        "device": device.uuid,
+        "bytes": size,
+        "name": name,
+        "pid": os.getpid(),
+        "pidns": pidns_of(),
+        "host": socket.gethostname(),
+        "created": time.time(),
+        "mode": mode,
+        **extra,
+    }
+
+
+def _old(folder_fd: int, name: str) -> bool:
+    try:
+        mtime = os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mtime
+    except OSError:
+        return False
+    return time.time() - mtime > STALE_TMP_S
+
+
+class _Locked:
+    def __init__(self, lock: FileLock, path: Path) -> None:
+        self._lock = lock
+        self._path = path
+
+    def __enter__(self) -> None:
+        try:
+            self._lock.acquire()
+        except Timeout:
+            raise LedgerError(
+                f"the admission lock of {self._path} was held for over "
+                f"{_config.LOCK_TIMEOUT_S:.0f} s; a stopped (SIGSTOP) memgov process holds it"
+            ) from None
+        except OSError as exc:
+            raise LedgerError(f"cannot lock {self._path}/admission.lock: {exc}") from None
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()

@@ -1,0 +1,63 @@
+"""The state of every device's budget as plain data: what `memgov status --json` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memgov._devices import Device, devices
+from memgov._ledger import DeviceLedger, Snapshot
+
+
+def snapshots(clean: bool = False) -> list[Snapshot]:
+    result = []
+    for device in devices():
+        ledger = DeviceLedger(device)
+        with ledger.locked():
+            result.append(ledger.scan(clean=clean))
+    return result
+
+
+def device_dict(device: Device) -> dict[str, Any]:
+    return {
+        "index": device.index,
+        "uuid": device.uuid,
+        "name": device.name,
+        "total": device.total,
+        "used": device.used,
+        "simulated": device.simulated,
+        "visible_index": device.visible_index,
+    }
+
+
+def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
+    """Stable keys: devices[].uuid, total, used, claimed, free, claims[].name, pid, bytes."""
+    return {
+        **device_dict(snap.device),
+        "claimed": snap.claimed,
+        "free": snap.free,
+        "reserve": snap.reserve,
+        "outside": snap.outside,
+        "claims": [
+            {
+                "name": c.name,
+                "pid": c.pid,
+                "bytes": c.bytes,
+                "use": snap.use.get(c.record),
+                "mode": c.mode,
+                "host": c.host,
+                "created": c.created,
+                "id": c.id,
+                "record": c.record,
+            }
+            for c in snap.claims
+        ],
+        "queue": [
+            {"name": q.name, "pid": q.pid, "bytes": q.bytes, "created": q.created}
+            for q in snap.queue
+        ],
+        "problems": snap.problems,
+    }
+
+
+def status() -> dict[str, Any]:
+    return {"devices": [snapshot_dict(s) for s in snapshots()]}

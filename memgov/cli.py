@@ -1,0 +1,130 @@
+"""The `memgov` command: a thin layer over the library (heavy imports happen inside commands)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+
+from memgov._errors import MemgovError
+
+app = typer.Typer(
+    name="memgov",
+    help="Share one NVIDIA GPU between many training processes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.echo(f"memgov: {exc}", err=True)
+    return typer.Exit(2)
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@app.command()
+def status(
+    as_json: JsonFlag = False,
+    watch: Annotated[
+        float | None,
+        typer.Option("--watch", min=0.2, help="Refresh every SECONDS until Ctrl-C."),
+    ] = None,
+) -> None:
+    """Per GPU: total, used (NVML), claimed, free budget, and every claim."""
+    from memgov import _status
+
+    try:
+        if watch is None:
+            data = _status.status()
+            if as_json:
+                _print_json(data)
+            else:
+                from memgov._render import status_table
+
+                from rich.console import Console
+
+                Console().print(status_table(data))
+            return
+        _watch(watch, as_json)
+    except MemgovError as exc:
+        raise _fail(exc) from None
+
+
+def _watch(seconds: float, as_json: bool) -> None:
+    from rich.live import Live
+
+    from memgov import _status
+    from memgov._render import status_table
+
+    try:
+        if as_json:
+            while True:
+                typer.echo(json.dumps(_status.status(), sort_keys=True))
+                time.sleep(seconds)
+        with Live(status_table(_status.status()), auto_refresh=False) as live:
+            while True:
+                time.sleep(seconds)
+                live.update(status_table(_status.status()), refresh=True)
+    except KeyboardInterrupt:
+        return
+
+
+@app.command()
+def gc(as_json: JsonFlag = False) -> None:
+    """Remove the records of dead holders and say what was removed or skipped."""
+    from memgov import _status
+
+    try:
+        snaps = _status.snapshots(clean=True)
+    except MemgovError as exc:
+        raise _fail(exc) from None
+    removed = [r for s in snaps for r in s.removed]
+    problems = [p for s in snaps for p in s.problems]
+    if as_json:
+        _print_json({"removed": removed, "skipped": problems})
+        return
+    for line in removed:
+        typer.echo(f"removed {line}")
+    for line in problems:
+        typer.echo(f"skipped {line}")
+    typer.echo(f"{len(removed)} removed, {len(problems)} skipped")
+
+
+@app.command()
+def devices(as_json: JsonFlag = False) -> None:
+    """The GPUs memgov sees (NVML, or simulated with MEMGOV_DEVICES)."""
+    from memgov._devices import devices as list_devices
+    from memgov._status import device_dict
+
+    try:
+        found = [device_dict(d) for d in list_devices()]
+    except MemgovError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        _print_json({"devices": found})
+        return
+    from rich.console import Console
+
+    from memgov._render import devices_table
+
+    Console().print(devices_table(found))
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:  # `memgov status | head`
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
