@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every GPU check the issues ask for, in one device call (< 9 minutes). Raw JSON goes to $OUT
+# (or ./out when run by hand); a short table is printed last.
+#   bash benchmarks/gpu/verify.sh [check ...]      checks: env torch mps jax pack (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MEMGOV_DIR=/tmp/memgov-verify
+checks=${*:-env torch mps jax pack}
+summary=()
+
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+  || { echo "memgov install failed"; tail -20 "$OUT/install.log"; exit 1; }
+
+run() {  # run NAME TIMEOUT CMD...: time-boxed, output kept in $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-12s rc=%-4s %4ss' "$name" "$rc" $((SECONDS - t0)))")
+  echo "=== $name (rc=$rc, $((SECONDS - t0)) s)"; tail -n 25 "$OUT/$name.log"
+}
+
+for check in $checks; do
+  case $check in
+    env) run env 60 bash -c 'nvidia-smi; python3 -c "import torch, jax, filelock, typer, pynvml;
+print(torch.__version__, jax.__version__, filelock.__version__, typer.__version__)";
+which nvidia-cuda-mps-control; nproc; free -g; python3 -m memgov devices 2>&1 || memgov devices' ;;
+    torch) run torch_claim 150 python3 benchmarks/gpu/torch_claim.py --out "$OUT/torch_claim.json" ;;
+    mps) [ -f benchmarks/gpu/mps_checks.py ] && run mps 270 python3 benchmarks/gpu/mps_checks.py --out "$OUT/mps_checks.json" ;;
+    jax) [ -f benchmarks/gpu/jax_auto.py ] && run jax 200 python3 benchmarks/gpu/jax_auto.py --out "$OUT/jax_auto.json" ;;
+    pack) [ -f benchmarks/gpu/pack_checks.sh ] && run pack 400 bash benchmarks/gpu/pack_checks.sh "$OUT" ;;
+  esac
+done
+echo; echo "== summary"; printf '%s\n' "${summary[@]}"

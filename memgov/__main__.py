@@ -1,0 +1,3 @@
+from memgov.cli import main
+
+main()
