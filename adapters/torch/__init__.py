@@ -51,7 +51,7 @@ class TorchAdapter:
         _state["budget"] = budget
         _explain_out_of_memory(torch)
         if torch.cuda.is_initialized():
-            return "torch: " + ", ".join([*notes, _cap(budget)])
+            return ", ".join([_cap(budget), *notes])
         torch.cuda._lazy_call(lambda: _cap(budget))
         return "torch: " + ", ".join(
             [*notes, f"allocator cap from {format_size(budget.bytes)} when CUDA initialises"]
@@ -70,10 +70,16 @@ def _cap(budget: Budget) -> str:
         cap = 1  # a budget below the context's own size: every tensor allocation fails cleanly
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
     _state.update(cap=cap, overhead=overhead)
-    return (
-        f"allocator capped at {format_size(cap)} on cuda:{index} "
+    report = (
+        f"torch: allocator capped at {format_size(cap)} on cuda:{index} "
         f"({format_size(overhead)} kept for context and libraries)"
     )
+    from memgov._claim import current
+
+    holder = current()
+    if holder is not None:  # deferred until CUDA initialised: replace the "pending" line
+        holder.reports["torch"] = report
+    return report
 
 
 def _torch_index(torch: Any, budget: Budget) -> int:
