@@ -1,0 +1,93 @@
+"""Keras-example MNIST CNN in PyTorch. Run ``python train_torch.py --help``; reports on stdout.
+
+Framework-only on purpose: memgov governs this process from outside (env vars, import hook),
+so nothing here imports memgov or sets thread counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import harness
+import numpy as np
+import report
+
+
+class TorchTrainer:
+    channels_last = False  # torch convolutions take NCHW
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        from torch import nn
+
+        self.torch = torch
+        if args.device == "gpu" and not torch.cuda.is_available():
+            raise report.UsageError("--device gpu: torch sees no GPU")
+        use_gpu = args.device != "cpu" and torch.cuda.is_available()
+        self.dev = (
+            torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
+        )
+        self.device = str(self.dev)
+        torch.manual_seed(args.seed)
+
+        self.model = nn.Sequential(
+            nn.Conv2d(1, 32, 3),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(0.25),
+            nn.Flatten(),
+            nn.Linear(64 * 12 * 12, 128),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(128, 10),
+        )
+        # Keras initialisation (Glorot-uniform weights, zero biases) so the three frameworks
+        # train the same model, not three variants of it.
+        for m in self.model:
+            if isinstance(m, nn.Conv2d | nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:  # always set here; the check is for the type checker
+                    nn.init.zeros_(m.bias)
+        self.model.to(self.dev)
+        # Keras' Adadelta defaults (torch's are rho=0.9, eps=1e-6).
+        self.opt = torch.optim.Adadelta(self.model.parameters(), lr=1.0, rho=0.95, eps=1e-7)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def train_epoch(self, batches: harness.Batches) -> tuple[float, float]:
+        torch = self.torch
+        self.model.train()
+        # Sums stay on the device: a per-step .item() would sync the GPU on every batch.
+        loss_sum = torch.zeros((), device=self.dev)
+        correct = torch.zeros((), device=self.dev, dtype=torch.int64)
+        n = 0
+        for xb, yb in batches:
+            x = torch.from_numpy(xb).to(self.dev)
+            y = torch.from_numpy(yb).to(self.dev)
+            logits = self.model(x)
+            loss = self.loss_fn(logits, y)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+            loss_sum += loss.detach() * len(yb)
+            correct += (logits.argmax(1) == y).sum()
+            n += len(yb)
+        return loss_sum.item() / n, correct.item() / n
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        with self.torch.no_grad():
+            return self.model(self.torch.from_numpy(x).to(self.dev)).argmax(1).cpu().numpy()
+
+    def hog(self, mib: int) -> object:
+        return self.torch.ones(mib << 20, dtype=self.torch.uint8, device=self.dev)
+
+    def peak_allocator_mib(self) -> float | None:
+        if self.dev.type != "cuda":
+            return None
+        return round(self.torch.cuda.max_memory_reserved(self.dev) / 2**20, 1)
+
+
+if __name__ == "__main__":
+    harness.main("torch", TorchTrainer)
