@@ -1,8 +1,8 @@
 """Who uses the device memory NVML reports: claimed processes, or processes outside memgov.
 
 NVML reports host PIDs. A process in the host's PID namespace can map each one to a claim through
-/proc (the namespace inode and the innermost PID in NSpid), so from the host the attribution is exact,
-also for claims made inside containers. Inside a PID namespace, NVML's PIDs mean nothing, so
+/proc (the namespace inode and the innermost PID in NSpid), so from the host the attribution is
+exact, also for claims made inside containers. Inside a PID namespace, NVML's PIDs mean nothing, so
 memgov assumes unattributed use belongs to claims up to their budgets (which memgov itself caps) and
 counts only the rest as used outside memgov. docs/ledger.md discusses what that can miss.
 """
@@ -58,16 +58,21 @@ def attribute(
     holders = list(holders)
     use: dict[str, int | None] = {h.key: None for h in holders}
     if processes is not None and pidns_of() == HOST_PIDNS:
-        by_identity = {(h.pidns, h.pid): h.key for h in holders}
+        by_identity: dict[tuple[int | None, int | None], str] = {
+            (h.pidns, h.pid): h.key for h in holders
+        }
         for key in use:
             use[key] = 0  # seen from the host: a claim with no NVML entry uses nothing yet
         for pid, used_bytes in processes.items():
-            key = by_identity.get((pidns_of(pid), _inner_pid(pid)))
-            if key is None:
+            found = by_identity.get((pidns_of(pid), _inner_pid(pid)))
+            if found is None:
                 continue
-            previous = use[key]
-            use[key] = None if used_bytes is None or previous is None else previous + used_bytes
+            previous = use[found]
+            use[found] = None if used_bytes is None or previous is None else previous + used_bytes
     # A claim's use up to its budget is inside the budget; what exceeds it, or whose use is unknown
     # and cannot be told apart, is handled as documented above.
-    inside = sum(min(h.bytes, use[h.key] if use[h.key] is not None else h.bytes) for h in holders)
+    inside = 0
+    for holder in holders:
+        seen = use[holder.key]
+        inside += holder.bytes if seen is None else min(holder.bytes, seen)
     return Attribution(use, max(0, used - inside))

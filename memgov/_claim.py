@@ -1,4 +1,4 @@
-"""memgov.claim(): reserve a GPU memory budget for this process and make its frameworks keep to it."""
+"""memgov.claim(): reserve a GPU memory budget for this process; make its frameworks keep to it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _adapters, _devices
+from memgov import _adapters, _devices, _enforce
 from memgov._errors import BudgetExceeded, ConfigError, MemgovError
 from memgov._ledger import DeviceLedger, Snapshot, record_payload
 from memgov._records import Held
@@ -40,8 +40,13 @@ class Claim:
     record: str
     reports: dict[str, str] = field(default_factory=dict)
     """Adapter name -> what it applied (filled in as frameworks are imported)."""
+    mode_reason: str = ""
+    """Why the claim is soft (e.g. CUDA already initialised), or which MPS daemon makes it hard."""
+    compute: int | None = None
+    """Percent of the GPU's SMs asked for with ``compute=``; applied in hard mode only."""
     _ledger: DeviceLedger | None = field(default=None, repr=False)
     _held: Held | None = field(default=None, repr=False)
+    _restore: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     @property
     def released(self) -> bool:
@@ -52,9 +57,11 @@ class Claim:
         global _current
         with _state_lock:
             held, ledger, self._held = self._held, self._ledger, None
+            restore, self._restore = self._restore, {}
             if _current is self:
                 _current = None
                 os.environ.pop(HOLDER_ENV, None)
+            _enforce.restore(restore)  # a child started from now on gets no stale MPS limit
         if held is not None and ledger is not None:
             ledger.remove("claims", held)
 
@@ -81,17 +88,24 @@ def claim(
     device: int | str | None = None,
     wait: float | None = None,
     name: str | None = None,
+    compute: int | None = None,
 ) -> Claim:
     """Reserve ``size`` of GPU memory for this process and cap its frameworks to it.
 
     ``size``: bytes, "2GiB", "512MiB", "2G" (binary), "2GB" (decimal) or "25%" of the device.
     ``device``: None (first visible GPU), an index (cuda:N), a GPU UUID, or "auto" (most free).
     ``wait``: None fails at once; seconds queue first-come-first-served for that long.
+    ``compute``: percent of the GPU's SMs (1-100) this process may use; needs hard mode.
+    The claim is hard (driver-enforced through MPS, see docs/hard-limits.md) when an MPS daemon
+    is reachable and CUDA is not yet initialised in this process, else soft; ``Claim.mode`` and
+    ``Claim.mode_reason`` say which and why.
     Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
     """
     global _current
     wait_s = _check_wait(wait)
     label = _check_name(name)
+    threads = _threads()  # every setting is checked before admission: an error must hold nothing
+    compute_pct = _enforce.check_compute(compute)
     with _state_lock:
         if _current is not None:
             # One claim per process: a holder that waits for more could deadlock with another.
@@ -100,13 +114,21 @@ def claim(
             )
         candidates = _devices.candidates(device)
         sizes = {d.uuid: parse_size(size, total=d.total, what="claim size") for d in candidates}
-        ledger, held, payload = _admit([DeviceLedger(d) for d in candidates], sizes, wait_s, label)
+        # The mode goes into the record, so it is decided before admission writes one.
+        plan = _enforce.decide(candidates, _adapters.cuda_initialized())
+        modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
+        ledger, held, payload = _admit(
+            [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct
+        )
         chosen = ledger.device
         index = None if chosen.simulated else chosen.visible_index
         if not chosen.simulated and not _adapters.cuda_initialized():
             # Pin the frameworks to the claimed GPU: it becomes their cuda:0.
             os.environ["CUDA_VISIBLE_DEVICES"] = chosen.uuid
             index = 0
+        restore: dict[str, str | None] = {}
+        if payload["mode"] == "hard":
+            restore = _enforce.apply(plan, payload["bytes"], index or 0, compute_pct)
         result = Claim(
             bytes=payload["bytes"],
             device=chosen.uuid,
@@ -115,9 +137,14 @@ def claim(
             index=index,
             id=payload["id"],
             record=held.name,
+            mode_reason=payload["mode_reason"],
+            compute=compute_pct,
             _ledger=ledger,
             _held=held,
+            _restore=restore,
         )
+        if restore:
+            result.reports["mps"] = _enforce.describe()
         _current = result
         os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
     budget = _adapters.Budget(
@@ -127,7 +154,7 @@ def claim(
         device_index=None if chosen.simulated else index,
         simulated=chosen.simulated,
         name=label,
-        threads=_threads(),
+        threads=threads,
         hard=result.mode == "hard",
     )
     _adapters.govern(budget, result.reports)
@@ -135,33 +162,49 @@ def claim(
 
 
 def _admit(
-    ledgers: list[DeviceLedger], sizes: dict[str, int], wait_s: float | None, name: str
+    ledgers: list[DeviceLedger],
+    sizes: dict[str, int],
+    wait_s: float | None,
+    name: str,
+    modes: dict[str, tuple[str, str]] | None = None,
+    compute: int | None = None,
 ) -> tuple[DeviceLedger, Held, dict[str, Any]]:
+    def payload_for(kind: str, ledger: DeviceLedger) -> dict[str, Any]:
+        uuid = ledger.device.uuid
+        mode, why = (modes or {}).get(uuid, ("soft", ""))
+        extra: dict[str, Any] = {"mode_reason": why}
+        if compute is not None:
+            extra["compute"] = compute
+        return record_payload(kind, ledger.device, sizes[uuid], name, mode, **extra)
+
     deadline = None if wait_s is None else time.monotonic() + wait_s
     tickets: dict[str, Held] = {}
     try:
         if deadline is not None:
             for ledger in ledgers:
                 uuid = ledger.device.uuid
-                payload = record_payload("waiter", ledger.device, sizes[uuid], name, "soft")
-                tickets[uuid] = ledger.add("queue", payload)
+                tickets[uuid] = ledger.add("queue", payload_for("waiter", ledger))
         delay = 0.005
         while True:
-            refusals: list[tuple[Snapshot, int, bool]] = []
-            for ledger in ledgers:
+            refusals: list[tuple[Snapshot, int, bool, str | None]] = []
+            for ledger in _most_free_first(ledgers):
                 uuid = ledger.device.uuid
                 with ledger.locked():
                     snap = ledger.scan()
                     mine = tickets.get(uuid)
                     ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
-                    if ahead == 0 and sizes[uuid] <= snap.free:
-                        payload = record_payload("claim", ledger.device, sizes[uuid], name, "soft")
+                    mode = (modes or {}).get(uuid, ("soft", ""))[0]
+                    # Each hard claim is one client of the device's MPS server, which admits
+                    # only so many: past that, wait or be refused like a budget that does not fit.
+                    blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
+                    if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
+                        payload = payload_for("claim", ledger)
                         held = ledger.add("claims", payload)
                         if mine is not None:
                             ledger.remove("queue", tickets.pop(uuid))
                         return ledger, held, payload
-                refusals.append((snap, ahead, sizes[uuid] > snap.capacity))
-            never = all(impossible for _, _, impossible in refusals)
+                refusals.append((snap, ahead, sizes[uuid] > snap.capacity, blocked))
+            never = all(impossible for _, _, impossible, _ in refusals)
             if deadline is None or never or time.monotonic() >= deadline:
                 raise _refusal(refusals, sizes, wait_s, never)
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
@@ -173,13 +216,21 @@ def _admit(
                 ledger.remove("queue", ticket)
 
 
+def _most_free_first(ledgers: list[DeviceLedger]) -> list[DeviceLedger]:
+    if len(ledgers) == 1:
+        return ledgers
+    # device="auto": try the device with the most free budget first; each try re-checks under
+    # its own lock, so a stale order costs a retry, never an over-commit.
+    return sorted(ledgers, key=lambda ledger: ledger.snapshot().free, reverse=True)
+
+
 def _refusal(
-    refusals: list[tuple[Snapshot, int, bool]],
+    refusals: list[tuple[Snapshot, int, bool, str | None]],
     sizes: dict[str, int],
     wait_s: float | None,
     never: bool,
 ) -> BudgetExceeded:
-    snap, ahead, _ = max(refusals, key=lambda r: r[0].free)
+    snap, ahead, _, blocked = max(refusals, key=lambda r: r[0].free)
     uuid = snap.device.uuid
     holders = [(c.name, c.bytes) for c in snap.largest_holders()]
     parts = [
@@ -190,6 +241,8 @@ def _refusal(
         parts.append(
             "largest holders: " + ", ".join(f"{n} {format_size(b)}" for n, b in holders)
         )
+    if blocked:
+        parts.append(blocked)
     if ahead:
         parts.append(f"{ahead} claim(s) queued ahead (first come, first served)")
     if never:
@@ -240,6 +293,10 @@ def _forget_in_child() -> None:
     # A forked child must not keep the parent's record lock alive after the parent dies.
     global _current
     held = _current._held if _current is not None else None
+    if _current is not None:
+        # Detach the child's copy too: its release() (a `with` block it unwinds) must not unlink
+        # the parent's record, nor close an fd number the child has since reused.
+        _current._held = _current._ledger = None
     if held is not None:
         os.close(held.fd)
     _current = None

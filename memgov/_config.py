@@ -12,10 +12,10 @@ DEFAULT_DIR = "/tmp/memgov"
 """Ledger folder when MEMGOV_DIR is unset. One per host: bind-mount it into containers."""
 
 DEFAULT_RESERVE_REAL = 256 * 2**20
-"""Kept free on a real GPU on top of what NVML already reports used (driver growth, fragmentation)."""
+"""Kept free on a real GPU beyond what NVML reports used (driver growth, fragmentation)."""
 
 LOCK_TIMEOUT_S = 30.0
-"""Longest wait for a device's admission lock; only a stopped (SIGSTOP) process can hold it that long."""
+"""Longest wait for a device's admission lock; only a stopped (SIGSTOP) process holds it so long."""
 
 
 def ledger_dir() -> Path:

@@ -58,7 +58,8 @@ def _simulated(spec: str) -> list[Device]:
                 used = parse_size(parts[2], total=total, what=f"MEMGOV_DEVICES {parts[0]} used")
         except ValueError as exc:
             raise ConfigError(f"{exc}; {SIM_FORMAT}") from None
-        found.append(Device(position, parts[0], f"simulated {parts[0]}", total, used, True, position))
+        label = f"simulated {parts[0]}"
+        found.append(Device(position, parts[0], label, total, used, True, position))
     return found
 
 

@@ -30,7 +30,7 @@ SUFFIX = ".json"
 TMP_PREFIX = ".tmp-"
 MAX_BYTES = 64 * 1024
 SHARED_DIR_MODE = 0o1777
-"""Folders are shared by every user on the host; the sticky bit stops users removing others' files."""
+"""Folders are shared by every user on the host; the sticky bit keeps others' files safe."""
 RECORD_MODE = 0o644
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -161,6 +161,8 @@ class Seen:
     problem: str | None
     """Why the file was skipped (corrupt, foreign, unreadable...), or None for a good record."""
     owner: int | None
+    inode: tuple[int, int] | None = None
+    """(st_dev, st_ino) of the file that was read, so removal can tell it from a replacement."""
 
 
 def scan(folder_fd: int) -> list[Seen]:
@@ -181,7 +183,7 @@ def _probe_tmp(folder_fd: int, name: str) -> Seen | None:
     item = _read(folder_fd, name, parse=False)
     if item is None or item.alive:
         return None
-    return Seen(name, False, None, "unfinished write of a dead process", item.owner)
+    return Seen(name, False, None, "unfinished write of a dead process", item.owner, item.inode)
 
 
 def _read(folder_fd: int, name: str, parse: bool = True) -> Seen | None:
@@ -195,24 +197,29 @@ def _read(folder_fd: int, name: str, parse: bool = True) -> Seen | None:
         return Seen(name, False, None, why, _owner(folder_fd, name))
     try:
         info = os.fstat(fd)
+        inode = (info.st_dev, info.st_ino)
         if not stat.S_ISREG(info.st_mode):
-            return Seen(name, False, None, "not a regular file", info.st_uid)
+            return Seen(name, False, None, "not a regular file", info.st_uid, inode)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             alive = False
         except BlockingIOError:
             alive = True
         if not parse:
-            return Seen(name, alive, None, None, info.st_uid)
+            return Seen(name, alive, None, None, info.st_uid, inode)
         if not name.endswith(SUFFIX):
-            return Seen(name, alive, None, "not a memgov record (unknown name)", info.st_uid)
+            return Seen(
+                name, alive, None, "not a memgov record (unknown name)", info.st_uid, inode
+            )
         if info.st_size > MAX_BYTES:
-            return Seen(name, alive, None, f"too large ({info.st_size} bytes)", info.st_uid)
+            return Seen(
+                name, alive, None, f"too large ({info.st_size} bytes)", info.st_uid, inode
+            )
         raw = os.read(fd, MAX_BYTES + 1)
     finally:
         os.close(fd)
     data, problem = _parse(raw)
-    return Seen(name, alive, data, problem, info.st_uid)
+    return Seen(name, alive, data, problem, info.st_uid, inode)
 
 
 def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
@@ -240,12 +247,22 @@ def _owner(folder_fd: int, name: str) -> int | None:
         return None
 
 
-def remove_dead(folder_fd: int, name: str) -> str | None:
-    """Delete a dead holder's file; return why not (e.g. another user's file in a sticky folder)."""
+GONE = "gone"
+"""remove_dead's answer when the file already vanished or was replaced: nothing to report."""
+
+
+def remove_dead(folder_fd: int, seen: Seen) -> str | None:
+    """Delete a file found dead; None when removed, else why not (GONE, or e.g. another user's
+    file in a sticky folder)."""
     try:
-        os.unlink(name, dir_fd=folder_fd)
+        now = os.stat(seen.name, dir_fd=folder_fd, follow_symlinks=False)
+        if seen.inode is not None and (now.st_dev, now.st_ino) != seen.inode:
+            # replace() renamed a live record over the name after we read the old, now unlocked
+            # one: the name belongs to a live holder and must not be unlinked.
+            return GONE
+        os.unlink(seen.name, dir_fd=folder_fd)
     except FileNotFoundError:
-        return None
+        return GONE
     except OSError as exc:
         return f"cannot remove ({exc.strerror})"
     return None

@@ -25,8 +25,9 @@ _UNITS: dict[str, int] = {
     "gb": 10**9,
     "tb": 10**12,
 }
-_SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[a-zA-Z]*)\s*$")
-_PERCENT = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*%\s*$")
+# re.ASCII: \d would otherwise accept other scripts' digits ("٣GiB" read as 3 GiB).
+_SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[a-zA-Z]*)\s*$", re.ASCII)
+_PERCENT = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*%\s*$", re.ASCII)
 
 
 def parse_size(value: object, *, total: int | None = None, what: str = "size") -> int:
@@ -37,10 +38,7 @@ def parse_size(value: object, *, total: int | None = None, what: str = "size") -
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"{what}: {value!r} is not a size; {ACCEPTED}")
-    if isinstance(value, int):
-        size = value
-    else:
-        size = _parse_text(value, total, what)
+    size = value if isinstance(value, int) else _parse_text(value, total, what)
     if size <= 0:
         raise ValueError(f"{what}: {value!r} must be more than 0 bytes; {ACCEPTED}")
     if total is not None and size > total:

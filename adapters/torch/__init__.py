@@ -45,9 +45,9 @@ class TorchAdapter:
             torch.set_num_threads(budget.threads)
             notes.append(f"{budget.threads} CPU thread(s)")
         if budget.bytes is None:
-            return "torch: " + ", ".join(notes + ["no cap (growth only: torch never preallocates)"])
+            return "torch: " + ", ".join([*notes, "no cap (growth only: torch never preallocates)"])
         if budget.simulated or budget.device_index is None:
-            return "torch: " + ", ".join(notes + ["no CUDA cap on a simulated device"])
+            return "torch: " + ", ".join([*notes, "no CUDA cap on a simulated device"])
         _state["budget"] = budget
         _explain_out_of_memory(torch)
         if torch.cuda.is_initialized():
