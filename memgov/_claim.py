@@ -113,7 +113,8 @@ def claim(
                 f"this process already holds {_current}; release it before claiming again"
             )
         candidates = _devices.candidates(device)
-        sizes = {d.uuid: parse_size(size, total=d.total, what="claim size") for d in candidates}
+        sizes = _sizes_on(size, candidates)
+        candidates = [d for d in candidates if d.uuid in sizes]
         # The mode goes into the record, so it is decided before admission writes one.
         plan = _enforce.decide(candidates, _adapters.cuda_initialized())
         modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
@@ -214,6 +215,20 @@ def _admit(
             ticket = tickets.pop(ledger.device.uuid, None)
             if ticket is not None:
                 ledger.remove("queue", ticket)
+
+
+def _sizes_on(size: int | str, candidates: list[_devices.Device]) -> dict[str, int]:
+    """Device UUID -> the request in bytes, for each candidate device that could ever hold it."""
+    sizes: dict[str, int] = {}
+    error: ValueError | None = None
+    for device in candidates:
+        try:
+            sizes[device.uuid] = parse_size(size, total=device.total, what="claim size")
+        except ValueError as exc:  # device="auto" skips a GPU too small for it, unless all are
+            error = error or exc
+    if error is not None and not sizes:
+        raise error
+    return sizes
 
 
 def _most_free_first(ledgers: list[DeviceLedger]) -> list[DeviceLedger]:

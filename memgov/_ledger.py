@@ -24,7 +24,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from memgov import _config, _nvml, _records
-from memgov._attribution import Holder, attribute, pidns_of
+from memgov._attribution import Attribution, Holder, attribute, pidns_of
 from memgov._devices import Device, refresh
 from memgov._errors import LedgerError
 from memgov._sizes import format_size
@@ -101,6 +101,11 @@ class Snapshot:
     def free(self) -> int:
         return max(0, self.capacity - self.claimed - self.outside)
 
+    @property
+    def hard_clients(self) -> int:
+        """Live hard-mode claims: each is one client of the device's MPS server."""
+        return sum(1 for c in self.claims if c.mode == "hard")
+
     def largest_holders(self, n: int = 3) -> list[Entry]:
         return sorted(self.claims, key=lambda c: c.bytes, reverse=True)[:n]
 
@@ -164,23 +169,32 @@ class DeviceLedger:
                             problems.append(f"{where}: record of device {seen.data['device']}")
                         continue
                     if seen.alive:
-                        problems.append(f"{where}: skipped, {seen.problem} (holder alive)")
+                        problems.append(f"{where}: {seen.problem} (holder alive)")
                         continue
-                    if seen.name.startswith(_records.TMP_PREFIX) and not _old(fd, seen.name):
-                        continue  # being written right now
-                    why = _records.remove_dead(fd, seen.name) if clean else "not cleaned"
+                    debris = seen.name.startswith(_records.TMP_PREFIX)
+                    if seen.problem and not debris:
+                        # Not provably memgov's: a foreign, corrupt or unreadable file (or a
+                        # symlink) is reported and left alone, never deleted.
+                        problems.append(f"{where}: {seen.problem}")
+                        continue
+                    if (debris and not _old(fd, seen.name)) or not clean:
+                        continue  # a temporary file being written right now, or a read-only scan
+                    why = _records.remove_dead(fd, seen)
                     label = seen.problem or "dead holder"
                     if why is None:
                         removed.append(f"{where} ({label})")
-                    elif seen.problem:
-                        problems.append(f"{where}: skipped, {seen.problem}; {why}")
+                    elif why != _records.GONE:
+                        problems.append(f"{where}: {label}; {why}")
         claims = sections["claims"]
-        processes = None if device.simulated else _nvml.processes(device.uuid)
-        split = attribute(
-            device.used,
-            (Holder(c.record, c.bytes, c.pid, c.pidns) for c in claims),
-            processes,
-        )
+        if device.simulated:
+            # A simulated device's USED is by definition taken by processes outside memgov.
+            split = Attribution({c.record: None for c in claims}, device.used)
+        else:
+            split = attribute(
+                device.used,
+                (Holder(c.record, c.bytes, c.pid, c.pidns) for c in claims),
+                _nvml.processes(device.uuid),
+            )
         return Snapshot(
             device=device,
             reserve=_config.reserve(device.total, device.simulated),

@@ -1,0 +1,107 @@
+"""`memgov mps start | stop | status`: memgov's MPS control daemon (docs/hard-limits.md).
+
+Kept apart from cli.py so the main CLI stays small; memgov._mps is imported inside each command.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from memgov._errors import MemgovError
+
+mps_app = typer.Typer(
+    name="mps",
+    help="Run an NVIDIA MPS control daemon so that claims become driver-enforced (hard mode).",
+    no_args_is_help=True,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+Timeout = Annotated[
+    float, typer.Option("--timeout", min=0.5, help="Seconds to wait for the daemon.")
+]
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.echo(f"memgov: {exc}", err=True)
+    return typer.Exit(2)
+
+
+def _show(info: dict[str, Any]) -> None:
+    state = "running" if info["running"] else "not running"
+    typer.echo(f"MPS daemon: {state} (pipe folder {info['pipe']}, log folder {info['log']})")
+    if info["binary"] is None:
+        typer.echo("nvidia-cuda-mps-control: not on PATH (claims stay soft)")
+    if info["running"]:
+        owner = "started by memgov" if info["started_by_memgov"] else "not started by memgov"
+        typer.echo(f"daemon pid {info['daemon_pid']}, {owner}")
+        for server in info["servers"]:
+            pids = " ".join(map(str, server["clients"])) or "none"
+            typer.echo(f"server pid {server['pid']}: {len(server['clients'])} client(s): {pids}")
+        for uuid, count in info["clients_per_gpu"].items():
+            typer.echo(f"{uuid}: {count} client(s) of at most {info['client_limit']}")
+        typer.echo("clients reach it with CUDA_MPS_PIPE_DIRECTORY=" + info["pipe"])
+    if info.get("default_daemon"):
+        typer.echo("another MPS daemon answers at the system default /tmp/nvidia-mps")
+
+
+@mps_app.command("start")
+def start(as_json: JsonFlag = False, timeout: Timeout = 10.0) -> None:
+    """Start a control daemon for the host's GPUs, with its folders under memgov's folder."""
+    from memgov import _mps
+
+    try:
+        info = _mps.start(timeout=timeout)
+    except (MemgovError, OSError) as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        _show(info)
+
+
+@mps_app.command("status")
+def status(as_json: JsonFlag = False) -> None:
+    """Whether memgov's daemon answers, its servers and their client processes."""
+    from memgov import _mps
+
+    try:
+        info = _mps.status()
+    except (MemgovError, OSError) as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        _show(info)
+
+
+@mps_app.command("stop")
+def stop(
+    as_json: JsonFlag = False,
+    timeout: Timeout = 10.0,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Stop it even with clients connected (their GPU work ends) or not memgov's.",
+        ),
+    ] = False,
+) -> None:
+    """Stop memgov's daemon and its servers (quit, then SIGTERM/SIGKILL what is left)."""
+    from memgov import _mps
+
+    try:
+        report = _mps.stop(force=force, timeout=timeout)
+    except (MemgovError, OSError) as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        for line in report["actions"]:
+            typer.echo(line)
+        for proc in report["left"]:
+            typer.echo(f"still running: {proc['name']} {proc['pid']}", err=True)
+    if report["left"]:
+        raise typer.Exit(1)

@@ -1,0 +1,158 @@
+"""Hard or soft: whether the GPU driver enforces a claim, decided before its record is written.
+
+Hard mode uses MPS's per-client pinned device-memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).
+The driver reads it when CUDA initialises in the process and then refuses any allocation past it,
+CUDA context included (measured, /work/shared/REFERENCE.md), so a claim can be hard only while
+CUDA is not yet initialised here, and only if an MPS daemon will take this process as a client.
+The frameworks' own caps stay on inside it (soft inside hard), so the framework raises its clean
+OutOfMemoryError before the driver refuses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from memgov._devices import Device
+from memgov._errors import ConfigError
+
+PIN_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+MARK_ENV = "MEMGOV_MPS_LIMIT"
+"""The pinned limit memgov itself set: a child may replace it, but never one set by someone else."""
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What this process's claim can get, whichever device admission picks."""
+
+    hard: bool
+    reason: str
+    """Why the claim is soft, or which daemon makes it hard."""
+    pipe: Path | None = None
+    memgov_daemon: bool = False
+    """The daemon is memgov's own: claim() must point CUDA at its pipe folder."""
+
+    def mode(self, device: Device, compute: int | None = None) -> tuple[str, str]:
+        """("hard" | "soft", reason) for a claim on ``device``."""
+        if device.simulated:
+            mode, reason = "soft", "simulated device: no driver to enforce a limit"
+        else:
+            mode, reason = ("hard" if self.hard else "soft"), self.reason
+        if compute is not None and mode == "soft":
+            reason += f"; compute={compute}% not applied (it needs MPS)"
+        return mode, reason
+
+
+def check_compute(compute: object) -> int | None:
+    """``claim(compute=...)``: None, or the whole percentage of the GPU's SMs, 1 to 100."""
+    if compute is None:
+        return None
+    if isinstance(compute, bool) or not isinstance(compute, int) or not 1 <= compute <= 100:
+        raise ConfigError(
+            f"compute={compute!r}: accepted None (no SM limit) or a whole percentage of the "
+            "GPU's SMs from 1 to 100 (MPS active-thread percentage; needs hard mode)"
+        )
+    return compute
+
+
+def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
+    """Hard iff an MPS daemon will take this process and CUDA is not initialised in it yet.
+
+    Cheap checks first: on simulated devices, or with CUDA already up, no MPS program is run.
+    """
+    setting = os.environ.get("MEMGOV_MPS", "").strip().lower()
+    if setting not in ("", "auto", "off"):
+        raise ConfigError(
+            f"MEMGOV_MPS={os.environ['MEMGOV_MPS']!r}: accepted auto (default: hard mode when an "
+            "MPS daemon is reachable) or off (always soft)"
+        )
+    if all(d.simulated for d in candidates):
+        return Plan(False, "simulated device: no driver to enforce a limit")
+    if setting == "off":
+        return Plan(False, "MEMGOV_MPS=off")
+    if cuda_initialized:
+        return Plan(False, "CUDA already initialised in this process; the driver reads the MPS "
+                           "limit only when CUDA starts")
+    preset = os.environ.get(PIN_ENV)
+    if preset and preset != os.environ.get(MARK_ENV):
+        return Plan(False, f"{PIN_ENV}={preset!r} was set outside memgov; memgov does not "
+                           "replace a limit it did not set")
+    from memgov import _mpsctl
+
+    if _mpsctl.binary() is None:
+        return Plan(False, f"{_mpsctl.CONTROL} is not on PATH, so memgov cannot reach or check "
+                           "an MPS daemon")
+    pipe, ours = _mpsctl.client_pipe()
+    if pipe is None:
+        where = os.environ.get(PIPE_ENV) or f"{_mpsctl.paths().pipe} or {_mpsctl.DEFAULT_PIPE}"
+        return Plan(False, f"no MPS daemon reachable at {where} (`memgov mps start` runs one)")
+    others = {pid: uid for pid, uid in _mpsctl.server_uids(pipe).items()
+              if uid is not None and uid != os.getuid()}
+    if others:
+        pid, uid = next(iter(others.items()))
+        # MPS serves one user at a time: this client would wait at CUDA start-up until every
+        # client of that server has ended.
+        return Plan(False, f"the MPS server (pid {pid}) on {pipe} runs as uid {uid}, this "
+                           f"process as uid {os.getuid()}; MPS would hold it until that "
+                           "server's clients end")
+    return Plan(True, f"MPS pinned device-memory limit (daemon on {pipe})", pipe, ours)
+
+
+def pinned_limit(size: int, index: int) -> str:
+    """The CUDA_MPS_PINNED_DEVICE_MEM_LIMIT value: whole MiB, rounded down (never above budget).
+
+    The index is the device's ordinal as the client sees it (after CUDA_VISIBLE_DEVICES).
+    """
+    return f"{index}={max(1, size // MIB)}M"
+
+
+def apply(plan: Plan, size: int, index: int, compute: int | None) -> dict[str, str | None]:
+    """Set the hard limit in this process's environment; return the previous values to restore."""
+    wanted = {PIN_ENV: pinned_limit(size, index)}
+    wanted[MARK_ENV] = wanted[PIN_ENV]
+    if compute is not None:
+        wanted[THREADS_ENV] = str(compute)
+    if plan.memgov_daemon and plan.pipe is not None:
+        wanted[PIPE_ENV] = str(plan.pipe)
+        wanted[LOG_ENV] = str(plan.pipe.parent / "log")
+    previous = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    return previous
+
+
+def describe() -> str:
+    """One line for Claim.reports: what this process's environment now asks of MPS."""
+    text = f"mps: {PIN_ENV}={os.environ.get(PIN_ENV)} (driver-enforced, context included)"
+    if os.environ.get(THREADS_ENV):
+        text += f", {THREADS_ENV}={os.environ[THREADS_ENV]}"
+    if os.environ.get(PIPE_ENV):
+        text += f", daemon on {os.environ[PIPE_ENV]}"
+    return text
+
+
+def restore(previous: dict[str, str | None]) -> None:
+    """Undo :func:`apply`, so a child started after release gets no stale limit."""
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def client_limit_reason(hard_clients: int, mode: str, device: str) -> str | None:
+    """Why a hard claim cannot be admitted on ``device`` now, or None when a client slot is free."""
+    if mode != "hard":
+        return None
+    from memgov._mpsctl import client_limit
+
+    limit = client_limit()
+    if hard_clients < limit:
+        return None
+    return (f"MPS client limit {limit} reached on {device} ({hard_clients} hard-mode claims; "
+            "MEMGOV_MPS_CLIENTS sets the limit)")
