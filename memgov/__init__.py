@@ -8,6 +8,7 @@ Importing memgov imports no framework and never initialises CUDA or NVML.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from memgov._errors import (
@@ -39,6 +40,17 @@ __all__ = [
 if TYPE_CHECKING:
     from memgov._claim import Claim, claim, current
     from memgov._devices import Device, devices
+
+# The promise of importing memgov, budget or not: no framework grabs the whole GPU up front.
+# Environment only (read when TensorFlow / JAX start their GPU runtime), and setdefault, so an
+# explicit setting of the user's always wins. docs/auto-enable.md.
+NO_GREEDY_PREALLOCATION = {
+    "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+}
+for _name, _value in NO_GREEDY_PREALLOCATION.items():
+    os.environ.setdefault(_name, _value)
+del _name, _value
 
 _LAZY = {
     "Claim": "memgov._claim",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Protocol, runtime_checkable
 
-from memgov import _importhook
+from memgov import _importhook, _threads
 
 GROUP = "memgov.adapters"
 log = logging.getLogger("memgov")
@@ -93,6 +93,9 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
 
     ``reports`` receives one line per adapter as it takes effect (a claim shows it).
     """
+    threads = _threads.apply_env(budget.threads)  # once for all frameworks, before any loads
+    if threads:
+        reports["threads"] = threads
     for adapter in available():
         note = adapter.configure_env(budget)
         if note:

@@ -8,8 +8,9 @@ from pathlib import Path
 from memgov._errors import ConfigError
 from memgov._sizes import parse_size
 
-DEFAULT_DIR = "/tmp/memgov"
-"""Ledger folder when MEMGOV_DIR is unset. One per host: bind-mount it into containers."""
+DEFAULT_DIR = "/tmp/memgov-ledger"
+"""Ledger folder when MEMGOV_DIR is unset. One per host: bind-mount it into containers. Not
+"/tmp/memgov": Python started in /tmp would import that folder as the memgov package."""
 
 DEFAULT_RESERVE_REAL = 256 * 2**20
 """Kept free on a real GPU beyond what NVML reports used (driver growth, fragmentation)."""

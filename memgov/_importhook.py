@@ -6,7 +6,6 @@ applied after the framework is imported but before its first operation.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -20,13 +19,17 @@ Callback = Callable[[ModuleType], None]
 _lock = threading.RLock()
 _callbacks: dict[str, list[Callback]] = {}
 _resolving: set[str] = set()
+_executing: set[str] = set()
+"""Modules whose code is running under our loader: in sys.modules, but not imported yet."""
 
 
 def when_imported(name: str, callback: Callback) -> None:
     """Call ``callback(module)`` once ``name`` is imported (now, if it already is)."""
     with _lock:
         module = sys.modules.get(name)
-        if module is None:
+        if module is None or name in _executing:
+            # Mid-import (e.g. tensorflow imports jax, whose hook claims and then reaches
+            # tensorflow's adapter): wait for the end of its import, as for one not yet started.
             _callbacks.setdefault(name, []).append(callback)
             _install()
             return
@@ -45,7 +48,7 @@ def _fire(name: str, module: ModuleType) -> None:
         callback(module)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:  # duck-typed: importlib.abc imports importlib.resources, slow at start-up
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
@@ -60,11 +63,11 @@ class _Finder(importlib.abc.MetaPathFinder):
                 _resolving.discard(fullname)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Loader(spec.loader, fullname)
+        spec.loader = _Loader(spec.loader, fullname)  # type: ignore[assignment]  # duck-typed
         return spec
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     def __init__(self, inner: Any, name: str) -> None:
         self._inner = inner
         self._name = name
@@ -78,7 +81,13 @@ class _Loader(importlib.abc.Loader):
         module.__loader__ = self._inner
         if module.__spec__ is not None:
             module.__spec__.loader = self._inner
-        self._inner.exec_module(module)
+        with _lock:
+            _executing.add(self._name)
+        try:
+            self._inner.exec_module(module)
+        finally:
+            with _lock:
+                _executing.discard(self._name)
         _fire(self._name, module)
 
     def __getattr__(self, attr: str) -> Any:

@@ -44,6 +44,10 @@ class TorchAdapter:
         if budget.threads:
             torch.set_num_threads(budget.threads)
             notes.append(f"{budget.threads} CPU thread(s)")
+            try:
+                torch.set_num_interop_threads(budget.threads)
+            except RuntimeError:  # fixed once torch has run parallel work, or set already
+                notes.append("inter-op threads already fixed, left as they are")
         if budget.bytes is None:
             return "torch: " + ", ".join([*notes, "no cap (growth only: torch never preallocates)"])
         if budget.simulated or budget.device_index is None:

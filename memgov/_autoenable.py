@@ -1,0 +1,315 @@
+"""Auto-enable: govern an unchanged ``python train.py`` from environment variables alone.
+
+``memgov-autoenable.pth`` (installed into site-packages, see setup.py) calls :func:`start` at
+interpreter start-up only when MEMGOV_CLAIM or a GPU scheduler's budget variable is set. start()
+registers import hooks and nothing else: pip and every Python program that imports no GPU
+framework are left alone. At the first ``import torch`` / ``tensorflow`` / ``jax`` the budget is
+claimed and the adapters applied, before the framework initialises the GPU.
+
+Auto mode never crashes the program: any failure prints one warning line and the program runs on
+(with the no-greedy-preallocation defaults ``import memgov`` sets). MEMGOV_STRICT=1 turns the
+failure into an exception raised from the framework's import statement.
+
+Module-level imports stay at os/sys: this module is imported at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memgov._devices import Device
+
+PTH_NAME = "memgov-autoenable.pth"
+TRIGGERS = (
+    "MEMGOV_CLAIM",
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "ALIYUN_COM_GPU_MEM_CONTAINER",
+    "GPU_MEMORY_LIMIT",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    "SLURM_SHARDS_ON_NODE",
+)
+"""Variable-name prefixes that wake auto-enable (setup.py's .pth line checks the same)."""
+
+FRAMEWORKS = ("torch", "tensorflow", "jax")
+"""Imports that trigger the claim: the adapters' ``module`` names. Fixed here rather than read
+from the entry points, whose discovery costs 27-29 ms (docs/RESULTS.md), too much for every
+interpreter start."""
+
+CLAIM_ACCEPTED = (
+    "accepted a size (e.g. 2GiB, 512MiB, 25%), 'growth' (no cap, no greedy preallocation), "
+    "'auto' (a GPU scheduler's budget if there is one, else growth) or 'off'"
+)
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"started": False, "fired": False}
+outcome: dict[str, Any] = {}
+"""What auto-enable did in this process (mode, source, claim, reports, warnings), for tests and
+``memgov doctor``."""
+
+
+def triggered(environ: Any = None) -> bool:
+    env = os.environ if environ is None else environ
+    return any(key.startswith(TRIGGERS) for key in env)
+
+
+def start() -> None:
+    """Install the import hooks. Called by the .pth line; never raises."""
+    try:
+        with _lock:
+            if _state["started"]:
+                return
+            _state["started"] = True
+        from memgov import _importhook
+
+        for name in FRAMEWORKS:
+            _importhook.when_imported(name, _on_import)
+    except Exception as exc:  # a start-up hook must never stop the interpreter
+        _warn(f"auto-enable could not start: {type(exc).__name__}: {exc}")
+
+
+class Settings:
+    """The auto-mode variables, checked (a plain class: dataclasses imports inspect, slow)."""
+
+    def __init__(
+        self,
+        claim: str | None,
+        device: str | None,
+        wait: float | None,
+        strict: bool,
+        quiet: bool,
+        threads: int | None,
+    ) -> None:
+        self.claim = claim
+        """None (unset: scheduler budgets decide), "growth", "auto", "off" or a size string."""
+        self.device = device
+        self.wait = wait
+        self.strict = strict
+        self.quiet = quiet
+        self.threads = threads
+
+
+def strict_mode() -> bool:
+    """MEMGOV_STRICT; garbage in it warns (not strict: auto mode must not crash the program)."""
+    from memgov import _config
+
+    try:
+        return _config.flag("MEMGOV_STRICT")
+    except ValueError as exc:
+        _warn(str(exc))
+        return False
+
+
+def read_settings() -> Settings:
+    """Every auto-mode variable, checked; raises ConfigError naming the variable and the forms."""
+    from memgov import _config
+    from memgov._claim import _threads
+    from memgov._errors import ConfigError
+    from memgov._sizes import parse_size
+
+    claim = os.environ.get("MEMGOV_CLAIM", "").strip() or None
+    if claim is not None and claim.lower() in ("growth", "auto", "off"):
+        claim = claim.lower()
+    elif claim is not None:
+        try:
+            parse_size(claim, total=2**62, what="MEMGOV_CLAIM")  # syntax only; claim() resolves
+        except ValueError:
+            raise ConfigError(f"MEMGOV_CLAIM={claim!r}: {CLAIM_ACCEPTED}") from None
+    wait = parse_wait(os.environ.get("MEMGOV_WAIT", ""), "MEMGOV_WAIT")
+    _config.ledger_dir()  # MEMGOV_DIR: an absolute path
+    device = os.environ.get("MEMGOV_DEVICE", "").strip() or None
+    return Settings(claim, device, wait, strict_mode(), _config.flag("MEMGOV_QUIET"), _threads())
+
+
+def parse_wait(raw: str, what: str) -> float | None:
+    from memgov._errors import ConfigError
+
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ConfigError(
+            f"{what}={raw!r}: accepted seconds to queue for the budget (e.g. 60), or 0 to fail "
+            "at once when it does not fit"
+        )
+    return value or None
+
+
+def auto_size(device: Device) -> tuple[int, str] | None:
+    """The budget for MEMGOV_CLAIM=auto (and unset): (bytes, where it came from), or None (growth).
+
+    The seam for sizing from history: today a GPU scheduler's budget if any; memgov pack will
+    add the ledger's measured peaks here.
+    """
+    from memgov import _schedulers
+
+    reading = _schedulers.read(device.total, device.visible_index)
+    _report_problems(reading.problems)
+    chosen = reading.chosen
+    return None if chosen is None else (chosen.bytes, chosen.source)
+
+
+def _on_import(module: ModuleType) -> None:
+    with _lock:
+        if _state["fired"]:
+            return
+        _state["fired"] = True
+    strict = strict_mode()
+    outcome["strict"] = strict
+    try:
+        _govern(module.__name__)
+    except Exception as exc:
+        from memgov._errors import MemgovError
+
+        outcome["error"] = f"{type(exc).__name__}: {exc}"
+        if strict:
+            if isinstance(exc, MemgovError):
+                raise
+            raise MemgovError(f"auto-enable failed: {type(exc).__name__}: {exc}") from exc
+        detail = str(exc) if isinstance(exc, MemgovError) else f"{type(exc).__name__}: {exc}"
+        _warn(f"{detail}; continuing without a memgov budget (MEMGOV_STRICT=1 makes this an error)")
+
+
+def _govern(framework: str) -> None:
+    from memgov import _claim, _devices
+
+    if _claim.current() is not None:
+        outcome["mode"] = "explicit"  # the program called memgov.claim() itself, first
+        return
+    settings = read_settings()
+    outcome["settings"] = settings
+    holder = os.environ.get(_claim.HOLDER_ENV, "")
+    if holder and holder_alive(holder):
+        # A child of a governed process (DataLoader worker, multiprocessing, subprocess): the
+        # parent's claim covers the job; a second claim would count it twice.
+        outcome.update(mode="child", parent=holder)
+        _growth(settings, "inherited from a parent that holds a claim", quiet=True)
+        return
+    if settings.claim == "off":
+        outcome["mode"] = "off"
+        return
+    if settings.claim == "growth":
+        _growth(settings, "MEMGOV_CLAIM=growth", quiet=settings.quiet)
+        return
+    size: int | str
+    if settings.claim in (None, "auto"):
+        device = _devices.candidates(settings.device)[0]
+        found = auto_size(device)
+        if found is None:
+            why = "no GPU scheduler budget in the environment"
+            _growth(settings, f"MEMGOV_CLAIM={settings.claim or 'unset'}: {why}", settings.quiet)
+            return
+        size, source = found
+        device_arg: str | None = device.uuid
+    else:
+        size, source, device_arg = settings.claim, f"MEMGOV_CLAIM={settings.claim}", None
+    held = _claim.claim(size, device=device_arg or _device_arg(settings.device), wait=settings.wait)
+    outcome.update(mode="claim", source=source, claim=str(held), reports=held.reports)
+    if not settings.quiet:
+        _say(f"{held} [{source}; at import {framework}]")
+        _print_reports(held.reports)
+
+
+def _device_arg(raw: str | None) -> str | int | None:
+    if raw is None:
+        return None
+    from memgov import _devices
+    from memgov._errors import ConfigError, NoDeviceError
+
+    try:
+        _devices.candidates(raw)
+    except (ConfigError, NoDeviceError) as exc:
+        raise ConfigError(f"MEMGOV_DEVICE={raw!r}: {exc}") from None
+    return raw
+
+
+def _growth(settings: Settings, why: str, quiet: bool) -> None:
+    """No cap and no claim: frameworks only stop preallocating the whole GPU."""
+    from memgov import _adapters
+
+    reports: dict[str, str] = {}
+    outcome.update(mode=outcome.get("mode", "growth"), source=why, reports=reports)
+    budget = _adapters.Budget(
+        bytes=None,
+        device_uuid="",
+        device_total=0,
+        device_index=None,
+        simulated=False,
+        name="growth",
+        threads=settings.threads,
+    )
+    _adapters.govern(budget, reports)
+    if not quiet:
+        _say(f"growth only, no budget claimed ({why})")
+        _print_reports(reports)
+
+
+def _print_reports(reports: dict[str, str]) -> None:
+    """Print each adapter's report once it has applied (now, or when its framework is imported)."""
+    from memgov import _adapters, _importhook
+
+    if "threads" in reports:
+        _say(reports["threads"])
+    for adapter in _adapters.available():
+
+        def show(_module: object, name: str = adapter.name) -> None:
+            if name in reports:
+                _say(reports[name])
+
+        # Registered after govern()'s own hook for the module, so it runs after the adapter.
+        _importhook.when_imported(adapter.module, show)
+
+
+def holder_alive(value: str) -> bool:
+    """Whether MEMGOV_HOLDER names a claim record whose holder still holds its lock."""
+    from memgov import _config, _records
+    from memgov._ledger import VERSION_DIR, folder_name
+
+    uuid, _, record = value.partition("/")
+    if not uuid or not record.endswith(_records.SUFFIX) or "/" in record or record[0] == ".":
+        return False
+    try:
+        parts = (VERSION_DIR, folder_name(uuid), "claims")
+        with _records.open_dir(_config.ledger_dir(), parts, create=False) as fd:
+            seen = _records._read(fd, record)
+    except Exception:  # no such ledger or record, or no permission: no live parent to defer to
+        return False
+    return seen is not None and seen.alive
+
+
+def _report_problems(problems: list[str]) -> None:
+    if not problems:
+        return
+    from memgov._errors import ConfigError
+
+    if outcome.get("strict"):
+        raise ConfigError("; ".join(problems))
+    _warn("; ".join(problems) + "; those variables are ignored")
+
+
+def installed_pth() -> list[str]:
+    """Where this interpreter has the auto-enable .pth file (empty: auto-enable not installed)."""
+    import site
+
+    folders = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    return [p for p in (os.path.join(f, PTH_NAME) for f in folders) if os.path.isfile(p)]
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"memgov: {message}\n")
+    sys.stderr.flush()
+
+
+def _warn(message: str) -> None:
+    outcome.setdefault("warnings", []).append(message)
+    _say(f"warning: {message}")

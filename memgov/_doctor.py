@@ -1,0 +1,249 @@
+"""`memgov doctor`: what memgov sees in this environment, and what it would do.
+
+Reads only: no claim, no framework import (versions come from package metadata), NVML only
+through memgov._nvml. Every check catches its own failure, so a broken part is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+FRAMEWORK_DISTS = ("torch", "tensorflow", "tensorflow-cpu", "jax", "jaxlib")
+ENV_SHOWN = (
+    "MEMGOV_CLAIM", "MEMGOV_DEVICE", "MEMGOV_WAIT", "MEMGOV_DIR", "MEMGOV_STRICT",
+    "MEMGOV_THREADS", "MEMGOV_SHARD_SIZE", "MEMGOV_DEVICES", "MEMGOV_HOLDER", "MEMGOV_QUIET",
+    "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OMP_NUM_THREADS",
+    "CUDA_MPS_PIPE_DIRECTORY",
+)  # fmt: skip
+PRIVATE_FS = ("overlay", "tmpfs", "aufs", "fuse-overlayfs")
+"""File systems of a container's own root or scratch space: a ledger there is the container's."""
+
+
+def diagnose() -> dict[str, Any]:
+    from memgov import __version__, _autoenable
+
+    devices, device_problem = _devices()
+    first = next((d for d in devices if d.get("visible_index") is not None), None)
+    return {
+        "memgov": __version__,
+        "python": sys.executable,
+        "auto_enable": {
+            "installed": _autoenable.installed_pth(),
+            "triggered": _autoenable.triggered(),
+        },
+        "nvml": _nvml(),
+        "devices": devices,
+        "devices_problem": device_problem,
+        "frameworks": _frameworks(),
+        "mps": _mps(),
+        "budget": _budget(first),
+        "ledger": ledger_sharing(),
+        "environment": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ},
+    }
+
+
+def _devices() -> tuple[list[dict[str, Any]], str | None]:
+    from memgov._devices import devices
+    from memgov._status import device_dict
+
+    try:
+        return [device_dict(d) for d in devices()], None
+    except Exception as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+
+
+def _nvml() -> dict[str, Any]:
+    from memgov import _devices, _nvml
+
+    if _devices.simulated_spec() is not None:
+        return {"available": None, "note": "MEMGOV_DEVICES is set: simulated devices, NVML unused"}
+    reason = _nvml.unavailable_reason()
+    return {"available": reason is None, "note": reason or "NVML works"}
+
+
+def _frameworks() -> dict[str, Any]:
+    from memgov import _adapters
+
+    versions = {}
+    for dist in FRAMEWORK_DISTS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "installed": versions,
+        "adapters": sorted(a.name for a in _adapters.available()),
+        "adapter_problems": _adapters.load_failures(),
+    }
+
+
+def _mps() -> dict[str, Any]:
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    control = shutil.which("nvidia-cuda-mps-control")
+    running = os.path.exists(os.path.join(pipe, "control"))
+    return {
+        "control_binary": control,
+        "pipe_directory": pipe,
+        "server_running": running,
+        "pinned_limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+    }
+
+
+def _budget(device: dict[str, Any] | None) -> dict[str, Any]:
+    """Where auto mode would take this process's budget from."""
+    from memgov import _schedulers
+
+    raw = os.environ.get("MEMGOV_CLAIM", "").strip()
+    found: dict[str, Any] = {"MEMGOV_CLAIM": raw or None, "scheduler": [], "problems": []}
+    if device is not None:
+        reading = _schedulers.read(device["total"], device["visible_index"])
+        found["scheduler"] = [
+            {"source": b.source, "limit": b.limit, "budget": b.bytes, "enforced": b.enforced}
+            for b in reading.budgets
+        ]
+        found["problems"] = reading.problems
+        chosen = reading.chosen
+    else:
+        chosen = None
+    if raw.lower() == "off":
+        found["decision"] = "MEMGOV_CLAIM=off: auto-enable does nothing"
+    elif raw and raw.lower() not in ("auto", "growth"):
+        found["decision"] = f"MEMGOV_CLAIM={raw}: claimed at the first GPU framework import"
+    elif raw.lower() == "growth":
+        found["decision"] = "MEMGOV_CLAIM=growth: no claim, frameworks only stop preallocating"
+    elif chosen is not None:
+        found["decision"] = f"budget {chosen.bytes} bytes from {chosen.source}" + (
+            " (enforced: memgov keeps a margin below it)" if chosen.enforced else ""
+        )
+    elif raw:
+        found["decision"] = "MEMGOV_CLAIM=auto and no scheduler budget: growth only"
+    else:
+        found["decision"] = (
+            "no budget anywhere: `import memgov` only stops greedy preallocation; set "
+            "MEMGOV_CLAIM or run `memgov run --claim SIZE -- CMD` to govern a program"
+        )
+    return found
+
+
+def in_container() -> bool:
+    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"):
+        return True
+    try:
+        cgroup = Path("/proc/1/cgroup").read_text(errors="replace")
+    except OSError:
+        return False
+    return any(word in cgroup for word in ("docker", "kubepods", "containerd", "libpod"))
+
+
+def _mount_of(path: Path) -> dict[str, str] | None:
+    """The /proc/self/mountinfo entry of the mount that holds ``path``."""
+    best: dict[str, str] | None = None
+    try:
+        lines = Path("/proc/self/mountinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    target = str(path)
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 2:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best["point"])):
+            best = {"point": point, "root": fields[3], "fstype": tail[0], "source": tail[1]}
+    return best
+
+
+def ledger_sharing(path: Path | None = None) -> dict[str, Any]:
+    """Whether the ledger folder is shared with other containers, or private to this one."""
+    from memgov import _config
+
+    try:
+        folder = path or _config.ledger_dir()
+    except Exception as exc:
+        return {"path": None, "verdict": "error", "note": str(exc)}
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    mount = _mount_of(existing.resolve())
+    container = in_container()
+    info: dict[str, Any] = {
+        "path": str(folder),
+        "exists": folder.exists(),
+        "writable": os.access(existing, os.W_OK),
+        "container": container,
+        "mount": mount,
+    }
+    if not container:
+        info["verdict"] = "host"
+        info["note"] = (
+            "a host folder: shared by every process on this host; containers share it only if "
+            f"they bind-mount it (docker run -v {folder}:{folder})"
+        )
+    elif mount is None or mount["point"] == "/" or mount["fstype"] in PRIVATE_FS:
+        where = (
+            "the container's own file system"
+            if mount is None or mount["point"] == "/"
+            else (f"a {mount['fstype']} mount at {mount['point']}")
+        )
+        info["verdict"] = "private"
+        info["note"] = (
+            f"WARNING: the ledger is on {where}, so it looks private to this container: claims "
+            "in other containers on this GPU are invisible here and the other way round. "
+            f"Bind-mount one host folder into every container: docker run -v {folder}:{folder}"
+        )
+    else:
+        info["verdict"] = "shared"
+        info["note"] = (
+            f"a {mount['fstype']} mount at {mount['point']} (from {mount['root']}): shared with "
+            "every container that mounts the same host folder"
+        )
+    return info
+
+
+def render(report: dict[str, Any]) -> list[str]:
+    from memgov._sizes import format_size
+
+    lines = [f"memgov {report['memgov']} ({report['python']})"]
+    auto = report["auto_enable"]
+    pth = ", ".join(auto["installed"]) or "NOT installed (reinstall memgov with pip)"
+    lines.append(f"auto-enable: {pth}; {'triggered' if auto['triggered'] else 'not triggered'}")
+    lines.append(f"NVML: {report['nvml']['note']}")
+    for d in report["devices"]:
+        where = "hidden" if d["visible_index"] is None else f"cuda:{d['visible_index']}"
+        lines.append(
+            f"device {d['uuid']} ({d['name']}, {where}): {format_size(d['total'])} total, "
+            f"{format_size(d['used'])} used"
+        )
+    if report["devices_problem"]:
+        lines.append(f"devices: {report['devices_problem']}")
+    fw = report["frameworks"]
+    installed = ", ".join(f"{k} {v}" for k, v in fw["installed"].items()) or "none"
+    lines.append(f"frameworks: {installed}; adapters: {', '.join(fw['adapters']) or 'none'}")
+    lines.extend(f"adapter problem: {p}" for p in fw["adapter_problems"])
+    mps = report["mps"]
+    lines.append(
+        f"MPS: server {'running' if mps['server_running'] else 'not running'} "
+        f"(pipe {mps['pipe_directory']}), control binary "
+        f"{mps['control_binary'] or 'not on PATH'}"
+    )
+    budget = report["budget"]
+    for b in budget["scheduler"]:
+        lines.append(
+            f"scheduler budget: {b['source']} -> {format_size(b['budget'])}"
+            + (" (enforced limit, margin kept)" if b["enforced"] else "")
+        )
+    lines.extend(f"scheduler problem: {p}" for p in budget["problems"])
+    lines.append(f"budget: {budget['decision']}")
+    ledger = report["ledger"]
+    lines.append(f"ledger: {ledger['path']}: {ledger['note']}")
+    for key, value in report["environment"].items():
+        lines.append(f"env {key}={value}")
+    return lines

@@ -1,0 +1,210 @@
+"""Budgets that GPU schedulers hand to a container through environment variables.
+
+memgov reads them so that a job under HAMi, Alibaba gpushare, KAI, NVIDIA MPS or Slurm shards
+needs no memgov setting at all. Where the limit is enforced below memgov (HAMi-core's CUDA
+interception, the MPS driver limit), memgov's budget sits a margin below it, so the framework's
+own cap fails cleanly (a Python OutOfMemoryError) before the driver or interposer does.
+
+| source | variable | read as |
+|---|---|---|
+| HAMi | CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_MEMORY_LIMIT | "1024m", "1g", "1048576k", bytes |
+| Alibaba gpushare | ALIYUN_COM_GPU_MEM_CONTAINER / ALIYUN_COM_GPU_MEM_DEV | share x real total |
+| KAI scheduler | GPU_MEMORY_LIMIT | bytes |
+| NVIDIA MPS | CUDA_MPS_PINNED_DEVICE_MEM_LIMIT | "0=1G,1=2G", our device's entry |
+| Slurm shards | SLURM_SHARDS_ON_NODE x MEMGOV_SHARD_SIZE | shards x site setting |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from memgov._sizes import format_size, parse_size
+
+MARGIN_FRACTION = 0.05
+MARGIN_MIN = 64 * 2**20
+"""Below an enforced limit, memgov's budget keeps max(5 %, 64 MiB) free: room for allocations the
+framework cap does not see (CUDA context growth, library workspaces) before the hard limit."""
+
+MIN_LIMIT = 64 * 2**20
+"""A limit below this is taken as a unit mistake (e.g. GiB written where bytes are read)."""
+
+_UNIT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_HAMI = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)\s*$")
+_MPS_ITEM = re.compile(r"^\s*(\d+)\s*=\s*(\d+)\s*([kKmMgGtT]?)[bB]?\s*$")
+
+HAMI_ACCEPTED = (
+    'accepted a whole number with an optional unit k, m or g ("1024m", "1g", "1048576k") or bytes'
+)
+MPS_ACCEPTED = 'accepted a comma-separated list of DEVICE=LIMIT, e.g. "0=1G,1=2048M"'
+
+
+@dataclass(frozen=True)
+class EnvBudget:
+    """One budget found in the environment."""
+
+    bytes: int
+    """The budget memgov uses: ``limit``, less the margin where the limit is enforced."""
+    limit: int
+    """What the variable says, in bytes."""
+    source: str
+    """Human-readable origin, e.g. "HAMi CUDA_DEVICE_MEMORY_LIMIT_0='2g'"."""
+    variable: str
+    enforced: bool
+    """True when something below memgov enforces ``limit`` (HAMi-core, the MPS driver)."""
+
+
+@dataclass
+class Reading:
+    """Every scheduler budget in the environment for one device, and what could not be read."""
+
+    budgets: list[EnvBudget] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> EnvBudget | None:
+        """The budget to use: the smallest, since every one of them is a limit."""
+        return min(self.budgets, key=lambda b: b.bytes) if self.budgets else None
+
+
+def below_enforced(limit: int) -> int:
+    return max(1, limit - max(int(limit * MARGIN_FRACTION), MARGIN_MIN))
+
+
+def read(total: int, index: int | None, environ: Mapping[str, str] | None = None) -> Reading:
+    """The scheduler budgets for the device of ``total`` bytes at CUDA ordinal ``index``.
+
+    ``index`` is the device's position among the GPUs this process sees (HAMi's ``_<i>`` suffix
+    and MPS's ``i=`` entries count the same way); None reads only device-independent variables.
+    """
+    env = os.environ if environ is None else environ
+    found = Reading()
+    for reader in (_hami, _aliyun, _kai, _mps, _slurm):
+        try:
+            budget = reader(env, total, index)
+        except ValueError as exc:
+            found.problems.append(str(exc))
+            continue
+        if budget is None:
+            continue
+        if budget.limit < MIN_LIMIT:
+            found.problems.append(
+                f"{budget.source} is {budget.limit} bytes, below {format_size(MIN_LIMIT)}: "
+                "taken as a unit mistake and ignored"
+            )
+            continue
+        if budget.limit > total:
+            budget = EnvBudget(
+                total if not budget.enforced else below_enforced(total),
+                total,
+                budget.source + f" (more than the device's {format_size(total)})",
+                budget.variable,
+                budget.enforced,
+            )
+        found.budgets.append(budget)
+    return found
+
+
+def _value(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name)
+    return raw if raw is not None and raw.strip() else None
+
+
+def _make(limit: int, source: str, variable: str, enforced: bool) -> EnvBudget:
+    budget = below_enforced(limit) if enforced else limit
+    return EnvBudget(budget, limit, source, variable, enforced)
+
+
+def _hami(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
+    # HAMi-core reads the per-device variable first and falls back to the one for all devices.
+    names = ([f"CUDA_DEVICE_MEMORY_LIMIT_{index}"] if index is not None else []) + [
+        "CUDA_DEVICE_MEMORY_LIMIT"
+    ]
+    for name in names:
+        raw = _value(env, name)
+        if raw is None:
+            continue
+        match = _HAMI.match(raw)
+        if not match:
+            raise ValueError(f"HAMi {name}={raw!r}: {HAMI_ACCEPTED}")
+        limit = int(match[1]) * _UNIT[match[2].lower()]
+        return _make(limit, f"HAMi {name}={raw!r}", name, enforced=True)
+    return None
+
+
+def _aliyun(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
+    name, dev_name = "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_MEM_DEV"
+    raw = _value(env, name)
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or int(raw) <= 0:
+        raise ValueError(
+            f"Alibaba gpushare {name}={raw!r}: accepted a whole number of memory units (GiB by "
+            f"default), with {dev_name} the device's total in the same unit"
+        )
+    share = int(raw)
+    dev_raw = _value(env, dev_name)
+    if dev_raw is None:
+        # Without the device total the unit is unknown; gpushare's default unit is GiB.
+        return _make(share * 2**30, f"Alibaba gpushare {name}={raw!r} (GiB assumed)", name, False)
+    if not dev_raw.strip().isdigit() or int(dev_raw) <= 0:
+        raise ValueError(
+            f"Alibaba gpushare {dev_name}={dev_raw!r}: accepted the device's total memory as a "
+            f"whole number in the unit of {name}"
+        )
+    limit = total * min(share, int(dev_raw)) // int(dev_raw)
+    source = f"Alibaba gpushare {name}={raw!r} of {dev_name}={dev_raw!r}"
+    return _make(limit, source, name, False)
+
+
+def _kai(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
+    name = "GPU_MEMORY_LIMIT"
+    raw = _value(env, name)
+    if raw is None:
+        return None
+    try:
+        limit = parse_size(raw.strip(), what=f"KAI scheduler {name}")
+    except ValueError as exc:
+        raise ValueError(f"{exc} (KAI gives bytes)") from None
+    return _make(limit, f"KAI scheduler {name}={raw!r}", name, False)
+
+
+def _mps(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
+    name = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+    raw = _value(env, name)
+    if raw is None:
+        return None
+    limits: dict[int, int] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        match = _MPS_ITEM.match(item)
+        if not match:
+            raise ValueError(f"NVIDIA MPS {name}={raw!r}: item {item.strip()!r}; {MPS_ACCEPTED}")
+        limits[int(match[1])] = int(match[2]) * _UNIT[match[3].lower()]
+    if index is None or index not in limits:
+        return None  # no limit for our device
+    return _make(limits[index], f"NVIDIA MPS {name}={raw!r} (device {index})", name, True)
+
+
+def _slurm(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
+    name, size_name = "SLURM_SHARDS_ON_NODE", "MEMGOV_SHARD_SIZE"
+    raw = _value(env, name)
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or int(raw) <= 0:
+        raise ValueError(f"Slurm {name}={raw!r}: accepted a whole number of shards >= 1")
+    size_raw = _value(env, size_name)
+    if size_raw is None:
+        raise ValueError(
+            f"Slurm {name}={raw!r} gives a number of shards, but how much GPU memory one shard "
+            f"is, is a site setting: set {size_name} (e.g. {size_name}=4GiB) or MEMGOV_CLAIM"
+        )
+    try:
+        shard = parse_size(size_raw, total=total, what=size_name)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    source = f"Slurm {name}={raw!r} x {size_name}={size_raw!r}"
+    return _make(int(raw) * shard, source, name, False)

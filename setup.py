@@ -1,0 +1,51 @@
+"""Build hook: put ``memgov-autoenable.pth`` into site-packages. The rest is in pyproject.toml.
+
+Python runs every ``import`` line of a ``.pth`` file in site-packages at start-up. This one line
+checks a handful of environment variables and stops there unless one is set (MEMGOV_CLAIM or a GPU
+scheduler's budget variable); only then does it import ``memgov._autoenable``, which governs the
+program at its first ``import torch`` / ``tensorflow`` / ``jax`` (docs/auto-enable.md).
+
+setuptools has no option for a file at the root of site-packages, so ``build_py`` writes it:
+- wheels (``pip install .``): into ``build_lib``, whose whole tree ``install_lib`` puts in the
+  wheel's root, which pip unpacks into site-packages;
+- editable wheels (``pip install -e .``, PEP 660): setuptools drops ``build_lib`` and packs the
+  ``install_lib`` folder it configured for the editable wheel, so the file goes there.
+tests/auto/test_install.py checks both in fresh virtual environments.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+PTH_NAME = "memgov-autoenable.pth"
+# Keep the variable names in step with memgov._autoenable.TRIGGERS (a test compares them).
+PTH_LINE = (
+    "import os; any(k.startswith(('MEMGOV_CLAIM', 'CUDA_DEVICE_MEMORY_LIMIT', "
+    "'ALIYUN_COM_GPU_MEM_CONTAINER', 'GPU_MEMORY_LIMIT', 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', "
+    "'SLURM_SHARDS_ON_NODE')) for k in os.environ) and "
+    "__import__('memgov._autoenable')._autoenable.start()\n"
+)
+
+
+class build_py_with_pth(build_py):
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            target = self.get_finalized_command("install").install_lib
+        else:
+            target = self.build_lib
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, PTH_NAME), "w", encoding="utf-8") as out:
+            out.write(PTH_LINE)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        outputs = list(super().get_outputs(include_bytecode))
+        if not getattr(self, "editable_mode", False):
+            outputs.append(os.path.join(self.build_lib, PTH_NAME))
+        return outputs
+
+
+setup(cmdclass={"build_py": build_py_with_pth})

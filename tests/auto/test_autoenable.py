@@ -1,0 +1,219 @@
+"""Auto-enable end to end: real interpreters, the installed .pth, real frameworks (jax, torch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+GIB = 2**30
+
+# Printed by a governed program: what it holds and what the ledger shows (from inside).
+REPORT = """
+import json, memgov
+from memgov import _autoenable, _status
+held = memgov.current()
+claims = [c for d in _status.status()["devices"] for c in d["claims"]]
+print(json.dumps({"bytes": None if held is None else held.bytes,
+                  "mode": _autoenable.outcome.get("mode"), "claims": len(claims)}))
+"""
+
+
+def report(result: subprocess.CompletedProcess[str]) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def memgov_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("memgov:")]
+
+
+def test_unset_loads_nothing(env, py):
+    ours = "('memgov', 'memgov_torch', 'memgov_jax', 'memgov_tensorflow')"
+    code = f"import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in {ours}))"
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert result.stderr == ""
+
+
+def test_set_but_no_framework_imported_claims_nothing(env, py):
+    """pip and every other Python program stay untouched: no claim, no output."""
+    env["MEMGOV_CLAIM"] = "2GiB"
+    code = "from memgov import _status; print(_status.status()['devices'][0]['claims'])"
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert memgov_lines(result.stderr) == []
+
+
+def test_claim_taken_at_framework_import(env, py):
+    env.update(MEMGOV_CLAIM="2GiB", MEMGOV_THREADS="1")
+    code = (
+        "import jax\nimport jax.numpy as jnp\nassert float(jnp.ones(3).sum()) == 3.0\n"
+        "import torch\nassert torch.get_num_threads() == 1\n"
+        "assert torch.get_num_interop_threads() == 1\n" + REPORT
+    )
+    result = py(code, env)
+    assert report(result) == {"bytes": 2 * GIB, "mode": "claim", "claims": 1}
+    lines = memgov_lines(result.stderr)
+    assert any("2.00 GiB on sim0" in line and "MEMGOV_CLAIM=2GiB" in line for line in lines)
+    assert any(line.startswith("memgov: jax: preallocation off") for line in lines)
+    assert any(line.startswith("memgov: torch: 1 CPU thread(s)") for line in lines)
+
+
+def test_growth_claims_nothing(env, py):
+    env["MEMGOV_CLAIM"] = "growth"
+    result = py("import jax\n" + REPORT, env)
+    assert report(result) == {"bytes": None, "mode": "growth", "claims": 0}
+
+
+def test_off_and_quiet(env, py):
+    env.update(MEMGOV_CLAIM="off", CUDA_DEVICE_MEMORY_LIMIT="4g")
+    result = py("import jax\n" + REPORT, env)
+    assert report(result) == {"bytes": None, "mode": "off", "claims": 0}
+    env.update(MEMGOV_CLAIM="1GiB", MEMGOV_QUIET="1")
+    del env["CUDA_DEVICE_MEMORY_LIMIT"]
+    result = py("import jax\n" + REPORT, env)
+    assert report(result)["bytes"] == GIB
+    assert memgov_lines(result.stderr) == []
+
+
+def test_scheduler_budget_without_memgov_claim(env, py):
+    """HAMi's enforced 4g becomes a budget a margin below it, with no memgov setting at all."""
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = "4g"
+    result = py("import jax\n" + REPORT, env)
+    margin = int(4 * GIB * 0.05)
+    assert report(result) == {"bytes": 4 * GIB - margin, "mode": "claim", "claims": 1}
+    assert any("HAMi CUDA_DEVICE_MEMORY_LIMIT='4g'" in line for line in memgov_lines(result.stderr))
+
+
+def test_auto_without_scheduler_budget_is_growth(env, py):
+    env["MEMGOV_CLAIM"] = "auto"
+    result = py("import jax\n" + REPORT, env)
+    assert report(result) == {"bytes": None, "mode": "growth", "claims": 0}
+
+
+def test_explicit_claim_first_wins(env, py):
+    env["MEMGOV_CLAIM"] = "2GiB"
+    code = "import memgov\nmine = memgov.claim('3GiB')\nimport jax\n" + REPORT
+    assert report(py(code, env)) == {"bytes": 3 * GIB, "mode": "explicit", "claims": 1}
+
+
+def test_budget_that_does_not_fit_warns_and_runs(env, py):
+    env["MEMGOV_CLAIM"] = "12GiB"
+    env["MEMGOV_DEVICES"] = "sim0:16GiB:8GiB"  # 8 GiB used outside memgov
+    result = py("import jax\nprint('survived')", env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "survived"
+    warnings = [line for line in memgov_lines(result.stderr) if "warning" in line]
+    assert len(warnings) == 1 and "cannot claim 12.00 GiB" in warnings[0]
+
+
+# -- child processes -----------------------------------------------------------------------------
+
+CHILD_REPORT = REPORT.replace("print(", "print('CHILD', ")
+
+
+def test_subprocess_child_does_not_claim_again(env, py):
+    env["MEMGOV_CLAIM"] = "2GiB"
+    code = f"""
+import subprocess, sys
+import jax
+child = subprocess.run([sys.executable, "-c", "import jax\\n" + {REPORT!r}],
+                       capture_output=True, text=True)
+assert child.returncode == 0, child.stderr
+print(child.stdout.strip().splitlines()[-1])
+"""
+    result = py(code, env)
+    child = report(result)
+    assert child == {"bytes": None, "mode": "child", "claims": 1}
+
+
+def test_multiprocessing_spawn_child_does_not_claim_again(env, py):
+    env["MEMGOV_CLAIM"] = "2GiB"
+    code = f"""
+import multiprocessing as mp
+
+def work(queue):
+    import io, contextlib
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        import jax
+        exec({REPORT!r}, {{}})
+    queue.put(out.getvalue())
+
+if __name__ == "__main__":
+    import jax
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=work, args=(queue,))
+    proc.start()
+    print(queue.get(timeout=120).strip())
+    proc.join()
+"""
+    script = env["MEMGOV_DIR"] + "-spawn.py"
+    with open(script, "w") as handle:
+        handle.write(code)
+    result = subprocess.run(
+        [sys.executable, script], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert report(result) == {"bytes": None, "mode": "child", "claims": 1}
+
+
+def test_torch_dataloader_fork_workers_do_not_claim(env, py):
+    env["MEMGOV_CLAIM"] = "2GiB"
+    code = """
+import json
+import torch
+from torch.utils.data import DataLoader, Dataset
+import memgov
+from memgov import _status
+
+class Probe(Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, i):
+        claims = [c for d in _status.status()["devices"] for c in d["claims"]]
+        return torch.tensor([len(claims), memgov.current() is None])
+
+seen = torch.cat(list(DataLoader(Probe(), num_workers=2, batch_size=1))).tolist()
+print(json.dumps(seen))
+"""
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [[1, 1], [1, 1]]
+
+
+def test_dead_parent_record_does_not_block_a_claim(env, py):
+    env.update(MEMGOV_CLAIM="1GiB", MEMGOV_HOLDER="sim0/00000000000000000001-dead.json")
+    assert report(py("import jax\n" + REPORT, env)) == {"bytes": GIB, "mode": "claim", "claims": 1}
+
+
+# -- memgov run and the import-memgov promise ----------------------------------------------------
+
+
+def test_memgov_run(env):
+    memgov = [sys.executable, "-m", "memgov.cli"]
+    code = "import jax\n" + REPORT
+    result = subprocess.run(
+        [*memgov, "run", "--claim", "1GiB", "--threads", "1", "--", sys.executable, "-c", code],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert report(result) == {"bytes": GIB, "mode": "claim", "claims": 1}
+    bad = subprocess.run(
+        [*memgov, "run", "--claim", "lots", "--", sys.executable, "-c", "pass"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "--claim 'lots': accepted a size" in bad.stderr
+
+
+def test_import_memgov_stops_greedy_preallocation(env, py):
+    code = (
+        "import os, memgov; print(os.environ['TF_FORCE_GPU_ALLOW_GROWTH'], "
+        "os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'])"
+    )
+    assert py(code, env).stdout.split() == ["true", "false"]
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"  # an explicit user setting wins
+    assert py(code, env).stdout.split() == ["true", "true"]
