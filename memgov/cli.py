@@ -48,9 +48,9 @@ def status(
             if as_json:
                 _print_json(data)
             else:
-                from memgov._render import status_table
-
                 from rich.console import Console
+
+                from memgov._render import status_table
 
                 Console().print(status_table(data))
             return
@@ -117,6 +117,72 @@ def devices(as_json: JsonFlag = False) -> None:
     from memgov._render import devices_table
 
     Console().print(devices_table(found))
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    command: Annotated[list[str], typer.Argument(help="The command, after --.")],
+    claim: Annotated[
+        str, typer.Option("--claim", help="SIZE (2GiB, 25%), growth, auto or off.")
+    ] = "auto",
+    device: Annotated[
+        str | None, typer.Option("--device", help="Index (cuda:N), GPU UUID or auto.")
+    ] = None,
+    wait: Annotated[
+        float | None, typer.Option("--wait", help="Queue up to SECONDS for the budget.")
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Fail instead of warning when memgov cannot govern.")
+    ] = False,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="CPU threads for the command's frameworks.")
+    ] = None,
+) -> None:
+    """Run CMD governed by env alone: memgov run --claim 2GiB -- python train.py"""
+    from memgov import _autoenable, _run
+
+    try:
+        env = _run.command_env(claim, device, wait, strict, threads)
+        if not _autoenable.installed_pth():
+            typer.echo(
+                f"memgov: warning: {_autoenable.PTH_NAME} is not installed for {sys.executable}; "
+                "CMD is governed only if its Python has memgov installed",
+                err=True,
+            )
+        _run.exec_command(command, env)
+    except MemgovError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def doctor(as_json: JsonFlag = False) -> None:
+    """What memgov sees: NVML, devices, frameworks, MPS, budgets and the ledger folder."""
+    from memgov import _doctor
+
+    report = _doctor.diagnose()
+    if as_json:
+        _print_json(report)
+        return
+    for line in _doctor.render(report):
+        typer.echo(line)
+
+
+def _add_mps() -> None:
+    from memgov._cli_mps import mps_app  # `memgov mps start|stop|status`
+
+    app.add_typer(mps_app, name="mps")
+
+
+_add_mps()
+
+
+def _add_pack() -> None:
+    from memgov._cli_pack import HELP, pack  # `memgov pack` (docs/pack.md)
+
+    app.command("pack", help=HELP)(pack)
+
+
+_add_pack()
 
 
 def main() -> None:

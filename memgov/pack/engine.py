@@ -1,0 +1,214 @@
+"""The pack engine: start N jobs of an experiment on one GPU, watch them, and say how it went.
+
+A pack is a list of runs: the naive baseline (``--baseline naive``), the one-job reference
+(solo), then one run per job count (``--n`` or each ``--sweep`` value). Every run starts its jobs
+(at most ``parallel`` at once; the rest start as others finish), reads their reports live, samples
+footprints, and ends with a record (stats.py). An MPS daemon that pack starts (memgov._mps) runs
+around the governed runs and is stopped in a ``finally``: also on Ctrl-C, SIGTERM or SIGHUP (all
+turned into exceptions here), after the jobs have been stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from memgov.pack import stats
+from memgov.pack.config import PackConfig, cpu_sets, job_env, threads_for
+from memgov.pack.jobs import Job, JobSpec
+from memgov.pack.monitor import Sampler
+from memgov.pack.plan import Context, RunPlan, prepare
+
+STOP_GRACE_S = 10.0
+"""How long a job has after SIGTERM before SIGKILL."""
+
+
+class Observer(Protocol):
+    """Live progress (the CLI draws it with rich); every method is optional in practice."""
+
+    def run_started(self, plan: RunPlan) -> None: ...
+    def job_event(self, plan: RunPlan, job: str, event: dict[str, Any]) -> None: ...
+    def job_ended(self, plan: RunPlan, record: dict[str, Any]) -> None: ...
+    def run_ended(self, plan: RunPlan, record: dict[str, Any]) -> None: ...
+
+
+class _Quiet:
+    def run_started(self, plan: RunPlan) -> None: ...
+    def job_event(self, plan: RunPlan, job: str, event: dict[str, Any]) -> None: ...
+    def job_ended(self, plan: RunPlan, record: dict[str, Any]) -> None: ...
+    def run_ended(self, plan: RunPlan, record: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Outcome:
+    report: dict[str, Any]
+    interrupted: BaseException | None
+
+
+def pack(cfg: PackConfig, observer: Observer | None = None,
+         write: Callable[[dict[str, Any], Path], None] | None = None) -> Outcome:
+    """Run the pack; write its report (also a partial one after Ctrl-C) with ``write``."""
+    ctx = prepare(cfg)  # every ConfigError before anything starts
+    watcher = observer or _Quiet()
+    report = ctx.report_head()
+    stop: BaseException | None = None
+    with contextlib.ExitStack() as stack:
+        stack.callback(_signals_to_exit())
+        try:
+            for plan in ctx.plans:
+                if plan.mps and ctx.mps_info is None:
+                    ctx.mps_info = stack.enter_context(ctx.mps_daemon())
+                record, stop = run_once(ctx, plan, watcher)
+                ctx.add_run(report, plan, record)
+                if stop is not None:
+                    break
+        except (KeyboardInterrupt, SystemExit) as exc:  # while starting the MPS daemon
+            stop = exc
+        finally:
+            try:
+                stack.close()  # the MPS daemon stops here, after every job has ended
+            except (KeyboardInterrupt, SystemExit) as exc:
+                stop = stop or exc
+            ctx.finish(report, interrupted=stop is not None)
+            if write is not None:
+                write(report, ctx.out)
+    if stop is not None and not isinstance(stop, (KeyboardInterrupt, SystemExit)):
+        raise stop  # a failure of pack itself (e.g. a runner that cannot spawn): jobs ended
+    return Outcome(report, stop)
+
+
+def _signals_to_exit() -> Callable[[], None]:
+    """SIGTERM and SIGHUP become SystemExit (like Ctrl-C's KeyboardInterrupt), so cleanup runs."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    return restore
+
+
+def run_once(ctx: Context, plan: RunPlan, observer: Observer
+             ) -> tuple[dict[str, Any], BaseException | None]:
+    """Run one plan's jobs to the end (or until stopped); return its record and any interrupt."""
+    mps_pipe, mps_log = ctx.mps_paths() if plan.mps else (None, None)
+    concurrent = min(plan.n, plan.parallel)
+    threads = None if plan.mode == "greedy" else threads_for(ctx.cfg, concurrent)
+    env = job_env(mode=plan.mode, claim_bytes=plan.claim_bytes, threads=threads,
+                  ledger=ctx.ledger, device_uuid=ctx.device_uuid, simulated=ctx.simulated,
+                  mps_pipe=mps_pipe, mps_log=mps_log, wait=ctx.cfg.wait)
+    if ctx.simulated is not None and ctx.device is not None and plan.mode != "greedy":
+        env["MEMGOV_DEVICE"] = ctx.device.uuid  # the simulated GPU pack watches (--gpu)
+    base = ctx.base_env(plan.mode)
+    jobs = [Job(JobSpec(i, f"job-{i:02d}", ctx.argv(plan, i), env, plan.rogue_mib(i)))
+            for i in range(plan.n)]
+    log_dir = ctx.out / "logs" / plan.label
+    log_dir.mkdir(parents=True, exist_ok=True)
+    sampler = Sampler(ctx.device, watch_nvml=not ctx.cpu)
+    inbox: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
+    by_label = {j.spec.label: j for j in jobs}
+    pending: deque[Job] = deque(jobs)
+    running: set[str] = set()
+    records: dict[str, dict[str, Any]] = {}
+    stop: BaseException | None = None
+    observer.run_started(plan)
+    sampler.start()
+    t0 = time.monotonic()
+    deadline = t0 + ctx.cfg.timeout if ctx.cfg.timeout else None
+    kill_at: float | None = None
+    try:
+        while pending or running:
+            while pending and len(running) < plan.parallel:
+                job = pending.popleft()
+                cpus = cpu_sets(job.spec.index, threads or 1) if ctx.cfg.pin else None
+                job.start(ctx.runner, ctx.folder, base, log_dir, inbox, t0, cpus)
+                sampler.track(job.spec.label, _root(ctx, job))
+                running.add(job.spec.label)
+            now = time.monotonic()
+            if deadline is not None and now > deadline and kill_at is None:
+                kill_at = now + STOP_GRACE_S
+                _stop_all(ctx, jobs, pending, "timeout")
+            elif kill_at is not None and now > kill_at:
+                _stop_all(ctx, jobs, pending, "timeout", signal.SIGKILL)
+            try:
+                kind, label, data = inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if kind == "event":
+                observer.job_event(plan, label, data)
+            else:
+                running.discard(label)
+                sampler.untrack(label)
+                job = by_label[label]
+                records[label] = stats.job_record(job, sampler.jobs[label], ctx.runner)
+                observer.job_ended(plan, records[label])
+    except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (SystemExit), or a bug: end the jobs
+        stop = exc
+        _stop_all(ctx, jobs, pending, "interrupted")
+        _reap(ctx, jobs)
+    finally:
+        sampler.stop()
+    wall = time.monotonic() - t0
+    done = [records.get(j.spec.label) or stats.job_record(j, sampler.jobs.get(
+        j.spec.label) or _blank(), ctx.runner) for j in jobs]
+    record = stats.run_record(done, all_at_once=concurrent >= plan.n)
+    record.update(ctx.run_fields(plan, sampler, threads, concurrent, wall))
+    observer.run_ended(plan, record)
+    return record, stop
+
+
+def _blank() -> Any:
+    from memgov.pack.monitor import JobSample
+
+    return JobSample()
+
+
+def _root(ctx: Context, job: Job) -> Callable[[], int | None]:
+    def find() -> int | None:
+        if job.proc is None:
+            return None
+        return ctx.runner.host_root(job.proc.pid, job.container)
+
+    return find
+
+
+def _stop_all(ctx: Context, jobs: list[Job], pending: deque[Job], why: str,
+              sig: int = signal.SIGTERM) -> None:
+    while pending:
+        pending.popleft().stopped_by = why
+    for job in jobs:
+        job.stop(ctx.runner, why, sig)
+
+
+def _reap(ctx: Context, jobs: list[Job]) -> None:
+    """Wait for stopped jobs to end: SIGTERM's grace, then SIGKILL. A second Ctrl-C skips ahead."""
+    with _patient():
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(j.running for j in jobs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    for job in jobs:
+        if job.running:
+            job.stop(ctx.runner, "interrupted", signal.SIGKILL)
+    with _patient():
+        for job in jobs:
+            job.wait_ended(5.0)
+
+
+@contextlib.contextmanager
+def _patient() -> Iterator[None]:
+    with contextlib.suppress(KeyboardInterrupt, SystemExit):
+        yield

@@ -1,0 +1,190 @@
+"""One packed job: its process, its JSON-lines reports read live, and why it ended.
+
+Reports arrive on stdout (one JSON object per line, key "event": start, epoch, done, error; see
+experiments/mnist/README.md). Each is stamped with its arrival time and handed to the engine's
+queue at once. stderr goes to a log file, whose tail is kept for the report.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from memgov.pack.runners import Runner
+
+REASONS = ("oom", "cuda_error", "budget_refused", "killed", "timeout", "interrupted", "error")
+"""Why a job failed: out of memory, another CUDA error, its claim was refused, it was killed by a
+signal (not pack's), pack stopped it at --timeout or on Ctrl-C, anything else."""
+TAIL_LINES = 40
+
+
+@dataclass
+class JobSpec:
+    index: int
+    label: str
+    argv: list[str]
+    env: dict[str, str]
+    rogue_mib: int = 0
+
+
+@dataclass
+class Job:
+    spec: JobSpec
+    events: list[dict[str, Any]] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    container: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    returncode: int | None = None
+    stopped_by: str | None = None
+    """"timeout" or "interrupted" once pack has begun to stop the job."""
+    garbage: int = 0
+    """stdout lines that were not JSON reports."""
+    tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    log: Path | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.ended is None
+
+    def start(self, runner: Runner, cwd: Path, base_env: dict[str, str], log_dir: Path,
+              inbox: queue.Queue[tuple[str, str, dict[str, Any]]], t0: float,
+              cpus: set[int] | None = None) -> None:
+        argv, env, self.container = runner.launch(
+            self.spec.argv, self.spec.env, cwd, self.spec.label, base_env)
+        self.log = log_dir / f"{self.spec.label}.stderr"
+        err = open(self.log, "wb")  # noqa: SIM115 (closed by the stderr pump)
+
+        def pin() -> None:
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
+        try:
+            self.proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=pin if cpus else None,
+            )
+        except OSError:
+            err.close()
+            raise
+        self.started = time.monotonic() - t0
+        label = self.spec.label
+        threading.Thread(target=self._pump_err, args=(err,), daemon=True,
+                         name=f"{label}-stderr").start()
+        threading.Thread(target=self._pump_out, args=(inbox, t0), daemon=True,
+                         name=f"{label}-stdout").start()
+
+    def _pump_out(self, inbox: queue.Queue[tuple[str, str, dict[str, Any]]], t0: float) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        label = self.spec.label
+        with self.proc.stdout:
+            for raw in self.proc.stdout:
+                line = raw.decode("utf-8", errors="replace").strip()
+                if not line:
+                    continue
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    event = None
+                if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+                    self.garbage += 1
+                    self.tail.append(f"[stdout, not a report] {line[:300]}")
+                    continue
+                event["t"] = round(time.monotonic() - t0, 4)
+                self.events.append(event)
+                inbox.put(("event", label, event))
+        self.returncode = self.proc.wait()
+        self.ended = time.monotonic() - t0
+        inbox.put(("exit", label, {"returncode": self.returncode}))
+
+    def _pump_err(self, err: IO[bytes]) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        with err, self.proc.stderr:
+            for raw in self.proc.stderr:
+                err.write(raw)
+                self.tail.append(raw.decode("utf-8", errors="replace").rstrip()[:500])
+
+    def stop(self, runner: Runner, why: str, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.ended is not None:
+            return
+        self.stopped_by = self.stopped_by or why
+        runner.stop(self.proc.pid, self.container, sig)
+
+    def wait_ended(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.running
+
+    def first(self, name: str) -> dict[str, Any] | None:
+        return next((e for e in self.events if e.get("event") == name), None)
+
+    def outcome(self, runner: Runner) -> tuple[str, str | None, str | None, int | None, int | None]:
+        """(status, reason, detail, exit code, signal): status is ok, failed or not_started."""
+        if self.proc is None:
+            why = "pack stopped before this job started"
+            return "not_started", self.stopped_by, why, None, None
+        code, sig = (None, None) if self.returncode is None else runner.decode_exit(self.returncode)
+        reason, detail = classify(self.events, code, sig, list(self.tail), self.stopped_by)
+        return ("ok" if reason is None else "failed"), reason, detail, code, sig
+
+
+def classify(events: list[dict[str, Any]], code: int | None, sig: int | None, tail: list[str],
+             stopped_by: str | None) -> tuple[str | None, str | None]:
+    """(reason, detail) for a finished job; (None, None) when it succeeded."""
+    error = next((e for e in events if e.get("event") == "error"), None)
+    done = any(e.get("event") == "done" for e in events)
+    stderr = "\n".join(tail)
+    if code == 0 and done and error is None:
+        return None, None
+    if error is not None:
+        message = str(error.get("message", ""))
+        if "BudgetExceeded" in message:
+            return "budget_refused", message
+        kind = error.get("kind")
+        if kind == "oom":
+            return "oom", message
+        if kind == "cuda":
+            return "cuda_error", message
+        if "BudgetExceeded" in stderr:
+            return "budget_refused", _line_with(tail, "BudgetExceeded") or message
+        return "error", message
+    if stopped_by is not None:
+        what = "--timeout" if stopped_by == "timeout" else "Ctrl-C or a signal to pack"
+        return stopped_by, f"stopped by pack ({what})"
+    if sig is not None:
+        name = _signal_name(sig)
+        hint = " (the host's OOM killer sends SIGKILL too)" if sig == signal.SIGKILL else ""
+        return "killed", f"killed by {name}{hint}"
+    if "BudgetExceeded" in stderr:
+        return "budget_refused", _line_with(tail, "BudgetExceeded")
+    if code == 3:
+        return "oom", "exit code 3 (out of memory) without an error report"
+    if code == 4:
+        return "cuda_error", "exit code 4 (CUDA error) without an error report"
+    last = next((line for line in reversed(tail) if line.strip()), "no output on stderr")
+    if code == 0:
+        return "error", f"exited 0 without a done report; stderr: {last}"
+    return "error", f"exit code {code}; stderr: {last}"
+
+
+def _line_with(tail: list[str], text: str) -> str | None:
+    return next((line for line in reversed(tail) if text in line), None)
+
+
+def _signal_name(sig: int) -> str:
+    with contextlib.suppress(ValueError):
+        return signal.Signals(sig).name
+    return f"signal {sig}"

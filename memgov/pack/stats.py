@@ -1,0 +1,182 @@
+"""Per-job and per-run figures of a pack, as plain data for report.json.
+
+Aggregate throughput (samples/s of all jobs together) is computed two ways from the epoch
+reports; an epoch runs from (arrival of its report - its ``seconds``) to the arrival:
+
+- ``aggregate_samples_per_s``: while all jobs ran together. The window runs from the latest
+  first-epoch start to the earliest last-epoch end; every epoch counts with the share of its
+  samples that falls inside the window (progress taken as even within an epoch). This is the
+  throughput of N packed jobs, free of start-up stagger. When jobs ran in waves (--parallel < N)
+  or never all trained at once, it is the span figure below, and ``aggregate_basis`` says so.
+- ``aggregate_samples_per_s_span``: every sample of every job over the whole span from the first
+  epoch start to the last epoch end; start-up stagger counts against it (conservative).
+
+``slowdown`` is the run's median steady epoch time over the one-job (solo) run's; ``speedup`` is
+the aggregate over the solo job's steady samples/s. Steady means epochs after the first (the first
+holds one-time costs: cuDNN set-up, XLA compilation) when there are several.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from memgov._sizes import mib
+from memgov.pack.jobs import Job
+from memgov.pack.monitor import JobSample
+from memgov.pack.runners import Runner
+
+STDERR_LINES = 6
+
+
+def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
+    status, reason, detail, code, sig = job.outcome(runner)
+    epochs = [e for e in job.events if e.get("event") == "epoch"]
+    seconds = [float(e.get("seconds") or 0.0) for e in epochs]
+    samples = [int(e.get("samples") or 0) for e in epochs]
+    start = job.first("start") or {}
+    done = job.first("done") or {}
+    steady = seconds[1:] or seconds
+    steady_samples = samples[1:] or samples
+    spans = [[round(float(e["t"]) - s, 4), float(e["t"]), n]
+             for e, s, n in zip(epochs, seconds, samples, strict=True)]
+    return {
+        "index": job.spec.index,
+        "label": job.spec.label,
+        "status": status,
+        "reason": reason,
+        "detail": detail,
+        "exit_code": code,
+        "signal": sig,
+        "pid": start.get("pid"),
+        "host_pid": job.proc.pid if job.proc is not None else None,
+        "rogue_mib": job.spec.rogue_mib or None,
+        "device": start.get("device"),
+        "epochs_done": len(epochs),
+        "epoch_s": seconds,
+        "steady_epoch_s": _round(statistics.fmean(steady)) if steady else None,
+        "samples": sum(samples),
+        "samples_per_s": _round(sum(samples) / sum(seconds)) if sum(seconds) > 0 else None,
+        "steady_samples_per_s": (_round(sum(steady_samples) / sum(steady))
+                                 if steady and sum(steady) > 0 else None),
+        "epoch_spans": spans,
+        "test_acc": done.get("test_acc"),
+        "total_s": done.get("total_s"),
+        "peak_allocator_mib": done.get("peak_allocator_mib"),
+        "footprint_mib": mib(sample.footprint),
+        "rss_mib": mib(sample.rss),
+        "uss_mib": mib(sample.uss),
+        "claim_mib": mib(sample.claim_bytes),
+        "claim_mode": sample.claim_mode,
+        "started_s": _round(job.started),
+        "ended_s": _round(job.ended),
+        "stdout_garbage_lines": job.garbage,
+        "stderr_tail": list(job.tail)[-STDERR_LINES:] if status != "ok" else [],
+        "log": str(job.log) if job.log else None,
+    }
+
+
+def aggregate(jobs: list[dict[str, Any]], all_at_once: bool) -> dict[str, Any]:
+    spans = {j["label"]: j["epoch_spans"] for j in jobs if j["epoch_spans"]}
+    if not spans:
+        return {"aggregate_samples_per_s": None, "aggregate_samples_per_s_span": None,
+                "aggregate_basis": None, "window_s": None, "span_s": None}
+    every = [s for js in spans.values() for s in js]
+    first, last = min(s[0] for s in every), max(s[1] for s in every)
+    total = sum(s[2] for s in every)
+    span_rate = total / (last - first) if last > first else None
+    lo = max(js[0][0] for js in spans.values())
+    hi = min(js[-1][1] for js in spans.values())
+    result: dict[str, Any] = {"aggregate_samples_per_s_span": _round(span_rate),
+                              "span_s": _round(last - first), "window_s": None}
+    if all_at_once and hi > lo:
+        inside = 0.0
+        for start, end, n in every:
+            overlap = min(end, hi) - max(start, lo)
+            if overlap > 0 and end > start:
+                inside += n * overlap / (end - start)
+        result.update(aggregate_samples_per_s=_round(inside / (hi - lo)),
+                      aggregate_basis="all jobs running", window_s=_round(hi - lo))
+    else:
+        why = "span (jobs never all trained at once)" if all_at_once else \
+            "span (jobs ran in waves)"
+        result.update(aggregate_samples_per_s=_round(span_rate), aggregate_basis=why)
+    return result
+
+
+def run_record(jobs: list[dict[str, Any]], *, all_at_once: bool) -> dict[str, Any]:
+    ok = [j for j in jobs if j["status"] == "ok"]
+    failed = [j for j in jobs if j["status"] != "ok"]
+    reasons: dict[str, int] = {}
+    for j in failed:
+        key = j["reason"] or "error"
+        reasons[key] = reasons.get(key, 0) + 1
+    basis = ok or [j for j in jobs if j["epochs_done"]]
+    feet = [j["footprint_mib"] for j in basis if j["footprint_mib"] is not None]
+    every_foot = [j["footprint_mib"] for j in jobs if j["footprint_mib"] is not None]
+    epoch = [j["steady_epoch_s"] for j in basis if j["steady_epoch_s"] is not None]
+    uss = [j["uss_mib"] for j in basis if j["uss_mib"] is not None]
+    rss = [j["rss_mib"] for j in basis if j["rss_mib"] is not None]
+    return {
+        "n": len(jobs),
+        "ok": len(ok),
+        "failed": len(failed),
+        "reasons": reasons,
+        "footprint_mib": _median(feet),
+        "footprint_max_mib": max(every_foot) if every_foot else None,
+        "epoch_s": _median(epoch),
+        "epoch_s_max": max(epoch) if epoch else None,
+        "uss_per_job_mib": _median(uss),
+        "rss_per_job_mib": _median(rss),
+        "samples": sum(j["samples"] for j in jobs),
+        **aggregate(jobs, all_at_once),
+        "jobs": jobs,
+    }
+
+
+def compare(run: dict[str, Any], solo: dict[str, Any] | None) -> dict[str, Any]:
+    """slowdown and speedup of a run against the one-job run."""
+    if solo is None or not solo["jobs"]:
+        return {"slowdown": None, "speedup": None, "solo_samples_per_s": None}
+    one = solo["jobs"][0]
+    rate = one.get("steady_samples_per_s")
+    epoch = one.get("steady_epoch_s")
+    slowdown = run["epoch_s"] / epoch if run["epoch_s"] and epoch else None
+    speedup = run["aggregate_samples_per_s"] / rate if run["aggregate_samples_per_s"] and rate \
+        else None
+    return {"slowdown": _round(slowdown), "speedup": _round(speedup), "solo_samples_per_s": rate}
+
+
+def capacity(run: dict[str, Any], *, device_total: int | None, device_free_before: int | None,
+             claim_bytes: int | None, ledger_capacity: int | None, host_available: int,
+             mps_limit: int | None) -> dict[str, Any]:
+    """Estimates of how many such jobs fit, by each limit, and which binds first."""
+    limits: dict[str, int] = {}
+    foot = run["footprint_max_mib"]
+    if foot and device_free_before is not None:
+        limits["gpu_memory_by_footprint"] = int(device_free_before / 2**20 // foot)
+    if claim_bytes and ledger_capacity is not None:
+        limits["gpu_memory_by_claim"] = int(ledger_capacity // claim_bytes)
+    uss = run["uss_per_job_mib"]
+    if uss:
+        limits["host_memory_by_uss"] = int(host_available / 2**20 // uss)
+    if mps_limit is not None:
+        limits["mps_clients"] = mps_limit
+    binding = min(limits, key=lambda k: limits[k]) if limits else None
+    return {
+        "estimate": True,
+        "jobs_fit": limits,
+        "binding": binding,
+        "max_jobs": limits.get(binding) if binding else None,
+        "device_total_mib": mib(device_total),
+        "device_free_before_mib": mib(device_free_before),
+        "host_available_before_mib": mib(host_available),
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    return _round(statistics.median(values)) if values else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -1,0 +1,29 @@
+"""Helpers of the pack tests: run `memgov pack` for real and read its report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MNIST = ROOT / "experiments" / "mnist"
+TINY = ["--", "--limit", "256", "--eval-limit", "64"]
+"""Trainer arguments: 8 steps of batch 32, evaluation on 64 images."""
+
+
+def pack_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "memgov", "pack", *args]
+
+
+def run_pack(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(pack_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=dict(os.environ))
+
+
+def report(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "report.json").read_text())
+    return data

@@ -1,0 +1,126 @@
+"""`memgov pack` end to end on CPU through the real CLI: report.json, report.csv, plot.png."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pack._util import MNIST, TINY, report, run_pack
+
+KEYS = ("n", "ok", "failed", "jobs", "footprint_mib", "epoch_s", "aggregate_samples_per_s",
+        "device_peak_used_mib")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
+    assert head[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_pack("--n", "2", "--device", "cpu", str(MNIST), "--epochs", "1", "--out",
+                    str(out), "--rogue", "1:64", "--json", *TINY)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    data = report(out)
+    assert printed["jobs"] == data["jobs"]
+    for key in KEYS:
+        assert key in data, key
+    assert (data["n"], data["ok"], data["failed"]) == (2, 2, 0)
+    assert data["footprint_mib"] is None and data["device_peak_used_mib"] is None  # no NVML
+    assert data["epoch_s"] > 0 and data["aggregate_samples_per_s"] > 0
+    assert data["interrupted"] is False and data["mps"]["used"] is False
+    assert data["claim"]["mib"] == 1024 and "no measured peaks" in data["claim"]["source"]
+    assert [r["role"] for r in data["runs"]] == ["solo", "main"]
+    assert data["solo"]["n"] == 1 and data["speedup"] is not None
+    # Fast by default: each of the 2 jobs gets half the cores; the solo job gets them all.
+    cores = len(os.sched_getaffinity(0))
+    assert data["threads_per_job"] == max(1, cores // 2)
+    assert data["solo"]["threads_per_job"] == cores
+    for job in data["jobs"]:
+        assert job["status"] == "ok" and job["reason"] is None and job["exit_code"] == 0
+        assert job["epochs_done"] == 1 and len(job["epoch_s"]) == 1 and job["samples"] == 256
+        # The job really was governed: the ledger held its claim, matched by PID.
+        assert job["claim_mib"] == 1024 and job["claim_mode"] == "soft"
+        assert job["uss_mib"] and job["rss_mib"] >= job["uss_mib"]
+        assert Path(job["log"]).is_file()
+    # --rogue 1:64 reaches the last job only (on CPU the trainer has nothing to hog).
+    assert [j["rogue_mib"] for j in data["jobs"]] == [None, 64]
+    assert "nothing to hog" in Path(data["jobs"][1]["log"]).read_text()
+
+    with open(out / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["run"], r["label"], r["status"]) for r in rows] == [
+        ("solo", "job-00", "ok"), ("n2", "job-00", "ok"), ("n2", "job-01", "ok")]
+    assert all(float(r["epoch_s"]) > 0 and r["claim_mib"] == "1024.0" for r in rows)
+
+    width, height = _png_size(out / "plot.png")
+    assert 600 <= width <= 3000 and 400 <= height <= 3000
+    assert (out / "plot.png").stat().st_size > 10_000
+    assert data["files"]["plot"] == str(out / "plot.png")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--mode", "fast"], "--mode 'fast': accepted greedy, growth, claim"),
+        (["--sweep", "1,x"], "accepted comma-separated job counts"),
+        (["--rogue", "3"], "accepted K:MIB"),
+        (["--rogue", "5:100"], "accepted K:MIB with 1 <= K <= 2"),
+        (["--mode", "greedy", "--claim", "1GiB"], "applies to --mode claim only"),
+        (["--threads", "0"], "accepted auto or a whole number"),
+        (["--n", "0"], "--n 0: accepted a whole number from 1"),
+        (["--mps", "on"], "--mps on needs a GPU"),
+        (["--runner", "podman"], "accepted process, namespace, docker"),
+        (["--framework", "mxnet"], "no [frameworks.mxnet] table; this experiment has jax, "
+                                   "tensorflow, torch"),
+        (["--claim", "lots"], "cannot read 'lots' as a size"),
+        (["--baseline", "naive", "--sweep", "1,2"], "--baseline applies to a single --n"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_job(tmp_path: Path, args: list[str],
+                                                  says: str) -> None:
+    out = tmp_path / "out"
+    done = run_pack("--device", "cpu", str(MNIST), "--out", str(out), *args, timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert says in done.stderr
+    assert not out.exists()  # refused before anything started
+
+
+def test_bad_experiment_folder(tmp_path: Path) -> None:
+    done = run_pack("--device", "cpu", str(tmp_path), timeout=60)
+    assert done.returncode == 2
+    assert "not an experiment; accepted a folder containing experiment.toml" in done.stderr
+    (tmp_path / "experiment.toml").write_text('[experiment]\nname = "x"\n')
+    done = run_pack("--device", "cpu", str(tmp_path), timeout=60)
+    assert done.returncode == 2 and "missing [frameworks.<name>] tables" in done.stderr
+
+
+def test_gpu_pack_without_gpu_says_what_to_do(tmp_path: Path) -> None:
+    done = run_pack(str(MNIST), "--out", str(tmp_path / "out"), timeout=60)
+    assert done.returncode == 2
+    assert "no GPU is visible" in done.stderr and "--device cpu" in done.stderr
+
+
+def test_docker_runner_refused_without_an_engine(tmp_path: Path) -> None:
+    docker = shutil.which("docker")
+    if docker is not None:
+        info = subprocess.run([docker, "info"], capture_output=True, timeout=30, check=False)
+        if info.returncode == 0:
+            pytest.skip("a Docker engine answers here; this test covers machines without one")
+    done = run_pack("--device", "cpu", "--runner", "docker", str(MNIST), "--out",
+                    str(tmp_path / "out"), timeout=60)
+    assert done.returncode == 2
+    assert "--runner docker" in done.stderr
+    assert ("no `docker` on PATH" in done.stderr) or ("no container engine answers"
+                                                      in done.stderr)

@@ -1,0 +1,205 @@
+"""The pack library's parts: manifest checks, the peak history, job environments, figures."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from memgov import _autoenable, _threads
+from memgov._errors import LedgerError
+from memgov.pack import config, history, manifest, stats
+from memgov.pack.jobs import classify
+from pack._util import MNIST, TINY, report, run_pack
+
+MiB = 2**20
+
+
+# -- manifest ----------------------------------------------------------------------------------
+def _manifest(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "experiment.toml").write_text(text)
+    return tmp_path
+
+
+GOOD_FW = '[frameworks.torch]\ncommand = ["{python}", "t.py", "--epochs", "{epochs}"]\n'
+
+
+def test_bundled_manifest_loads() -> None:
+    man = manifest.load(MNIST)
+    assert man.name == "mnist" and set(man.frameworks) == {"torch", "tensorflow", "jax"}
+    argv = man.command("jax", python="py", epochs=2, batch=16, device="cpu")
+    assert argv == ["py", "train_jax.py", "--epochs", "2", "--batch", "16", "--device", "cpu"]
+    assert man.rogue(64) == ["--hog-mib", "64"]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("name = ", "not valid TOML"),
+        (GOOD_FW, "missing [experiment] table"),
+        ('[experiment]\nname = "a b"\n' + GOOD_FW, "accepted 1-64 letters"),
+        ('[experiment]\nname = "x"\nreport = "xml"\n' + GOOD_FW, "accepted jsonl-stdout"),
+        ('[experiment]\nname = "x"\ncolour = 1\n' + GOOD_FW, "unknown key(s) ['colour']"),
+        ('[experiment]\nname = "x"\n[frameworks.torch]\ncommand = "python t.py"\n',
+         "accepted a non-empty list of non-empty strings"),
+        ('[experiment]\nname = "x"\n[frameworks.torch]\ncommand = ["{py}", "t.py"]\n',
+         "unknown placeholder {py}"),
+        ('[experiment]\nname = "x"\n[defaults]\nepochs = 0\n' + GOOD_FW,
+         "[defaults] epochs = 0: accepted a whole number >= 1"),
+        ('[experiment]\nname = "x"\nrogue_args = ["--hog"]\n' + GOOD_FW,
+         "with a {mib} placeholder"),
+        ('[experiment]\nname = "x"\n[frameworks.torch]\ncommand = ["a"]\nenv = {A = 1}\n',
+         'accepted a table of NAME = "value" strings'),
+    ],
+)
+def test_manifest_errors_say_what_is_accepted(tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(manifest.ManifestError) as caught:
+        manifest.load(_manifest(tmp_path, text))
+    assert says in str(caught.value) and str(tmp_path) in str(caught.value)
+
+
+def test_missing_epochs_default_is_asked_for(tmp_path: Path) -> None:
+    folder = _manifest(tmp_path, '[experiment]\nname = "x"\n' + GOOD_FW)
+    done = run_pack("--device", "cpu", str(folder), timeout=60)
+    assert done.returncode == 2 and "has no [defaults] epochs; pass --epochs N" in done.stderr
+
+
+# -- history (--claim auto) --------------------------------------------------------------------
+def test_history_margin_and_keep() -> None:
+    key = history.key("mnist", "torch", 32)
+    assert key == "mnist-torch-b32" and history.read(key) == [] and history.auto_size(key) is None
+    history.record(key, [800 * MiB, 884 * MiB], mode="claim")
+    size, source = history.auto_size(key) or (0, "")
+    # max peak x 1.10 + 64 MiB, rounded up to a whole MiB: 884 * 1.1 + 64 = 1036.4 -> 1037 MiB
+    assert size == 1037 * MiB == history.margin(884 * MiB)
+    assert "largest of 2 recorded peak(s) 884 MiB" in source
+    history.record(key, [100 * MiB] * (history.KEEP + 5))
+    kept = history.read(key)
+    assert len(kept) == history.KEEP and {p["bytes"] for p in kept} == {100 * MiB}
+
+
+def test_history_never_follows_a_symlink(private_ledger: Path, tmp_path: Path) -> None:
+    history.read("warm-up")  # creates the folder
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"peaks": [{"bytes": 1}]}')
+    os.symlink(target, private_ledger / "v1" / "_history" / "evil.json")
+    with pytest.raises(LedgerError, match="symlink"):
+        history.read("evil")
+
+
+def test_claim_auto_uses_recorded_peaks(tmp_path: Path) -> None:
+    history.record(history.key("mnist", "torch", 32), [900 * MiB])
+    out = tmp_path / "out"
+    done = run_pack("--n", "1", "--device", "cpu", str(MNIST), "--epochs", "1", "--out",
+                    str(out), "--no-progress", *TINY)
+    assert done.returncode == 0, done.stderr
+    # The people's summary: one column per run, one row per figure.
+    assert "samples/s, all jobs" in done.stdout and str(out / "report.json") in done.stdout
+    data = report(out)
+    assert [r["role"] for r in data["runs"]] == ["main"]  # --n 1 is its own one-job run
+    expected = history.margin(900 * MiB)
+    assert data["claim"]["bytes"] == expected and "history mnist-torch-b32" in data["claim"][
+        "source"]
+    assert data["jobs"][0]["claim_mib"] == expected / MiB  # the job claimed exactly that
+    assert data["history"] is None  # a CPU pack measures no GPU peak, so records none
+
+
+# -- job environments --------------------------------------------------------------------------
+def test_thread_and_trigger_names_match_the_core() -> None:
+    assert config.THREAD_VARS == _threads.ENV_VARS
+    assert all(t.startswith(config.BUDGET_PREFIXES) for t in _autoenable.TRIGGERS)
+
+
+def test_greedy_jobs_get_framework_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("MEMGOV_CLAIM", "2GiB"), ("OMP_NUM_THREADS", "3"),
+                        ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+                        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G"), ("MEMGOV_DATA_CACHE", "/c")):
+        monkeypatch.setenv(name, value)
+    env = {**config.base_env("greedy"), **config.job_env(
+        mode="greedy", claim_bytes=None, threads=None, ledger=Path("/l"), device_uuid="GPU-1",
+        simulated=None, mps_pipe=None, mps_log=None, wait=None)}
+    for gone in ("MEMGOV_CLAIM", "OMP_NUM_THREADS", "XLA_PYTHON_CLIENT_PREALLOCATE",
+                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "MEMGOV_THREADS"):
+        assert gone not in env
+    assert not _autoenable.triggered(env)  # auto-enable stays asleep in a greedy job
+    assert env["MEMGOV_DATA_CACHE"] == "/c" and env["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+
+
+def test_claim_jobs_are_governed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "16")
+    env = {**config.base_env("claim"), **config.job_env(
+        mode="claim", claim_bytes=1037 * MiB, threads=2, ledger=Path("/l"), device_uuid=None,
+        simulated="sim0:16GiB", mps_pipe=Path("/l/mps/pipe"), mps_log=Path("/l/mps/log"),
+        wait=30.0)}
+    assert env["MEMGOV_CLAIM"] == str(1037 * MiB) and env["MEMGOV_STRICT"] == "1"
+    assert env["MEMGOV_THREADS"] == "2" and all(env[v] == "2" for v in config.THREAD_VARS)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/l/mps/pipe" and "MEMGOV_MPS" not in env
+    assert env["MEMGOV_WAIT"] == "30" and env["MEMGOV_DEVICES"] == "sim0:16GiB"
+    no_mps = config.job_env(mode="growth", claim_bytes=None, threads=1, ledger=Path("/l"),
+                            device_uuid=None, simulated=None, mps_pipe=None, mps_log=None,
+                            wait=None)
+    assert no_mps["MEMGOV_CLAIM"] == "growth" and no_mps["MEMGOV_MPS"] == "off"
+
+
+# -- reasons and figures -----------------------------------------------------------------------
+DONE = [{"event": "start"}, {"event": "done"}]
+
+
+@pytest.mark.parametrize(
+    ("events", "code", "sig", "tail", "stopped", "reason"),
+    [
+        (DONE, 0, None, [], None, None),
+        ([{"event": "error", "kind": "oom", "message": "OutOfMemoryError: x"}], 3, None, [],
+         None, "oom"),
+        ([{"event": "error", "kind": "cuda", "message": "AcceleratorError"}], 4, None, [], None,
+         "cuda_error"),
+        ([{"event": "error", "kind": "other", "message": "BudgetExceeded: cannot claim"}], 1,
+         None, [], None, "budget_refused"),
+        ([], 1, None, ["memgov._errors.BudgetExceeded: cannot claim 1 GiB"], None,
+         "budget_refused"),
+        ([], None, signal.SIGKILL, [], None, "killed"),
+        ([], 3, None, [], None, "oom"),
+        ([], None, signal.SIGTERM, [], "timeout", "timeout"),
+        ([], 0, None, ["bye"], None, "error"),
+    ],
+)
+def test_classify(events: list[dict[str, object]], code: int | None, sig: int | None,
+                  tail: list[str], stopped: str | None, reason: str | None) -> None:
+    assert classify(events, code, sig, tail, stopped)[0] == reason
+
+
+def _job(label: str, spans: list[list[float]]) -> dict[str, object]:
+    return {"label": label, "epoch_spans": spans}
+
+
+def test_aggregate_counts_the_window_where_all_jobs_ran() -> None:
+    # a trains 100 samples over 0-10 s, b 100 samples over 5-15 s: both run during 5-10 s,
+    # when each does 10 samples/s; over the whole 0-15 s span 200 samples make 13.3/s.
+    jobs = [_job("a", [[0.0, 10.0, 100]]), _job("b", [[5.0, 15.0, 100]])]
+    got = stats.aggregate(jobs, all_at_once=True)  # type: ignore[arg-type]
+    assert got["aggregate_samples_per_s"] == 20.0 and got["window_s"] == 5.0
+    assert got["aggregate_samples_per_s_span"] == round(200 / 15, 4)
+    waves = stats.aggregate(jobs, all_at_once=False)  # type: ignore[arg-type]
+    assert waves["aggregate_samples_per_s"] == round(200 / 15, 4)
+    assert waves["aggregate_basis"] == "span (jobs ran in waves)"
+
+
+# -- runners -----------------------------------------------------------------------------------
+def test_docker_run_line_shares_the_ledger_and_replaces_the_entrypoint() -> None:
+    from memgov.pack.runners import DockerRunner
+
+    runner = DockerRunner("memgov-mnist", Path("/srv/ledger"), "GPU-abc", Path("/srv/ledger/mps"))
+    argv, _env, name = runner.launch(
+        ["python", "train_torch.py", "--epochs", "1"], {"MEMGOV_CLAIM": "1073741824",
+                                                        "CUDA_VISIBLE_DEVICES": "GPU-abc"},
+        Path("/x/mnist"), "job-03", {"PATH": "/bin"})
+    line = " ".join(argv)
+    assert argv[:3] == ["docker", "run", "--rm"] and name is not None and name in argv
+    assert "-v /srv/ledger:/srv/ledger" in line and "-v /x/mnist:/experiment" in line
+    assert "--gpus device=GPU-abc" in line and "--ipc=host" in line
+    assert "-e MEMGOV_CLAIM=1073741824" in line and "CUDA_VISIBLE_DEVICES" not in line
+    assert line.endswith("--entrypoint python memgov-mnist train_torch.py --epochs 1")
+    greedy = " ".join(runner.launch(["python", "t.py"], {}, Path("/x"), "job-00", {})[0])
+    assert "-e MEMGOV_CLAIM=off" in greedy and "-e XLA_PYTHON_CLIENT_PREALLOCATE=true" in greedy
