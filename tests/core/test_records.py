@@ -1,0 +1,333 @@
+"""Ledger files: malformed, foreign, unreadable and symlinked files are reported and skipped, never
+followed or deleted; other users' records are never lost or altered."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers.procs import HELPERS, Child, ledger
+
+import memgov
+from memgov import _records, _status
+from memgov._ledger import new_record_name, record_payload
+
+GIB = 2**30
+NOBODY = 65534
+AS_USER = HELPERS / "as_user.py"
+pytestmark = pytest.mark.usefixtures("sim")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+
+
+def record(**changes: object) -> dict[str, object]:
+    data: dict[str, object] = {
+        "version": 1, "id": "abcd", "kind": "claim", "device": "sim0", "bytes": 4 * GIB,
+        "name": "planted", "pid": 1234, "created": time.time(),
+    }
+    data.update(changes)
+    return data
+
+
+def dumps(**changes: object) -> bytes:
+    return json.dumps(record(**changes)).encode()
+
+
+def _without(key: str) -> bytes:
+    data = record()
+    del data[key]
+    return json.dumps(data).encode()
+
+
+@pytest.fixture
+def claims_dir(private_ledger: Path) -> Path:
+    ledger().snapshot()  # creates the folders as memgov does
+    return private_ledger / "v1" / "sim0" / "claims"
+
+
+def _socket(path: Path) -> None:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    sock.close()
+
+
+PLANTED: list[tuple[str, Callable[[Path], object], str]] = [
+    ("corrupt.json", lambda p: p.write_bytes(b"{not json"), "corrupt JSON"),
+    ("binary.json", lambda p: p.write_bytes(b"\xff\xfe\x00garbage"), "corrupt JSON"),
+    ("empty.json", lambda p: p.write_bytes(b""), "corrupt JSON"),
+    ("array.json", lambda p: p.write_bytes(b"[1, 2]"), "not a JSON object"),
+    ("nobytes.json", lambda p: p.write_bytes(_without("bytes")), "field 'bytes' missing"),
+    ("strbytes.json", lambda p: p.write_bytes(dumps(bytes="4GiB")), "field 'bytes' missing"),
+    ("boolbytes.json", lambda p: p.write_bytes(dumps(bytes=True)), "field 'bytes' missing"),
+    ("negbytes.json", lambda p: p.write_bytes(dumps(bytes=-1)), "field 'bytes' is not positive"),
+    ("floatpid.json", lambda p: p.write_bytes(dumps(pid=1.5)), "field 'pid' missing"),
+    ("nullname.json", lambda p: p.write_bytes(dumps(name=None)), "field 'name' missing"),
+    ("v2.json", lambda p: p.write_bytes(dumps(version=2)), "record version 2"),
+    ("huge.json", lambda p: p.write_bytes(b" " * 70_000 + dumps()), "too large (70"),
+    ("notes.txt", lambda p: p.write_text("my notes"), "not a memgov record (unknown name)"),
+    ("dir.json", lambda p: p.mkdir(), "not a regular file"),
+    ("fifo.json", lambda p: os.mkfifo(p), "not a regular file"),
+    ("sock.json", _socket, "unreadable"),
+    ("dangling.json", lambda p: p.symlink_to(p.parent / "nowhere"), "a symlink (not followed)"),
+]
+
+
+@pytest.mark.parametrize(("name", "plant", "problem"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_bad_file_is_reported_skipped_and_left_alone(
+    claims_dir: Path, name: str, plant: Callable[[Path], object], problem: str
+) -> None:
+    path = claims_dir / name
+    plant(path)
+    before = os.lstat(path)
+    snap = _status.snapshots(clean=True)[0]  # what `memgov gc` does
+    mine = [p for p in snap.problems if name in p]
+    assert len(mine) == 1 and mine[0].startswith(f"{path}: {problem}"), snap.problems
+    assert snap.claims == [] and snap.removed == []
+    after = os.lstat(path)
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
+        before.st_ino, before.st_mtime_ns, before.st_size,
+    )
+    with memgov.claim("64GiB") as whole:  # the bad file holds no budget
+        assert whole.bytes == 64 * GIB
+    assert os.path.lexists(path)
+
+
+def test_symlinked_record_is_not_followed_and_its_target_untouched(
+    claims_dir: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "target.json"
+    content = dumps()
+    target.write_bytes(content)  # a valid record: followed, it would count 4 GiB
+    os.symlink(target, claims_dir / "link.json")
+    stamp = os.stat(target)
+    snap = ledger().snapshot()
+    assert snap.claims == [] and snap.removed == []
+    assert any("link.json: a symlink (not followed)" in p for p in snap.problems)
+    assert os.stat(target).st_mtime_ns == stamp.st_mtime_ns
+    assert target.read_bytes() == content
+    assert os.path.islink(claims_dir / "link.json")
+
+
+def _hold_lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_locked_corrupt_file_and_foreign_device_record_are_skipped(claims_dir: Path) -> None:
+    corrupt = claims_dir / "corrupt.json"
+    corrupt.write_bytes(b"{oops")
+    foreign = claims_dir / new_record_name()
+    foreign.write_bytes(dumps(device="sim9"))
+    fds = [_hold_lock(corrupt), _hold_lock(foreign)]
+    try:
+        snap = _status.snapshots(clean=True)[0]
+        assert snap.claims == [] and snap.removed == []
+        assert any("corrupt.json: corrupt JSON" in p and "(holder alive)" in p
+                   for p in snap.problems)
+        assert any(f"{foreign.name}: record of device sim9" in p for p in snap.problems)
+        assert corrupt.exists() and foreign.exists()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_dead_record_counts_nothing_and_gc_removes_it(claims_dir: Path) -> None:
+    dead = claims_dir / new_record_name()
+    dead.write_bytes(dumps(bytes=60 * GIB))  # its writer died: nobody holds its lock
+    read_only = _status.snapshots(clean=False)[0]
+    assert read_only.claims == [] and read_only.free == 64 * GIB and dead.exists()
+    cleaned = _status.snapshots(clean=True)[0]
+    assert cleaned.removed == [f"{dead} (dead holder)"]
+    assert not dead.exists()
+
+
+def test_unfinished_write_is_removed_only_when_old(claims_dir: Path) -> None:
+    fresh = claims_dir / ".tmp-fresh.json"
+    old = claims_dir / ".tmp-old.json"
+    fresh.write_bytes(b"{")
+    old.write_bytes(b"{")
+    hour_ago = time.time() - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    snap = _status.snapshots(clean=True)[0]
+    assert snap.removed == [f"{old} (unfinished write of a dead process)"]
+    assert snap.problems == []
+    assert fresh.exists() and not old.exists()
+
+
+# -- folders that are symlinks or not folders ------------------------------------------------------
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Iterator[Path]:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("untouched")
+    yield target
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+    assert (target / "keep.txt").read_text() == "untouched"
+
+
+@pytest.mark.parametrize("where", ["v1", "v1/sim0", "v1/sim0/claims", "v1/sim0/queue"])
+def test_symlinked_ledger_folder_is_refused(
+    private_ledger: Path, elsewhere: Path, where: str
+) -> None:
+    link = private_ledger / where
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(elsewhere, link)
+    with pytest.raises(memgov.LedgerError, match="is a symlink or not a folder"):
+        memgov.claim("1GiB", wait=0.1 if where.endswith("queue") else None)
+    assert memgov.current() is None
+
+
+def test_symlinked_memgov_dir_is_refused(
+    tmp_path: Path, elsewhere: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    os.symlink(elsewhere, tmp_path / "link")
+    monkeypatch.setenv("MEMGOV_DIR", str(tmp_path / "link"))
+    with pytest.raises(memgov.LedgerError, match="memgov never follows symlinks"):
+        memgov.claim("1GiB")
+
+
+def test_symlinked_admission_lock_is_refused(claims_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "precious"
+    target.write_text("do not truncate")
+    lock = claims_dir.parent / "admission.lock"
+    lock.unlink()
+    os.symlink(target, lock)
+    with pytest.raises(memgov.LedgerError, match="cannot lock"):
+        memgov.claim("1GiB")
+    assert target.read_text() == "do not truncate"
+    assert oct(os.stat(target).st_mode & 0o777) == "0o644"
+
+
+def test_memgov_dir_that_is_a_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("MEMGOV_DIR", str(tmp_path / "file"))
+    with pytest.raises(memgov.LedgerError, match="not a folder"):
+        memgov.claim("1GiB")
+
+
+def test_folders_are_shared_and_records_readable(private_ledger: Path) -> None:
+    with memgov.claim("1GiB") as held:
+        device = private_ledger / "v1" / "sim0"
+        for folder in (private_ledger, private_ledger / "v1", device, device / "claims"):
+            assert os.stat(folder).st_mode & 0o7777 == 0o1777, folder
+        assert os.stat(device / "claims" / held.record).st_mode & 0o777 == 0o644
+        assert os.stat(device / "admission.lock").st_mode & 0o777 == 0o666
+
+
+# -- other users ---------------------------------------------------------------------------------
+
+
+def as_nobody(*action: str) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, str(AS_USER), str(NOBODY), *action],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    answer: dict[str, object] = json.loads(result.stdout)
+    return answer
+
+
+def _fingerprint(path: Path) -> tuple[object, ...]:
+    info = os.stat(path)
+    return (info.st_ino, info.st_uid, info.st_mode, info.st_size, info.st_mtime_ns,
+            path.read_bytes())
+
+
+@needs_root
+def test_another_users_claim_is_never_removed_or_altered(shared_ledger: Path) -> None:
+    other = Child(["8GiB", "--name", "nobody's", "--user", str(NOBODY)])
+    try:
+        got = other.expect("admitted")
+        path = shared_ledger / "v1" / "sim0" / "claims" / got["record"]
+        assert os.stat(path).st_uid == NOBODY
+        before = _fingerprint(path)
+        with pytest.raises(memgov.BudgetExceeded, match=r"nobody's 8\.00 GiB"):
+            memgov.claim("57GiB")
+        snap = _status.snapshots(clean=True)[0]  # root's gc
+        assert snap.removed == [] and [c.name for c in snap.claims] == ["nobody's"]
+        assert snap.claims[0].uid == NOBODY
+        with memgov.claim("56GiB"):
+            pass
+        assert _fingerprint(path) == before
+        other.release()
+        other.expect("released")
+        assert not path.exists()  # it removed its own record on release
+    finally:
+        other.close()
+
+
+@needs_root
+def test_another_user_cannot_remove_roots_records(shared_ledger: Path) -> None:
+    with memgov.claim("8GiB", name="root's") as held:
+        claims = shared_ledger / "v1" / "sim0" / "claims"
+        live = claims / held.record
+        dead = claims / new_record_name()
+        dead.write_bytes(dumps(bytes=GIB))  # root's dead holder: unlocked
+        os.chmod(dead, 0o644)
+        before = _fingerprint(live)
+        seen = as_nobody("gc")
+        assert seen["removed"] == [] and seen["claimed"] == 8 * GIB
+        assert seen["problems"] == [
+            f"{dead}: dead holder; cannot remove (Operation not permitted)"
+        ]
+        # The sticky bit protects root's record even from a direct unlink.
+        assert as_nobody("unlink", str(live)) == {"error": "PermissionError"}
+        assert _fingerprint(live) == before and dead.exists()
+    assert _status.snapshots(clean=True)[0].removed == [f"{dead} (dead holder)"]
+
+
+@needs_root
+def test_unreadable_record_is_reported_to_a_user_who_cannot_read_it(shared_ledger: Path) -> None:
+    ledger().snapshot()
+    secret = shared_ledger / "v1" / "sim0" / "claims" / new_record_name()
+    secret.write_bytes(dumps())
+    os.chmod(secret, 0o600)
+    problems = as_nobody("gc")["problems"]
+    assert problems == [f"{secret}: unreadable ([Errno 13] Permission denied: "
+                        f"'{secret.name}')"]
+    assert secret.exists()
+
+
+@needs_root
+def test_ledger_folder_without_write_permission_is_a_clear_error(
+    shared_ledger: Path,
+) -> None:
+    shared_ledger.mkdir(mode=0o755)
+    os.chmod(shared_ledger, 0o755)  # root's, not shared: nobody cannot create the device folder
+    answer = as_nobody("claim", "1GiB")
+    assert answer["error"] == "LedgerError"
+    assert "no permission for ledger folder" in str(answer["message"])
+    assert "mode 1777" in str(answer["message"])
+
+
+def test_record_replaced_after_it_was_read_dead_is_not_removed(claims_dir: Path) -> None:
+    # A scanner opened the old copy of a record, the holder renamed an updated copy over it and
+    # closed the old one (now unlocked): the scanner must not unlink the live, updated record.
+    book = ledger()
+    payload = record_payload("claim", book.device, GIB, "updating", "soft")
+    held = book.add("claims", payload)
+    try:
+        old = os.stat(claims_dir / held.name)
+        book.update("claims", held, {**payload, "mode": "hard"})
+        stale = _records.Seen(held.name, False, None, None, 0, (old.st_dev, old.st_ino))
+        fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert _records.remove_dead(fd, stale) == _records.GONE
+        finally:
+            os.close(fd)
+        assert [c.mode for c in book.snapshot().claims] == ["hard"]
+    finally:
+        book.remove("claims", held)
+    assert book.snapshot().claims == []

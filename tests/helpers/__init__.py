@@ -1,0 +1,1 @@
+"""Helpers for memgov tests: child processes that claim, and a ledger monitor."""
