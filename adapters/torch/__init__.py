@@ -68,7 +68,11 @@ def _cap(budget: Budget) -> str:
     assert budget.bytes is not None
     index = _torch_index(torch, budget)
     total = torch.cuda.get_device_properties(index).total_memory
-    overhead = _measured_overhead(budget.device_uuid) + _margin()
+    # torch runs this right after cuInit, before the device's context exists; NVML can only see
+    # this process once it does, and the context is made now anyway, for the user's first op.
+    torch.cuda.mem_get_info(index)
+    measured = _measured_overhead(budget.device_uuid)
+    overhead = (measured or DEFAULT_OVERHEAD) + _margin()
     cap = budget.bytes - overhead
     if cap <= 0:
         cap = 1  # a budget below the context's own size: every tensor allocation fails cleanly
@@ -76,7 +80,8 @@ def _cap(budget: Budget) -> str:
     _state.update(cap=cap, overhead=overhead)
     report = (
         f"torch: allocator capped at {format_size(cap)} on cuda:{index} "
-        f"({format_size(overhead)} kept for context and libraries)"
+        f"({format_size(overhead)} kept for context and libraries, "
+        f"{'measured' if measured else 'default'})"
     )
     from memgov._claim import current
 
@@ -94,15 +99,19 @@ def _torch_index(torch: Any, budget: Budget) -> int:
     return budget.device_index or 0
 
 
-def _measured_overhead(uuid: str) -> int:
-    """This process's NVML footprint right after CUDA initialised: context and runtime only."""
-    from memgov import _nvml
-    from memgov._attribution import HOST_PIDNS, pidns_of
+def _measured_overhead(uuid: str) -> int | None:
+    """This process's NVML footprint right after its context was made, or None if not visible.
 
-    if pidns_of() != HOST_PIDNS:
-        return DEFAULT_OVERHEAD  # NVML's PIDs are the host's; ours cannot be found among them
+    NVML lists host PIDs: inside a PID namespace our PID may be missing, or, rarely, belong to
+    another process; a figure outside what a CUDA context can take is not believed.
+    """
+    from memgov import _nvml
+
     used = (_nvml.processes(uuid) or {}).get(os.getpid())
-    return used if used else DEFAULT_OVERHEAD
+    return used if used and _PLAUSIBLE[0] <= used <= _PLAUSIBLE[1] else None
+
+
+_PLAUSIBLE = (64 * 2**20, 2 * 2**30)
 
 
 def _margin() -> int:

@@ -25,7 +25,8 @@ for check in $checks; do
   case $check in
     env) run env 60 bash -c 'nvidia-smi; python3 -c "import torch, jax, filelock, typer, pynvml;
 print(torch.__version__, jax.__version__, filelock.__version__, typer.__version__)";
-which nvidia-cuda-mps-control; nproc; free -g; python3 -m memgov devices 2>&1 || memgov devices' ;;
+which nvidia-cuda-mps-control; nproc; free -g; uname -r; stat -L -c "pidns inode %i" /proc/self/ns/pid;
+python3 -m memgov devices' ;;
     torch) run torch_claim 150 python3 benchmarks/gpu/torch_claim.py --out "$OUT/torch_claim.json" ;;
     mps) [ -f benchmarks/gpu/mps_checks.py ] && run mps 270 python3 benchmarks/gpu/mps_checks.py --out "$OUT/mps_checks.json" ;;
     jax) [ -f benchmarks/gpu/jax_auto.py ] && run jax 200 python3 benchmarks/gpu/jax_auto.py --out "$OUT/jax_auto.json" ;;
