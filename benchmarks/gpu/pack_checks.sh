@@ -51,7 +51,7 @@ check ms2_n48_nomps 100 --n $N48 --mps off --epochs 2 --no-solo --timeout 80 $MN
 # 3. JAX greedy (the study: 75 % preallocated per job) vs JAX with a claim per job.
 check ms3a_jax_greedy 60 --n $N3 --framework jax --mode greedy --epochs 1 --no-solo \
   --timeout 45 $MNIST -- --limit "$(lim 5000)" --eval-limit 500
-check ms3b_jax_claim 100 --n $N25 --framework jax --mode claim --epochs 2 --no-solo \
+check ms3b_jax_claim 100 --n $N25 --framework jax --mode claim --claim 1GiB --epochs 2 --no-solo \
   --timeout 80 $MNIST -- --eval-limit 500 ${L:+--limit $L}
 # 4. 24 good jobs and 1 rogue that allocates 4 GiB past its budget (claim auto: from check 1's
 #    measured peaks).
