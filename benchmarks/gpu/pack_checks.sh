@@ -41,8 +41,8 @@ check() {  # check NAME SHELL_LIMIT_S PACK_ARGS...: one pack call, its report ke
 # 1. n=25 torch, claim + MPS + governed threads, beside a naive baseline (framework defaults, no
 #    thread or MPS governance) in the same invocation. The baseline trains 1,500 images per job
 #    (it is ~10x slower); both figures are rates measured while all 25 jobs ran.
-#    3 epochs: the window in which all 25 train must outlast their start-up stagger.
-check ms1_n25_torch 200 --n $N25 --framework torch --mode claim --epochs 3 --timeout 90 \
+#    5 epochs (the study's setup): the window in which all 25 train outlasts their start-up stagger.
+check ms1_n25_torch 200 --n $N25 --framework torch --mode claim --epochs 5 --timeout 120 \
   --baseline naive --baseline-args "--epochs 1 --limit $(lim 1500)" $MNIST \
   -- --eval-limit 1000 ${L:+--limit $L}
 # 2. n=48 without MPS (time-slicing), threads governed: where does it stop? (capacity block)

@@ -7,6 +7,7 @@ so nothing here imports memgov or sets thread counts.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import harness
 import numpy as np
@@ -100,29 +101,29 @@ class _Uploader:
 
     SLOTS = 4
 
-    def __init__(self, torch: object, dev: object) -> None:
+    def __init__(self, torch: Any, dev: Any) -> None:
         self.torch = torch
         self.dev = dev
-        self.cuda = getattr(dev, "type", "cpu") == "cuda"
-        self.slots: list[tuple[object, object] | None] = [None] * (2 * self.SLOTS)
+        self.cuda = dev.type == "cuda"
+        self.slots: list[tuple[Any, Any] | None] = [None] * (2 * self.SLOTS)  # x and y alternate
         self.turn = 0
 
-    def __call__(self, array: np.ndarray) -> object:
-        torch = self.torch
+    def __call__(self, array: np.ndarray) -> Any:
         if not self.cuda:
-            return torch.from_numpy(array)  # type: ignore[attr-defined]
+            return self.torch.from_numpy(array)
         index = self.turn % len(self.slots)
         self.turn += 1
         slot = self.slots[index]
-        if slot is not None:
-            buffer, done = slot
-            done.synchronize()  # type: ignore[attr-defined]
-        if slot is None or tuple(buffer.shape) != array.shape:  # type: ignore[attr-defined]
-            buffer = torch.from_numpy(array).pin_memory()  # type: ignore[attr-defined]
+        if slot is None:
+            buffer, done = None, self.torch.cuda.Event()  # reused: one per batch costs CPU
         else:
-            buffer.numpy()[...] = array  # type: ignore[attr-defined]
-        moved = buffer.to(self.dev, non_blocking=True)  # type: ignore[attr-defined]
-        done = torch.cuda.Event()  # type: ignore[attr-defined]
+            buffer, done = slot
+            done.synchronize()  # the copy out of this buffer has finished
+        if buffer is None or tuple(buffer.shape) != array.shape:
+            buffer = self.torch.from_numpy(array).pin_memory()
+        else:
+            buffer.numpy()[...] = array
+        moved = buffer.to(self.dev, non_blocking=True)
         done.record()
         self.slots[index] = (buffer, done)
         return moved
