@@ -1,6 +1,6 @@
 """The host's ledger of claims: one folder per GPU UUID under MEMGOV_DIR.
 
-    $MEMGOV_DIR/v1/<gpu-uuid>/admission.lock   serialises admissions (filelock, flock-based)
+    $MEMGOV_DIR/v1/<gpu-uuid>/admission.lock   serialises admissions (a blocking flock, _flock)
     $MEMGOV_DIR/v1/<gpu-uuid>/claims/*.json    one record per live claim, flock-held by its holder
     $MEMGOV_DIR/v1/<gpu-uuid>/queue/*.json     one record per waiting claimer, in arrival order
 
@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from memgov import _config, _nvml, _records
 from memgov._attribution import Attribution, Holder, attribute, pidns_of
 from memgov._devices import Device, refresh
 from memgov._errors import LedgerError
+from memgov._flock import AdmissionLock
 from memgov._sizes import format_size
 
 VERSION_DIR = "v1"
@@ -138,15 +137,10 @@ class DeviceLedger:
         self.path = self.root.joinpath(*self.parts)
 
     # -- locking -------------------------------------------------------------------------------
-    def _admission_lock(self) -> FileLock:
+    def locked(self) -> AdmissionLock:
         with _records.open_dir(self.root, self.parts, create=True):
-            pass  # make the folders (shared mode, no symlinks) before filelock creates the file
-        return FileLock(
-            str(self.path / "admission.lock"), timeout=_config.LOCK_TIMEOUT_S, mode=0o666
-        )
-
-    def locked(self) -> _Locked:
-        return _Locked(self._admission_lock(), self.path)
+            pass  # make the folders (shared mode, no symlinks) before the lock file
+        return AdmissionLock(self.path / "admission.lock", _config.LOCK_TIMEOUT_S)
 
     # -- reading -------------------------------------------------------------------------------
     def scan(self, clean: bool = True) -> Snapshot:
@@ -252,23 +246,3 @@ def _old(folder_fd: int, name: str) -> bool:
     except OSError:
         return False
     return time.time() - mtime > STALE_TMP_S
-
-
-class _Locked:
-    def __init__(self, lock: FileLock, path: Path) -> None:
-        self._lock = lock
-        self._path = path
-
-    def __enter__(self) -> None:
-        try:
-            self._lock.acquire()
-        except Timeout:
-            raise LedgerError(
-                f"the admission lock of {self._path} was held for over "
-                f"{_config.LOCK_TIMEOUT_S:.0f} s; a stopped (SIGSTOP) memgov process holds it"
-            ) from None
-        except OSError as exc:
-            raise LedgerError(f"cannot lock {self._path}/admission.lock: {exc}") from None
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
