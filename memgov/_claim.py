@@ -122,43 +122,73 @@ def claim(
             [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct
         )
         chosen = ledger.device
-        index = None if chosen.simulated else chosen.visible_index
-        if not chosen.simulated and not _adapters.cuda_initialized():
-            # Pin the frameworks to the claimed GPU: it becomes their cuda:0.
-            os.environ["CUDA_VISIBLE_DEVICES"] = chosen.uuid
-            index = 0
-        restore: dict[str, str | None] = {}
-        if payload["mode"] == "hard":
-            restore = _enforce.apply(plan, payload["bytes"], index or 0, compute_pct)
-        result = Claim(
-            bytes=payload["bytes"],
-            device=chosen.uuid,
-            name=label,
-            mode=payload["mode"],
-            index=index,
-            id=payload["id"],
-            record=held.name,
-            mode_reason=payload["mode_reason"],
-            compute=compute_pct,
-            _ledger=ledger,
-            _held=held,
-            _restore=restore,
-        )
-        if restore:
-            result.reports["mps"] = _enforce.describe()
+        # Everything from here to the return can still fail (an adapter's configure_env, the
+        # environment, Ctrl-C): the record is then released and the environment put back
+        # before the exception propagates, so a failed claim() holds nothing.
+        touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
+        try:
+            result = _settle(ledger, held, payload, plan, label, compute_pct)
+        except BaseException:
+            ledger.remove("claims", held)
+            _enforce.restore(touched)
+            raise
         _current = result
         os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
     budget = _adapters.Budget(
         bytes=result.bytes,
         device_uuid=chosen.uuid,
         device_total=chosen.total,
-        device_index=None if chosen.simulated else index,
+        device_index=result.index,
         simulated=chosen.simulated,
         name=label,
         threads=threads,
         hard=result.mode == "hard",
     )
-    _adapters.govern(budget, result.reports)
+    try:
+        _adapters.govern(budget, result.reports)
+    except BaseException:
+        result.release()
+        _enforce.restore(touched)
+        raise
+    return result
+
+
+def _settle(
+    ledger: DeviceLedger,
+    held: Held,
+    payload: dict[str, Any],
+    plan: _enforce.Plan,
+    label: str,
+    compute_pct: int | None,
+) -> Claim:
+    """Pin this process to the admitted GPU, apply hard mode's limit; the Claim to return."""
+    chosen = ledger.device
+    index = None if chosen.simulated else chosen.visible_index
+    if not chosen.simulated and not _adapters.cuda_initialized():
+        # Pin the frameworks to the claimed GPU: it becomes their cuda:0 (an inherited MPS
+        # pinned limit is renumbered to match).
+        _enforce.renumber_pinned(index)
+        os.environ["CUDA_VISIBLE_DEVICES"] = chosen.uuid
+        index = 0
+    restore: dict[str, str | None] = {}
+    if payload["mode"] == "hard":
+        restore = _enforce.apply(plan, payload["bytes"], index or 0, compute_pct)
+    result = Claim(
+        bytes=payload["bytes"],
+        device=chosen.uuid,
+        name=label,
+        mode=payload["mode"],
+        index=index,
+        id=payload["id"],
+        record=held.name,
+        mode_reason=payload["mode_reason"],
+        compute=compute_pct,
+        _ledger=ledger,
+        _held=held,
+        _restore=restore,
+    )
+    if restore:
+        result.reports["mps"] = _enforce.describe()
     return result
 
 
@@ -201,8 +231,12 @@ def _admit(
                     if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
                         payload = payload_for("claim", ledger)
                         held = ledger.add("claims", payload)
-                        if mine is not None:
-                            ledger.remove("queue", tickets.pop(uuid))
+                        try:
+                            if mine is not None:
+                                ledger.remove("queue", tickets.pop(uuid))
+                        except BaseException:
+                            ledger.remove("claims", held)  # admitted, but claim() will raise
+                            raise
                         return ledger, held, payload
                 refusals.append((snap, ahead, sizes[uuid] > snap.capacity, blocked))
             never = all(impossible for _, _, impossible, _ in refusals)

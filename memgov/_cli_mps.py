@@ -6,6 +6,7 @@ Kept apart from cli.py so the main CLI stays small; memgov._mps is imported insi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +28,21 @@ Timeout = Annotated[
 def _fail(exc: Exception) -> typer.Exit:
     typer.echo(f"memgov: {exc}", err=True)
     return typer.Exit(2)
+
+
+def _call(action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one memgov._mps action; its errors become a one-line message and exit status 2."""
+    try:
+        return action()
+    except (MemgovError, OSError) as exc:
+        raise _fail(exc) from None
+
+
+def _print(info: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        _show(info)
 
 
 def _show(info: dict[str, Any]) -> None:
@@ -52,14 +68,7 @@ def start(as_json: JsonFlag = False, timeout: Timeout = 10.0) -> None:
     """Start a control daemon for the host's GPUs, with its folders under memgov's folder."""
     from memgov import _mps
 
-    try:
-        info = _mps.start(timeout=timeout)
-    except (MemgovError, OSError) as exc:
-        raise _fail(exc) from None
-    if as_json:
-        typer.echo(json.dumps(info, indent=2, sort_keys=True))
-    else:
-        _show(info)
+    _print(_call(lambda: _mps.start(timeout=timeout)), as_json)
 
 
 @mps_app.command("status")
@@ -67,14 +76,7 @@ def status(as_json: JsonFlag = False) -> None:
     """Whether memgov's daemon answers, its servers and their client processes."""
     from memgov import _mps
 
-    try:
-        info = _mps.status()
-    except (MemgovError, OSError) as exc:
-        raise _fail(exc) from None
-    if as_json:
-        typer.echo(json.dumps(info, indent=2, sort_keys=True))
-    else:
-        _show(info)
+    _print(_call(_mps.status), as_json)
 
 
 @mps_app.command("stop")
@@ -92,10 +94,7 @@ def stop(
     """Stop memgov's daemon and its servers (quit, then SIGTERM/SIGKILL what is left)."""
     from memgov import _mps
 
-    try:
-        report = _mps.stop(force=force, timeout=timeout)
-    except (MemgovError, OSError) as exc:
-        raise _fail(exc) from None
+    report = _call(lambda: _mps.stop(force=force, timeout=timeout))
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -126,6 +126,39 @@ def apply(plan: Plan, size: int, index: int, compute: int | None) -> dict[str, s
     return previous
 
 
+CLAIM_ENV = (PIN_ENV, MARK_ENV, THREADS_ENV, PIPE_ENV, LOG_ENV)
+"""Every variable claim() may set here (with CUDA_VISIBLE_DEVICES): put back if it fails."""
+
+
+def renumber_pinned(old_index: int | None) -> None:
+    """CUDA_VISIBLE_DEVICES now shows only the claimed GPU, as ordinal 0: make an inherited
+    pinned limit follow it, so it never names the GPU's former ordinal (or a now hidden GPU).
+
+    The entry for ``old_index`` becomes "0=..."; entries of other GPUs are dropped, and the
+    variable with them when none is left. A value whose ordinals cannot be read is left as is
+    (the scheduler readers report it).
+    """
+    raw = os.environ.get(PIN_ENV)
+    if old_index is None or raw is None or not raw.strip():
+        return
+    kept: list[str] = []
+    for item in (i.strip() for i in raw.split(",")):
+        if not item:
+            continue
+        ordinal, sep, limit = item.partition("=")
+        if not sep or not ordinal.strip().isdigit():
+            return
+        if int(ordinal) == old_index:
+            kept.append(f"0={limit.strip()}")
+    new = ",".join(kept[-1:])  # the driver takes one limit per ordinal; like _schedulers, the last
+    mark = os.environ.get(MARK_ENV) == raw  # memgov's own limit stays recognised as memgov's
+    for name in (PIN_ENV, MARK_ENV) if mark else (PIN_ENV,):
+        if new:
+            os.environ[name] = new
+        else:
+            os.environ.pop(name, None)
+
+
 def describe() -> str:
     """One line for Claim.reports: what this process's environment now asks of MPS."""
     text = f"mps: {PIN_ENV}={os.environ.get(PIN_ENV)} (driver-enforced, context included)"

@@ -25,6 +25,39 @@ from memgov._errors import LedgerError
 
 LOCK_MODE = 0o666
 
+_open_fds: set[int] = set()
+"""Lock files open in this process. A forked child closes its copies at once: an flock belongs to
+the open file, so a child that kept one would hold the admission lock after its parent let go."""
+
+
+def _close(fd: int) -> None:
+    _open_fds.discard(fd)
+    os.close(fd)
+
+
+def _close_all_in_child() -> None:
+    for fd in list(_open_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _open_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_all_in_child)
+
+
+NO_FLOCK = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
+"""flock's errors on a filesystem that has no flock (some NFS mounts, FUSE filesystems)."""
+
+
+def flock_error(path: Path, exc: OSError) -> LedgerError:
+    """The LedgerError for a flock that failed with ``exc`` (not one that is merely busy)."""
+    if exc.errno in NO_FLOCK:
+        return LedgerError(
+            f"cannot lock {path}: the ledger folder's filesystem does not support flock "
+            f"({exc.strerror or exc}); use a local filesystem for MEMGOV_DIR (e.g. /tmp/memgov)"
+        )
+    return LedgerError(f"cannot lock {path}: {exc.strerror or exc}")
+
 
 class AdmissionLock:
     def __init__(self, path: Path, timeout: float) -> None:
@@ -34,24 +67,24 @@ class AdmissionLock:
 
     def __enter__(self) -> AdmissionLock:
         fd = self._open()
+        _open_fds.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if not self._wait(fd):
-                raise LedgerError(
-                    f"the admission lock {self.path} was held for over {self.timeout:.0f} s; "
-                    "a stopped (SIGSTOP) memgov process holds it"
-                ) from None
+            self._wait(fd)  # on success the lock is held on fd; on error fd is closed or given away
         except OSError as exc:
-            os.close(fd)
-            raise LedgerError(f"cannot lock {self.path}: {exc}") from None
+            _close(fd)
+            raise flock_error(self.path, exc) from None
+        except BaseException:
+            _close(fd)
+            raise
         self._fd = fd
         return self
 
     def __exit__(self, *exc: object) -> None:
         fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing drops the flock
+        if fd is not None and fd in _open_fds:  # not in a child forked since __enter__
+            _close(fd)  # closing drops the flock
 
     def _open(self) -> int:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -73,32 +106,55 @@ class AdmissionLock:
             return fd
         raise LedgerError(f"cannot lock {self.path}: it keeps disappearing")
 
-    def _wait(self, fd: int) -> bool:
-        got = threading.Event()
+    def _wait(self, fd: int) -> None:
+        """Block for the lock on ``fd`` for at most the timeout, in a helper thread.
+
+        Returns with the lock held on ``fd``. Otherwise raises, and ``fd`` is no longer the
+        caller's: closed here, or (while the helper still blocks in flock) left to the helper,
+        which closes it, and so hands the lock straight back, once its flock returns.
+        """
+        done = threading.Event()
         state = threading.Lock()
-        abandoned = [False]
+        failure: list[OSError] = []
+        abandoned = False
 
         def block() -> None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:
-                pass
-            else:
-                with state:
-                    if not abandoned[0]:
-                        got.set()
-                        return
-            os.close(fd)  # our caller gave up (or flock failed): release and forget
+            except OSError as exc:
+                failure.append(exc)
+            with state:
+                if not abandoned:
+                    done.set()  # fd is the caller's again: locked, or to close after a failure
+                    return
+            _close(fd)  # our caller gave up: release and forget
 
         waiter = threading.Thread(target=block, name="memgov-admission-lock", daemon=True)
-        waiter.start()
-        if got.wait(self.timeout):
-            return True
+        try:
+            waiter.start()
+        except BaseException:  # e.g. no thread can be started: fd never reached the helper
+            _close(fd)
+            raise
+        try:
+            done.wait(self.timeout)
+        except BaseException:  # e.g. Ctrl-C: a lock the helper gets later must not stay held
+            with state:
+                abandoned = True
+                finished = done.is_set()
+            if finished:
+                _close(fd)
+            raise
         with state:
-            if got.is_set():
-                return True
-            abandoned[0] = True
-        return False
+            finished = done.is_set()
+            abandoned = not finished
+        if not finished:
+            raise LedgerError(
+                f"the admission lock {self.path} was held for over {self.timeout:.0f} s; "
+                "a stopped (SIGSTOP) memgov process holds it"
+            )
+        if failure:
+            _close(fd)
+            raise flock_error(self.path, failure[0])
 
 
 def _why(path: Path, exc: OSError) -> str:

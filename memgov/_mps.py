@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -43,6 +42,7 @@ from memgov._mpsctl import (
     server_pids,
     server_uids,
 )
+from memgov._signals import raise_on_signals
 
 __all__ = [
     "CONTROL",
@@ -237,7 +237,7 @@ def daemon(timeout: float = 10.0) -> Iterator[dict[str, Any]]:
     if reachable(paths().pipe):
         yield {**status(), "started_here": False}
         return
-    restore = _raise_on_signals()
+    restore = raise_on_signals()
     try:
         info = start(timeout)
         yield {**info, "started_here": True}
@@ -247,23 +247,6 @@ def daemon(timeout: float = 10.0) -> Iterator[dict[str, Any]]:
                 stop(force=True, timeout=timeout)
         finally:
             restore()
-
-
-def _raise_on_signals() -> Any:
-    """Turn SIGTERM/SIGHUP into SystemExit (main thread only), so ``finally`` blocks run."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def leave(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
-
-    def restore() -> None:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-    return restore
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memgov._errors import LedgerError
+from memgov._flock import flock_error
 
 SUFFIX = ".json"
 TMP_PREFIX = ".tmp-"
@@ -113,30 +114,35 @@ class Held:
 
 def create(folder_fd: int, folder: Path, name: str, payload: dict[str, Any]) -> Held:
     """Write ``payload`` as record ``name``, locked before it becomes visible."""
-    return Held(folder, name, _write_locked(folder_fd, name, payload))
+    return Held(folder, name, _write_locked(folder_fd, folder, name, payload))
 
 
 def replace(folder_fd: int, held: Held, payload: dict[str, Any]) -> None:
     """Swap the content of a held record atomically; the lock is never dropped in between."""
-    new_fd = _write_locked(folder_fd, held.name, payload)
+    new_fd = _write_locked(folder_fd, held.folder, held.name, payload)
     old_fd, held.fd = held.fd, new_fd
     os.close(old_fd)
 
 
 def release(folder_fd: int, held: Held) -> None:
     """Remove a held record, then drop its lock (in that order, so no reader sees it dead)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(held.name, dir_fd=folder_fd)
-    os.close(held.fd)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(held.name, dir_fd=folder_fd)
+    finally:
+        os.close(held.fd)  # also when the unlink failed: a dead record is GC's, a held one leaks
 
 
-def _write_locked(folder_fd: int, name: str, payload: dict[str, Any]) -> int:
+def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, Any]) -> int:
     data = json.dumps(payload, sort_keys=True).encode()
     tmp = TMP_PREFIX + name
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, RECORD_MODE, dir_fd=folder_fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:  # a new file nobody else has opened: never busy
+            raise flock_error(folder / tmp, exc) from None
         os.fchmod(fd, RECORD_MODE)
         view = memoryview(data)
         while view:
@@ -166,7 +172,8 @@ class Seen:
 
 
 def scan(folder_fd: int) -> list[Seen]:
-    """Read every record in a folder; probe each one's lock. Never raises for a bad file."""
+    """Read every record in a folder; probe each one's lock. Never raises for a bad file (a
+    LedgerError only for a filesystem that cannot lock at all)."""
     seen = []
     for name in sorted(os.listdir(folder_fd)):
         if name.startswith(TMP_PREFIX):
@@ -205,6 +212,8 @@ def _read(folder_fd: int, name: str, parse: bool = True) -> Seen | None:
             alive = False
         except BlockingIOError:
             alive = True
+        except OSError as exc:  # not a busy lock: the filesystem cannot lock at all (or failed)
+            raise flock_error(Path(name), exc) from None
         if not parse:
             return Seen(name, alive, None, None, info.st_uid, inode)
         if not name.endswith(SUFFIX):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import queue
 import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from memgov._signals import raise_on_signals
 from memgov.pack import stats
 from memgov.pack.config import PackConfig, cpu_sets, job_env, threads_for
 from memgov.pack.jobs import Job, JobSpec
@@ -61,7 +61,7 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
     report = ctx.report_head()
     stop: BaseException | None = None
     with contextlib.ExitStack() as stack:
-        stack.callback(_signals_to_exit())
+        stack.callback(raise_on_signals())  # SIGTERM/SIGHUP: SystemExit
         try:
             for plan in ctx.plans:
                 if plan.mps and ctx.mps_info is None:
@@ -83,23 +83,6 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
     if stop is not None and not isinstance(stop, (KeyboardInterrupt, SystemExit)):
         raise stop  # a failure of pack itself (e.g. a runner that cannot spawn): jobs ended
     return Outcome(report, stop)
-
-
-def _signals_to_exit() -> Callable[[], None]:
-    """SIGTERM and SIGHUP become SystemExit (like Ctrl-C's KeyboardInterrupt), so cleanup runs."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def leave(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
-
-    def restore() -> None:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-    return restore
 
 
 def run_once(ctx: Context, plan: RunPlan, observer: Observer

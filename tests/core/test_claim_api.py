@@ -232,3 +232,25 @@ def test_device_by_index_and_uuid() -> None:
         assert claim.device == "sim2"
     with pytest.raises(memgov.NoDeviceError, match=r"indices 0\.\.2"):
         memgov.claim("1GiB", device=3)
+
+
+@pytest.mark.parametrize("where", ["_settle", "govern"])
+def test_a_claim_that_fails_after_admission_holds_nothing(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memgov import _adapters, _claim
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("adapter broke")
+
+    target = (_claim, "_settle") if where == "_settle" else (_adapters, "govern")
+    with monkeypatch.context() as patch:
+        patch.setattr(*target, broken)
+        patch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+        with pytest.raises(RuntimeError, match="adapter broke"):
+            memgov.claim("4GiB")
+        assert memgov.current() is None and HOLDER_ENV not in os.environ
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert ledger().snapshot().claims == []
+    with memgov.claim("64GiB"):  # the whole budget is free again, in this same process
+        pass

@@ -15,14 +15,6 @@ pytestmark = pytest.mark.usefixtures("sim")
 
 
 @pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    yield started
-    for child in started:
-        child.close()
-
-
-@pytest.fixture
 def monitor() -> Iterator[Monitor]:
     watcher = Monitor("sim0")
     watcher.start()

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -24,14 +23,6 @@ from memgov._attribution import pidns_of
 
 GIB = 2**30
 pytestmark = pytest.mark.usefixtures("sim")
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    yield started
-    for child in started:
-        child.close()
 
 
 def _kill(pid: int) -> None:

@@ -141,3 +141,32 @@ def test_apply_sets_the_hard_limit_and_restore_undoes_it(
     for name in ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "MEMGOV_MPS_LIMIT",
                  "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
         assert name not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("inherited", "old_index", "after"),
+    [
+        ("1=2G", 1, "0=2G"),  # the claimed GPU's entry follows it to ordinal 0
+        ("0=1G,1=2048M", 1, "0=2048M"),  # other GPUs are hidden now: their entries go
+        ("0=1G, 1 = 2G ,", 1, "0=2G"),
+        ("0=1G", 1, None),  # nothing for the claimed GPU: no variable naming a hidden one
+        ("0=4G", 0, "0=4G"),
+        ("2G", 1, "2G"),  # unreadable ordinals: left as is (the scheduler readers report it)
+    ],
+)
+def test_inherited_pinned_limit_follows_the_pinned_gpu(
+    inherited: str, old_index: int, after: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", inherited)
+    _enforce.renumber_pinned(old_index)
+    assert os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == after
+    assert "MEMGOV_MPS_LIMIT" not in os.environ  # a scheduler's limit stays a scheduler's
+
+
+def test_memgov_limit_stays_memgovs_when_renumbered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "1=1024M")
+    monkeypatch.setenv("MEMGOV_MPS_LIMIT", "1=1024M")
+    _enforce.renumber_pinned(1)
+    assert os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
+    assert os.environ["MEMGOV_MPS_LIMIT"] == "0=1024M"
+    assert "outside memgov" not in _enforce.decide([GPU], cuda_initialized=False).reason

@@ -1,0 +1,147 @@
+"""The admission lock's edges: a filesystem without flock, a waiter that gives up or is
+interrupted, a helper whose flock fails, and a child forked while the lock is held."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.procs import ledger, wait_until
+
+import memgov
+from memgov import _flock, _records
+from memgov._flock import AdmissionLock
+
+pytestmark = pytest.mark.usefixtures("sim")
+REAL_FLOCK = fcntl.flock
+
+
+def no_flock(fd: int, op: int) -> None:
+    raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+
+def free(path: Path) -> bool:
+    """Whether nobody holds the flock of PATH (probed on a fresh open file, then let go)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        REAL_FLOCK(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def lock_path(tmp_path: Path) -> Path:
+    return tmp_path / "admission.lock"
+
+
+@pytest.fixture
+def busy(lock_path: Path) -> Iterator[int]:
+    """Another open file of the lock holds it until the test lets go (os.close)."""
+    lock_path.touch()
+    fd = os.open(lock_path, os.O_RDONLY)
+    REAL_FLOCK(fd, fcntl.LOCK_EX)
+    yield fd
+    with contextlib.suppress(OSError):  # the test may have let go already
+        os.close(fd)
+
+
+def test_filesystem_without_flock_is_a_clear_ledger_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Simulated in-process: NFS without lockd, or a FUSE filesystem, answers flock with ENOLCK.
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with pytest.raises(memgov.LedgerError, match=r"filesystem does not support flock.*local"):
+        memgov.claim("1GiB")
+    assert memgov.current() is None
+
+
+def test_record_probe_without_flock_is_a_clear_ledger_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ledger().snapshot()  # the folders exist
+    fd = os.open(ledger().path / "claims" / "x.json", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.close(fd)
+
+    def shared_fails(fd: int, op: int) -> None:
+        if op & fcntl.LOCK_SH:
+            no_flock(fd, op)
+        REAL_FLOCK(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", shared_fails)
+    with pytest.raises(memgov.LedgerError, match="filesystem does not support flock"):
+        ledger().snapshot()  # not a guess that the holder is alive (or dead)
+    with (
+        _records.open_dir(ledger().path, ("claims",), create=False) as folder,
+        pytest.raises(memgov.LedgerError, match="does not support flock"),
+    ):
+        _records.scan(folder)
+
+
+def test_waiter_times_out_and_its_helper_hands_the_lock_back(lock_path: Path, busy: int) -> None:
+    with (
+        pytest.raises(memgov.LedgerError, match="held for over"),
+        AdmissionLock(lock_path, timeout=0.2),
+    ):
+        pass
+    os.close(busy)
+    wait_until(lambda: free(lock_path))  # the helper got it after we gave up, and let go
+    wait_until(lambda: not _flock._open_fds)
+
+
+def test_interrupted_waiter_leaves_no_lock_behind(
+    lock_path: Path, busy: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Interrupted(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(_flock.threading, "Event", Interrupted)
+    with pytest.raises(KeyboardInterrupt), AdmissionLock(lock_path, timeout=30):
+        pass
+    os.close(busy)
+    wait_until(lambda: free(lock_path))
+    wait_until(lambda: not _flock._open_fds)
+
+
+def test_failing_blocking_flock_is_reported_at_once(
+    lock_path: Path, busy: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def blocking_fails(fd: int, op: int) -> Any:
+        if op & fcntl.LOCK_NB:
+            return REAL_FLOCK(fd, op)
+        no_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", blocking_fails)
+    started = time.monotonic()
+    with (
+        pytest.raises(memgov.LedgerError, match="does not support flock"),
+        AdmissionLock(lock_path, timeout=30),
+    ):
+        pass
+    assert time.monotonic() - started < 10  # not the 30 s timeout's misleading message
+    assert not _flock._open_fds
+
+
+def test_child_forked_while_the_lock_is_held_does_not_keep_it(lock_path: Path) -> None:
+    with AdmissionLock(lock_path, timeout=5):
+        pid = os.fork()
+        if pid == 0:  # the child outlives the parent's lock by far
+            time.sleep(60)
+            os._exit(0)
+    try:
+        wait_until(lambda: free(lock_path), timeout=3)  # the child closes its copy at fork
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
