@@ -115,7 +115,9 @@ class _Uploader:
         self.turn += 1
         slot = self.slots[index]
         if slot is None:
-            buffer, done = None, self.torch.cuda.Event()  # reused: one per batch costs CPU
+            # Reused (one per batch costs CPU). Blocking: waiting on it sleeps; the default spins
+            # a core, and 25 packed jobs spinning left no CPU for the work (all cores 100 % busy).
+            buffer, done = None, self.torch.cuda.Event(blocking=True)
         else:
             buffer, done = slot
             done.synchronize()  # the copy out of this buffer has finished
