@@ -67,6 +67,13 @@ def parse_args(framework: str, argv: list[str] | None = None) -> argparse.Namesp
         help="after the first step, also hold N MiB on the accelerator (rogue job; no-op on CPU)",
     )
     p.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True)
+    if framework == "torch":
+        p.add_argument(
+            "--cuda-graph",
+            action="store_true",
+            help="replay each training step as one CUDA graph (GPU only; a final partial batch "
+            "is skipped); cuts the CPU work per step, which packed jobs are short of",
+        )
     args = p.parse_args(argv)
     for name in ("epochs", "batch", "limit", "eval_limit"):
         value = getattr(args, name)
