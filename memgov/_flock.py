@@ -54,7 +54,8 @@ def flock_error(path: Path, exc: OSError) -> LedgerError:
     if exc.errno in NO_FLOCK:
         return LedgerError(
             f"cannot lock {path}: the ledger folder's filesystem does not support flock "
-            f"({exc.strerror or exc}); use a local filesystem for MEMGOV_DIR (e.g. /tmp/memgov-ledger)"
+            f"({exc.strerror or exc}); use a local filesystem for MEMGOV_DIR "
+            "(e.g. /tmp/memgov-ledger)"
         )
     return LedgerError(f"cannot lock {path}: {exc.strerror or exc}")
 
