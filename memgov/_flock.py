@@ -110,45 +110,45 @@ class AdmissionLock:
     def _wait(self, fd: int) -> None:
         """Block for the lock on ``fd`` for at most the timeout, in a helper thread.
 
-        Returns with the lock held on ``fd``. Otherwise raises, and ``fd`` is no longer the
-        caller's: closed here, or (while the helper still blocks in flock) left to the helper,
-        which closes it, and so hands the lock straight back, once its flock returns.
+        Returns with the lock held on ``fd``; otherwise closes ``fd`` and raises. The helper
+        blocks on its own duplicate of ``fd``: a flock belongs to the open file, which both
+        descriptors share, so each side closes only its own descriptor and no descriptor number
+        is ever closed twice or reused under the other's feet. A lock the helper gets after its
+        caller gave up is released when the helper closes its duplicate, the open file's last.
         """
+        helper_fd = os.dup(fd)
+        _open_fds.add(helper_fd)
         done = threading.Event()
         state = threading.Lock()
+        status = {"ran": False, "cancelled": False}
         failure: list[OSError] = []
-        abandoned = False
 
         def block() -> None:
+            with state:
+                if status["cancelled"]:
+                    return  # the caller closed helper_fd: it never reached us
+                status["ran"] = True
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fcntl.flock(helper_fd, fcntl.LOCK_EX)
             except OSError as exc:
                 failure.append(exc)
-            with state:
-                if not abandoned:
-                    done.set()  # fd is the caller's again: locked, or to close after a failure
-                    return
-            _close(fd)  # our caller gave up: release and forget
+            finally:
+                _close(helper_fd)
+            done.set()
 
         waiter = threading.Thread(target=block, name="memgov-admission-lock", daemon=True)
         try:
             waiter.start()
-        except BaseException:  # e.g. no thread can be started: fd never reached the helper
+            finished = done.wait(self.timeout)
+        except BaseException:  # no thread, or Ctrl-C while waiting
+            with state:
+                if not status["ran"]:
+                    status["cancelled"] = True
+                    _close(helper_fd)
             _close(fd)
             raise
-        try:
-            done.wait(self.timeout)
-        except BaseException:  # e.g. Ctrl-C: a lock the helper gets later must not stay held
-            with state:
-                abandoned = True
-                finished = done.is_set()
-            if finished:
-                _close(fd)
-            raise
-        with state:
-            finished = done.is_set()
-            abandoned = not finished
         if not finished:
+            _close(fd)
             raise LedgerError(
                 f"the admission lock {self.path} was held for over {self.timeout:.0f} s; "
                 "a stopped (SIGSTOP) memgov process holds it"

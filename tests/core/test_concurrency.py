@@ -102,7 +102,8 @@ def test_no_deadlock_and_no_over_commit_under_churn(
                                "--wait", "60", "--hold", "0.02", "--cycles", "5"]))
     try:
         for child in children:
-            assert child.proc.wait(timeout=90) == 0, "".join(child.stderr)
+            code = child.proc.wait(timeout=90)
+            assert code == 0, f"{list(child.events.queue)} {''.join(child.stderr)}"
     finally:
         for watcher in monitors:
             watcher.stop()
