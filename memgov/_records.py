@@ -140,8 +140,11 @@ def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, An
     fd = os.open(tmp, flags, RECORD_MODE, dir_fd=folder_fd)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:  # a new file nobody else has opened: never busy
+            # Blocking: a scanner may be probing this new file with a shared lock right now (it
+            # lists temporary files too); that probe lasts microseconds. With LOCK_NB the claim
+            # failed then, about once in 30 runs of the churn test.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
             raise flock_error(folder / tmp, exc) from None
         os.fchmod(fd, RECORD_MODE)
         view = memoryview(data)

@@ -145,3 +145,26 @@ def test_child_forked_while_the_lock_is_held_does_not_keep_it(lock_path: Path) -
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def test_new_record_waits_for_a_scanner_probing_its_temporary_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A scanner lists temporary files too and probes them with a shared lock; when that probe
+    # lands between a writer's open and its exclusive lock, the writer must wait it out, not
+    # fail the claim (seen about once in 30 runs of the churn test before the fix).
+    probed = threading.Event()
+
+    def scanner_probes_first(fd: int, op: int) -> Any:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if op & fcntl.LOCK_EX and _records.TMP_PREFIX in path and not probed.is_set():
+            probed.set()
+            probe = os.open(path, os.O_RDONLY)
+            REAL_FLOCK(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            threading.Timer(0.05, os.close, (probe,)).start()  # the probe lets go soon after
+        return REAL_FLOCK(fd, op)
+
+    monkeypatch.setattr(_records.fcntl, "flock", scanner_probes_first)
+    with memgov.claim("1GiB") as held:
+        assert probed.is_set()
+        assert held.record.endswith(".json")
