@@ -77,6 +77,9 @@ def pack(
     pin: Annotated[bool, typer.Option(help="Pin each job to its share of cores.")] = False,
     history: Annotated[bool, typer.Option(help="Record measured peaks for --claim auto.")
                        ] = True,
+    host_per_job: Annotated[str, typer.Option(
+        help="Host memory one job needs: SIZE, auto (recorded peaks; 2GiB before any) or off. "
+             "A job starts only when the host can hold it; others wait.")] = "auto",
     python: Annotated[str | None, typer.Option(help="Interpreter for {python} in the manifest.")
                       ] = None,
     progress: Annotated[bool, typer.Option(help="Live progress on stderr.")] = True,
@@ -91,7 +94,7 @@ def pack(
             epochs=epochs, batch=batch, runner=runner, image=image, out=out, device=device,
             gpu=gpu, threads=_threads(threads), parallel=parallel, baseline=baseline,
             baseline_args=shlex.split(baseline_args), solo=solo, timeout=timeout, wait=wait,
-            pin=pin, history=history, python=python or sys.executable,
+            pin=pin, history=history, host_per_job=host_per_job, python=python or sys.executable,
             trainer_args=list(trainer_args or []),
             sweep=config.parse_sweep(sweep) if sweep is not None else None,
             rogue=config.parse_rogue(rogue) if rogue is not None else None,

@@ -37,6 +37,13 @@ def main(out: Path) -> None:
         cap = two.get("capacity") or {}
         rows.append(("pack n=48 no MPS", f"{two.get('ok')}/{two.get('n')} ok, est. max "
                      f"{cap.get('max_jobs')} jobs ({cap.get('binding')})"))
+    dense = pack.get("2b_dense_nomps", {})
+    if dense.get("n"):
+        gate = dense.get("host_gate") or {}
+        rows.append(("pack dense no MPS", f"{dense.get('ok')}/{dense.get('n')} ok, at most "
+                     f"{gate.get('most_running')} at once, {gate.get('jobs_that_waited')} waited "
+                     f"(host memory {gate.get('per_job_mib')} MiB/job); device peak "
+                     f"{dense.get('device_peak_used_mib')} MiB"))
     jax = pack.get("3_jax", {})
     if jax:
         rows.append(("pack JAX greedy / claim", f"{jax.get('greedy_ok')}/{jax.get('greedy_n')} "

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memgov._errors import ConfigError
+from memgov._sizes import parse_size
 from memgov.pack.runners import DOCKER_IMAGE, RUNNERS
 
 MODES = ("greedy", "growth", "claim")
@@ -84,6 +85,8 @@ class PackConfig:
     wait: float | None = None
     pin: bool = False
     history: bool = True
+    host_per_job: str = "auto"
+    """Host memory one job needs: SIZE, auto (recorded peaks) or off (see hostmem.py)."""
     python: str = sys.executable
     trainer_args: list[str] = field(default_factory=list)
 
@@ -107,6 +110,11 @@ class PackConfig:
                 _count("--sweep", n, MAX_JOBS)
             if self.baseline != "none":
                 raise ConfigError("--baseline applies to a single --n, not to --sweep")
+        if self.host_per_job.strip().lower() not in ("auto", "off"):
+            try:
+                parse_size(self.host_per_job, what="--host-per-job")
+            except ValueError as exc:
+                raise ConfigError(f"{exc}; or auto (recorded host peaks) or off") from None
         if self.mode != "claim" and self.claim != "auto":
             raise ConfigError(f"--claim {self.claim} applies to --mode claim only "
                               f"(--mode {self.mode} claims no budget)")

@@ -116,11 +116,20 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     try:
         while pending or running:
             while pending and len(running) < plan.parallel:
+                verdict = _host_verdict(ctx, sampler, pending[0], running)
+                if verdict == "wait":
+                    break
                 job = pending.popleft()
+                if verdict == "refuse":
+                    records[job.spec.label] = stats.job_record(job, _blank(), ctx.runner)
+                    observer.job_ended(plan, records[job.spec.label])
+                    continue
                 cpus = cpu_sets(job.spec.index, threads or 1) if ctx.cfg.pin else None
                 job.start(ctx.runner, ctx.folder, base, log_dir, inbox, t0, cpus)
                 sampler.track(job.spec.label, _root(ctx, job))
                 running.add(job.spec.label)
+                if ctx.host_gate is not None:
+                    ctx.host_gate.started(len(running))
             now = time.monotonic()
             if deadline is not None and now > deadline and kill_at is None:
                 kill_at = now + STOP_GRACE_S
@@ -150,8 +159,25 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
         j.spec.label) or _blank(), ctx.runner) for j in jobs]
     record = stats.run_record(done, all_at_once=concurrent >= plan.n)
     record.update(ctx.run_fields(plan, sampler, threads, concurrent, wall))
+    if ctx.host_gate is not None:
+        record["host_gate"] = ctx.host_gate.summary()
+        ctx.host_gate.reset()
     observer.run_ended(plan, record)
     return record, stop
+
+
+def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str]) -> str:
+    """"start", "wait" (for running jobs to end) or "refuse" ``job`` (hostmem.py)."""
+    gate = ctx.host_gate
+    if gate is None or gate.fits(sampler.jobs[label].uss for label in running):
+        return "start"
+    if running:
+        gate.deferred.add(job.spec.label)
+        return "wait"
+    job.stopped_by = "host_memory"
+    job.refusal = gate.refusal()
+    gate.refused += 1
+    return "refuse"
 
 
 def _blank() -> Any:

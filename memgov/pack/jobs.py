@@ -22,9 +22,11 @@ from typing import IO, Any
 
 from memgov.pack.runners import Runner
 
-REASONS = ("oom", "cuda_error", "budget_refused", "killed", "timeout", "interrupted", "error")
-"""Why a job failed: out of memory, another CUDA error, its claim was refused, it was killed by a
-signal (not pack's), pack stopped it at --timeout or on Ctrl-C, anything else."""
+REASONS = ("oom", "cuda_error", "budget_refused", "host_memory", "killed", "timeout",
+           "interrupted", "error")
+"""Why a job failed: out of memory, another CUDA error, its claim was refused, the host had no
+memory for it (never started, see hostmem.py), it was killed by a signal (not pack's), pack
+stopped it at --timeout or on Ctrl-C, anything else."""
 TAIL_LINES = 40
 
 
@@ -53,6 +55,8 @@ class Job:
     tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     log: Path | None = None
+    refusal: str | None = None
+    """Why pack did not start it (host memory), in words."""
 
     @property
     def running(self) -> bool:
@@ -134,6 +138,8 @@ class Job:
     def outcome(self, runner: Runner) -> tuple[str, str | None, str | None, int | None, int | None]:
         """(status, reason, detail, exit code, signal): status is ok, failed or not_started."""
         if self.proc is None:
+            if self.stopped_by == "host_memory":
+                return "failed", "host_memory", self.refusal, None, None
             why = "pack stopped before this job started"
             return "not_started", self.stopped_by, why, None, None
         code, sig = (None, None) if self.returncode is None else runner.decode_exit(self.returncode)

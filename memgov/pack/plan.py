@@ -19,7 +19,7 @@ from memgov import _config, _devices
 from memgov._devices import Device
 from memgov._errors import ConfigError, MemgovError
 from memgov._sizes import format_size, mib, parse_size
-from memgov.pack import history, manifest, runners, stats
+from memgov.pack import history, hostmem, manifest, runners, stats
 from memgov.pack.config import (
     DEFAULT_CLAIM,
     DEFAULT_CLAIM_OTHER,
@@ -72,6 +72,7 @@ class Context:
     host_available: int
     ledger_capacity: int | None
     ledger_free: int | None
+    host_gate: hostmem.HostGate | None = None
     mps_info: dict[str, Any] | None = None
     solo_record: dict[str, Any] | None = None
 
@@ -86,6 +87,11 @@ class Context:
     @property
     def history_key(self) -> str:
         return history.key(self.manifest.name, self.cfg.framework, self.batch)
+
+    @property
+    def host_history_key(self) -> str:
+        """Host USS differs with the device (CUDA libraries), so GPU and CPU packs keep apart."""
+        return f"{self.history_key}-host-{'cpu' if self.cpu else 'gpu'}"
 
     def base_env(self, mode: str) -> dict[str, str]:
         return base_env(mode)
@@ -190,6 +196,8 @@ class Context:
             report[plan.role] = record
         if self.mps_info is not None:
             report["mps"] = dict(self.mps_info)
+        if plan.role == "main" and self.cfg.history:  # solo/baseline jobs run with more threads
+            self._record_host(record)
         if plan.role == "main" and plan.mode != "greedy" and not self.cpu and self.cfg.history:
             peaks = [int(j["footprint_mib"] * 2**20) for j in record["jobs"]
                      if j["status"] == "ok" and not j["rogue_mib"] and j["footprint_mib"]]
@@ -201,6 +209,12 @@ class Context:
                                          self.history_key)}
             except MemgovError as exc:
                 report["history"] = {"key": self.history_key, "error": str(exc)}
+
+    def _record_host(self, record: dict[str, Any]) -> None:
+        peaks = [int(j["uss_mib"] * 2**20) for j in record["jobs"]
+                 if j["status"] == "ok" and not j["rogue_mib"] and j["uss_mib"]]
+        with contextlib.suppress(MemgovError):  # a sizing aid: never fail a finished pack
+            history.record(self.host_history_key, peaks, n=len(record["jobs"]))
 
     def finish(self, report: dict[str, Any], interrupted: bool) -> None:
         report["interrupted"] = interrupted
@@ -255,7 +269,7 @@ def prepare(cfg: PackConfig) -> Context:
         snap = DeviceLedger(device).snapshot()
     out = cfg.out or _default_out(man.name, cfg)
     out.mkdir(parents=True, exist_ok=True)
-    return Context(
+    ctx = Context(
         cfg=cfg, manifest=man, runner=runner, device=device, cpu=cpu,
         simulated=simulated if cpu else None, ledger=ledger, out=out.resolve(),
         epochs=epochs or 0, batch=batch or 0, claim_bytes=claim_bytes,
@@ -263,6 +277,9 @@ def prepare(cfg: PackConfig) -> Context:
         plans=plans, host_available=psutil.virtual_memory().available,
         ledger_capacity=snap.capacity if snap else None, ledger_free=snap.free if snap else None,
     )
+    recorded = [p["bytes"] for p in history.read(ctx.host_history_key)] if cfg.history else []
+    ctx.host_gate = hostmem.gate(cfg.host_per_job, recorded, psutil.virtual_memory().total)
+    return ctx
 
 
 def _device(cfg: PackConfig, cpu: bool) -> tuple[Device | None, str | None]:

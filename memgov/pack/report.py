@@ -165,6 +165,7 @@ def table(report: dict[str, Any]) -> Any:
         ("jobs", lambda r: str(r["n"])),
         ("ok", lambda r: str(r["ok"])),
         ("failed", _failed),
+        ("most jobs at once", _at_once),
         ("threads per job", lambda r: _num(r["threads_per_job"])),
         ("claim MiB", lambda r: _num(r["claim_mib"])),
         ("footprint MiB (median)", lambda r: _num(r["footprint_mib"])),
@@ -198,6 +199,14 @@ def _failed(run: dict[str, Any]) -> str:
         return "0"
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(run["reasons"].items()))
     return f"{run['failed']} ({reasons})"
+
+
+def _at_once(run: dict[str, Any]) -> str:
+    gate = run.get("host_gate")
+    if not gate:
+        return "-"
+    waited = gate["jobs_that_waited"]
+    return f"{gate['most_running']}" + (f" ({waited} waited: host memory)" if waited else "")
 
 
 def _num(value: float | None, digits: int = 0) -> str:

@@ -85,6 +85,7 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
         (["--framework", "mxnet"], "no [frameworks.mxnet] table; this experiment has jax, "
                                    "tensorflow, torch"),
         (["--claim", "lots"], "cannot read 'lots' as a size"),
+        (["--host-per-job", "much"], "or auto (recorded host peaks) or off"),
         (["--baseline", "naive", "--sweep", "1,2"], "--baseline applies to a single --n"),
     ],
 )

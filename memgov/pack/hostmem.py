@@ -1,0 +1,95 @@
+"""Host memory admission: pack starts a job only when the host can hold it.
+
+Nothing else limits how many trainers start without MPS (whose client limit caps a run): with a
+large ``--n`` the host runs out of RAM before the GPU does (an H200 host: ~141 torch jobs by host
+memory, 162 by GPU memory), and the kernel's OOM killer then picks victims, which may be pack, a
+neighbour's job or the user's shell. So a job starts only when
+
+    available - sum(growth still ahead of each running job) - reserve >= per_job
+
+``available`` is the kernel's MemAvailable (free memory plus reclaimable cache). A running job's
+growth is ``per_job`` minus its largest measured USS so far (all of ``per_job`` until the sampler
+has seen it): jobs just started have not reached their size, and counting only what they hold
+now would let a burst of starts overshoot. ``reserve`` is left for everything else:
+max(2 GiB, 5 % of RAM). ``per_job`` is the largest host USS (memory only that process holds; the
+shared libraries are in ``available`` once) recorded for this experiment, framework, batch and
+device kind by earlier packs, plus the history's margin (x 1.10 + 64 MiB); 2 GiB when nothing is
+recorded; or ``--host-per-job``.
+
+A job that does not fit waits until running jobs end (the run goes on in waves); when nothing
+runs and it still does not fit, it is not started and fails with reason ``host_memory``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memgov._sizes import format_size
+
+DEFAULT_PER_JOB = 2 * 2**30
+RESERVE_MIN = 2 * 2**30
+RESERVE_FRACTION = 0.05
+
+
+def reserve_for(total: int) -> int:
+    return max(RESERVE_MIN, int(total * RESERVE_FRACTION))
+
+
+@dataclass
+class HostGate:
+    per_job: int
+    source: str
+    reserve: int
+    deferred: set[str] = field(default_factory=set)
+    """Jobs whose start waited for memory at least once."""
+    refused: int = 0
+    most_running: int = 0
+
+    def fits(self, running_uss: Iterable[int | None]) -> bool:
+        import psutil
+
+        available = psutil.virtual_memory().available
+        growth = sum(max(0, self.per_job - (uss or 0)) for uss in running_uss)
+        return available - growth - self.reserve >= self.per_job
+
+    def reset(self) -> None:
+        """Start counting afresh for the next run of the pack."""
+        self.deferred, self.refused, self.most_running = set(), 0, 0
+
+    def started(self, running: int) -> None:
+        self.most_running = max(self.most_running, running)
+
+    def refusal(self) -> str:
+        import psutil
+
+        return (f"not started: host memory. One job needs ~{format_size(self.per_job)} "
+                f"({self.source}); {format_size(psutil.virtual_memory().available)} available, "
+                f"{format_size(self.reserve)} kept free, and no job of this run was left to "
+                "finish. Free host memory, or pass a smaller --host-per-job if the estimate "
+                "is too high")
+
+    def summary(self) -> dict[str, Any]:
+        return {"per_job_mib": round(self.per_job / 2**20, 1), "source": self.source,
+                "reserve_mib": round(self.reserve / 2**20, 1),
+                "jobs_that_waited": len(self.deferred), "refused": self.refused,
+                "most_running": self.most_running}
+
+
+def gate(setting: str | None, recorded: list[int], total: int) -> HostGate | None:
+    """The gate for ``--host-per-job`` (None or "auto": from ``recorded`` peaks; "off": none)."""
+    from memgov._sizes import parse_size
+    from memgov.pack.history import margin
+
+    text = (setting or "auto").strip().lower()
+    if text == "off":
+        return None
+    reserve = reserve_for(total)
+    if text != "auto":
+        return HostGate(parse_size(text), "--host-per-job", reserve)
+    if recorded:
+        top = max(recorded)
+        return HostGate(margin(top), f"largest of {len(recorded)} recorded host USS peak(s) "
+                        f"{format_size(top)} x 1.10 + 64 MiB", reserve)
+    return HostGate(DEFAULT_PER_JOB, "default: no host USS recorded yet", reserve)

@@ -1,0 +1,79 @@
+"""Host memory admission (memgov/pack/hostmem.py): real packs whose jobs need more RAM than the
+host has free wait in waves, or are refused when they could never fit; nothing is OOM-killed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from memgov._errors import ConfigError
+from memgov.pack import PackConfig, hostmem
+from pack._util import MNIST, TINY, report, run_pack
+
+GiB = 2**30
+
+
+def test_gate_sizes_from_setting_history_or_default() -> None:
+    total = 64 * GiB
+    assert hostmem.gate("off", [], total) is None
+    fixed = hostmem.gate("3GiB", [5 * GiB], total)
+    assert fixed is not None and (fixed.per_job, fixed.source) == (3 * GiB, "--host-per-job")
+    auto = hostmem.gate("auto", [900 * 2**20, 1000 * 2**20], total)
+    assert auto is not None and auto.per_job == 1164 * 2**20  # 1000 MiB x 1.10 + 64 MiB
+    assert "largest of 2 recorded" in auto.source
+    fresh = hostmem.gate(None, [], total)
+    assert fresh is not None and fresh.per_job == hostmem.DEFAULT_PER_JOB
+    assert fresh.reserve == int(total * 0.05)  # 3.2 GiB: more than the 2 GiB floor
+    assert hostmem.reserve_for(8 * GiB) == 2 * GiB
+
+
+def test_gate_counts_growth_still_ahead_of_running_jobs() -> None:
+    available = psutil.virtual_memory().available
+    gate = hostmem.HostGate(per_job=available // 4, source="test", reserve=0)
+    assert gate.fits([])
+    # Two jobs not yet measured are counted at their full size; measured ones by what is left.
+    assert gate.fits([None, None])
+    assert not gate.fits([None, None, None, None])
+    assert gate.fits([gate.per_job] * 8)  # all grown: already inside `available`
+
+
+def test_bad_setting_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="--host-per-job"):
+        PackConfig(experiment=MNIST, device="cpu", host_per_job="-1GiB").check()
+
+
+def _per_job_that_fits_once() -> int:
+    """A per-job size one job fits in and two do not: (available - reserve) / 1.5."""
+    memory = psutil.virtual_memory()
+    return int((memory.available - hostmem.reserve_for(memory.total)) / 1.5)
+
+
+def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    per_job = _per_job_that_fits_once()
+    done = run_pack("--n", "2", "--device", "cpu", "--no-solo", "--host-per-job",
+                    f"{per_job >> 20}MiB", str(MNIST), "--epochs", "1", "--out", str(out),
+                    "--no-progress", *TINY)
+    assert done.returncode == 0, done.stderr
+    data = report(out)
+    assert (data["ok"], data["failed"]) == (2, 0)
+    gate = data["host_gate"]
+    assert (gate["most_running"], gate["jobs_that_waited"], gate["refused"]) == (1, 1, 0)
+    first, second = sorted(data["jobs"], key=lambda j: j["started_s"])
+    assert second["started_s"] >= first["ended_s"]  # the second waited for the first to end
+
+
+def test_a_job_that_can_never_fit_is_refused_with_the_reason(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_pack("--n", "2", "--device", "cpu", "--no-solo", "--host-per-job", "64TiB",
+                    str(MNIST), "--epochs", "1", "--out", str(out), "--no-progress", *TINY)
+    assert done.returncode == 1, done.stderr
+    data = report(out)
+    assert (data["ok"], data["failed"], data["reasons"]) == (0, 2, {"host_memory": 2})
+    for job in data["jobs"]:
+        assert job["status"] == "failed" and job["epochs_done"] == 0
+        assert "not started: host memory" in job["detail"]
+        assert "65536.00 GiB (--host-per-job)" in job["detail"]
+    assert data["host_gate"]["refused"] == 2
