@@ -23,11 +23,9 @@ from train_torch import TorchTrainer
 x, y, _, _ = mnist_data.load()
 x, y = x[:3200], y[:3200]
 out = {}
-for name, flags, step_metrics in [
-    ("lean", [], "0"), ("lean+tf32", ["--tf32"], "0"),
-    ("lean+tf32+cl", ["--tf32", "--channels-last"], "0")]:
-    os.environ["MNIST_STEP_METRICS"] = step_metrics
-    torch.backends.cudnn.benchmark = False
+for name, flags in [("default", []), ("no-channels-last", ["--no-channels-last"]),
+                    ("no-tf32", ["--no-tf32"]), ("neither", ["--no-channels-last", "--no-tf32"])]:
+    torch.set_float32_matmul_precision("highest")  # the flags set it; start each from torch's
     trainer = TorchTrainer(harness.parse_args("torch", ["--device", "gpu", *flags]))
     rng = np.random.default_rng(0)
     for _ in range(2):
@@ -48,21 +46,20 @@ print(json.dumps(out))
 PYEOF
 ) ; echo "profile rc=$?"; tail -3 "$WORK/profile.err"
 
-variant() {  # variant NAME ENV... -- TRAINER_FLAGS...
+variant() {  # variant NAME [ENV=VALUE...] -- TRAINER_FLAGS...
   local name=$1; shift
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   local t0=$SECONDS
-  env "${envs[@]}" timeout --kill-after=10 120 "$PY" -m memgov pack --n 25 --framework torch \
+  env ${envs[@]+"${envs[@]}"} timeout --kill-after=10 120 "$PY" -m memgov pack --n 25 --framework torch \
     --mode claim --epochs 3 --timeout 100 --no-progress --out "$WORK/$name" experiments/mnist \
     -- --limit "$LIMIT" --eval-limit 500 "$@" >"$WORK/$name.out" 2>&1
   echo "=== $name rc=$? $((SECONDS - t0)) s"; tail -n 6 "$WORK/$name.out"
 }
-variant lean MNIST_STEP_METRICS=0 --
-variant lean+tf32 MNIST_STEP_METRICS=0 -- --tf32
-variant lean+tf32+cl MNIST_STEP_METRICS=0 -- --tf32 --channels-last
-variant lean+tf32+cl+conn1 MNIST_STEP_METRICS=0 CUDA_DEVICE_MAX_CONNECTIONS=1 -- --tf32 --channels-last
-variant step-metrics MNIST_STEP_METRICS=1 --
+variant default --
+variant no-channels-last -- --no-channels-last
+variant no-tf32 -- --no-tf32
+variant neither -- --no-channels-last --no-tf32
 
 "$PY" - "$WORK" "$OUT/variants.json" <<'PYEOF'
 import json, sys
