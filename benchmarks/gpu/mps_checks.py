@@ -238,7 +238,7 @@ def check_rogue(env: dict[str, str], sampler: FootprintSampler, jobs: int,
 
 
 def check_epochs(env: dict[str, str], pipe: str, runs: int, deadline: float) -> dict[str, Any]:
-    args = ["--epochs", "2", "--device", "gpu", "--no-eval"]
+    args = ["--epochs", "2", "--device", "gpu", "--no-eval", "--limit", "20000"]
     variants = {
         "plain": (None, {}),
         "hard": ("1GiB", {}),

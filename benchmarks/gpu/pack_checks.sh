@@ -16,10 +16,10 @@ trap 'rm -rf "$WORK"' EXIT
 export MEMGOV_DIR=$WORK/ledger MEMGOV_DATA_CACHE=$WORK/data-cache PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 MNIST=experiments/mnist
-BUDGET=${PACK_BUDGET_S:-420}  # verify.sh stops this script at 450 s; the merge must run before
+BUDGET=${PACK_BUDGET_S:-390}  # verify.sh stops this script at 420 s; the merge must run before
 # SMOKE=1: the same script on a CPU machine with tiny jobs (checks the script, not the GPU).
 if [ "${SMOKE:-0}" = 1 ]; then N25=2 N48=3 N3=2 NDENSE=4 L=256 DEV="--device cpu"; else
-  N25=25 N48=48 N3=3 NDENSE=140 L=; DEV=; fi
+  N25=25 N48=48 N3=3 NDENSE=120 L=; DEV=; fi
 lim() { [ -n "$L" ] && echo "$L" || echo "$1"; }
 : >"$WORK/checks.tsv"
 
@@ -46,28 +46,28 @@ check ms1_n25_torch 200 --n $N25 --framework torch --mode claim --epochs 5 --tim
   --baseline naive --baseline-args "--epochs 1 --limit $(lim 1500)" $MNIST \
   -- --eval-limit 1000 ${L:+--limit $L}
 # 2. n=48 without MPS (time-slicing), threads governed: where does it stop? (capacity block)
-check ms2_n48_nomps 100 --n $N48 --mps off --epochs 2 --no-solo --timeout 80 $MNIST \
-  -- --limit "$(lim 8000)" --eval-limit 500
+check ms2_n48_nomps 100 --n $N48 --mps off --epochs 1 --no-solo --timeout 80 $MNIST \
+  -- --limit "$(lim 4000)" --eval-limit 500
 # 3. JAX greedy (the study: 75 % preallocated per job) vs JAX with a claim per job.
 check ms3a_jax_greedy 60 --n $N3 --framework jax --mode greedy --epochs 1 --no-solo \
   --timeout 45 $MNIST -- --limit "$(lim 5000)" --eval-limit 500
 check ms3b_jax_claim 100 --n $N25 --framework jax --mode claim --claim 1GiB --epochs 2 --no-solo \
-  --timeout 80 $MNIST -- --eval-limit 500 --limit "$(lim 30000)"
+  --timeout 80 $MNIST -- --eval-limit 500 --limit "$(lim 20000)"
 # 4. 24 good jobs and 1 rogue that allocates 4 GiB past its budget (claim auto: from check 1's
 #    measured peaks).
 check ms4_rogue 70 --n $N25 --rogue 1:4096 --epochs 1 --no-solo --timeout 55 $MNIST \
   -- --limit "$(lim 10000)" --eval-limit 500
 # 5. One job alone, with a claim vs without (greedy), 3 runs each (--parallel 1: one at a time).
 check ms5a_one_claim 45 --n 3 --parallel 1 --mode claim --mps off --epochs 2 --no-solo \
-  --timeout 40 $MNIST -- --limit "$(lim 20000)" --eval-limit 500
+  --timeout 40 $MNIST -- --limit "$(lim 15000)" --eval-limit 500
 check ms5b_one_none 45 --n 3 --parallel 1 --mode greedy --epochs 2 --no-solo --timeout 40 \
-  $MNIST -- --limit "$(lim 20000)" --eval-limit 500
+  $MNIST -- --limit "$(lim 15000)" --eval-limit 500
 # 2b. Densest safe packing without MPS (last: the budget cuts it, not the others). More jobs than
 #     host memory holds at once: pack's host-memory gate (memgov/pack/hostmem.py, sized from the
 #     host USS that checks 1-4 recorded) starts as many as fit and the rest as those end; claims
 #     are from --claim auto. The report says how many ran at once and which limit held them.
-check ms2b_dense_nomps 170 --n $NDENSE --mps off --epochs 1 --no-solo --timeout 150 $MNIST \
-  -- --limit "$(lim 640)" --eval-limit 100
+check ms2b_dense_nomps 150 --n $NDENSE --mps off --epochs 1 --no-solo --timeout 130 $MNIST \
+  -- --limit "$(lim 320)" --eval-limit 64
 
 [ -f "$WORK/ms1_n25_torch/plot.png" ] && cp "$WORK/ms1_n25_torch/plot.png" "$OUT/pack_checks.png"
 "$PY" - "$WORK" "$OUT/pack_checks.json" <<'EOF'

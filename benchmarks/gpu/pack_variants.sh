@@ -57,9 +57,10 @@ variant() {  # variant NAME [ENV=VALUE...] -- TRAINER_FLAGS...
   echo "=== $name rc=$? $((SECONDS - t0)) s"; tail -n 6 "$WORK/$name.out"
 }
 variant default --
-variant no-channels-last -- --no-channels-last
-variant no-tf32 -- --no-tf32
+variant mps-threads-25 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 --
 variant neither -- --no-channels-last --no-tf32
+variant mps-threads-10 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 --
+variant mps-threads-50 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 --
 
 "$PY" - "$WORK" "$OUT/variants.json" <<'PYEOF'
 import json, sys

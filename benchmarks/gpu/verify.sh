@@ -32,7 +32,7 @@ python3 -m memgov devices' ;;
     torch) run torch_claim 150 python3 benchmarks/gpu/torch_claim.py --out "$OUT/torch_claim.json" ;;
     mps) [ -f benchmarks/gpu/mps_checks.py ] && run mps 270 python3 benchmarks/gpu/mps_checks.py --out "$OUT/mps_checks.json" ;;
     jax) [ -f benchmarks/gpu/jax_auto.py ] && run jax 200 python3 benchmarks/gpu/jax_auto.py "$OUT/jax_auto.json" ;;
-    pack) [ -f benchmarks/gpu/pack_checks.sh ] && run pack 450 bash benchmarks/gpu/pack_checks.sh "$OUT" ;;
+    pack) [ -f benchmarks/gpu/pack_checks.sh ] && run pack 420 bash benchmarks/gpu/pack_checks.sh "$OUT" ;;
   esac
 done
 echo; echo "== summary"; printf '%s\n' "${summary[@]}"

@@ -90,8 +90,9 @@ class Context:
 
     @property
     def host_history_key(self) -> str:
-        """Host USS differs with the device (CUDA libraries), so GPU and CPU packs keep apart."""
-        return f"{self.history_key}-host-{'cpu' if self.cpu else 'gpu'}"
+        """Host USS differs with the device (CUDA libraries) and the mode (a greedy JAX job holds
+        several GiB more than a governed one), so each pair keeps its own peaks."""
+        return f"{self.history_key}-host-{'cpu' if self.cpu else 'gpu'}-{self.cfg.mode}"
 
     def base_env(self, mode: str) -> dict[str, str]:
         return base_env(mode)
