@@ -56,11 +56,15 @@ variant() {  # variant NAME [ENV=VALUE...] -- TRAINER_FLAGS...
     -- --limit "$LIMIT" --eval-limit 500 "$@" >"$WORK/$name.out" 2>&1
   echo "=== $name rc=$? $((SECONDS - t0)) s"; tail -n 6 "$WORK/$name.out"
 }
+# Host CPU busy % every second, with timestamps, to line up with each run's job times.
+vmstat -t -n 1 >"$OUT/variants_vmstat.txt" 2>&1 &
+VMSTAT=$!
 variant default --
 variant mps-threads-25 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 --
 variant neither -- --no-channels-last --no-tf32
 variant mps-threads-10 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 --
 variant mps-threads-50 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 --
+kill "$VMSTAT" 2>/dev/null
 
 "$PY" - "$WORK" "$OUT/variants.json" <<'PYEOF'
 import json, sys
