@@ -182,7 +182,7 @@ class _Uploader:
     event has fired, lets the CPU run a few steps ahead.
     """
 
-    SLOTS = 4
+    SLOTS = 8
 
     def __init__(self, torch: Any, dev: Any) -> None:
         self.torch = torch
