@@ -157,7 +157,8 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     wall = time.monotonic() - t0
     done = [records.get(j.spec.label) or stats.job_record(j, sampler.jobs.get(
         j.spec.label) or _blank(), ctx.runner) for j in jobs]
-    record = stats.run_record(done, all_at_once=concurrent >= plan.n)
+    waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
+    record = stats.run_record(done, all_at_once=concurrent >= plan.n and not waited)
     record.update(ctx.run_fields(plan, sampler, threads, concurrent, wall))
     if ctx.host_gate is not None:
         record["host_gate"] = ctx.host_gate.summary()

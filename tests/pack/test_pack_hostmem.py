@@ -63,6 +63,7 @@ def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> 
     assert (gate["most_running"], gate["jobs_that_waited"], gate["refused"]) == (1, 1, 0)
     first, second = sorted(data["jobs"], key=lambda j: j["started_s"])
     assert second["started_s"] >= first["ended_s"]  # the second waited for the first to end
+    assert data["aggregate_basis"] == "span (jobs ran in waves)"
 
 
 def test_a_job_that_can_never_fit_is_refused_with_the_reason(tmp_path: Path) -> None:
