@@ -1,9 +1,10 @@
 """Host memory admission: pack starts a job only when the host can hold it.
 
 Nothing else limits how many trainers start without MPS (whose client limit caps a run): with a
-large ``--n`` the host runs out of RAM before the GPU does (an H200 host: ~141 torch jobs by host
-memory, 162 by GPU memory), and the kernel's OOM killer then picks victims, which may be pack, a
-neighbour's job or the user's shell. So a job starts only when
+large ``--n`` the host could run out of RAM before the GPU does (an H200 host, measured: ~145
+torch jobs by host memory, 161 by GPU footprint; docs/RESULTS.md), and the kernel's OOM
+killer then picks victims, which may be pack, a neighbour's job or the user's shell. So a job
+starts only when
 
     available - sum(growth still ahead of each running job) - reserve >= per_job
 
@@ -80,7 +81,7 @@ class HostGate:
 def gate(setting: str | None, recorded: list[int], total: int) -> HostGate | None:
     """The gate for ``--host-per-job`` (None or "auto": from ``recorded`` peaks; "off": none)."""
     from memgov._sizes import parse_size
-    from memgov.pack.history import margin
+    from memgov.pack import history
 
     text = (setting or "auto").strip().lower()
     if text == "off":
@@ -90,6 +91,7 @@ def gate(setting: str | None, recorded: list[int], total: int) -> HostGate | Non
         return HostGate(parse_size(text), "--host-per-job", reserve)
     if recorded:
         top = max(recorded)
-        return HostGate(margin(top), f"largest of {len(recorded)} recorded host USS peak(s) "
-                        f"{format_size(top)} x 1.10 + 64 MiB", reserve)
+        return HostGate(history.margin(top), f"largest of {len(recorded)} recorded host USS "
+                        f"peak(s) {format_size(top)} x {1 + history.MARGIN_FRACTION:.2f} + "
+                        f"{format_size(history.MARGIN_BYTES)}", reserve)
     return HostGate(DEFAULT_PER_JOB, "default: no host USS recorded yet", reserve)
