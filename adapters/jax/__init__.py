@@ -23,8 +23,7 @@ import math
 import os
 import sys
 
-from memgov._adapters import Budget
-from memgov._sizes import format_size
+from memgov.adapter import Budget, format_size
 
 OVERHEAD = 600 * 2**20
 """Device memory of a JAX process outside XLA's pool: CUDA context, cuDNN/cuBLAS, XLA's own

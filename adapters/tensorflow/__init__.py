@@ -25,8 +25,7 @@ import os
 import sys
 from typing import Any
 
-from memgov._adapters import Budget
-from memgov._sizes import format_size
+from memgov.adapter import Budget, format_size
 
 OVERHEAD = 600 * 2**20
 """Device memory outside TF's allocator (CUDA context, cuDNN, cuBLAS). Not measured for TF here;
