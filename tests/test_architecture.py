@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,3 +196,34 @@ def test_imports_keep_to_the_layers(path: Path) -> None:
         elif imp.module_level and top in layer.not_at_module_level:
             broken.append(f"{where} at module level ({layer.name}: import it inside the function)")
     assert not broken, "\n".join(broken)
+
+
+# Written in pieces so that this file does not match itself.
+OUTSIDE = re.compile(
+    "|".join(["/wo" + "rk/", "\\.\\./sha" + "red", "REFER" + "ENCE", r"(?i:\bissue\s+\d)"])
+)
+"""Citations a reader of the repository cannot follow: the authors' machine and reference notes,
+and issue numbers of a tracker that is not part of the repository."""
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt", ".cfg", ".ini", ".yml", ".yaml"}
+NOT_OURS = {"results", "build", "dist", "pack-results", "out", "node_modules"}
+"""results/ keeps raw output exactly as produced; the rest are build and run outputs."""
+
+
+def own_text_files() -> list[Path]:
+    found = []
+    for path in ROOT.rglob("*"):
+        parts = path.relative_to(ROOT).parts
+        if any(p.startswith(".") or p in NOT_OURS or p.endswith(".egg-info") for p in parts):
+            continue
+        if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name == "Dockerfile"):
+            found.append(path)
+    return sorted(found)
+
+
+def test_comments_and_docs_cite_only_the_repository() -> None:
+    cited = []
+    for path in own_text_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if OUTSIDE.search(line):
+                cited.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not cited, "cite docs/ or results/ instead:\n" + "\n".join(cited)
