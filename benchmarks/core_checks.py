@@ -1,4 +1,4 @@
-"""The core ledger's must-show checks (issue 2), as a script with a table and raw JSON.
+"""The core ledger's checks (docs/RESULTS.md, "Core ledger"), as a script with a table and raw JSON.
 
     python benchmarks/core_checks.py [--repeat 10] [--hold 0.5] [--json PATH]
 

@@ -28,6 +28,7 @@ __all__ = [
     "Device",
     "LedgerError",
     "MemgovError",
+    "MpsError",
     "NoDeviceError",
     "__version__",
     "claim",
@@ -40,6 +41,7 @@ __all__ = [
 if TYPE_CHECKING:
     from memgov._claim import Claim, claim, current
     from memgov._devices import Device, devices
+    from memgov._mpsctl import MpsError
 
 # The promise of importing memgov, budget or not: no framework grabs the whole GPU up front.
 # Environment only (read when TensorFlow / JAX start their GPU runtime), and setdefault, so an
@@ -58,6 +60,7 @@ _LAZY = {
     "current": "memgov._claim",
     "Device": "memgov._devices",
     "devices": "memgov._devices",
+    "MpsError": "memgov._mpsctl",  # raised by `memgov mps` and pack's --mps on
 }
 
 

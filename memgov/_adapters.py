@@ -1,60 +1,22 @@
-"""Framework adapters: plugins found through the ``memgov.adapters`` entry-point group.
+"""The core's side of the adapter contract: load the plugins, apply a budget through each.
 
-An adapter module must not import its framework at module level: loading adapters is cheap and
-never initialises CUDA. Each adapter gets a :class:`Budget` twice: ``configure_env`` before its
-framework is imported (environment only), and ``apply`` once the framework is imported (right
-away if it already is, else from an import hook), before the framework touches the GPU.
+The contract itself (:class:`~memgov.adapter.Budget`, the :class:`~memgov.adapter.Adapter`
+protocol) is public, in :mod:`memgov.adapter`; adapters import nothing else from memgov. Plugins are
+found through the entry-point group ``memgov.adapters`` and loaded once per process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import threading
-from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Protocol, runtime_checkable
 
 from memgov import _importhook, _threads
+from memgov.adapter import GROUP, Adapter, Budget, Report
 
-GROUP = "memgov.adapters"
 log = logging.getLogger("memgov")
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What a claim asks of the frameworks in this process."""
-
-    bytes: int | None
-    """Whole-process device memory (NVML's view, CUDA context included); None = growth only."""
-    device_uuid: str
-    device_total: int
-    device_index: int | None
-    """The device's index in this process's frameworks (cuda:N); None for simulated devices."""
-    simulated: bool
-    name: str
-    threads: int | None = None
-    """CPU threads this process may use (MEMGOV_THREADS or memgov pack); None = leave as is."""
-    hard: bool = False
-    """True when the GPU driver also enforces ``bytes`` (MPS pinned limit)."""
-
-
-@runtime_checkable
-class Adapter(Protocol):
-    name: str
-    module: str
-    """Top-level module whose import triggers ``apply`` (e.g. "torch")."""
-
-    def configure_env(self, budget: Budget) -> str | None:
-        """Set environment variables the framework reads at import or start-up. No imports."""
-
-    def apply(self, budget: Budget) -> str:
-        """Make the imported framework respect the budget; return a one-line report."""
-
-    def cuda_initialized(self) -> bool:
-        """Whether the framework (already imported) has initialised CUDA in this process."""
-
-
 _lock = threading.Lock()
 _loaded: list[Adapter] | None = None
 _failures: list[str] = []
@@ -83,7 +45,7 @@ def load_failures() -> list[str]:
     return list(_failures)
 
 
-def cuda_initialized() -> bool:
+def any_cuda_initialized() -> bool:
     """Whether any imported framework has already initialised CUDA in this process."""
     return any(a.module in sys.modules and a.cuda_initialized() for a in available())
 
@@ -97,15 +59,23 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
     if threads:
         reports["threads"] = threads
     for adapter in available():
-        note = adapter.configure_env(budget)
+        mine = dataclasses.replace(budget, report=_report_into(reports, adapter.name))
+        note = adapter.configure_env(mine)
         if note:
             reports[adapter.name] = note
 
-        def apply(_module: object, adapter: Adapter = adapter) -> None:
+        def apply(_module: object, adapter: Adapter = adapter, mine: Budget = mine) -> None:
             try:
-                reports[adapter.name] = adapter.apply(budget)
+                reports[adapter.name] = adapter.apply(mine)
             except Exception as exc:
                 reports[adapter.name] = f"FAILED: {type(exc).__name__}: {exc}"
                 log.warning("memgov: %s adapter could not apply the budget: %s", adapter.name, exc)
 
         _importhook.when_imported(adapter.module, apply)
+
+
+def _report_into(reports: dict[str, str], name: str) -> Report:
+    def report(line: str) -> None:
+        reports[name] = line
+
+    return report

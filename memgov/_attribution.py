@@ -24,6 +24,11 @@ def pidns_of(pid: int | str = "self") -> int | None:
         return None
 
 
+def identity(pid: int) -> tuple[int | None, int | None]:
+    """(PID namespace, PID in it) of a host PID: how the ledger tells claim holders apart."""
+    return pidns_of(pid), _inner_pid(pid)
+
+
 def _inner_pid(pid: int) -> int | None:
     """The PID a process has in its own (innermost) namespace, read from the host's /proc."""
     try:
@@ -64,7 +69,7 @@ def attribute(
         for key in use:
             use[key] = 0  # seen from the host: a claim with no NVML entry uses nothing yet
         for pid, used_bytes in processes.items():
-            found = by_identity.get((pidns_of(pid), _inner_pid(pid)))
+            found = by_identity.get(identity(pid))
             if found is None:
                 continue
             previous = use[found]

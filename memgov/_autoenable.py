@@ -270,19 +270,10 @@ def _print_reports(reports: dict[str, str]) -> None:
 
 def holder_alive(value: str) -> bool:
     """Whether MEMGOV_HOLDER names a claim record whose holder still holds its lock."""
-    from memgov import _config, _records
-    from memgov._ledger import VERSION_DIR, folder_name
+    from memgov._ledger import claim_alive
 
     uuid, _, record = value.partition("/")
-    if not uuid or not record.endswith(_records.SUFFIX) or "/" in record or record[0] == ".":
-        return False
-    try:
-        parts = (VERSION_DIR, folder_name(uuid), "claims")
-        with _records.open_dir(_config.ledger_dir(), parts, create=False) as fd:
-            seen = _records._read(fd, record)
-    except Exception:  # no such ledger or record, or no permission: no live parent to defer to
-        return False
-    return seen is not None and seen.alive
+    return bool(uuid) and claim_alive(uuid, record)
 
 
 def _report_problems(problems: list[str]) -> None:

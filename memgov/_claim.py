@@ -116,7 +116,7 @@ def claim(
         sizes = _sizes_on(size, candidates)
         candidates = [d for d in candidates if d.uuid in sizes]
         # The mode goes into the record, so it is decided before admission writes one.
-        plan = _enforce.decide(candidates, _adapters.cuda_initialized())
+        plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
         modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
         ledger, held, payload = _admit(
             [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct
@@ -164,7 +164,7 @@ def _settle(
     """Pin this process to the admitted GPU, apply hard mode's limit; the Claim to return."""
     chosen = ledger.device
     index = None if chosen.simulated else chosen.visible_index
-    if not chosen.simulated and not _adapters.cuda_initialized():
+    if not chosen.simulated and not _adapters.any_cuda_initialized():
         # Pin the frameworks to the claimed GPU: it becomes their cuda:0 (an inherited MPS
         # pinned limit is renumbered to match).
         _enforce.renumber_pinned(index)

@@ -43,7 +43,8 @@ def simulated_spec() -> str | None:
     return raw if raw and raw.strip() else None
 
 
-def _simulated(spec: str) -> list[Device]:
+def simulated_devices(spec: str) -> list[Device]:
+    """The devices a MEMGOV_DEVICES value describes (pack also builds its own simulated GPU)."""
     found: list[Device] = []
     for position, item in enumerate(spec.split(",")):
         parts = [p.strip() for p in item.split(":")]
@@ -90,7 +91,7 @@ def devices() -> list[Device]:
     """Every GPU on the host (or simulated), with its memory read now."""
     spec = simulated_spec()
     if spec is not None:
-        return _simulated(spec)
+        return simulated_devices(spec)
     nvml_devices = _nvml.devices()
     visible = {d.uuid: i for i, d in enumerate(_visible_order(nvml_devices))}
     return [

@@ -2,7 +2,7 @@
 
 Hard mode uses MPS's per-client pinned device-memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).
 The driver reads it when CUDA initialises in the process and then refuses any allocation past it,
-CUDA context included (measured, /work/shared/REFERENCE.md), so a claim can be hard only while
+CUDA context included (measured: docs/hard-limits.md), so a claim can be hard only while
 CUDA is not yet initialised here, and only if an MPS daemon will take this process as a client.
 The frameworks' own caps stay on inside it (soft inside hard), so the framework raises its clean
 OutOfMemoryError before the driver refuses.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MemgovError(Exception):
     """Base class of every error memgov raises on purpose."""
@@ -41,3 +43,13 @@ class BudgetExceeded(MemgovError):
         self.free = free
         self.holders = holders or []
         self.queued_ahead = queued_ahead
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exceptions pickle their args only; the facts are keyword-only, so pass them along
+        # (multiprocessing and Ray send a worker's error to its parent this way).
+        names = ("device", "requested", "free", "holders", "queued_ahead")
+        return _rebuild_budget_exceeded, (str(self), {k: getattr(self, k) for k in names})
+
+
+def _rebuild_budget_exceeded(message: str, facts: dict[str, Any]) -> BudgetExceeded:
+    return BudgetExceeded(message, **facts)

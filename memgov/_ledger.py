@@ -127,6 +127,23 @@ def folder_name(uuid: str) -> str:
     return _SAFE.sub("_", uuid)
 
 
+def claim_alive(uuid: str, record: str, root: Path | None = None) -> bool:
+    """Whether claim ``record`` of device ``uuid`` exists and its holder still holds its lock.
+
+    False when it cannot be read (no such ledger, device or record, no permission, a name that is
+    no record's): a child then has no live parent claim to defer to (MEMGOV_HOLDER).
+    """
+    if not record.endswith(_records.SUFFIX) or "/" in record or record.startswith("."):
+        return False
+    try:
+        parts = (VERSION_DIR, folder_name(uuid), "claims")
+        with _records.open_dir(root or _config.ledger_dir(), parts, create=False) as fd:
+            seen = _records._read(fd, record)
+    except Exception:  # whatever another user left there: not a live claim of ours
+        return False
+    return seen is not None and seen.alive
+
+
 class DeviceLedger:
     """The ledger of one device."""
 

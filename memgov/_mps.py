@@ -6,7 +6,7 @@ runs. A client process reaches it through ``CUDA_MPS_PIPE_DIRECTORY`` (set by ``
 mode). A small state file records who started it, so ``stop`` only stops a daemon memgov started.
 
 ``nvidia-cuda-mps-control -d`` starts the daemon in the background (NVIDIA MPS docs, "Tools and
-Interface Reference"); _mpsctl holds the queries, re-exported here.
+Interface Reference"); _mpsctl holds the queries and paths (import them from there).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 
 from memgov import _config
 from memgov._mpsctl import (
-    CONTROL,
     DEFAULT_PIPE,
     LOG_ENV,
     MPS_PREFIX,
@@ -33,34 +32,16 @@ from memgov._mpsctl import (
     binary,
     client_limit,
     client_pids,
-    client_pipe,
     daemon_pid,
     paths,
     query,
     reachable,
     require_binary,
     server_pids,
-    server_uids,
 )
 from memgov._signals import raise_on_signals
 
-__all__ = [
-    "CONTROL",
-    "DEFAULT_PIPE",
-    "MpsError",
-    "binary",
-    "client_limit",
-    "client_pipe",
-    "daemon",
-    "paths",
-    "reachable",
-    "read_state",
-    "require_binary",
-    "server_uids",
-    "start",
-    "status",
-    "stop",
-]
+__all__ = ["daemon", "read_state", "start", "status", "stop"]
 _CLIENT_ENV = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 """Set on a daemon, these become the default of every client: never pass memgov's own to it."""
 

@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -278,3 +279,29 @@ def remove_dead(folder_fd: int, seen: Seen) -> str | None:
     except OSError as exc:
         return f"cannot remove ({exc.strerror})"
     return None
+
+
+def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE) -> None:
+    """Replace file ``name`` of a folder with ``data``, whole or not at all, never via a symlink.
+
+    A temporary file in the same folder, fsync, ``os.replace``, then fsync of the folder: a reader
+    sees the old content or the new, never a torn file. For files without a holder (pack's
+    history); callers serialise writers themselves. Held records use create/replace.
+    """
+    tmp = f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode, dir_fd=folder_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder_fd)
+        raise
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.fsync(folder_fd)

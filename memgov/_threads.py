@@ -1,11 +1,11 @@
 """The CPU thread budget of a process (MEMGOV_THREADS, or set by memgov pack), shared part.
 
 Packed jobs that each start one thread per core spin against each other until the whole host runs
-slower than one job alone (REFERENCE: 8 torch jobs, 3,129 samples/s with default threads, 50,868
-with one thread each). This module sets what every framework's native libraries read from the
-environment; each adapter sets its own framework's thread pools through the framework's API
-(torch.set_num_threads, tf.config.threading), because an already loaded library no longer reads
-the environment.
+slower than one job alone (docs/pack.md, "Fast by default": 8 torch jobs, 3,129 samples/s with
+default threads, 50,868 with one thread each). This module sets what every framework's native
+libraries read from the environment; each adapter sets its own framework's thread pools through
+the framework's API (torch.set_num_threads, tf.config.threading), because an already loaded
+library no longer reads the environment.
 
 XLA (JAX) has no flag that caps its CPU thread pools: ``--xla_cpu_multi_thread_eigen=false`` is
 still accepted but left 2-4 threads working with jaxlib 0.10.2 (benchmarks/xla_threads.py), and

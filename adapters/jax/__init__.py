@@ -23,13 +23,13 @@ import math
 import os
 import sys
 
-from memgov._adapters import Budget
-from memgov._sizes import format_size
+from memgov.adapter import Budget, format_size
 
 OVERHEAD = 600 * 2**20
 """Device memory of a JAX process outside XLA's pool: CUDA context, cuDNN/cuBLAS, XLA's own
 buffers. A default MNIST job held 890-901 MiB in NVML with an allocator peak of 186 MiB (H200, jax
-0.11.2, REFERENCE); benchmarks/gpu/jax_auto.py measures it again against the budget."""
+0.11.2, the project's survey: docs/adapters.md); benchmarks/gpu/jax_auto.py measures it again
+against the budget."""
 FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 MIN_FRACTION = 1e-6
 

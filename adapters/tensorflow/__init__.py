@@ -25,12 +25,11 @@ import os
 import sys
 from typing import Any
 
-from memgov._adapters import Budget
-from memgov._sizes import format_size
+from memgov.adapter import Budget, format_size
 
 OVERHEAD = 600 * 2**20
 """Device memory outside TF's allocator (CUDA context, cuDNN, cuBLAS). Not measured for TF here;
-measured 612-650 MiB for torch and ~700 MiB for JAX on an H200 (REFERENCE)."""
+measured 612-650 MiB for torch and ~700 MiB for JAX on an H200 (docs/adapters.md)."""
 MIN_LIMIT_MIB = 1
 
 log = logging.getLogger("memgov")

@@ -14,8 +14,7 @@ import os
 import sys
 from typing import Any
 
-from memgov._adapters import Budget
-from memgov._sizes import format_size, parse_size
+from memgov.adapter import Budget, format_size, own_device_memory, parse_size
 
 DEFAULT_OVERHEAD = 700 * 2**20
 """Used when this process's own NVML figure cannot be read (inside a PID namespace); measured
@@ -83,11 +82,7 @@ def _cap(budget: Budget) -> str:
         f"({format_size(overhead)} kept for context and libraries, "
         f"{'measured' if measured else 'default'})"
     )
-    from memgov._claim import current
-
-    holder = current()
-    if holder is not None:  # deferred until CUDA initialised: replace the "pending" line
-        holder.reports["torch"] = report
+    budget.report(report)  # deferred until CUDA initialised: replaces the "pending" line
     return report
 
 
@@ -105,9 +100,7 @@ def _measured_overhead(uuid: str) -> int | None:
     NVML lists host PIDs: inside a PID namespace our PID may be missing, or, rarely, belong to
     another process; a figure outside what a CUDA context can take is not believed.
     """
-    from memgov import _nvml
-
-    used = (_nvml.processes(uuid) or {}).get(os.getpid())
+    used = own_device_memory(uuid)
     return used if used and _PLAUSIBLE[0] <= used <= _PLAUSIBLE[1] else None
 
 

@@ -1,4 +1,4 @@
-"""Issue 3 (hard limits through MPS), must-show 1-5 on a real GPU, in under 4 minutes.
+"""Hard limits through MPS: checks 1-5 on a real GPU, in under 4 minutes.
 
     python benchmarks/gpu/mps_checks.py --out $OUT/mps_checks.json
 
@@ -346,7 +346,7 @@ def main() -> int:
         del os.environ[name]
     from memgov import _mps
 
-    report: dict[str, Any] = {"check": "issue 3: hard limits through MPS", "argv": sys.argv,
+    report: dict[str, Any] = {"check": "hard limits through MPS", "argv": sys.argv,
                               "machine": machine(), "mps_before": mps_processes(), "checks": {}}
     checks = report["checks"]
     env = base_env(root / "main")

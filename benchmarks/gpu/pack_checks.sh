@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5 (`memgov pack`), must-show 1-5 on the GPU machine, in about 6 minutes.
+# `memgov pack`'s checks 1-5 on the GPU machine, in about 6 minutes.
 #   bash benchmarks/gpu/pack_checks.sh "$OUT"        (verify.sh runs it as its "pack" check)
 # Every check is one real `memgov pack` call; its full report.json goes into ONE merged file,
 # $OUT/pack_checks.json (with the command, exit status and wall time of each), plus the plot of

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Every GPU check the issues ask for, in one device call (< 9 minutes). Raw JSON goes to $OUT
+# Every GPU check of docs/RESULTS.md, in one device call (< 9 minutes). Raw JSON goes to $OUT
 # (or ./out when run by hand); a short table is printed last.
-#   bash benchmarks/gpu/verify.sh [check ...]   checks: env torch mps pack (default), jax
+#   bash benchmarks/gpu/verify.sh [check ...]   checks: env torch mps pack (default), jax, gpu
 # `jax` (benchmarks/gpu/jax_auto.py) is left out of the default: pack's check 3 runs the same JAX
-# greedy-vs-MEMGOV_CLAIM comparison, and both do not fit in one 9-minute call.
+# greedy-vs-MEMGOV_CLAIM comparison, and both do not fit in one 9-minute call. `gpu` runs the
+# tests marked gpu (tests/gpu: MPS daemons stopped, signals) with pytest; its own call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -33,6 +34,8 @@ python3 -m memgov devices' ;;
     torch) run torch_claim 150 python3 benchmarks/gpu/torch_claim.py --out "$OUT/torch_claim.json" ;;
     mps) [ -f benchmarks/gpu/mps_checks.py ] && run mps 270 python3 benchmarks/gpu/mps_checks.py --out "$OUT/mps_checks.json" ;;
     jax) [ -f benchmarks/gpu/jax_auto.py ] && run jax 200 python3 benchmarks/gpu/jax_auto.py "$OUT/jax_auto.json" ;;
+    gpu) run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
+      --junitxml="$OUT/gpu_tests.xml" ;;
     # pack gets what is left of TOTAL_S (its last check, the dense one, is cut first).
     pack) left=$((TOTAL_S - SECONDS)); export PACK_BUDGET_S=$((left - 30))
       [ -f benchmarks/gpu/pack_checks.sh ] && run pack "$left" bash benchmarks/gpu/pack_checks.sh "$OUT" ;;

@@ -10,7 +10,7 @@ Modes:
 
 Fast by default: each job gets ``max(1, cores // jobs running at once)`` CPU threads
 (``MEMGOV_THREADS`` for the adapters, and the OpenMP/MKL/OpenBLAS variables for native libraries),
-because N jobs with one thread per core each spin against each other (REFERENCE: 8 torch jobs,
+because N jobs with one thread per core each spin against each other (docs/pack.md: 8 torch jobs,
 3,129 samples/s at framework defaults against 21,987 for one job alone).
 """
 
@@ -33,7 +33,8 @@ GiB = 2**30
 DEFAULT_CLAIM = {"torch": GiB, "jax": 3 * GiB // 2, "tensorflow": 3 * GiB // 2}
 """``--claim auto`` with no history yet. torch: 884 MiB measured per MNIST job on an H200 (whole
 process, context included); JAX 890-901 MiB without preallocation, TensorFlow 1,205 MiB on an RTX
-3090 (REFERENCE.md), so 1.5 GiB for both, whose allocators hold more slack."""
+3090 (the project's survey, docs/adapters.md), so 1.5 GiB for both, whose allocators hold more
+slack."""
 DEFAULT_CLAIM_OTHER = GiB
 MAX_JOBS = 1024
 

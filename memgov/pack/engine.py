@@ -3,9 +3,9 @@
 A pack is a list of runs: the naive baseline (``--baseline naive``), the one-job reference
 (solo), then one run per job count (``--n`` or each ``--sweep`` value). Every run starts its jobs
 (at most ``parallel`` at once; the rest start as others finish), reads their reports live, samples
-footprints, and ends with a record (stats.py). An MPS daemon that pack starts (memgov._mps) runs
-around the governed runs and is stopped in a ``finally``: also on Ctrl-C, SIGTERM or SIGHUP (all
-turned into exceptions here), after the jobs have been stopped.
+footprints, and ends with a record (stats.py); results.py files it in the report. An MPS daemon
+that pack starts (memgov._mps) runs around the governed runs and is stopped in a ``finally``: also
+on Ctrl-C, SIGTERM or SIGHUP (all turned into exceptions here), after the jobs have been stopped.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from memgov.pack.config import PackConfig, cpu_sets, job_env, threads_for
 from memgov.pack.jobs import Job, JobSpec
 from memgov.pack.monitor import Sampler
 from memgov.pack.plan import Context, RunPlan, prepare
+from memgov.pack.results import Results, complete_run
 
 STOP_GRACE_S = 10.0
 """How long a job has after SIGTERM before SIGKILL."""
@@ -58,7 +59,7 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
     """Run the pack; write its report (also a partial one after Ctrl-C) with ``write``."""
     ctx = prepare(cfg)  # every ConfigError before anything starts
     watcher = observer or _Quiet()
-    report = ctx.report_head()
+    results = Results(ctx)
     stop: BaseException | None = None
     with contextlib.ExitStack() as stack:
         stack.callback(raise_on_signals())  # SIGTERM/SIGHUP: SystemExit
@@ -67,7 +68,7 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
                 if plan.mps and ctx.mps_info is None:
                     ctx.mps_info = stack.enter_context(ctx.mps_daemon())
                 record, stop = run_once(ctx, plan, watcher)
-                ctx.add_run(report, plan, record)
+                results.add_run(plan, record)
                 if stop is not None:
                     break
         except (KeyboardInterrupt, SystemExit) as exc:  # while starting the MPS daemon
@@ -77,12 +78,12 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
                 stack.close()  # the MPS daemon stops here, after every job has ended
             except (KeyboardInterrupt, SystemExit) as exc:
                 stop = stop or exc
-            ctx.finish(report, interrupted=stop is not None)
+            results.finish(interrupted=stop is not None)
             if write is not None:
-                write(report, ctx.out)
+                write(results.report, ctx.out)
     if stop is not None and not isinstance(stop, (KeyboardInterrupt, SystemExit)):
         raise stop  # a failure of pack itself (e.g. a runner that cannot spawn): jobs ended
-    return Outcome(report, stop)
+    return Outcome(results.report, stop)
 
 
 def run_once(ctx: Context, plan: RunPlan, observer: Observer
@@ -159,7 +160,7 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
         j.spec.label) or _blank(), ctx.runner) for j in jobs]
     waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
     record = stats.run_record(done, all_at_once=concurrent >= plan.n and not waited)
-    record.update(ctx.run_fields(plan, sampler, threads, concurrent, wall))
+    complete_run(ctx, record, plan, sampler, threads, concurrent, wall)
     if ctx.host_gate is not None:
         record["host_gate"] = ctx.host_gate.summary()
         ctx.host_gate.reset()

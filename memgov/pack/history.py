@@ -7,31 +7,35 @@ that finished cleanly under a memgov budget (never greedy runs: a framework's pr
 a need, and never rogue jobs). The auto size is ``max(peaks) * 1.10 + 64 MiB``, rounded up to a
 whole MiB: the largest recent peak, plus 10 % for run-to-run variation (allocator rounding,
 fragmentation, a cuDNN algorithm that needs a larger workspace), plus 64 MiB for memory the driver
-maps late. Files are written like ledger records: a temporary file in the same folder, fsync,
-``os.replace``; nothing is ever opened through a symlink. A lock file serialises writers.
+maps late. The ledger's modules write the files (``_records.write_atomic``: whole or not at all,
+never through a symlink) and lock them (``_flock``: one writer at a time, with the ledger's
+timeout, so a stopped process cannot hang a pack).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import math
 import os
 import re
-import secrets
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from memgov import _config, _records
 from memgov._errors import LedgerError
+from memgov._flock import AdmissionLock
+from memgov._ledger import VERSION_DIR
 from memgov._sizes import format_size
 
-FOLDER = ("v1", "_history")
+FOLDER = (VERSION_DIR, "_history")
 """``_history``: a name no device folder can take (simulated names start with a letter or
 digit, real ones with "GPU-")."""
+VERSION = 1
+"""Of a history file's content (the folder's version is the ledger's)."""
 KEEP = 32
 MARGIN_FRACTION = 0.10
 MARGIN_BYTES = 64 * 2**20
@@ -90,40 +94,19 @@ def record(name: str, peaks: list[int], **info: Any) -> list[dict[str, Any]]:
     """Add measured peaks (bytes) of finished jobs; keep the last KEEP. Returns what is kept."""
     if not peaks:
         return read(name)
-    with _folder() as folder:
-        lock = os.open(".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                       dir_fd=folder)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            kept = _read(folder, name)
-            now = time.time()
-            kept.extend({"bytes": int(p), "time": now, **info} for p in peaks)
-            kept = kept[-KEEP:]
-            _write(folder, name, {"version": 1, "key": name, "peaks": kept})
-            return kept
-        finally:
-            os.close(lock)
+    with _folder() as folder, AdmissionLock(_lock_path(), _config.LOCK_TIMEOUT_S):
+        kept = _read(folder, name)
+        now = time.time()
+        kept.extend({"bytes": int(p), "time": now, **info} for p in peaks)
+        kept = kept[-KEEP:]
+        payload = {"version": VERSION, "key": name, "peaks": kept}
+        data = json.dumps(payload, indent=1, sort_keys=True).encode()
+        _records.write_atomic(folder, name + ".json", data)
+        return kept
 
 
-def _write(folder: int, name: str, payload: dict[str, Any]) -> None:
-    data = json.dumps(payload, indent=1, sort_keys=True).encode()
-    tmp = f"{_records.TMP_PREFIX}{name}-{secrets.token_hex(4)}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o644, dir_fd=folder)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-        os.replace(tmp, name + ".json", src_dir_fd=folder, dst_dir_fd=folder)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=folder)
-        raise
-    finally:
-        os.close(fd)
-    with contextlib.suppress(OSError):
-        os.fsync(folder)
+def _lock_path() -> Path:
+    return _config.ledger_dir().joinpath(*FOLDER, ".lock")
 
 
 def auto_size(name: str) -> tuple[int, str] | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memgov import _nvml
-from memgov._attribution import _inner_pid, pidns_of
+from memgov._attribution import identity
 from memgov._devices import Device
 from memgov._ledger import DeviceLedger
 
@@ -193,14 +193,14 @@ class Sampler:
     def _sample_claims(self, device: Device, trees: dict[str, list[int]]) -> None:
         if not trees:
             return
-        identity: dict[tuple[int | None, int | None], str] = {}
+        by_identity: dict[tuple[int | None, int | None], str] = {}
         for key, tree in trees.items():
             for pid in tree:
-                identity[(pidns_of(pid), _inner_pid(pid))] = key
+                by_identity[identity(pid)] = key
         # Read-only and lock-free: the claims of live holders, as any observer sees them.
         snap = DeviceLedger(device).scan(clean=False)
         for entry in snap.claims:
-            holder = identity.get((entry.pidns, entry.pid))
+            holder = by_identity.get((entry.pidns, entry.pid))
             if holder is not None:
                 job = self.jobs[holder]
                 job.claim_bytes, job.claim_mode = entry.bytes, entry.mode

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,17 +17,15 @@ from typing import Any
 from memgov import _config, _devices
 from memgov._devices import Device
 from memgov._errors import ConfigError, MemgovError
-from memgov._sizes import format_size, mib, parse_size
-from memgov.pack import history, hostmem, manifest, runners, stats
+from memgov._sizes import format_size, parse_size
+from memgov.pack import history, hostmem, manifest, runners
 from memgov.pack.config import (
     DEFAULT_CLAIM,
     DEFAULT_CLAIM_OTHER,
     GiB,
     PackConfig,
     base_env,
-    cores,
 )
-from memgov.pack.monitor import Sampler
 
 
 @dataclass
@@ -74,7 +71,6 @@ class Context:
     ledger_free: int | None
     host_gate: hostmem.HostGate | None = None
     mps_info: dict[str, Any] | None = None
-    solo_record: dict[str, Any] | None = None
 
     @property
     def folder(self) -> Path:
@@ -115,125 +111,10 @@ class Context:
                    "daemon_pid": info.get("daemon_pid"), "client_limit": self.mps_limit}
 
     def mps_paths(self) -> tuple[Path, Path]:
-        from memgov import _mps
+        from memgov import _mpsctl
 
-        p = _mps.paths()
+        p = _mpsctl.paths()
         return p.pipe, p.log
-
-    def run_fields(self, plan: RunPlan, sampler: Sampler, threads: int | None, concurrent: int,
-                   wall: float) -> dict[str, Any]:
-        return {
-            "role": plan.role,
-            "label": plan.label,
-            "mode": plan.mode,
-            "mps": plan.mps,
-            "threads_per_job": threads,
-            "parallel": concurrent,
-            "claim_mib": mib(plan.claim_bytes),
-            "claim_source": self.claim_source if plan.claim_bytes else None,
-            "trainer_args": [*self.cfg.trainer_args, *plan.extra_args],
-            "rogue": {"jobs": plan.rogue[0], "mib": plan.rogue[1]} if plan.rogue else None,
-            "wall_s": round(wall, 3),
-            "timeout_s": self.cfg.timeout,
-            "device_total_mib": mib(sampler.device_total),
-            "device_used_before_mib": mib(sampler.device_used_before),
-            "device_peak_used_mib": mib(sampler.device_peak),
-            "host_rss_peak_mib": mib(sampler.host_rss_peak),
-            "host_uss_peak_mib": mib(sampler.host_uss_peak),
-            "host_used_peak_mib": mib(sampler.host_used_peak),
-            "monitor": sampler.summary(),
-            "_free_before": (None if sampler.device_total is None or sampler.device_used_before
-                             is None else sampler.device_total - sampler.device_used_before),
-        }
-
-    def report_head(self) -> dict[str, Any]:
-        import memgov
-
-        device = None
-        if self.device is not None:
-            device = {"uuid": self.device.uuid, "name": self.device.name,
-                      "total_mib": mib(self.device.total), "simulated": self.device.simulated}
-        return {
-            "version": 1,
-            "memgov": memgov.__version__,
-            "command": list(sys.argv),
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "experiment": self.manifest.name,
-            "manifest": str(self.manifest.path),
-            "framework": self.cfg.framework,
-            "mode": self.cfg.mode,
-            "runner": self.cfg.runner,
-            "device_kind": "cpu" if self.cpu else "gpu",
-            "device": device,
-            "host": {"cores": cores(), "available_before_mib": mib(self.host_available)},
-            "epochs": self.epochs,
-            "batch": self.batch,
-            "claim": None if self.claim_bytes is None else {
-                "mib": mib(self.claim_bytes), "bytes": self.claim_bytes,
-                "source": self.claim_source},
-            "mps": {"used": False, "reason": self.mps_reason},
-            "sweep": self.cfg.sweep,
-            "runs": [],
-            "solo": None,
-            "baseline": None,
-            "history": None,
-            "interrupted": False,
-            "out": str(self.out),
-        }
-
-    def add_run(self, report: dict[str, Any], plan: RunPlan, record: dict[str, Any]) -> None:
-        free_before = record.pop("_free_before")
-        real = self.device is not None and not self.device.simulated
-        record["capacity"] = stats.capacity(
-            record, device_total=self.device.total if real and self.device else None,
-            device_free_before=free_before,
-            claim_bytes=plan.claim_bytes, ledger_capacity=self.ledger_capacity,
-            host_available=self.host_available, mps_limit=self.mps_limit if plan.mps else None)
-        if plan.role == "solo" or (plan.role == "main" and plan.n == 1
-                                   and self.solo_record is None):
-            self.solo_record = record
-        report["runs"].append(record)
-        if plan.role in ("solo", "baseline"):
-            report[plan.role] = record
-        if self.mps_info is not None:
-            report["mps"] = dict(self.mps_info)
-        if plan.role == "main" and self.cfg.history:  # solo/baseline jobs run with more threads
-            self._record_host(record)
-        if plan.role == "main" and plan.mode != "greedy" and not self.cpu and self.cfg.history:
-            peaks = [int(j["footprint_mib"] * 2**20) for j in record["jobs"]
-                     if j["status"] == "ok" and not j["rogue_mib"] and j["footprint_mib"]]
-            try:
-                kept = history.record(self.history_key, peaks, mode=plan.mode, n=plan.n,
-                                      device=self.device.name if self.device else None)
-                report["history"] = {"key": self.history_key, "recorded": len(peaks),
-                                     "kept": len(kept), "next_auto": history.auto_size(
-                                         self.history_key)}
-            except MemgovError as exc:
-                report["history"] = {"key": self.history_key, "error": str(exc)}
-
-    def _record_host(self, record: dict[str, Any]) -> None:
-        peaks = [int(j["uss_mib"] * 2**20) for j in record["jobs"]
-                 if j["status"] == "ok" and not j["rogue_mib"] and j["uss_mib"]]
-        with contextlib.suppress(MemgovError):  # a sizing aid: never fail a finished pack
-            history.record(self.host_history_key, peaks, n=len(record["jobs"]))
-
-    def finish(self, report: dict[str, Any], interrupted: bool) -> None:
-        report["interrupted"] = interrupted
-        if self.mps_info is not None and self.mps_info.get("started_here"):
-            from memgov import _mps
-
-            report["mps"]["stopped"] = not _mps.reachable(self.mps_paths()[0])
-        for run in report["runs"]:  # at the end: the baseline runs before the solo job
-            solo = None if run is self.solo_record else self.solo_record
-            run.update(stats.compare(run, solo))
-        mains = [r for r in report["runs"] if r["role"] == "main"]
-        top = mains[-1] if mains else (report["runs"][-1] if report["runs"] else None)
-        if top is None:
-            report.update(n=0, ok=0, failed=0, jobs=[], footprint_mib=None, epoch_s=None,
-                          aggregate_samples_per_s=None, device_peak_used_mib=None)
-            return
-        # The main run's figures at the top level; "mps" there stays the pack's MPS details.
-        report.update({k: v for k, v in top.items() if k not in ("role", "label", "mps")})
 
 
 def prepare(cfg: PackConfig) -> Context:
@@ -254,7 +135,7 @@ def prepare(cfg: PackConfig) -> Context:
         # pack's own simulated GPU holds every job; set MEMGOV_DEVICES to see refusals.
         total = max(16 * GiB, max(sizes) * (claim_bytes or 0) + GiB)
         simulated = f"sim0:{total // 2**20}MiB"
-        device = _devices._simulated(simulated)[0]
+        device = _devices.simulated_devices(simulated)[0]
     mps, reason, limit = _mps_choice(cfg, cpu)
     runner = runners.make(cfg.runner, image=cfg.image, ledger=ledger,
                           gpu=None if device is None or cpu else device.uuid,
@@ -315,30 +196,30 @@ def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
 
 
 def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
-    from memgov import _mps
+    from memgov import _mpsctl
 
-    limit = _mps.client_limit()
+    limit = _mpsctl.client_limit()
     if cfg.mode == "greedy":
         return False, "--mode greedy: frameworks at their defaults, no MPS", limit
     if cpu:
         return False, "--device cpu: no GPU", limit
     if cfg.mps == "off":
         return False, "--mps off", limit
-    if _mps.binary() is None:
+    if _mpsctl.binary() is None:
         if cfg.mps == "on":
-            _mps.require_binary()  # raises, saying where the program comes from
-        return False, f"{_mps.CONTROL} not on PATH (--mps auto)", limit
+            _mpsctl.require_binary()  # raises, saying where the program comes from
+        return False, f"{_mpsctl.CONTROL} not on PATH (--mps auto)", limit
     if cfg.parallel is not None and cfg.parallel > limit:
         raise ConfigError(
             f"--parallel {cfg.parallel}: an MPS server admits {limit} clients per GPU "
             "(MEMGOV_MPS_CLIENTS sets it); accepted --parallel up to that, or --mps off")
-    return True, f"--mps {cfg.mps}: {_mps.CONTROL} found", limit
+    return True, f"--mps {cfg.mps}: {_mpsctl.CONTROL} found", limit
 
 
 def _mps_pipe() -> Path:
-    from memgov import _mps
+    from memgov import _mpsctl
 
-    return _mps.paths().pipe
+    return _mpsctl.paths().pipe
 
 
 def _plans(cfg: PackConfig, sizes: list[int], mps: bool, limit: int,

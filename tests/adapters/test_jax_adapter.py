@@ -15,7 +15,7 @@ GIB = 2**30
 # jaxlib which options its GPU client would be created with (pure Python, needs no GPU).
 PLUGIN_OPTIONS = """
 import json, os
-from memgov._adapters import Budget
+from memgov.adapter import Budget
 from memgov_jax import JaxAdapter
 adapter = JaxAdapter()
 b = Budget(2 * 2**30, "GPU-x", 16 * 2**30, 0, False, "t")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from memgov_tensorflow import OVERHEAD, TensorFlowAdapter, configure
 
-from memgov._adapters import Budget
+from memgov.adapter import Budget
 
 pytest.importorskip("tensorflow", reason="tensorflow-cpu is part of the [all] extra")
 

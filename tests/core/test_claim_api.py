@@ -53,6 +53,19 @@ def test_claim_holds_until_released(private_ledger: Path) -> None:
     assert "released" in str(claim)
 
 
+def test_claim_alive_answers_for_the_ledger(private_ledger: Path) -> None:
+    # What auto-enable asks about MEMGOV_HOLDER; the ledger reads its own files.
+    from memgov._ledger import claim_alive
+
+    claim = memgov.claim("1GiB")
+    assert claim_alive("sim0", claim.record)
+    for uuid, record in [("sim0", "../claims/" + claim.record), ("sim0", ".tmp-x.json"),
+                         ("sim0", "x.json"), ("sim1", claim.record), ("sim0", "")]:
+        assert not claim_alive(uuid, record), (uuid, record)
+    claim.release()
+    assert not claim_alive("sim0", claim.record)
+
+
 def test_context_manager_and_default_name() -> None:
     with memgov.claim(GIB) as claim:
         assert claim.name.endswith(f":{os.getpid()}")

@@ -1,7 +1,7 @@
 """On a GPU host with MPS: `memgov mps stop` and the daemon() context leave no daemon or server.
 
-Run by benchmarks/gpu/verify.sh on the device machine (root, nvidia-cuda-mps-control, torch+CUDA);
-skipped anywhere else.
+Run on a GPU machine (root, nvidia-cuda-mps-control, torch+CUDA) by ``bash benchmarks/gpu/verify.sh
+gpu`` (its own call: not in verify.sh's default set); skipped anywhere else.
 """
 
 from __future__ import annotations

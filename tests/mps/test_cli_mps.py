@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from memgov import _mps
+from memgov._mpsctl import MpsError
 
 
 def mps(*args: str, path: Path) -> subprocess.CompletedProcess[str]:
@@ -43,7 +44,7 @@ def test_daemon_context_fails_clearly_and_records_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(_mps.MpsError, match="not on PATH"), _mps.daemon():
+    with pytest.raises(MpsError, match="not on PATH"), _mps.daemon():
         pass
     assert _mps.read_state() is None
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _claim, _enforce, _mps
+from memgov import _claim, _enforce, _mpsctl
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
@@ -53,7 +53,7 @@ def test_reason_is_a_function_of_the_count(monkeypatch: pytest.MonkeyPatch) -> N
 def test_bad_client_limit_is_refused_clearly(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
     monkeypatch.setenv("MEMGOV_MPS_CLIENTS", bad)
     with pytest.raises(memgov.MemgovError, match=r"MEMGOV_MPS_CLIENTS=.*accepted a whole number"):
-        _mps.client_limit()
+        _mpsctl.client_limit()
 
 
 def test_hard_claims_past_the_limit_are_refused_soft_ones_are_not(limit_two: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov import _enforce, _mps
+from memgov import _enforce, _mpsctl
 from memgov._devices import Device
 from memgov._ledger import DeviceLedger
 
@@ -88,14 +88,14 @@ def test_without_the_control_program_a_real_gpu_claim_is_soft(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Even with a control endpoint in memgov's pipe folder: nothing can check who is behind it.
-    pipe = _mps.paths().pipe
+    pipe = _mpsctl.paths().pipe
     pipe.mkdir(parents=True)
     os.mkfifo(pipe / "control")
     monkeypatch.setenv("PATH", str(tmp_path))
     plan = _enforce.decide([GPU], cuda_initialized=False)
     assert not plan.hard
     assert "nvidia-cuda-mps-control is not on PATH" in plan.reason
-    assert _mps.client_pipe() == (None, False)
+    assert _mpsctl.client_pipe() == (None, False)
 
 
 def test_opt_out_and_foreign_limits_keep_claims_soft(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,7 +124,7 @@ def test_apply_sets_the_hard_limit_and_restore_undoes_it(
     private_ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
-    pipe = _mps.paths().pipe
+    pipe = _mpsctl.paths().pipe
     plan = _enforce.Plan(True, f"daemon on {pipe}", pipe, memgov_daemon=True)
     assert plan.mode(GPU, 25) == ("hard", plan.reason)
     previous = _enforce.apply(plan, 2**30, 0, 25)

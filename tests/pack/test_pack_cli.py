@@ -42,6 +42,9 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
     assert data["interrupted"] is False and data["mps"]["used"] is False
     assert data["claim"]["mib"] == 1024 and "no measured peaks" in data["claim"]["source"]
     assert [r["role"] for r in data["runs"]] == ["solo", "main"]
+    for run in data["runs"]:  # each run's capacity estimate, and no internal key left in it
+        assert run["capacity"]["jobs_fit"]["gpu_memory_by_claim"] >= 2
+        assert not [k for k in run if k.startswith("_")]
     assert data["solo"]["n"] == 1 and data["speedup"] is not None
     # Fast by default: each of the 2 jobs gets half the cores; the solo job gets them all.
     cores = len(os.sched_getaffinity(0))

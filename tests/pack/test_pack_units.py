@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -87,6 +88,25 @@ def test_history_never_follows_a_symlink(private_ledger: Path, tmp_path: Path) -
     os.symlink(target, private_ledger / "v1" / "_history" / "evil.json")
     with pytest.raises(LedgerError, match="symlink"):
         history.read("evil")
+
+
+def test_history_writes_whole_files_and_a_held_lock_fails_not_hangs(
+    private_ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    from memgov import _config
+
+    history.record("k", [MiB])
+    folder = private_ledger / "v1" / "_history"
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "k.json"]  # no temporary left
+    assert json.loads((folder / "k.json").read_text())["version"] == history.VERSION
+    monkeypatch.setattr(_config, "LOCK_TIMEOUT_S", 0.2)
+    with open(folder / ".lock") as held:  # e.g. a writer that was stopped (SIGSTOP)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(LedgerError, match="held for over"):
+            history.record("k", [2 * MiB])
+    assert [p["bytes"] for p in history.read("k")] == [MiB]
 
 
 def test_claim_auto_uses_recorded_peaks(tmp_path: Path) -> None:

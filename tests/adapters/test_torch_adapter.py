@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from memgov_torch import TorchAdapter, _state  # noqa: E402
 
-from memgov._adapters import Budget  # noqa: E402
+from memgov.adapter import Budget  # noqa: E402
 
 REAL_LOOKING = Budget(
     bytes=2 * 2**30,

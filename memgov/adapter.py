@@ -1,0 +1,100 @@
+"""The public contract between memgov and a framework adapter (the only memgov module adapters use).
+
+An adapter makes one framework keep to a claim's budget. It is a class with no constructor
+arguments, published in the entry-point group :data:`GROUP` (``memgov.adapters``); memgov finds it
+there, so a new framework is a folder and an entry point (docs/adapters.md, docs/architecture.md).
+tests/adapters/test_contract.py checks every installed adapter against this contract.
+
+Each adapter sees one :class:`Budget` twice: ``configure_env`` before its framework is imported
+(environment only), and ``apply`` once the framework is imported (right away if it already is,
+else from an import hook that runs right after ``import <framework>`` returns), before the
+framework touches the GPU. An adapter module must not import its framework at module level: memgov
+loads every adapter in every governed process, and loading must stay cheap and never initialise
+CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from memgov._sizes import format_size, parse_size
+
+__all__ = [
+    "GROUP",
+    "Adapter",
+    "Budget",
+    "Report",
+    "format_size",
+    "own_device_memory",
+    "parse_size",
+]
+
+GROUP = "memgov.adapters"
+"""The entry-point group memgov loads adapters from."""
+
+Report = Callable[[str], None]
+"""Replaces an adapter's report line later (a claim's ``reports`` and auto mode show the latest)."""
+
+
+def _ignore(_line: str) -> None:
+    """The report hook of a budget that nobody listens to (e.g. one built in a test)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a claim asks of the frameworks in this process."""
+
+    bytes: int | None
+    """Whole-process device memory (NVML's view, CUDA context included); None = growth only."""
+    device_uuid: str
+    device_total: int
+    device_index: int | None
+    """The device's index in this process's frameworks (cuda:N); None for simulated devices."""
+    simulated: bool
+    name: str
+    """The claim's name (for messages)."""
+    threads: int | None = None
+    """CPU threads this process may use (MEMGOV_THREADS or memgov pack); None = leave as is."""
+    hard: bool = False
+    """True when the GPU driver also enforces ``bytes`` (MPS pinned limit)."""
+    report: Report = field(default=_ignore, compare=False, repr=False)
+    """Call with a new one-line report when the adapter's work finishes after ``apply`` returned
+    (torch caps its allocator only when CUDA initialises). memgov binds it to this adapter."""
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """One framework's adapter. ``apply`` reports start with ``f"{name}: "``."""
+
+    name: str
+    """The entry point's name, and the key of this adapter's line in ``Claim.reports``."""
+    module: str
+    """Top-level module whose import triggers ``apply`` (e.g. "torch")."""
+
+    def configure_env(self, budget: Budget) -> str | None:
+        """Set environment variables the framework reads at import or start-up. No imports.
+
+        Returns a report line, or None when ``apply`` will report.
+        """
+
+    def apply(self, budget: Budget) -> str:
+        """Make the imported framework respect the budget; return a one-line report."""
+
+    def cuda_initialized(self) -> bool:
+        """Whether this framework has initialised CUDA in this process. Never imports it."""
+
+
+def own_device_memory(device_uuid: str) -> int | None:
+    """This process's device memory on ``device_uuid`` as NVML counts it, or None if not listed.
+
+    None also when NVML is unavailable, or cannot name this process (inside a PID namespace NVML
+    lists host PIDs, so the figure may be missing or, rarely, another process's: check it is
+    plausible before use).
+    """
+    import os
+
+    from memgov import _nvml  # lazy: NVML is initialised on first use, never at import
+
+    return (_nvml.processes(device_uuid) or {}).get(os.getpid())

@@ -1,0 +1,149 @@
+"""The adapter contract (memgov.adapter), checked against every installed adapter, psutil's way.
+
+Parametrized over the entry points of the ``memgov.adapters`` group, so an adapter added as a folder
+and an entry point is checked without touching this file. Each check runs in a fresh interpreter:
+whether loading an adapter imports its framework can only be seen in a process that has not.
+The last test builds a fourth adapter as a plugin outside this package (its own folder and
+entry point, found through ``sys.path``) and governs a stand-in framework with it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import textwrap
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from memgov.adapter import GROUP
+
+POINTS = sorted(entry_points(group=GROUP), key=lambda p: p.name)
+NAMES = [p.name for p in POINTS]
+
+
+def run_json(py, code: str, env: dict[str, str]) -> dict:
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+LOAD = """
+import json, sys
+from importlib.metadata import entry_points
+from memgov.adapter import GROUP, Adapter, Budget
+point = next(p for p in entry_points(group=GROUP) if p.name == {name!r})
+adapter = point.load()()
+facts = {{"is_adapter": isinstance(adapter, Adapter), "name": adapter.name,
+          "module": adapter.module, "framework_on_load": adapter.module in sys.modules,
+          "cuda_before_import": adapter.cuda_initialized()}}
+growth = Budget(None, "", 0, None, False, "contract")
+simulated = Budget(2**30, "sim0", 16 * 2**30, None, True, "contract")
+facts["notes"] = [adapter.configure_env(growth), adapter.configure_env(simulated)]
+facts["framework_after_configure"] = adapter.module in sys.modules
+print(json.dumps(facts))
+"""
+
+
+def test_the_contract_has_adapters_to_check():
+    # The [all] extra installs all three; an empty group would make the tests below vacuous.
+    assert {"torch", "tensorflow", "jax"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loads_without_its_framework(name, env, py):
+    facts = run_json(py, LOAD.format(name=name), env)
+    assert facts["is_adapter"], "the class does not follow memgov.adapter.Adapter"
+    assert facts["name"] == name, "an adapter's name is its entry point's (Claim.reports key)"
+    assert facts["module"] and "." not in facts["module"]
+    assert facts["framework_on_load"] is False, "loading an adapter must not import its framework"
+    assert facts["cuda_before_import"] is False
+    assert all(note is None or isinstance(note, str) for note in facts["notes"])
+    assert facts["framework_after_configure"] is False, "configure_env is environment only"
+
+
+APPLY = """
+import json, sys
+from importlib.metadata import entry_points
+import memgov
+from memgov.adapter import GROUP, Budget
+point = next(p for p in entry_points(group=GROUP) if p.name == {name!r})
+adapter = point.load()()
+claim = memgov.claim("1GiB", name="contract")
+__import__(adapter.module)
+growth = Budget(None, "", 0, None, False, "contract")
+simulated = Budget(2**30, "sim0", 16 * 2**30, None, True, "contract")
+print(json.dumps({{"claim_report": claim.reports.get(adapter.name),
+                   "direct": [adapter.apply(growth), adapter.apply(simulated)],
+                   "cuda_after_import": adapter.cuda_initialized()}}))
+"""
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_applies_a_claim_and_reports_one_line(name, env, py):
+    point = next(p for p in POINTS if p.name == name)
+    module = point.load()().module
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+    facts = run_json(py, APPLY.format(name=name), env)
+    # A claim made before the import: the import hook applied the budget and filed the report.
+    for report in [facts["claim_report"], *facts["direct"]]:
+        assert isinstance(report, str) and report.startswith(f"{name}: "), report
+        assert "\n" not in report and "FAILED" not in report
+    assert facts["cuda_after_import"] is False  # no GPU here, and importing must not start one
+
+
+FOURTH = {
+    "fakefw/__init__.py": "LIMIT = None\n",
+    "memgov_fakefw/__init__.py": textwrap.dedent(
+        """
+        import sys
+        from memgov.adapter import Budget, format_size
+
+        class FakeAdapter:
+            name = "fakefw"
+            module = "fakefw"
+
+            def configure_env(self, budget: Budget) -> None:
+                return None
+
+            def apply(self, budget: Budget) -> str:
+                sys.modules["fakefw"].LIMIT = budget.bytes
+                self.later = budget.report  # a framework that reports once it starts
+                return "fakefw: pending"
+
+            def cuda_initialized(self) -> bool:
+                return False
+        """
+    ),
+    "memgov_fakefw-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: memgov-fakefw\n"
+    "Version: 1.0\n",
+    "memgov_fakefw-1.0.dist-info/entry_points.txt": "[memgov.adapters]\n"
+    "fakefw = memgov_fakefw:FakeAdapter\n",
+}
+
+
+def test_a_fourth_framework_is_a_folder_and_an_entry_point(tmp_path: Path, env, py):
+    plugin = tmp_path / "plugin"
+    for relative, text in FOURTH.items():
+        (plugin / relative).parent.mkdir(parents=True, exist_ok=True)
+        (plugin / relative).write_text(text)
+    env["PYTHONPATH"] = os.pathsep.join([str(plugin), env.get("PYTHONPATH", "")])
+    code = """
+import json, memgov
+from memgov import _adapters
+claim = memgov.claim("1GiB")
+import fakefw
+before = claim.reports.get("fakefw")
+adapter = next(a for a in _adapters.available() if a.name == "fakefw")
+adapter.later("fakefw: capped at 1 GiB")
+print(json.dumps({"limit": fakefw.LIMIT, "before": before, "after": claim.reports["fakefw"],
+                  "all": sorted(a.name for a in _adapters.available())}))
+"""
+    facts = run_json(py, code, env)
+    assert facts["limit"] == 2**30
+    assert facts["before"] == "fakefw: pending"
+    assert facts["after"] == "fakefw: capped at 1 GiB"  # the report hook reached the claim
+    assert "fakefw" in facts["all"] and "torch" in facts["all"]

@@ -1,0 +1,229 @@
+"""The import graph keeps its layers (docs/architecture.md): read with ``ast``, no tool, no imports.
+
+Every Python file of the package and the adapters belongs to one layer (first matching pattern in
+LAYERS); a file in no layer fails the test, so a new folder gets a rule before it gets code. Each
+layer says which memgov layers it may import (anywhere in the file) and which outside modules it
+must not import at module level. Imports under ``if TYPE_CHECKING:`` are left out: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FRAMEWORKS = ("torch", "tensorflow", "keras", "jax", "jaxlib", "ray")
+CLI_LIBRARIES = ("typer", "click", "rich")
+PLOTTING = ("matplotlib", "numpy")
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    patterns: tuple[str, ...]
+    """Paths relative to the repository root; "*" matches within one folder level."""
+    may_import: frozenset[str] | None
+    """memgov layers this layer may import; None = any."""
+    not_at_module_level: tuple[str, ...] = ()
+    """Top-level packages this layer imports only inside functions (cheap, optional, GPU-safe)."""
+    memgov_modules: frozenset[str] | None = field(default=None)
+    """If set, the only memgov modules it may import at all (the adapters' public contract)."""
+
+
+CORE_AND_CONTRACT = frozenset({"core"})
+LAYERS = (
+    # The command line: typer apps and rich rendering, over everything else. The planned
+    # memgov/cli/ folder takes cli.py, _cli_*.py and _render.py.
+    Layer(
+        "cli",
+        (
+            "memgov/cli.py",
+            "memgov/cli/*.py",
+            "memgov/_cli_*.py",
+            "memgov/_render.py",
+            "memgov/__main__.py",
+        ),
+        may_import=None,
+    ),
+    # memgov pack: a library of its own on top of the core (the CLI is a thin layer over it).
+    Layer(
+        "pack",
+        ("memgov/pack/*.py",),
+        may_import=frozenset({"core", "pack", "ray"}),
+        not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
+    ),
+    # The Ray integration (memgov.ray, one module or a folder).
+    Layer(
+        "ray",
+        ("memgov/ray.py", "memgov/ray/*.py"),
+        may_import=frozenset({"core", "pack", "ray"}),
+        not_at_module_level=CLI_LIBRARIES + PLOTTING,
+    ),
+    # The library: the public facade (memgov/__init__.py, memgov/adapter.py) and the private
+    # modules behind it. Imported in every interpreter that auto-enable governs.
+    Layer(
+        "core",
+        ("memgov/*.py",),
+        may_import=CORE_AND_CONTRACT,
+        not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
+    ),
+    # Framework adapters: plugins that see memgov only through its public contract.
+    Layer(
+        "adapters",
+        ("adapters/*.py", "adapters/*/*.py"),
+        may_import=CORE_AND_CONTRACT,
+        not_at_module_level=FRAMEWORKS,
+        memgov_modules=frozenset({"memgov.adapter"}),
+    ),
+)
+
+
+def layer_of(relative: str) -> Layer | None:
+    for layer in LAYERS:
+        if any(_matches(relative, pattern) for pattern in layer.patterns):
+            return layer
+    return None
+
+
+def _matches(relative: str, pattern: str) -> bool:
+    parts, wanted = relative.split("/"), pattern.split("/")
+    return len(parts) == len(wanted) and all(map(fnmatch.fnmatchcase, parts, wanted))
+
+
+def memgov_layer(module: str) -> str:
+    """The layer of an imported memgov module, from its dotted name."""
+    parts = module.split(".")
+    if len(parts) > 1 and (parts[1] == "cli" or parts[1].startswith("_cli_")):
+        return "cli"
+    if len(parts) > 1 and parts[1] in ("_render", "__main__"):
+        return "cli"
+    if len(parts) > 1 and parts[1] in ("pack", "ray"):
+        return parts[1]
+    return "core"
+
+
+def files() -> list[Path]:
+    found = [*(ROOT / "memgov").rglob("*.py"), *(ROOT / "adapters").rglob("*.py")]
+    return sorted(p for p in found if "__pycache__" not in p.parts)
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str
+    line: int
+    module_level: bool
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(path: Path) -> list[Import]:
+    """Every import in ``path``; ``from memgov import x`` counts as ``memgov.x``."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    found: list[Import] = []
+
+    def visit(node: ast.AST, module_level: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child, module_level)
+            return
+        if isinstance(node, ast.Import):
+            found.extend(Import(a.name, node.lineno, module_level) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this file's package
+                anchor = package.split(".")[: -node.level]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base == "memgov":
+                found.extend(
+                    Import(f"memgov.{a.name}", node.lineno, module_level) for a in node.names
+                )
+            else:
+                found.append(Import(base, node.lineno, module_level))
+        inner = module_level and not isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        )
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), True)
+    return found
+
+
+def test_every_file_has_a_layer() -> None:
+    lost = [str(p.relative_to(ROOT)) for p in files() if layer_of(str(p.relative_to(ROOT))) is None]
+    assert not lost, f"add these to a layer in tests/test_architecture.py LAYERS: {lost}"
+
+
+def test_the_checker_sees_what_it_must() -> None:
+    # The rules below are only as good as the parser: pin its reading of a known file.
+    seen = {i.module: i.module_level for i in imports(ROOT / "adapters" / "torch" / "__init__.py")}
+    assert seen["memgov.adapter"] is True
+    assert seen["torch"] is False  # imported inside apply()
+    assert memgov_layer("memgov.pack.plan") == "pack" and memgov_layer("memgov._cli_mps") == "cli"
+    assert memgov_layer("memgov.cli.status") == "cli" and memgov_layer("memgov._claim") == "core"
+
+
+@pytest.mark.parametrize("path", files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_keep_to_the_layers(path: Path) -> None:
+    relative = str(path.relative_to(ROOT))
+    layer = layer_of(relative)
+    if layer is None:
+        pytest.skip("no layer (test_every_file_has_a_layer fails for it)")
+    broken = []
+    for imp in imports(path):
+        top = imp.module.split(".")[0]
+        where = f"{relative}:{imp.line} imports {imp.module}"
+        if top == "memgov":
+            target = memgov_layer(imp.module)
+            if layer.may_import is not None and target not in layer.may_import:
+                broken.append(f"{where} ({layer.name} may not import {target})")
+            if layer.memgov_modules is not None and imp.module not in layer.memgov_modules:
+                allowed = sorted(layer.memgov_modules)
+                broken.append(f"{where} ({layer.name} may import only {allowed} of memgov)")
+        elif top.startswith("memgov_") and layer.name != "adapters":
+            broken.append(f"{where} (adapters are plugins: reach them through memgov._adapters)")
+        elif imp.module_level and top in layer.not_at_module_level:
+            broken.append(f"{where} at module level ({layer.name}: import it inside the function)")
+    assert not broken, "\n".join(broken)
+
+
+# Written in pieces so that this file does not match itself.
+OUTSIDE = re.compile(
+    "|".join(["/wo" + "rk/", "\\.\\./sha" + "red", "REFER" + "ENCE", r"(?i:\bissue\s+\d)"])
+)
+"""Citations a reader of the repository cannot follow: the authors' machine and reference notes,
+and issue numbers of a tracker that is not part of the repository."""
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt", ".cfg", ".ini", ".yml", ".yaml"}
+NOT_OURS = {"results", "build", "dist", "pack-results", "out", "node_modules"}
+"""results/ keeps raw output exactly as produced; the rest are build and run outputs."""
+
+
+def own_text_files() -> list[Path]:
+    found = []
+    for path in ROOT.rglob("*"):
+        parts = path.relative_to(ROOT).parts
+        if any(p.startswith(".") or p in NOT_OURS or p.endswith(".egg-info") for p in parts):
+            continue
+        if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name == "Dockerfile"):
+            found.append(path)
+    return sorted(found)
+
+
+def test_comments_and_docs_cite_only_the_repository() -> None:
+    cited = []
+    for path in own_text_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if OUTSIDE.search(line):
+                cited.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not cited, "cite docs/ or results/ instead:\n" + "\n".join(cited)
