@@ -43,6 +43,8 @@ class RunPlan:
     claim_bytes: int | None
     extra_args: list[str] = field(default_factory=list)
     rogue: tuple[int, int] | None = None
+    held_by: str | None = None
+    """The limit that keeps ``parallel`` below ``n`` (mps_clients, contexts), or None."""
 
     def rogue_mib(self, index: int) -> int:
         """The last K jobs of a main run are the rogue ones."""
@@ -73,6 +75,10 @@ class Context:
     ledger_capacity: int | None
     ledger_free: int | None
     host_gate: hostmem.HostGate | None = None
+    mps_daemons: int = 1
+    """memgov MPS daemons pack runs (each admits ``mps_limit`` clients per GPU)."""
+    context_limit: int | None = None
+    """CUDA contexts the GPU takes without MPS (MEMGOV_CONTEXTS); None: no limit known."""
     mps_info: dict[str, Any] | None = None
     solo_record: dict[str, Any] | None = None
 
@@ -109,10 +115,13 @@ class Context:
     def mps_daemon(self) -> Iterator[dict[str, Any]]:
         from memgov import _mps
 
-        with _mps.daemon() as info:
+        with _mps.daemon(daemons=self.mps_daemons) as info:
             yield {"used": True, "reason": self.mps_reason,
                    "started_here": bool(info.get("started_here")), "pipe": info.get("pipe"),
-                   "daemon_pid": info.get("daemon_pid"), "client_limit": self.mps_limit}
+                   "daemon_pid": info.get("daemon_pid"), "client_limit": self.mps_limit,
+                   "daemons": self.mps_daemons, "policy": info.get("policy"),
+                   "start_s": info.get("start_s"),
+                   "daemon_pids": [d.get("daemon_pid") for d in info.get("daemons", [])]}
 
     def mps_paths(self) -> tuple[Path, Path]:
         from memgov import _mps
@@ -133,6 +142,7 @@ class Context:
             "claim_source": self.claim_source if plan.claim_bytes else None,
             "trainer_args": [*self.cfg.trainer_args, *plan.extra_args],
             "rogue": {"jobs": plan.rogue[0], "mib": plan.rogue[1]} if plan.rogue else None,
+            "parallel_held_by": plan.held_by,
             "wall_s": round(wall, 3),
             "timeout_s": self.cfg.timeout,
             "device_total_mib": mib(sampler.device_total),
@@ -188,7 +198,10 @@ class Context:
             record, device_total=self.device.total if real and self.device else None,
             device_free_before=free_before,
             claim_bytes=plan.claim_bytes, ledger_capacity=self.ledger_capacity,
-            host_available=self.host_available, mps_limit=self.mps_limit if plan.mps else None)
+            host_available=self.host_available,
+            mps_limit=self.mps_limit * self.mps_daemons if plan.mps and self.mps_limit else None,
+            contexts=None if plan.mps else self.context_limit, cores=cores(),
+            concurrent=min(plan.n, plan.parallel))
         if plan.role == "solo" or (plan.role == "main" and plan.n == 1
                                    and self.solo_record is None):
             self.solo_record = record
@@ -222,7 +235,8 @@ class Context:
         if self.mps_info is not None and self.mps_info.get("started_here"):
             from memgov import _mps
 
-            report["mps"]["stopped"] = not _mps.reachable(self.mps_paths()[0])
+            report["mps"]["stopped"] = not any(
+                _mps.reachable(_mps.paths(k).pipe) for k in range(self.mps_daemons))
         for run in report["runs"]:  # at the end: the baseline runs before the solo job
             solo = None if run is self.solo_record else self.solo_record
             run.update(stats.compare(run, solo))
@@ -256,11 +270,18 @@ def prepare(cfg: PackConfig) -> Context:
         simulated = f"sim0:{total // 2**20}MiB"
         device = _devices._simulated(simulated)[0]
     mps, reason, limit = _mps_choice(cfg, cpu)
+    contexts = None
+    if device is not None and not device.simulated and not cpu:
+        contexts = _config.context_limit(simulated=False)
     runner = runners.make(cfg.runner, image=cfg.image, ledger=ledger,
                           gpu=None if device is None or cpu else device.uuid,
                           mps_pipe=_mps_pipe() if mps else None)
     runner.check()
-    plans = _plans(cfg, sizes, mps, limit, claim_bytes)
+    plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
+    from memgov import _mps
+
+    daemons = cfg.mps_daemons or _mps.daemons_for(max(
+        [min(p.n, p.parallel) for p in plans if p.mps], default=1))
     import psutil
 
     snap = None
@@ -275,7 +296,8 @@ def prepare(cfg: PackConfig) -> Context:
         simulated=simulated if cpu else None, ledger=ledger, out=out.resolve(),
         epochs=epochs or 0, batch=batch or 0, claim_bytes=claim_bytes,
         claim_source=claim_source, mps_reason=reason, mps_limit=limit if mps else None,
-        plans=plans, host_available=psutil.virtual_memory().available,
+        plans=plans, mps_daemons=daemons, context_limit=contexts,
+        host_available=psutil.virtual_memory().available,
         ledger_capacity=snap.capacity if snap else None, ledger_free=snap.free if snap else None,
     )
     recorded = [p["bytes"] for p in history.read(ctx.host_history_key)] if cfg.history else []
@@ -328,10 +350,12 @@ def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
         if cfg.mps == "on":
             _mps.require_binary()  # raises, saying where the program comes from
         return False, f"{_mps.CONTROL} not on PATH (--mps auto)", limit
-    if cfg.parallel is not None and cfg.parallel > limit:
+    most = limit * _mps.MAX_DAEMONS
+    if cfg.parallel is not None and cfg.parallel > most:
         raise ConfigError(
-            f"--parallel {cfg.parallel}: an MPS server admits {limit} clients per GPU "
-            "(MEMGOV_MPS_CLIENTS sets it); accepted --parallel up to that, or --mps off")
+            f"--parallel {cfg.parallel}: an MPS daemon admits {limit} clients per GPU "
+            f"(MEMGOV_MPS_CLIENTS sets it) and pack runs at most {_mps.MAX_DAEMONS} daemons; "
+            f"accepted --parallel up to {most}, or --mps off")
     return True, f"--mps {cfg.mps}: {_mps.CONTROL} found", limit
 
 
@@ -342,20 +366,33 @@ def _mps_pipe() -> Path:
 
 
 def _plans(cfg: PackConfig, sizes: list[int], mps: bool, limit: int,
-           claim: int | None) -> list[RunPlan]:
-    def parallel(n: int, under_mps: bool) -> int:
-        wanted = cfg.parallel or n
-        return min(wanted, limit) if under_mps else wanted
+           claim: int | None, contexts: int | None = None) -> list[RunPlan]:
+    """The runs of the pack. Jobs at once are capped by what the GPU takes: under MPS, clients
+    (``limit`` per daemon, at most MAX_DAEMONS daemons or ``--mps-daemons``); without it, CUDA
+    contexts (``contexts``, MEMGOV_CONTEXTS). The rest queue and start as others end."""
+    from memgov._mpsctl import MAX_DAEMONS
+
+    def parallel(n: int, under_mps: bool) -> tuple[int, str | None]:
+        wanted = min(cfg.parallel or n, n)
+        cap: int | None = contexts
+        why = "contexts"
+        if under_mps:
+            cap, why = limit * (cfg.mps_daemons or MAX_DAEMONS), "mps_clients"
+        if cap is not None and wanted > cap:
+            return cap, why
+        return wanted, None
 
     plans = []
     if cfg.baseline == "naive":
-        plans.append(RunPlan("baseline", "baseline", cfg.n, "greedy", False, parallel(cfg.n, False),
-                             None, list(cfg.baseline_args)))
+        at_once, why = parallel(cfg.n, False)
+        plans.append(RunPlan("baseline", "baseline", cfg.n, "greedy", False, at_once,
+                             None, list(cfg.baseline_args), held_by=why))
     if cfg.solo and 1 not in sizes:
         plans.append(RunPlan("solo", "solo", 1, cfg.mode, mps, 1, claim))
     for n in sizes:
-        plans.append(RunPlan("main", f"n{n}", n, cfg.mode, mps, parallel(n, mps), claim,
-                             rogue=cfg.rogue))
+        at_once, why = parallel(n, mps)
+        plans.append(RunPlan("main", f"n{n}", n, cfg.mode, mps, at_once, claim,
+                             rogue=cfg.rogue, held_by=why))
     return plans
 
 
