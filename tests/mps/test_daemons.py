@@ -252,3 +252,23 @@ def test_context_limit_defaults_apply_to_real_gpus_only(monkeypatch: pytest.Monk
         monkeypatch.setenv("MEMGOV_CONTEXTS", bad)
         with pytest.raises(memgov.MemgovError, match=r"MEMGOV_CONTEXTS=.*accepted a whole number"):
             _config.context_limit(simulated=False)
+
+
+def test_doctor_shows_the_limits_and_reports_a_bad_one(fake_mps: Path) -> None:
+    _mps.start(daemons=2)
+    try:
+        def doctor(**env: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "memgov.cli", "doctor", *env.pop("a", "")
+                                   .split()], capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, **env})
+
+        info = json.loads(doctor(a="--json").stdout)["mps"]
+        assert info["clients_per_daemon"] == 48 and info["memgov_daemons"] == [0, 1]
+        assert info["policy"] == "fill" and info["contexts_per_gpu"] == 72
+        text = doctor(MEMGOV_MPS_CLIENTS="60", MEMGOV_CONTEXTS="off").stdout
+        assert "MPS: 60 clients per daemon per GPU" in text and "2 memgov daemon(s)" in text
+        assert "without MPS at most unlimited claims" in text
+        bad = doctor(MEMGOV_CONTEXTS="lots")
+        assert bad.returncode == 0 and "MPS settings: MEMGOV_CONTEXTS='lots'" in bad.stdout
+    finally:
+        _mps.stop()
