@@ -96,9 +96,8 @@ def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
         return Plan(False, f"no MPS daemon reachable at {where} (`memgov mps start` runs one)")
     usable: list[tuple[int | None, Path]] = []
     foreign = ""
-    for index, pipe in found:
-        others = {pid: uid for pid, uid in _mpsctl.server_uids(pipe).items()
-                  if uid is not None and uid != os.getuid()}
+    for (index, pipe), uids in zip(found, _server_uids([pipe for _, pipe in found]), strict=True):
+        others = {pid: uid for pid, uid in uids.items() if uid is not None and uid != os.getuid()}
         if not others:
             usable.append((index, pipe))
         elif not foreign:
@@ -115,6 +114,19 @@ def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
     numbers = tuple(k for k, _ in usable if k is not None)
     where = str(pipe) if len(numbers) == 1 else f"{len(numbers)} of memgov's daemons"
     return Plan(True, f"MPS pinned device-memory limit (daemon on {where})", pipe, True, numbers)
+
+
+def _server_uids(pipes: list[Path]) -> list[dict[int, int | None]]:
+    """Each daemon's servers and their users, asked of all daemons at once: with many jobs
+    starting together a control daemon can take seconds to answer, and the waits would add up."""
+    from memgov import _mpsctl
+
+    if len(pipes) == 1:
+        return [_mpsctl.server_uids(pipes[0])]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(pipes)) as pool:
+        return list(pool.map(_mpsctl.server_uids, pipes))
 
 
 def pinned_limit(size: int, index: int) -> str:

@@ -68,6 +68,7 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
         "uss_mib": mib(sample.uss),
         "claim_mib": mib(sample.claim_bytes),
         "claim_mode": sample.claim_mode,
+        "mps_daemon": sample.mps_daemon,
         "started_s": _round(job.started),
         "ended_s": _round(job.ended),
         "stdout_garbage_lines": job.garbage,
