@@ -272,3 +272,33 @@ def test_doctor_shows_the_limits_and_reports_a_bad_one(fake_mps: Path) -> None:
         assert bad.returncode == 0 and "MPS settings: MEMGOV_CONTEXTS='lots'" in bad.stdout
     finally:
         _mps.stop()
+
+
+def test_claim_points_cuda_at_the_daemon_with_room(fake_mps: Path, sim: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The whole claim() path with memgov's real decision (three stand-in daemons answer), made
+    # for a real GPU's description; only the simulated device's "no driver, so soft" is lifted.
+    _mps.start(daemons=3)
+    monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "1")
+    real_decide = _enforce.decide
+    monkeypatch.setattr(_enforce, "decide", lambda _devices, init: real_decide([GPU], init))
+    monkeypatch.setattr(_enforce.Plan, "mode",
+                        lambda self, device, compute=None: ("hard", self.reason))
+    held = [admit((0, 1, 2)), admit((0, 1, 2))]  # daemons 0 and 1 are full
+    try:
+        claim = memgov.claim("1GiB", name="third")
+        assert claim.mode == "hard"
+        assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == str(_mps.paths(2).pipe)
+        assert os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
+        (record,) = [c for c in DeviceLedger(candidates(None)[0]).snapshot().claims
+                     if c.name == "third"]
+        assert record.extra["mps_daemon"] == 2
+        with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
+            _claim._admit([DeviceLedger(candidates(None)[0])], {"sim0": GIB}, None, "fourth",
+                          {"sim0": ("hard", "test")}, None, (0, 1, 2))
+        claim.release()
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    finally:
+        for ledger, record, _ in held:
+            ledger.remove("claims", record)
+        _mps.stop(force=True)
