@@ -11,18 +11,19 @@ and listed as such; ONLY/--only runs the named ones, e.g. in a second call):
             and host memory
   mps48     memgov pack --n 48  under MPS (1 daemon)     } the throughput table; every pack run
   mps96     memgov pack --n 96  under MPS (2 daemons)    } is the same job (torch MNIST CNN,
-  mps140    memgov pack --n 140 under MPS (3 daemons),   } batch 32, 4 epochs of 9,600 images)
-            one of them a rogue (--rogue 1:4096)          } with hard limits (claims, MPS)
+  mps140    memgov pack --n 140 under MPS (3 daemons),   } batch 32, 2 epochs of 6,400 images
+            one of them a rogue (--rogue 1:4096)          } after a start barrier), claims
   mps48x2   48 jobs spread over 2 daemons (MEMGOV_MPS_POLICY=spread): do servers time-slice
             against each other? (same jobs as mps48, one server more)
   nomps140  140 jobs without MPS, MEMGOV_CONTEXTS=off: how many contexts start, and the rest
             reported with reason `contexts`
-  nomps48   48 jobs without MPS (time-slicing)
-  wall      bare CUDA contexts (ctypes, no framework), all at once, until the GPU refuses: by
-            default, and with CUDA_DEVICE_MAX_CONNECTIONS=1; NVML and BAR1 memory at the wall
+  wall      bare CUDA contexts (ctypes, no framework), 200 at once, until the GPU refuses: by
+            default, with CUDA_DEVICE_MAX_CONNECTIONS=1, and holding no memory (if time is
+            left); NVML and BAR1 memory at the wall
   hostmem   one torch process's host USS at each stage (import, CUDA, cuDNN, training), with
             CUDA_MODULE_LOADING=LAZY and EAGER, and as an MPS client
-  nomps140q 140 jobs without MPS at pack's default context limit: queued, not failed
+  nomps48   48 jobs without MPS (time-slicing)
+  nomps140q 140 jobs without MPS at pack's default context limit (72): queued, not failed
 
 A watchdog samples MemAvailable every 0.5 s through every step and stops the step (SIGTERM to
 its process group, SIGKILL 10 s later) when it falls below 10 GiB (a run on this machine with
@@ -56,13 +57,15 @@ MNIST = ROOT / "experiments" / "mnist"
 GIB = 2**30
 MIB = 2**20
 LOW_MEMORY = 10 * GIB
-STEPS = ("env", "servers", "mps48", "mps96", "mps140", "mps48x2", "nomps140", "nomps48",
-         "wall", "hostmem", "nomps140q")
+STEPS = ("env", "servers", "mps48", "mps96", "mps140", "mps48x2", "nomps140", "wall",
+         "hostmem", "nomps48", "nomps140q")
 # What each step needs at most (s); a step starts only when this much of the budget is left.
-NEEDS = {"env": 15, "servers": 40, "mps48": 80, "mps96": 95, "mps140": 125, "mps48x2": 80,
-         "nomps140": 125, "nomps48": 95, "wall": 110, "hostmem": 50, "nomps140q": 100}
-TRAIN = ["--epochs", "4", "--", "--limit", "9600", "--eval-limit", "64"]
-"""The one job of every pack run: 4 epochs of 9,600 images (300 steps of batch 32)."""
+NEEDS = {"env": 15, "servers": 40, "mps48": 70, "mps96": 85, "mps140": 110, "mps48x2": 70,
+         "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 90, "nomps140q": 110}
+EPOCHS, LIMIT = 2, 6400
+"""The one job of every pack run: 2 epochs of 6,400 images (200 steps of batch 32) after a
+barrier (--barrier): every job starts training once all have started up (or after 40 s), so the
+second epoch is measured with all jobs at once, not their start-up stagger."""
 
 CLIENT = r"""
 import ctypes, os, sys, time
@@ -380,15 +383,16 @@ class Bench:
         return result
 
     def pack_step(self, n: int, *, mps: bool, limit: float, extra: list[str] | None = None,
-                  env: dict[str, str] | None = None) -> dict[str, Any]:
+                  env: dict[str, str] | None = None, barrier_s: float = 40) -> dict[str, Any]:
         name = f"pack-{n}-{time.monotonic_ns()}"
         out = self.work / name
         size = n if not self.dry else min(n, 4)
         args = ["--n", str(size), "--no-solo", "--no-progress", "--out", str(out),
                 "--timeout", str(int(limit - 25 if not self.dry else 60)),
                 "--mps", "on" if mps and not self.dry else "off", *(extra or [])]
-        train = TRAIN if not self.dry else ["--epochs", "2", "--", "--limit", "256",
-                                            "--eval-limit", "64"]
+        train = ["--epochs", str(EPOCHS), "--", "--limit", str(LIMIT if not self.dry else 256),
+                 "--eval-limit", "64", "--barrier", str(self.work / f"{name}-barrier"),
+                 "--barrier-n", str(size), "--barrier-timeout", f"{barrier_s:g}"]
         if self.dry:
             args += ["--device", "cpu"]
         argv = [sys.executable, "-m", "memgov", "pack", *args, str(MNIST), *train]
@@ -401,11 +405,13 @@ class Bench:
         return ran
 
     def wall_step(self) -> dict[str, Any]:
-        variants = [("default", {}), ("max_connections_1", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})]
+        # The third wave only when the steps after this one still fit.
+        variants = [("default", {}, 0), ("max_connections_1", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+                                         0), ("hold_0_mib", {"HOLD_MIB": "0"}, 220)]
         n = 200 if not self.dry else 3
         found = {}
-        for label, extra in variants:
-            if self.left() < 45 and not self.dry:
+        for label, extra, keep in variants:
+            if self.left() < 45 + keep and not self.dry:
                 found[label] = {"skipped": f"{self.left():.0f} s of the budget left"}
                 continue
             found[label] = self.wave(n, {**self.env, **extra}, limit=50 if not self.dry else 10)
@@ -673,7 +679,8 @@ def main() -> int:
         "nomps48": lambda: bench.pack_step(48, mps=False, limit=NEEDS["nomps48"]),
         "wall": bench.wall_step,
         "hostmem": bench.hostmem_step,
-        "nomps140q": lambda: bench.pack_step(140, mps=False, limit=NEEDS["nomps140q"]),
+        "nomps140q": lambda: bench.pack_step(140, mps=False, limit=NEEDS["nomps140q"],
+                                             barrier_s=10),
     }
     try:
         for name in STEPS:
