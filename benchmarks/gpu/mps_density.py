@@ -17,17 +17,20 @@ and listed as such; ONLY/--only runs the named ones, e.g. in a second call):
             against each other? (same jobs as mps48, one server more)
   nomps140  140 jobs without MPS, MEMGOV_CONTEXTS=off: how many contexts start, and the rest
             reported with reason `contexts`
+  nomps48   48 jobs without MPS (time-slicing)
   wall      bare CUDA contexts (ctypes, no framework), 200 at once, until the GPU refuses: by
             default, with CUDA_DEVICE_MAX_CONNECTIONS=1, and holding no memory (if time is
             left); NVML and BAR1 memory at the wall
   hostmem   one torch process's host USS at each stage (import, CUDA, cuDNN, training), with
             CUDA_MODULE_LOADING=LAZY and EAGER, and as an MPS client
-  nomps48   48 jobs without MPS (time-slicing)
   nomps140q 140 jobs without MPS at pack's default context limit (72): queued, not failed
 
-A watchdog samples MemAvailable every 0.5 s through every step and stops the step (SIGTERM to
-its process group, SIGKILL 10 s later) when it falls below 10 GiB (a run on this machine with
-150 clients at once lost the machine). Raw JSON: $OUT/mps_density.json (every pack report in
+A watchdog samples MemAvailable every 0.5 s through every step and stops the step when it falls
+below 10 GiB (a run on this machine with 150 clients at once lost the machine): SIGTERM to the
+pack, which stops its jobs (SIGKILL after 10 s) and writes its report; a wave of bare clients
+stops starting more and releases them. pack's own host-memory gate (docs/pack.md) sizes each job
+from the USS the earlier runs recorded, so 96 and 140 jobs start at once only if the host holds
+them. Raw JSON: $OUT/mps_density.json (every pack report in
 full, every sample series); a short table is printed last.
 
 --dry-run: the same steps on a machine without a GPU (CPU packs of 3-4 tiny jobs; a stand-in
@@ -57,11 +60,11 @@ MNIST = ROOT / "experiments" / "mnist"
 GIB = 2**30
 MIB = 2**20
 LOW_MEMORY = 10 * GIB
-STEPS = ("env", "servers", "mps48", "mps96", "mps140", "mps48x2", "nomps140", "wall",
-         "hostmem", "nomps48", "nomps140q")
+STEPS = ("env", "servers", "mps48", "mps96", "mps140", "mps48x2", "nomps140", "nomps48",
+         "wall", "hostmem", "nomps140q")
 # What each step needs at most (s); a step starts only when this much of the budget is left.
 NEEDS = {"env": 15, "servers": 40, "mps48": 70, "mps96": 85, "mps140": 110, "mps48x2": 70,
-         "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 90, "nomps140q": 110}
+         "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 90, "nomps140q": 130}
 EPOCHS, LIMIT = 2, 6400
 """The one job of every pack run: 2 epochs of 6,400 images (200 steps of batch 32) after a
 barrier (--barrier): every job starts training once all have started up (or after 40 s), so the
@@ -271,7 +274,7 @@ class Bench:
         return self.budget - (time.monotonic() - self.t0)
 
     def step(self, name: str, fn: Any) -> None:
-        need = NEEDS[name] if not self.dry else 5
+        need = NEEDS[name] + 15 if not self.dry else 5  # + what stopping a pack may take
         if self.left() < need:
             self.results["skipped"][name] = f"{self.left():.0f} s of the budget left, needs {need}"
             print(f"=== {name}: skipped ({self.results['skipped'][name]})", flush=True)
@@ -365,8 +368,11 @@ class Bench:
                         t0 = time.monotonic()
                         proc = _client(env)
                         clients.append(proc)
-                        line = _read_line(proc, 60)
+                        line = _read_line(proc, 15)
                         pair.append({"line": line, "wall_s": round(time.monotonic() - t0, 3)})
+                        if not line.startswith("ok"):
+                            pair.append(pair[0])  # no second try on a daemon that failed one
+                            break
                     firsts.append({"daemon": d["daemon"], "first": pair[0], "second": pair[1]})
                 time.sleep(1.5)  # a sample with every server and client up
             result["clients"] = firsts
@@ -466,22 +472,27 @@ class Bench:
         variants = [("lazy", {"CUDA_MODULE_LOADING": "LAZY"}),
                     ("eager", {"CUDA_MODULE_LOADING": "EAGER"})]
         for label, extra in variants:
-            found[label] = _probe(HOSTMEM, {**self.env, **extra, "OMP_NUM_THREADS": "1"})
+            found[label] = _probe(HOSTMEM, {**self.env, **extra, "OMP_NUM_THREADS": "1"},
+                                  min(40, self.left() - 10))
         started = self.cli("mps", "start", "--json")
         try:
             info = json.loads(started.stdout) if started.returncode == 0 else {}
             if info.get("pipe"):
                 found["mps_client"] = _probe(HOSTMEM, {**self.env, "OMP_NUM_THREADS": "1",
                                                        "CUDA_MPS_PIPE_DIRECTORY": info["pipe"],
-                                                       "CUDA_MPS_LOG_DIRECTORY": info["log"]})
+                                                       "CUDA_MPS_LOG_DIRECTORY": info["log"]},
+                                              min(40, self.left() - 10))
         finally:
             self.cli("mps", "stop", "--force")
         return found
 
 
-def _probe(code: str, env: dict[str, str]) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env)
+def _probe(code: str, env: dict[str, str], timeout: float = 40) -> dict[str, Any]:
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=max(5.0, timeout), env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
     try:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -518,7 +529,10 @@ def _release_all(procs: list[subprocess.Popen[str]], grace: float = 10.0) -> Non
             with _quiet():
                 os.killpg(proc.pid, signal.SIGKILL)
     for proc in procs:
-        proc.wait()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:  # stuck in the driver (state D): leave it, say so
+            print(f"client {proc.pid} did not exit after SIGKILL", flush=True)
 
 
 class _quiet:
@@ -675,7 +689,7 @@ def main() -> int:
         "mps48x2": lambda: bench.pack_step(48, mps=True, limit=NEEDS["mps48x2"],
                                            extra=["--mps-daemons", "2"], env=spread),
         "nomps140": lambda: bench.pack_step(140, mps=False, limit=NEEDS["nomps140"],
-                                            env={"MEMGOV_CONTEXTS": "off"}),
+                                            env={"MEMGOV_CONTEXTS": "off"}, barrier_s=20),
         "nomps48": lambda: bench.pack_step(48, mps=False, limit=NEEDS["nomps48"]),
         "wall": bench.wall_step,
         "hostmem": bench.hostmem_step,

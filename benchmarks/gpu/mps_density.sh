@@ -2,7 +2,7 @@
 # Issue 14 (density past the MPS client cap) on the GPU machine, in one device call (< 9 min):
 #   bash benchmarks/gpu/mps_density.sh "$OUT"
 # Raw JSON: $OUT/mps_density.json; a short table is printed last (benchmarks/gpu/mps_density.py
-# says what each step does). ONLY="nomps48 wall hostmem nomps140q": just those steps (a second
+# says what each step does). ONLY="wall hostmem nomps140q": just those steps (a second
 # call for what the budget cut). DRY=1: the same script on a machine without a GPU (tiny CPU
 # packs, a stand-in MPS control program): checks the script, not the GPU.
 set -uo pipefail
