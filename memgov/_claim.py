@@ -119,7 +119,8 @@ def claim(
         plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
         modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
         ledger, held, payload = _admit(
-            [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct
+            [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct,
+            plan.daemons,
         )
         chosen = ledger.device
         # Everything from here to the return can still fail (an adapter's configure_env, the
@@ -172,7 +173,8 @@ def _settle(
         index = 0
     restore: dict[str, str | None] = {}
     if payload["mode"] == "hard":
-        restore = _enforce.apply(plan, payload["bytes"], index or 0, compute_pct)
+        restore = _enforce.apply(plan, payload["bytes"], index or 0, compute_pct,
+                                 payload.get("mps_daemon"))
     result = Claim(
         bytes=payload["bytes"],
         device=chosen.uuid,
@@ -199,14 +201,32 @@ def _admit(
     name: str,
     modes: dict[str, tuple[str, str]] | None = None,
     compute: int | None = None,
+    daemons: tuple[int, ...] = (),
 ) -> tuple[DeviceLedger, Held, dict[str, Any]]:
-    def payload_for(kind: str, ledger: DeviceLedger) -> dict[str, Any]:
+    """Wait for (or refuse) room on one of ``ledgers``; write the claim record there.
+
+    A hard claim also needs a client slot: with memgov's ``daemons`` it joins one that has room
+    (recorded as ``mps_daemon``), else the one server's limit applies. A claim without MPS needs
+    a CUDA context the device will still create (MEMGOV_CONTEXTS).
+    """
+
+    def payload_for(kind: str, ledger: DeviceLedger, daemon: int | None = None
+                    ) -> dict[str, Any]:
         uuid = ledger.device.uuid
         mode, why = (modes or {}).get(uuid, ("soft", ""))
         extra: dict[str, Any] = {"mode_reason": why}
         if compute is not None:
             extra["compute"] = compute
+        if daemon is not None:
+            extra["mps_daemon"] = daemon
         return record_payload(kind, ledger.device, sizes[uuid], name, mode, **extra)
+
+    def slot(snap: Snapshot, mode: str) -> tuple[int | None, str | None]:
+        uuid = snap.device.uuid
+        if mode == "hard" and daemons:
+            return _enforce.pick_daemon(snap.hard_by_daemon, daemons, uuid)
+        blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
+        return None, blocked or _enforce.context_limit_reason(snap.contexts, mode, snap.device)
 
     deadline = None if wait_s is None else time.monotonic() + wait_s
     tickets: dict[str, Held] = {}
@@ -225,11 +245,12 @@ def _admit(
                     mine = tickets.get(uuid)
                     ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
                     mode = (modes or {}).get(uuid, ("soft", ""))[0]
-                    # Each hard claim is one client of the device's MPS server, which admits
+                    # Each hard claim is one client of an MPS server, which admits only so
+                    # many; each other claim is one CUDA context, of which the device creates
                     # only so many: past that, wait or be refused like a budget that does not fit.
-                    blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
+                    daemon, blocked = slot(snap, mode)
                     if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
-                        payload = payload_for("claim", ledger)
+                        payload = payload_for("claim", ledger, daemon)
                         held = ledger.add("claims", payload)
                         try:
                             if mine is not None:

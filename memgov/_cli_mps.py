@@ -46,29 +46,51 @@ def _print(info: dict[str, Any], as_json: bool) -> None:
 
 
 def _show(info: dict[str, Any]) -> None:
-    state = "running" if info["running"] else "not running"
-    typer.echo(f"MPS daemon: {state} (pipe folder {info['pipe']}, log folder {info['log']})")
+    for d in info.get("daemons") or [info]:
+        state = "running" if d["running"] else "not running"
+        typer.echo(f"MPS daemon {d.get('daemon', 0)}: {state} (pipe folder {d['pipe']}, "
+                   f"log folder {d['log']})")
+        if d["running"]:
+            owner = "started by memgov" if d["started_by_memgov"] else "not started by memgov"
+            typer.echo(f"  daemon pid {d['daemon_pid']}, {owner}")
+            for server in d["servers"]:
+                pids = " ".join(map(str, server["clients"])) or "none"
+                typer.echo(f"  server pid {server['pid']}: {len(server['clients'])} "
+                           f"client(s): {pids}")
     if info["binary"] is None:
         typer.echo("nvidia-cuda-mps-control: not on PATH (claims stay soft)")
     if info["running"]:
-        owner = "started by memgov" if info["started_by_memgov"] else "not started by memgov"
-        typer.echo(f"daemon pid {info['daemon_pid']}, {owner}")
-        for server in info["servers"]:
-            pids = " ".join(map(str, server["clients"])) or "none"
-            typer.echo(f"server pid {server['pid']}: {len(server['clients'])} client(s): {pids}")
+        running = info.get("running_daemons", 1)
         for uuid, count in info["clients_per_gpu"].items():
-            typer.echo(f"{uuid}: {count} client(s) of at most {info['client_limit']}")
-        typer.echo("clients reach it with CUDA_MPS_PIPE_DIRECTORY=" + info["pipe"])
+            typer.echo(f"{uuid}: {count} client(s) of at most {info['client_limit']} per daemon "
+                       f"x {running} daemon(s)")
+        typer.echo(f"hard claims pick a daemon with room (MEMGOV_MPS_POLICY={info['policy']}) "
+                   "and point CUDA_MPS_PIPE_DIRECTORY at it")
     if info.get("default_daemon"):
         typer.echo("another MPS daemon answers at the system default /tmp/nvidia-mps")
 
 
 @mps_app.command("start")
-def start(as_json: JsonFlag = False, timeout: Timeout = 10.0) -> None:
-    """Start a control daemon for the host's GPUs, with its folders under memgov's folder."""
+def start(
+    as_json: JsonFlag = False,
+    timeout: Timeout = 10.0,
+    daemons: Annotated[
+        int,
+        typer.Option(
+            "--daemons", min=1, max=16,
+            help="Control daemons to run (each admits MEMGOV_MPS_CLIENTS clients per GPU, 48 "
+                 "by default); those not yet running are started.",
+        ),
+    ] = 1,
+) -> None:
+    """Start control daemons for the host's GPUs, with their folders under memgov's folder."""
     from memgov import _mps
 
-    _print(_call(lambda: _mps.start(timeout=timeout)), as_json)
+    info = _call(lambda: _mps.start(timeout=timeout, daemons=daemons))
+    _print(info, as_json)
+    if not as_json:
+        for k, seconds in sorted(info.get("start_s", {}).items()):
+            typer.echo(f"started daemon {k} in {seconds:.3f} s")
 
 
 @mps_app.command("status")
@@ -91,7 +113,7 @@ def stop(
         ),
     ] = False,
 ) -> None:
-    """Stop memgov's daemon and its servers (quit, then SIGTERM/SIGKILL what is left)."""
+    """Stop memgov's daemons and their servers (quit, then SIGTERM/SIGKILL what is left)."""
     from memgov import _mps
 
     report = _call(lambda: _mps.stop(force=force, timeout=timeout))

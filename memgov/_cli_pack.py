@@ -40,6 +40,9 @@ def pack(
         help="Budget per job in claim mode: a size (1GiB, 900MiB) or auto (measured peak "
              "+ margin; a default without history).")] = "auto",
     mps: Annotated[str, typer.Option(help="auto (when the machine has MPS), on, off.")] = "auto",
+    mps_daemons: Annotated[int | None, typer.Option(
+        help="MPS control daemons (each admits MEMGOV_MPS_CLIENTS clients per GPU, 48 by "
+             "default); default: as many as the jobs at once need.")] = None,
     epochs: Annotated[int | None, typer.Option(help="Epochs per job (manifest default).")
                       ] = None,
     batch: Annotated[int | None, typer.Option(help="Batch size (manifest default).")] = None,
@@ -58,7 +61,8 @@ def pack(
     threads: Annotated[str, typer.Option(
         help="CPU threads per job: auto (cores / jobs at once) or a number.")] = "auto",
     parallel: Annotated[int | None, typer.Option(
-        help="Jobs at once (default all; under MPS at most its client limit, the rest queue).")
+        help="Jobs at once (default all that the GPU's client or context limit takes; the "
+             "rest queue).")
     ] = None,
     baseline: Annotated[str, typer.Option(
         help="naive: first run the same N greedy (no thread or MPS governance), side by side.")
@@ -91,6 +95,7 @@ def pack(
     try:
         cfg = PackConfig(
             experiment=experiment, n=n, framework=framework, mode=mode, claim=claim, mps=mps,
+            mps_daemons=mps_daemons,
             epochs=epochs, batch=batch, runner=runner, image=image, out=out, device=device,
             gpu=gpu, threads=_threads(threads), parallel=parallel, baseline=baseline,
             baseline_args=shlex.split(baseline_args), solo=solo, timeout=timeout, wait=wait,

@@ -45,6 +45,27 @@ def reserve(total: int, simulated: bool) -> int:
         raise ConfigError(str(exc)) from None
 
 
+DEFAULT_CONTEXTS = 72
+"""CUDA contexts (processes without MPS) admitted per real GPU. The H200 refused new contexts
+with "CUDA error: out of memory" at 76 (256 MiB clients) and at 104 (MNIST jobs), most memory
+free; 72 stays under both. Simulated devices have no contexts: no limit unless set."""
+
+
+def context_limit(simulated: bool) -> int | None:
+    """MEMGOV_CONTEXTS: a whole number >= 1, or off; default 72 on a real GPU."""
+    raw = os.environ.get("MEMGOV_CONTEXTS", "").strip().lower()
+    if not raw:
+        return None if simulated else DEFAULT_CONTEXTS
+    if raw == "off":
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(
+            f"MEMGOV_CONTEXTS={os.environ['MEMGOV_CONTEXTS']!r}: accepted a whole number >= 1 "
+            f"(claims without MPS per GPU; default {DEFAULT_CONTEXTS} on a real GPU) or off"
+        )
+    return int(raw)
+
+
 def flag(name: str) -> bool:
     """A boolean variable: 1/true/yes/on or 0/false/no/off/empty; anything else is an error."""
     raw = os.environ.get(name, "").strip().lower()

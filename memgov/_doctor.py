@@ -13,13 +13,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from memgov._errors import MemgovError
+
 FRAMEWORK_DISTS = ("torch", "tensorflow", "tensorflow-cpu", "jax", "jaxlib")
 ENV_SHOWN = (
     "MEMGOV_CLAIM", "MEMGOV_DEVICE", "MEMGOV_WAIT", "MEMGOV_DIR", "MEMGOV_STRICT",
     "MEMGOV_THREADS", "MEMGOV_SHARD_SIZE", "MEMGOV_DEVICES", "MEMGOV_HOLDER", "MEMGOV_QUIET",
     "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE",
     "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OMP_NUM_THREADS",
-    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_PIPE_DIRECTORY", "MEMGOV_MPS_CLIENTS", "MEMGOV_MPS_POLICY", "MEMGOV_CONTEXTS",
 )  # fmt: skip
 PRIVATE_FS = ("overlay", "tmpfs", "aufs", "fuse-overlayfs")
 """File systems of a container's own root or scratch space: a ledger there is the container's."""
@@ -87,11 +89,21 @@ def _mps() -> dict[str, Any]:
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
     control = shutil.which("nvidia-cuda-mps-control")
     running = os.path.exists(os.path.join(pipe, "control"))
+    from memgov import _config, _mpsctl
+
+    limits: dict[str, Any] = {}
+    try:  # a bad setting is reported, never a crash of doctor
+        limits = {"clients_per_daemon": _mpsctl.client_limit(), "policy": _mpsctl.policy(),
+                  "contexts_per_gpu": _config.context_limit(simulated=False),
+                  "memgov_daemons": _mpsctl.running_daemons() if control else []}
+    except MemgovError as exc:
+        limits = {"problem": str(exc)}
     return {
         "control_binary": control,
         "pipe_directory": pipe,
         "server_running": running,
         "pinned_limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        **limits,
     }
 
 
@@ -234,6 +246,17 @@ def render(report: dict[str, Any]) -> list[str]:
         f"(pipe {mps['pipe_directory']}), control binary "
         f"{mps['control_binary'] or 'not on PATH'}"
     )
+    if "problem" in mps:
+        lines.append(f"MPS settings: {mps['problem']}")
+    else:
+        contexts = mps["contexts_per_gpu"]
+        lines.append(
+            f"MPS: {mps['clients_per_daemon']} clients per daemon per GPU (MEMGOV_MPS_CLIENTS; "
+            f"48 measured on the H200), {len(mps['memgov_daemons'])} memgov daemon(s) running, "
+            f"policy {mps['policy']} (MEMGOV_MPS_POLICY); without MPS at most "
+            f"{contexts if contexts is not None else 'unlimited'} claims per GPU "
+            "(MEMGOV_CONTEXTS: CUDA contexts)"
+        )
     budget = report["budget"]
     for b in budget["scheduler"]:
         lines.append(

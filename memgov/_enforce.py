@@ -11,7 +11,7 @@ OutOfMemoryError before the driver refuses.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,8 @@ class Plan:
     pipe: Path | None = None
     memgov_daemon: bool = False
     """The daemon is memgov's own: claim() must point CUDA at its pipe folder."""
+    daemons: tuple[int, ...] = ()
+    """memgov's daemons this claim may join (by number); admission picks one with room."""
 
     def mode(self, device: Device, compute: int | None = None) -> tuple[str, str]:
         """("hard" | "soft", reason) for a claim on ``device``."""
@@ -88,20 +90,43 @@ def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
     if _mpsctl.binary() is None:
         return Plan(False, f"{_mpsctl.CONTROL} is not on PATH, so memgov cannot reach or check "
                            "an MPS daemon")
-    pipe, ours = _mpsctl.client_pipe()
-    if pipe is None:
+    found = _mpsctl.client_daemons()
+    if not found:
         where = os.environ.get(PIPE_ENV) or f"{_mpsctl.paths().pipe} or {_mpsctl.DEFAULT_PIPE}"
         return Plan(False, f"no MPS daemon reachable at {where} (`memgov mps start` runs one)")
-    others = {pid: uid for pid, uid in _mpsctl.server_uids(pipe).items()
-              if uid is not None and uid != os.getuid()}
-    if others:
-        pid, uid = next(iter(others.items()))
-        # MPS serves one user at a time: this client would wait at CUDA start-up until every
-        # client of that server has ended.
-        return Plan(False, f"the MPS server (pid {pid}) on {pipe} runs as uid {uid}, this "
-                           f"process as uid {os.getuid()}; MPS would hold it until that "
-                           "server's clients end")
-    return Plan(True, f"MPS pinned device-memory limit (daemon on {pipe})", pipe, ours)
+    usable: list[tuple[int | None, Path]] = []
+    foreign = ""
+    for (index, pipe), uids in zip(found, _server_uids([pipe for _, pipe in found]), strict=True):
+        others = {pid: uid for pid, uid in uids.items() if uid is not None and uid != os.getuid()}
+        if not others:
+            usable.append((index, pipe))
+        elif not foreign:
+            pid, uid = next(iter(others.items()))
+            # MPS serves one user at a time: this client would wait at CUDA start-up until
+            # every client of that server has ended.
+            foreign = (f"the MPS server (pid {pid}) on {pipe} runs as uid {uid}, this process "
+                       f"as uid {os.getuid()}; MPS would hold it until that server's clients end")
+    if not usable:
+        return Plan(False, foreign)
+    index, pipe = usable[0]
+    if index is None:
+        return Plan(True, f"MPS pinned device-memory limit (daemon on {pipe})", pipe)
+    numbers = tuple(k for k, _ in usable if k is not None)
+    where = str(pipe) if len(numbers) == 1 else f"{len(numbers)} of memgov's daemons"
+    return Plan(True, f"MPS pinned device-memory limit (daemon on {where})", pipe, True, numbers)
+
+
+def _server_uids(pipes: list[Path]) -> list[dict[int, int | None]]:
+    """Each daemon's servers and their users, asked of all daemons at once: with many jobs
+    starting together a control daemon can take seconds to answer, and the waits would add up."""
+    from memgov import _mpsctl
+
+    if len(pipes) == 1:
+        return [_mpsctl.server_uids(pipes[0])]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(pipes)) as pool:
+        return list(pool.map(_mpsctl.server_uids, pipes))
 
 
 def pinned_limit(size: int, index: int) -> str:
@@ -112,15 +137,22 @@ def pinned_limit(size: int, index: int) -> str:
     return f"{index}={max(1, size // MIB)}M"
 
 
-def apply(plan: Plan, size: int, index: int, compute: int | None) -> dict[str, str | None]:
-    """Set the hard limit in this process's environment; return the previous values to restore."""
+def apply(plan: Plan, size: int, index: int, compute: int | None,
+          daemon: int | None = None) -> dict[str, str | None]:
+    """Set the hard limit in this process's environment; return the previous values to restore.
+
+    ``daemon``: the memgov daemon admission picked; CUDA reads its pipe folder at start-up.
+    """
     wanted = {PIN_ENV: pinned_limit(size, index)}
     wanted[MARK_ENV] = wanted[PIN_ENV]
     if compute is not None:
         wanted[THREADS_ENV] = str(compute)
     if plan.memgov_daemon and plan.pipe is not None:
-        wanted[PIPE_ENV] = str(plan.pipe)
-        wanted[LOG_ENV] = str(plan.pipe.parent / "log")
+        from memgov._mpsctl import paths
+
+        where = paths(daemon if daemon is not None else (plan.daemons or (0,))[0])
+        wanted[PIPE_ENV] = str(where.pipe)
+        wanted[LOG_ENV] = str(where.log)
     previous = {name: os.environ.get(name) for name in wanted}
     os.environ.update(wanted)
     return previous
@@ -179,7 +211,7 @@ def restore(previous: dict[str, str | None]) -> None:
 
 
 def client_limit_reason(hard_clients: int, mode: str, device: str) -> str | None:
-    """Why a hard claim cannot be admitted on ``device`` now, or None when a client slot is free."""
+    """Why a hard claim cannot join a single MPS server on ``device``, or None when it can."""
     if mode != "hard":
         return None
     from memgov._mpsctl import client_limit
@@ -189,3 +221,39 @@ def client_limit_reason(hard_clients: int, mode: str, device: str) -> str | None
         return None
     return (f"MPS client limit {limit} reached on {device} ({hard_clients} hard-mode claims; "
             "MEMGOV_MPS_CLIENTS sets the limit)")
+
+
+def pick_daemon(by_daemon: Mapping[int, int], daemons: Sequence[int], device: str
+                ) -> tuple[int | None, str | None]:
+    """(the daemon a hard claim joins, None) or (None, why none has room) on ``device``.
+
+    ``by_daemon``: live hard claims on the device per daemon number (the ledger's count).
+    Policy (MEMGOV_MPS_POLICY): ``fill`` takes the lowest-numbered daemon with room, ``spread``
+    the one with the fewest clients (the lowest number on a tie).
+    """
+    from memgov._mpsctl import client_limit, policy
+
+    limit = client_limit()
+    room = [k for k in daemons if by_daemon.get(k, 0) < limit]
+    if room:
+        if policy() == "spread":
+            return min(room, key=lambda k: (by_daemon.get(k, 0), k)), None
+        return min(room), None
+    counts = ", ".join(f"daemon {k}: {by_daemon.get(k, 0)}" for k in daemons)
+    return None, (f"MPS client limit {limit} reached on {device} on every running daemon "
+                  f"({counts} hard-mode claims); `memgov mps start --daemons N` runs more, "
+                  "MEMGOV_MPS_CLIENTS sets the limit per daemon")
+
+
+def context_limit_reason(contexts: int, mode: str, device: Device) -> str | None:
+    """Why a claim without MPS cannot get a CUDA context on ``device`` now, or None."""
+    if mode == "hard":
+        return None  # MPS clients are the server's, counted by pick_daemon
+    from memgov import _config
+
+    limit = _config.context_limit(device.simulated)
+    if limit is None or contexts < limit:
+        return None
+    return (f"CUDA context limit {limit} reached on {device.uuid} ({contexts} claims without "
+            "MPS; past it CUDA fails at start-up with 'out of memory' while memory is free; "
+            "MEMGOV_CONTEXTS sets the limit, MPS lifts it)")

@@ -105,6 +105,22 @@ class Snapshot:
         """Live hard-mode claims: each is one client of the device's MPS server."""
         return sum(1 for c in self.claims if c.mode == "hard")
 
+    @property
+    def hard_by_daemon(self) -> dict[int, int]:
+        """Live hard-mode claims per memgov MPS daemon (a record without a number counts as 0)."""
+        counts: dict[int, int] = {}
+        for c in self.claims:
+            if c.mode == "hard":
+                k = c.extra.get("mps_daemon")
+                k = k if isinstance(k, int) and not isinstance(k, bool) else 0
+                counts[k] = counts.get(k, 0) + 1
+        return counts
+
+    @property
+    def contexts(self) -> int:
+        """Live claims without MPS: each process holds its own CUDA context on the device."""
+        return sum(1 for c in self.claims if c.mode != "hard")
+
     def largest_holders(self, n: int = 3) -> list[Entry]:
         return sorted(self.claims, key=lambda c: c.bytes, reverse=True)[:n]
 

@@ -3,7 +3,12 @@
 Everything goes through ``nvidia-cuda-mps-control``, one command per invocation on stdin (NVIDIA
 MPS docs, "Tools and Interface Reference"): ``get_server_list``, ``get_client_list <server pid>``,
 ``quit``. The daemon writes ``nvidia-cuda-mps-control.pid`` into its pipe folder. This module is
-what claim() needs (see _enforce); _mps starts and stops memgov's own daemon.
+what claim() needs (see _enforce); _mps starts and stops memgov's own daemons.
+
+memgov may run several control daemons (each with its own server) for the same GPUs: one server
+admits only so many clients per GPU (48 on the H200), and a second daemon with its own pipe
+folder admits its own (measured: 96 of 100 clients started with two). Daemon 0 keeps the folders
+``$MEMGOV_DIR/mps/pipe`` and ``log``; daemon k >= 1 uses ``pipe-k`` and ``log-k``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ QUERY_TIMEOUT_S = 5.0
 """A control command that takes longer means no daemon reads the pipe (a stale FIFO)."""
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+MAX_DAEMONS = 16
+"""memgov's daemons per host at most (pipe folders looked for on every claim; lstat each)."""
+DEFAULT_CLIENTS = 48
+"""Clients one MPS server admits per GPU: 48 measured on the H200 (Volta and later; 16 before)."""
+POLICIES = ("fill", "spread")
 
 
 class MpsError(MemgovError):
@@ -44,9 +54,27 @@ class Paths:
     lock: Path
 
 
-def paths() -> Paths:
+def paths(daemon: int = 0) -> Paths:
+    """The folders of memgov's daemon number ``daemon`` (0 to MAX_DAEMONS - 1)."""
+    if not 0 <= daemon < MAX_DAEMONS:
+        raise MpsError(f"MPS daemon {daemon}: accepted 0 to {MAX_DAEMONS - 1}")
     root = _config.ledger_dir() / "mps"
-    return Paths(root, root / "pipe", root / "log", root / "state.json", root / "mps.lock")
+    tail = "" if daemon == 0 else f"-{daemon}"
+    state = "state.json" if daemon == 0 else f"state-{daemon}.json"
+    return Paths(root, root / f"pipe{tail}", root / f"log{tail}", root / state, root / "mps.lock")
+
+
+def daemon_index(pipe: Path) -> int | None:
+    """Which of memgov's daemons ``pipe`` belongs to, or None for anyone else's."""
+    root = _config.ledger_dir() / "mps"
+    if pipe.parent != root:
+        return None
+    return next((k for k in range(MAX_DAEMONS) if paths(k).pipe == pipe), None)
+
+
+def running_daemons() -> list[int]:
+    """memgov's daemons that answer now, by number (cheap: an lstat and a PID check each)."""
+    return [k for k in range(MAX_DAEMONS) if reachable(paths(k).pipe)]
 
 
 def binary() -> str | None:
@@ -114,21 +142,32 @@ def client_pids(pipe: Path, server: int) -> list[int]:
     return pids(query(f"get_client_list {server}", pipe))
 
 
-def client_pipe() -> tuple[Path | None, bool]:
-    """The pipe folder CUDA would use in this process, and whether it is memgov's daemon's.
+def client_daemons() -> list[tuple[int | None, Path]]:
+    """The daemons this process's claim may use: (memgov's number or None, pipe folder).
 
-    CUDA_MPS_PIPE_DIRECTORY, when set, is the only place CUDA looks. Otherwise memgov's folder
-    (claim() then points CUDA at it), else the system default, which CUDA finds by itself.
+    CUDA_MPS_PIPE_DIRECTORY naming someone else's daemon is the only place CUDA looks. Naming
+    one of memgov's (set by a parent's claim or by pack), or unset: memgov's running daemons, and
+    the claim picks one with room (claim() then points CUDA at it). With none of memgov's, the
+    system default, which CUDA finds by itself.
     """
-    mine = paths().pipe
     raw = os.environ.get(PIPE_ENV, "").strip()
     if raw:
         pipe = Path(raw)
-        return (pipe if reachable(pipe) else None), pipe == mine
-    for pipe in (mine, DEFAULT_PIPE):
-        if reachable(pipe):
-            return pipe, pipe == mine
-    return None, False
+        if daemon_index(pipe) is None:
+            return [(None, pipe)] if reachable(pipe) else []
+    ours: list[tuple[int | None, Path]] = [(k, paths(k).pipe) for k in running_daemons()]
+    if ours or raw:
+        return ours
+    return [(None, DEFAULT_PIPE)] if reachable(DEFAULT_PIPE) else []
+
+
+def client_pipe() -> tuple[Path | None, bool]:
+    """The first pipe folder of :func:`client_daemons`, and whether it is memgov's."""
+    found = client_daemons()
+    if not found:
+        return None, False
+    index, pipe = found[0]
+    return pipe, index is not None
 
 
 def server_uids(pipe: Path) -> dict[int, int | None]:
@@ -145,16 +184,34 @@ def server_uids(pipe: Path) -> dict[int, int | None]:
 
 
 def client_limit() -> int:
-    """Clients one MPS server admits per GPU (48 on Volta and later; MEMGOV_MPS_CLIENTS)."""
+    """Clients one MPS server (one daemon) admits per GPU: MEMGOV_MPS_CLIENTS, default 48."""
     raw = os.environ.get("MEMGOV_MPS_CLIENTS", "").strip()
     if not raw:
-        return 48
+        return DEFAULT_CLIENTS
     if not raw.isdigit() or int(raw) < 1:
         raise MpsError(
             f"MEMGOV_MPS_CLIENTS={raw!r}: accepted a whole number >= 1 (MPS admits 48 clients per "
             "GPU on Volta and later, 16 before)"
         )
     return int(raw)
+
+
+def policy() -> str:
+    """Which daemon a hard claim joins (MEMGOV_MPS_POLICY): ``fill`` the lowest-numbered one
+    with room (default: the fewest servers busy), or ``spread`` the one with the fewest clients."""
+    raw = os.environ.get("MEMGOV_MPS_POLICY", "").strip().lower() or "fill"
+    if raw not in POLICIES:
+        raise MpsError(
+            f"MEMGOV_MPS_POLICY={os.environ['MEMGOV_MPS_POLICY']!r}: accepted fill (the "
+            "lowest-numbered daemon with room, default) or spread (the one with fewest clients)"
+        )
+    return raw
+
+
+def daemons_for(clients: int) -> int:
+    """How many daemons ``clients`` MPS clients on one GPU need at once."""
+    limit = client_limit()
+    return max(1, -(-clients // limit))
 
 
 def daemon_pid(pipe: Path) -> int | None:

@@ -8,7 +8,8 @@ Times one process's training steps (solo, GPU) in variants that each remove one 
 - ``resident``: the same step, every batch uploaded before the clock starts (upper bound: no
   upload cost at all);
 - ``resident_nodrop``: as ``resident`` without dropout's random numbers (the RNG's cost);
-- ``minimal``: a minimal jit loop, SGD and no dropout, host numpy batches (the baseline the issue quotes: ~50,000 samples/s).
+- ``minimal``: a minimal jit loop, SGD and no dropout, host numpy batches (the baseline the
+  issue quotes: ~50,000 samples/s).
 
 Usage: python3 benchmarks/gpu/jax_trainer_probe.py --out probe.json [--steps 1500]
 Prints one line per variant (steps/s, samples/s) and writes them as JSON.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,16 @@ def parse_args(framework: str, argv: list[str] | None = None) -> argparse.Namesp
         help="after the first step, also hold N MiB on the accelerator (rogue job; no-op on CPU)",
     )
     p.add_argument("--eval", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--barrier",
+        default=None,
+        metavar="DIR",
+        help="after start-up (framework and device ready), leave a file in DIR and wait until "
+        "--barrier-n jobs have (or --barrier-timeout s): packed jobs then train together, so a "
+        "short run measures them all at once rather than their start-up stagger",
+    )
+    p.add_argument("--barrier-n", type=int, default=1)
+    p.add_argument("--barrier-timeout", type=float, default=40.0)
     if framework == "torch":
         p.add_argument(
             "--cuda-graph",
@@ -97,7 +108,28 @@ def parse_args(framework: str, argv: list[str] | None = None) -> argparse.Namesp
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.hog_mib < 0:
         p.error("--hog-mib must be >= 0")
+    if args.barrier_n < 1 or not args.barrier_timeout >= 0:
+        p.error("--barrier-n must be >= 1 and --barrier-timeout >= 0")
     return args
+
+
+def _barrier(folder: str, n: int, timeout: float) -> tuple[int, float]:
+    """Leave this job's mark in ``folder``; wait for ``n`` marks or ``timeout`` seconds.
+
+    Returns (marks seen, seconds waited). A job that never comes (it failed at start-up, or waits
+    for memory) costs the others ``timeout`` at most.
+    """
+    os.makedirs(folder, exist_ok=True)
+    mark = os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}.ready")
+    with open(mark, "w"):
+        pass
+    t0 = time.perf_counter()
+    while True:
+        seen = sum(1 for name in os.listdir(folder) if name.endswith(".ready"))
+        waited = time.perf_counter() - t0
+        if seen >= n or waited >= timeout:
+            return seen, round(waited, 3)
+        time.sleep(0.05)
 
 
 def main(framework: str, build: Callable[[argparse.Namespace], Trainer]) -> NoReturn:
@@ -124,6 +156,9 @@ def _train(framework: str, args: argparse.Namespace, build: Callable[..., Traine
         epochs=args.epochs,
         train_samples=len(x_train),
     )
+    if args.barrier:
+        seen, waited = _barrier(args.barrier, args.barrier_n, args.barrier_timeout)
+        report.emit("barrier", seen=seen, wanted=args.barrier_n, waited_s=waited)
     t_start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     held: list[object] = []  # the rogue allocation, alive until the process exits

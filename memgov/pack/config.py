@@ -67,6 +67,8 @@ class PackConfig:
     mode: str = "claim"
     claim: str = "auto"
     mps: str = "auto"
+    mps_daemons: int | None = None
+    """MPS control daemons to run; None: as many as the jobs at once need (48 clients each)."""
     epochs: int | None = None
     batch: int | None = None
     runner: str = "process"
@@ -103,6 +105,8 @@ class PackConfig:
                             ("--threads", self.threads), ("--parallel", self.parallel)):
             if value is not None:
                 _count(name, value, 10**6)
+        if self.mps_daemons is not None:
+            _count("--mps-daemons", self.mps_daemons, 16)
         if self.sweep is not None:
             if not self.sweep:
                 raise ConfigError("--sweep: accepted a comma-separated list of job counts, "

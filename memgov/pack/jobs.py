@@ -22,11 +22,19 @@ from typing import IO, Any
 
 from memgov.pack.runners import Runner
 
-REASONS = ("oom", "cuda_error", "budget_refused", "host_memory", "killed", "timeout",
-           "interrupted", "error")
-"""Why a job failed: out of memory, another CUDA error, its claim was refused, the host had no
-memory for it (never started, see hostmem.py), it was killed by a signal (not pack's), pack
-stopped it at --timeout or on Ctrl-C, anything else."""
+REASONS = ("oom", "cuda_error", "contexts", "mps_clients", "budget_refused", "host_memory",
+           "killed", "timeout", "interrupted", "error")
+"""Why a job failed: out of memory, another CUDA error, the GPU created no more CUDA contexts
+(CUDA's "out of memory" before the job started, or the ledger's context limit), its MPS server
+took no more clients, its claim was refused, the host had no memory for it (never started, see
+hostmem.py), it was killed by a signal (not pack's), pack stopped it at --timeout or on Ctrl-C,
+anything else."""
+CONTEXT_WALL = "cuda error: out of memory"
+"""CUDA's words when a new context cannot be created (seen on the H200 with most memory free);
+an allocation that does not fit says "CUDA out of memory. Tried to allocate" instead."""
+MPS_FULL = "busy or unavailable"
+"""CUDA's words for a client its MPS server does not admit ("all CUDA-capable devices are busy
+or unavailable")."""
 TAIL_LINES = 40
 
 
@@ -155,10 +163,17 @@ def classify(events: list[dict[str, Any]], code: int | None, sig: int | None, ta
     stderr = "\n".join(tail)
     if code == 0 and done and error is None:
         return None, None
+    started = any(e.get("event") == "start" for e in events)
     if error is not None:
         message = str(error.get("message", ""))
         if "BudgetExceeded" in message:
+            if "CUDA context limit" in message:
+                return "contexts", message
             return "budget_refused", message
+        if not started and CONTEXT_WALL in message.lower():
+            return "contexts", f"no CUDA context at start-up (the GPU's context limit): {message}"
+        if not started and MPS_FULL in message.lower():
+            return "mps_clients", f"the MPS server admitted no more clients: {message}"
         kind = error.get("kind")
         if kind == "oom":
             return "oom", message

@@ -37,6 +37,8 @@ class JobSample:
     uss: int | None = None
     claim_bytes: int | None = None
     claim_mode: str | None = None
+    mps_daemon: int | None = None
+    """The memgov MPS daemon a hard claim joined (its ledger record's ``mps_daemon``)."""
     host_pids: tuple[int, ...] = ()
 
 
@@ -204,6 +206,7 @@ class Sampler:
             if holder is not None:
                 job = self.jobs[holder]
                 job.claim_bytes, job.claim_mode = entry.bytes, entry.mode
+                job.mps_daemon = entry.extra.get("mps_daemon")
 
     def summary(self) -> dict[str, Any]:
         return {"samples": self.samples, "host_every_s": round(self.slow_s, 2),

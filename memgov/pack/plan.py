@@ -40,6 +40,8 @@ class RunPlan:
     claim_bytes: int | None
     extra_args: list[str] = field(default_factory=list)
     rogue: tuple[int, int] | None = None
+    held_by: str | None = None
+    """The limit that keeps ``parallel`` below ``n`` (mps_clients, contexts), or None."""
 
     def rogue_mib(self, index: int) -> int:
         """The last K jobs of a main run are the rogue ones."""
@@ -70,6 +72,10 @@ class Context:
     ledger_capacity: int | None
     ledger_free: int | None
     host_gate: hostmem.HostGate | None = None
+    mps_daemons: int = 1
+    """memgov MPS daemons pack runs (each admits ``mps_limit`` clients per GPU)."""
+    context_limit: int | None = None
+    """CUDA contexts the GPU takes without MPS (MEMGOV_CONTEXTS); None: no limit known."""
     mps_info: dict[str, Any] | None = None
 
     @property
@@ -105,10 +111,13 @@ class Context:
     def mps_daemon(self) -> Iterator[dict[str, Any]]:
         from memgov import _mps
 
-        with _mps.daemon() as info:
+        with _mps.daemon(daemons=self.mps_daemons) as info:
             yield {"used": True, "reason": self.mps_reason,
                    "started_here": bool(info.get("started_here")), "pipe": info.get("pipe"),
-                   "daemon_pid": info.get("daemon_pid"), "client_limit": self.mps_limit}
+                   "daemon_pid": info.get("daemon_pid"), "client_limit": self.mps_limit,
+                   "daemons": self.mps_daemons, "policy": info.get("policy"),
+                   "start_s": info.get("start_s"),
+                   "daemon_pids": [d.get("daemon_pid") for d in info.get("daemons", [])]}
 
     def mps_paths(self) -> tuple[Path, Path]:
         from memgov import _mpsctl
@@ -137,11 +146,18 @@ def prepare(cfg: PackConfig) -> Context:
         simulated = f"sim0:{total // 2**20}MiB"
         device = _devices.simulated_devices(simulated)[0]
     mps, reason, limit = _mps_choice(cfg, cpu)
+    contexts = None
+    if device is not None and not device.simulated and not cpu:
+        contexts = _config.context_limit(simulated=False)
     runner = runners.make(cfg.runner, image=cfg.image, ledger=ledger,
                           gpu=None if device is None or cpu else device.uuid,
                           mps_pipe=_mps_pipe() if mps else None)
     runner.check()
-    plans = _plans(cfg, sizes, mps, limit, claim_bytes)
+    plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
+    from memgov import _mpsctl
+
+    daemons = cfg.mps_daemons or _mpsctl.daemons_for(max(
+        [min(p.n, p.parallel) for p in plans if p.mps], default=1))
     import psutil
 
     snap = None
@@ -156,7 +172,8 @@ def prepare(cfg: PackConfig) -> Context:
         simulated=simulated if cpu else None, ledger=ledger, out=out.resolve(),
         epochs=epochs or 0, batch=batch or 0, claim_bytes=claim_bytes,
         claim_source=claim_source, mps_reason=reason, mps_limit=limit if mps else None,
-        plans=plans, host_available=psutil.virtual_memory().available,
+        plans=plans, mps_daemons=daemons, context_limit=contexts,
+        host_available=psutil.virtual_memory().available,
         ledger_capacity=snap.capacity if snap else None, ledger_free=snap.free if snap else None,
     )
     recorded = [p["bytes"] for p in history.read(ctx.host_history_key)] if cfg.history else []
@@ -209,10 +226,12 @@ def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
         if cfg.mps == "on":
             _mpsctl.require_binary()  # raises, saying where the program comes from
         return False, f"{_mpsctl.CONTROL} not on PATH (--mps auto)", limit
-    if cfg.parallel is not None and cfg.parallel > limit:
+    most = limit * _mpsctl.MAX_DAEMONS
+    if cfg.parallel is not None and cfg.parallel > most:
         raise ConfigError(
-            f"--parallel {cfg.parallel}: an MPS server admits {limit} clients per GPU "
-            "(MEMGOV_MPS_CLIENTS sets it); accepted --parallel up to that, or --mps off")
+            f"--parallel {cfg.parallel}: an MPS daemon admits {limit} clients per GPU "
+            f"(MEMGOV_MPS_CLIENTS sets it) and pack runs at most {_mpsctl.MAX_DAEMONS} daemons; "
+            f"accepted --parallel up to {most}, or --mps off")
     return True, f"--mps {cfg.mps}: {_mpsctl.CONTROL} found", limit
 
 
@@ -223,20 +242,33 @@ def _mps_pipe() -> Path:
 
 
 def _plans(cfg: PackConfig, sizes: list[int], mps: bool, limit: int,
-           claim: int | None) -> list[RunPlan]:
-    def parallel(n: int, under_mps: bool) -> int:
-        wanted = cfg.parallel or n
-        return min(wanted, limit) if under_mps else wanted
+           claim: int | None, contexts: int | None = None) -> list[RunPlan]:
+    """The runs of the pack. Jobs at once are capped by what the GPU takes: under MPS, clients
+    (``limit`` per daemon, at most MAX_DAEMONS daemons or ``--mps-daemons``); without it, CUDA
+    contexts (``contexts``, MEMGOV_CONTEXTS). The rest queue and start as others end."""
+    from memgov._mpsctl import MAX_DAEMONS
+
+    def parallel(n: int, under_mps: bool) -> tuple[int, str | None]:
+        wanted = min(cfg.parallel or n, n)
+        cap: int | None = contexts
+        why = "contexts"
+        if under_mps:
+            cap, why = limit * (cfg.mps_daemons or MAX_DAEMONS), "mps_clients"
+        if cap is not None and wanted > cap:
+            return cap, why
+        return wanted, None
 
     plans = []
     if cfg.baseline == "naive":
-        plans.append(RunPlan("baseline", "baseline", cfg.n, "greedy", False, parallel(cfg.n, False),
-                             None, list(cfg.baseline_args)))
+        at_once, why = parallel(cfg.n, False)
+        plans.append(RunPlan("baseline", "baseline", cfg.n, "greedy", False, at_once,
+                             None, list(cfg.baseline_args), held_by=why))
     if cfg.solo and 1 not in sizes:
         plans.append(RunPlan("solo", "solo", 1, cfg.mode, mps, 1, claim))
     for n in sizes:
-        plans.append(RunPlan("main", f"n{n}", n, cfg.mode, mps, parallel(n, mps), claim,
-                             rogue=cfg.rogue))
+        at_once, why = parallel(n, mps)
+        plans.append(RunPlan("main", f"n{n}", n, cfg.mode, mps, at_once, claim,
+                             rogue=cfg.rogue, held_by=why))
     return plans
 
 

@@ -43,6 +43,7 @@ def complete_run(
             "claim_source": ctx.claim_source if plan.claim_bytes else None,
             "trainer_args": [*ctx.cfg.trainer_args, *plan.extra_args],
             "rogue": {"jobs": plan.rogue[0], "mib": plan.rogue[1]} if plan.rogue else None,
+            "parallel_held_by": plan.held_by,
             "wall_s": round(wall, 3),
             "timeout_s": ctx.cfg.timeout,
             "device_total_mib": mib(sampler.device_total),
@@ -67,7 +68,10 @@ def complete_run(
         claim_bytes=plan.claim_bytes,
         ledger_capacity=ctx.ledger_capacity,
         host_available=ctx.host_available,
-        mps_limit=ctx.mps_limit if plan.mps else None,
+        mps_limit=ctx.mps_limit * ctx.mps_daemons if plan.mps and ctx.mps_limit else None,
+        contexts=None if plan.mps else ctx.context_limit,
+        cores=cores(),
+        concurrent=min(plan.n, plan.parallel),
     )
 
 
@@ -131,7 +135,9 @@ class Results:
         ctx, report = self.ctx, self.report
         report["interrupted"] = interrupted
         if ctx.mps_info is not None and ctx.mps_info.get("started_here"):
-            report["mps"]["stopped"] = not _mpsctl.reachable(ctx.mps_paths()[0])
+            report["mps"]["stopped"] = not any(
+                _mpsctl.reachable(_mpsctl.paths(k).pipe) for k in range(ctx.mps_daemons)
+            )
         for run in report["runs"]:  # at the end: the baseline runs before the solo job
             solo = None if run is self.solo else self.solo
             run.update(stats.compare(run, solo))

@@ -68,6 +68,7 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
         "uss_mib": mib(sample.uss),
         "claim_mib": mib(sample.claim_bytes),
         "claim_mode": sample.claim_mode,
+        "mps_daemon": sample.mps_daemon,
         "started_s": _round(job.started),
         "ended_s": _round(job.ended),
         "stdout_garbage_lines": job.garbage,
@@ -149,8 +150,13 @@ def compare(run: dict[str, Any], solo: dict[str, Any] | None) -> dict[str, Any]:
 
 def capacity(run: dict[str, Any], *, device_total: int | None, device_free_before: int | None,
              claim_bytes: int | None, ledger_capacity: int | None, host_available: int,
-             mps_limit: int | None) -> dict[str, Any]:
-    """Estimates of how many such jobs fit, by each limit, and which binds first."""
+             mps_limit: int | None, contexts: int | None = None, cores: int | None = None,
+             concurrent: int | None = None) -> dict[str, Any]:
+    """Estimates of how many such jobs fit at once, by each limit, and which binds first.
+
+    GPU memory (free / largest footprint; ledger capacity / claim), host memory (available /
+    USS per job), MPS clients (per daemon x daemons) or CUDA contexts without MPS. Cores are no
+    hard limit (jobs share them at one thread each, slower): ``cores`` says whether they did."""
     limits: dict[str, int] = {}
     foot = run["footprint_max_mib"]
     if foot and device_free_before is not None:
@@ -162,12 +168,17 @@ def capacity(run: dict[str, Any], *, device_total: int | None, device_free_befor
         limits["host_memory_by_uss"] = int(host_available / 2**20 // uss)
     if mps_limit is not None:
         limits["mps_clients"] = mps_limit
+    if contexts is not None:
+        limits["contexts"] = contexts
     binding = min(limits, key=lambda k: limits[k]) if limits else None
     return {
         "estimate": True,
         "jobs_fit": limits,
         "binding": binding,
         "max_jobs": limits.get(binding) if binding else None,
+        "cores": None if cores is None else {
+            "cores": cores, "jobs_at_once": concurrent,
+            "shared": bool(concurrent and concurrent > cores)},
         "device_total_mib": mib(device_total),
         "device_free_before_mib": mib(device_free_before),
         "host_available_before_mib": mib(host_available),

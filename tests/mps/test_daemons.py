@@ -1,0 +1,304 @@
+"""Several MPS control daemons per GPU: start, status, stop, and which daemon a hard claim joins.
+
+No NVIDIA driver here, so ``nvidia-cuda-mps-control`` is a stand-in (tests/helpers/
+fake_mps_control.py): real background processes with real UNIX-socket endpoints, PID files and
+process names, answering the three commands memgov sends. What it cannot show (that a real
+server admits 48 clients, and that a second daemon admits 48 more) is measured on the GPU
+machine by benchmarks/gpu/mps_density.sh. Admission runs on a simulated device with the mode
+claim() would pass on a real GPU ("hard"), with real records and flocks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import memgov
+from memgov import _claim, _enforce, _mps
+from memgov._devices import Device, candidates
+from memgov._ledger import DeviceLedger
+from memgov._records import Held
+
+FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_mps_control.py"
+GPU = Device(0, "GPU-00000000-1111-2222-3333-444444444444", "real GPU", 80 * 2**30, 0, False, 0)
+GIB = 2**30
+
+
+@pytest.fixture
+def fake_mps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The stand-in control program first on PATH, and a short ledger path (socket paths are
+    limited to 107 bytes). Every daemon still running at the end is stopped."""
+    base = Path(tempfile.mkdtemp(prefix="mg-", dir="/tmp"))
+    bin_dir = base / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "nvidia-cuda-mps-control"
+    program.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(FAKE)!r}, "
+                       "run_name='__main__')\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("MEMGOV_DIR", str(base / "ledger"))
+    for name in ("CUDA_MPS_PIPE_DIRECTORY", "MEMGOV_MPS_CLIENTS", "MEMGOV_MPS_POLICY",
+                 "MEMGOV_MPS", "MEMGOV_CONTEXTS", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+        monkeypatch.delenv(name, raising=False)
+    yield base / "ledger"
+    for k in _mps.running_daemons():
+        pid = _mps.daemon_pid(_mps.paths(k).pipe)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "memgov.cli", "mps", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_start_runs_as_many_daemons_as_asked_each_with_its_folders(fake_mps: Path) -> None:
+    result = cli("start", "--daemons", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["running_daemons"] == 3 and info["started"] == [0, 1, 2]
+    assert sorted(info["start_s"]) == ["0", "1", "2"]  # JSON keys
+    pipes = [d["pipe"] for d in info["daemons"]]
+    assert pipes == [str(fake_mps / "mps" / p) for p in ("pipe", "pipe-1", "pipe-2")]
+    pids = {d["daemon_pid"] for d in info["daemons"]}
+    assert len(pids) == 3 and all(d["started_by_memgov"] for d in info["daemons"])
+    assert _mps.running_daemons() == [0, 1, 2]
+    # Asking again for what already runs is an error that says so; asking for more starts more.
+    again = cli("start", "--daemons", "3")
+    assert again.returncode == 2 and "3 MPS control daemon(s) already run" in again.stderr
+    more = cli("start", "--daemons", "4", "--json")
+    assert more.returncode == 0, more.stderr
+    assert json.loads(more.stdout)["started"] == [3]
+    text = cli("status")
+    assert "MPS daemon 3: running" in text.stdout and "48 client" not in text.stderr
+    stopped = cli("stop", "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    report = json.loads(stopped.stdout)
+    assert report["stopped"] and report["daemons"] == [0, 1, 2, 3]
+    assert _mps.running_daemons() == []
+    assert not any((fake_mps / "mps").glob("state*.json"))  # nothing recorded is left behind
+    for pid in pids:
+        assert gone_or_zombie(pid)
+
+
+def gone_or_zombie(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # orphans wait for init
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_stop_checks_every_daemon_before_stopping_any(fake_mps: Path) -> None:
+    _mps.start(daemons=2)
+    (_mps.paths(1).pipe / "fake-clients").write_text(f"{os.getpid()}\n")
+    with pytest.raises(_mps.MpsError, match="1 client process"):
+        _mps.stop()
+    assert _mps.running_daemons() == [0, 1]  # daemon 0 was not stopped either
+    report = _mps.stop(force=True)
+    assert report["stopped"] and report["clients_at_stop"] == [os.getpid()]
+    assert any(a.startswith("daemon 1: ") for a in report["actions"])
+
+
+def test_the_context_manager_stops_only_what_it_started(fake_mps: Path) -> None:
+    _mps.start(daemons=1)
+    with _mps.daemon(daemons=3) as info:
+        assert info["started_here"] and info["started"] == [1, 2]
+        assert _mps.running_daemons() == [0, 1, 2]
+    assert _mps.running_daemons() == [0]  # daemon 0 was there before: not ours to stop
+    _mps.stop()
+
+
+def test_a_claim_may_join_any_running_daemon(fake_mps: Path, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+    _mps.start(daemons=3)
+    plan = _enforce.decide([GPU], cuda_initialized=False)
+    assert plan.hard and plan.memgov_daemon and plan.daemons == (0, 1, 2)
+    assert "3 of memgov's daemons" in plan.reason
+    # Inherited from pack or a parent's claim, memgov's own pipe folder still lets it choose.
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(_mps.paths(1).pipe))
+    assert _enforce.decide([GPU], cuda_initialized=False).daemons == (0, 1, 2)
+    # Someone else's folder is the only place CUDA would look: one server, as before.
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(fake_mps.parent / "elsewhere"))
+    assert not _enforce.decide([GPU], cuda_initialized=False).hard
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY")
+    # The daemon admission picked is where CUDA is pointed.
+    previous = _enforce.apply(plan, GIB, 0, None, daemon=2)
+    assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == str(_mps.paths(2).pipe)
+    assert os.environ["CUDA_MPS_LOG_DIRECTORY"] == str(_mps.paths(2).log)
+    _enforce.restore(previous)
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    _mps.stop()
+
+
+# -- which daemon: the ledger's count per daemon ------------------------------------------------
+def admit(daemons: tuple[int, ...], wait: float | None = None) -> tuple[DeviceLedger, Held, int]:
+    (device,) = candidates(None)
+    ledger, held, payload = _claim._admit(
+        [DeviceLedger(device)], {device.uuid: GIB}, wait, "job",
+        {device.uuid: ("hard", "test")}, None, daemons)
+    return ledger, held, payload["mps_daemon"]
+
+
+@pytest.mark.parametrize(("policy", "order"), [
+    ("", [0, 0, 1, 1, 2, 2]),  # default: fill the lowest-numbered daemon first
+    ("fill", [0, 0, 1, 1, 2, 2]),
+    ("spread", [0, 1, 2, 0, 1, 2]),
+])
+def test_hard_claims_fill_or_spread_over_the_daemons(
+    sim: str, monkeypatch: pytest.MonkeyPatch, policy: str, order: list[int]
+) -> None:
+    monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "2")
+    monkeypatch.setenv("MEMGOV_MPS_POLICY", policy)
+    held = [admit((0, 1, 2)) for _ in range(6)]
+    assert [k for _, _, k in held] == order
+    assert held[0][0].snapshot().hard_by_daemon == {0: 2, 1: 2, 2: 2}
+    with pytest.raises(memgov.BudgetExceeded) as refused:
+        admit((0, 1, 2))  # the 7th: every daemon is full
+    assert "MPS client limit 2 reached on sim0 on every running daemon (daemon 0: 2, " \
+           "daemon 1: 2, daemon 2: 2 hard-mode claims)" in str(refused.value)
+    assert "memgov mps start --daemons N" in str(refused.value)
+    ledger, record, k = held.pop(3)  # a client of daemon 1 (fill) or 0 (spread) ends
+    ledger.remove("claims", record)
+    assert admit((0, 1, 2))[2] == k  # its slot is the one with room again
+    for ledger, record, _ in held:
+        ledger.remove("claims", record)
+
+
+def test_the_49th_client_joins_the_second_daemon(sim: str) -> None:
+    held = [admit((0, 1)) for _ in range(49)]
+    assert [k for _, _, k in held].count(0) == 48 and held[-1][2] == 1
+    for ledger, record, _ in held:
+        ledger.remove("claims", record)
+
+
+def test_bad_policy_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMGOV_MPS_POLICY", "random")
+    with pytest.raises(memgov.MemgovError, match=r"MEMGOV_MPS_POLICY='random': accepted fill"):
+        _mps.policy()
+
+
+HOLDER = """
+import sys
+from memgov import _claim
+from memgov._devices import candidates
+from memgov._ledger import DeviceLedger
+(device,) = candidates(None)
+_claim._admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
+              {device.uuid: ("hard", "test")}, None, (0, 1))
+print("admitted", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_killed_client_frees_its_slot_on_its_daemon(sim: str, monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "1")
+    first = admit((0, 1))
+    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "admitted"
+        with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
+            admit((0, 1))
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        assert admit((0, 1))[2] == 1  # the dead holder's flock is gone, and its slot on daemon 1
+    finally:
+        child.kill()
+        child.wait()
+    first[0].remove("claims", first[1])
+
+
+# -- CUDA contexts without MPS ----------------------------------------------------------------
+def test_claims_without_mps_stop_at_the_context_limit(sim: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMGOV_CONTEXTS", "2")
+    (device,) = candidates(None)
+    ledger = DeviceLedger(device)
+
+    def one(mode: str) -> Held:
+        return _claim._admit([ledger], {device.uuid: GIB}, None, "j", {device.uuid: (mode, "")})[1]
+
+    held = [one("soft"), one("soft"), one("hard")]  # MPS clients hold no context of their own
+    with pytest.raises(memgov.BudgetExceeded) as refused:
+        one("soft")
+    assert "CUDA context limit 2 reached on sim0 (2 claims without MPS" in str(refused.value)
+    assert "MEMGOV_CONTEXTS sets the limit" in str(refused.value)
+    for record in held:
+        ledger.remove("claims", record)
+
+
+def test_context_limit_defaults_apply_to_real_gpus_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memgov import _config
+
+    monkeypatch.delenv("MEMGOV_CONTEXTS", raising=False)
+    assert _config.context_limit(simulated=False) == 72
+    assert _config.context_limit(simulated=True) is None
+    monkeypatch.setenv("MEMGOV_CONTEXTS", "off")
+    assert _config.context_limit(simulated=False) is None
+    for bad in ("0", "many", "-3"):
+        monkeypatch.setenv("MEMGOV_CONTEXTS", bad)
+        with pytest.raises(memgov.MemgovError, match=r"MEMGOV_CONTEXTS=.*accepted a whole number"):
+            _config.context_limit(simulated=False)
+
+
+def test_doctor_shows_the_limits_and_reports_a_bad_one(fake_mps: Path) -> None:
+    _mps.start(daemons=2)
+    try:
+        def doctor(**env: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "memgov.cli", "doctor", *env.pop("a", "")
+                                   .split()], capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, **env})
+
+        info = json.loads(doctor(a="--json").stdout)["mps"]
+        assert info["clients_per_daemon"] == 48 and info["memgov_daemons"] == [0, 1]
+        assert info["policy"] == "fill" and info["contexts_per_gpu"] == 72
+        text = doctor(MEMGOV_MPS_CLIENTS="60", MEMGOV_CONTEXTS="off").stdout
+        assert "MPS: 60 clients per daemon per GPU" in text and "2 memgov daemon(s)" in text
+        assert "without MPS at most unlimited claims" in text
+        bad = doctor(MEMGOV_CONTEXTS="lots")
+        assert bad.returncode == 0 and "MPS settings: MEMGOV_CONTEXTS='lots'" in bad.stdout
+    finally:
+        _mps.stop()
+
+
+def test_claim_points_cuda_at_the_daemon_with_room(fake_mps: Path, sim: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The whole claim() path with memgov's real decision (three stand-in daemons answer), made
+    # for a real GPU's description; only the simulated device's "no driver, so soft" is lifted.
+    _mps.start(daemons=3)
+    monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "1")
+    real_decide = _enforce.decide
+    monkeypatch.setattr(_enforce, "decide", lambda _devices, init: real_decide([GPU], init))
+    monkeypatch.setattr(_enforce.Plan, "mode",
+                        lambda self, device, compute=None: ("hard", self.reason))
+    held = [admit((0, 1, 2)), admit((0, 1, 2))]  # daemons 0 and 1 are full
+    try:
+        claim = memgov.claim("1GiB", name="third")
+        assert claim.mode == "hard"
+        assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == str(_mps.paths(2).pipe)
+        assert os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
+        (record,) = [c for c in DeviceLedger(candidates(None)[0]).snapshot().claims
+                     if c.name == "third"]
+        assert record.extra["mps_daemon"] == 2
+        with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
+            _claim._admit([DeviceLedger(candidates(None)[0])], {"sim0": GIB}, None, "fourth",
+                          {"sim0": ("hard", "test")}, None, (0, 1, 2))
+        claim.release()
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    finally:
+        for ledger, record, _ in held:
+            ledger.remove("claims", record)
+        _mps.stop(force=True)

@@ -1,0 +1,119 @@
+"""Past the MPS client cap and the context wall: how many jobs pack runs at once, and why not more.
+
+Plans and reasons are checked as functions; the context limit also end to end, with real tiny
+CPU jobs claiming on a simulated GPU whose context limit is set (MEMGOV_CONTEXTS): the ledger then
+refuses (or queues) a job with that reason, as it does on a real GPU by default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import memgov
+from memgov import _mpsctl
+from memgov.pack import stats
+from memgov.pack.config import PackConfig
+from memgov.pack.jobs import classify
+from memgov.pack.plan import _plans
+from pack._util import MNIST, TINY, report, run_pack
+
+
+def cfg(**kw: object) -> PackConfig:
+    return PackConfig(experiment=MNIST, **kw)  # type: ignore[arg-type]
+
+
+def test_daemons_for_counts_48_clients_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MEMGOV_MPS_CLIENTS", raising=False)
+    assert [_mpsctl.daemons_for(n) for n in (1, 48, 49, 96, 97, 140)] == [1, 1, 2, 2, 3, 3]
+    monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "60")
+    assert _mpsctl.daemons_for(140) == 3
+
+
+def test_jobs_at_once_are_capped_by_clients_or_contexts() -> None:
+    main = _plans(cfg(n=140), [140], True, 48, 2**30, 72)[-1]
+    assert (main.parallel, main.held_by) == (140, None)  # 3 daemons hold 140 at once
+    main = _plans(cfg(n=140, mps_daemons=2), [140], True, 48, 2**30, 72)[-1]
+    assert (main.parallel, main.held_by) == (96, "mps_clients")
+    main = _plans(cfg(n=140), [140], False, 48, 2**30, 72)[-1]
+    assert (main.parallel, main.held_by) == (72, "contexts")  # no MPS: the context wall
+    main = _plans(cfg(n=140, parallel=50), [140], False, 48, 2**30, 72)[-1]
+    assert (main.parallel, main.held_by) == (50, None)
+    main = _plans(cfg(n=140), [140], False, 48, 2**30, None)[-1]
+    assert (main.parallel, main.held_by) == (140, None)  # CPU / simulated: no context limit
+
+
+def test_capacity_names_the_binding_limit() -> None:
+    run = {"footprint_max_mib": 884.0, "uss_per_job_mib": 640.0}
+    got = stats.capacity(run, device_total=143771 * 2**20, device_free_before=143000 * 2**20,
+                         claim_bytes=1037 * 2**20, ledger_capacity=143000 * 2**20,
+                         host_available=120 * 2**30, mps_limit=None, contexts=72, cores=16,
+                         concurrent=72)
+    assert got["binding"] == "contexts" and got["jobs_fit"]["contexts"] == 72
+    assert got["cores"] == {"cores": 16, "jobs_at_once": 72, "shared": True}
+    got = stats.capacity(run, device_total=143771 * 2**20, device_free_before=143000 * 2**20,
+                         claim_bytes=1037 * 2**20, ledger_capacity=143000 * 2**20,
+                         host_available=120 * 2**30, mps_limit=3 * 48, cores=16, concurrent=140)
+    assert got["binding"] == "gpu_memory_by_claim" and got["jobs_fit"]["mps_clients"] == 144
+
+
+START = {"event": "start"}
+
+
+@pytest.mark.parametrize(
+    ("events", "reason"),
+    [
+        # The wall: CUDA says "out of memory" while creating the context, before the job starts.
+        ([{"event": "error", "kind": "oom", "message": "RuntimeError: CUDA error: out of memory"}],
+         "contexts"),
+        # The same words after the start are an allocation that did not fit (the rogue).
+        ([START, {"event": "error", "kind": "oom", "message": "CUDA error: out of memory"}],
+         "oom"),
+        ([START, {"event": "error", "kind": "oom",
+                  "message": "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB"}],
+         "oom"),
+        ([{"event": "error", "kind": "cuda", "message": "AcceleratorError: CUDA error: all "
+           "CUDA-capable devices are busy or unavailable"}], "mps_clients"),
+        ([{"event": "error", "kind": "other", "message": "BudgetExceeded: cannot claim 1 GiB on "
+           "GPU-x: ...; CUDA context limit 72 reached on GPU-x (72 claims without MPS; ...)"}],
+         "contexts"),
+    ],
+)
+def test_context_wall_and_full_mps_server_are_reasons(events: list[dict[str, object]],
+                                                      reason: str) -> None:
+    assert classify(events, 1, None, [], None)[0] == reason
+
+
+def test_a_job_past_the_context_limit_is_refused_with_that_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:64GiB")
+    monkeypatch.setenv("MEMGOV_CONTEXTS", "1")
+    held = memgov.claim("1GiB", name="holder-in-test")  # the one context the GPU takes
+    out = tmp_path / "out"
+    try:
+        done = run_pack("--n", "1", "--device", "cpu", "--claim", "1GiB", "--no-solo",
+                        str(MNIST), "--epochs", "1", "--out", str(out), "--no-progress", *TINY)
+    finally:
+        held.release()
+    assert done.returncode == 1, done.stderr
+    data = report(out)
+    assert data["reasons"] == {"contexts": 1}
+    assert "CUDA context limit 1 reached on sim0" in data["jobs"][0]["detail"]
+
+
+def test_jobs_past_the_context_limit_queue_with_wait(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:64GiB")
+    monkeypatch.setenv("MEMGOV_CONTEXTS", "1")
+    out = tmp_path / "out"
+    done = run_pack("--n", "2", "--device", "cpu", "--claim", "1GiB", "--no-solo", "--wait",
+                    "90", str(MNIST), "--epochs", "1", "--out", str(out), "--no-progress",
+                    *TINY, timeout=240)
+    assert done.returncode == 0, done.stderr + done.stdout
+    data = report(out)
+    assert (data["ok"], data["n"]) == (2, 2)
+    first, second = sorted(data["jobs"], key=lambda j: j["epoch_spans"][0][0])
+    # One context at a time: the second job trained only after the first had ended.
+    assert second["epoch_spans"][0][0] >= first["epoch_spans"][-1][1]
