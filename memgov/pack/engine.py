@@ -126,7 +126,7 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
                     continue
                 cpus = cpu_sets(job.spec.index, threads or 1) if ctx.cfg.pin else None
                 job.start(ctx.runner, ctx.folder, base, log_dir, inbox, t0, cpus)
-                sampler.track(job.spec.label, _root(ctx, job))
+                sampler.track(job.spec.label, _root(ctx, job), ctx.runner.host_pids)
                 running.add(job.spec.label)
                 if ctx.host_gate is not None:
                     ctx.host_gate.started(len(running))
@@ -155,11 +155,14 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     finally:
         sampler.stop()
     wall = time.monotonic() - t0
+    left = ctx.runner.cleanup()  # containers a stop raced with (created, never started)
     done = [records.get(j.spec.label) or stats.job_record(j, sampler.jobs.get(
         j.spec.label) or _blank(), ctx.runner) for j in jobs]
     waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
     record = stats.run_record(done, all_at_once=concurrent >= plan.n and not waited)
     record.update(ctx.run_fields(plan, sampler, threads, concurrent, wall))
+    if left:
+        record["removed_after_run"] = left
     if ctx.host_gate is not None:
         record["host_gate"] = ctx.host_gate.summary()
         ctx.host_gate.reset()
