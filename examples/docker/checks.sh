@@ -22,15 +22,16 @@ pack_watched() {  # NAME SIMSPEC PACK-ARGS...
   local name=$1 spec=$2; shift 2
   local dir=$out/$name; rm -rf "$dir"; mkdir -p "$dir"
   export MEMGOV_DIR=$dir/ledger
-  echo "\$ MEMGOV_DIR=$MEMGOV_DIR ${DOCKER_HOST:+DOCKER_HOST=$DOCKER_HOST }${MEMGOV_DEVICES:+MEMGOV_DEVICES=$MEMGOV_DEVICES }memgov pack $*" > "$dir/pack.txt"
+  echo "\$ MEMGOV_DIR=$MEMGOV_DIR ${DOCKER_HOST:+DOCKER_HOST=$DOCKER_HOST }${MEMGOV_DEVICES:+MEMGOV_DEVICES=$MEMGOV_DEVICES }memgov pack --out $dir/pack $*" > "$dir/pack.txt"
   local t0=$SECONDS
-  ( memgov pack "$@" --out "$dir/pack" >> "$dir/pack.txt" 2>&1; echo "exit status: $?" >> "$dir/pack.txt" ) &
+  ( memgov pack --out "$dir/pack" "$@" >> "$dir/pack.txt" 2>&1; echo "exit status: $?" >> "$dir/pack.txt" ) &
   local pid=$! best=-1 i=0
   while kill -0 $pid 2>/dev/null; do
     i=$((i + 1))
     MEMGOV_DEVICES=$spec memgov status --json > "$dir/s.json" 2>/dev/null || true
     local n; n=$("$py" -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(len(x['claims']) for x in d['devices']))" "$dir/s.json" 2>/dev/null || echo 0)
-    echo "$(date -u +%T) claims=$n containers=$(docker ps -q --filter name=^memgov-pack- | wc -l)" >> "$dir/claims-over-time.txt"
+    local q; q=$("$py" -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(len(x['queue']) for x in d['devices']))" "$dir/s.json" 2>/dev/null || echo 0)
+    echo "$(date -u +%T) claims=$n queued=$q containers=$(docker ps -q --filter name=^memgov-pack- | wc -l)" >> "$dir/claims-over-time.txt"
     if [ "$n" -gt "$best" ]; then
       best=$n
       { echo "sample $i at $(date -u +%T), $((SECONDS - t0)) s into the pack"
@@ -71,9 +72,10 @@ if want killstop; then
 fi
 if want userns && [ -n "$userns" ]; then  # pack's containers on the --userns-remap engine
   DOCKER_HOST=$userns pack_watched userns sim0:16GiB --runner docker --device cpu --n 3 \
-    --epochs 1 --no-progress experiments/mnist "${tiny[@]}"
+    --epochs 3 --no-progress experiments/mnist -- --limit 640 --eval-limit 32
 fi
-if want queue; then  # the same small device with --wait: the rest queue and run as claims end
+if want queue; then  # the same small device with --wait and longer jobs: the rest queue
   MEMGOV_DEVICES=sim0:8GiB pack_watched queue sim0:8GiB --runner docker --device cpu --n 25 \
-    --epochs 1 --no-solo --no-progress --host-per-job 400MiB --wait 900 experiments/mnist "${tiny[@]}"
+    --epochs 2 --no-solo --no-progress --host-per-job 400MiB --wait 900 experiments/mnist \
+    -- --limit 320 --eval-limit 32
 fi

@@ -113,24 +113,46 @@ def test_docker_pack_runs_governed_containers(
     assert _records(private_ledger) == []
 
 
-def test_docker_pack_on_a_small_device_refuses_the_rest(
+def test_docker_pack_on_a_full_device_refuses_with_the_reason(
     docker_image: str, tmp_path: Path, private_ledger: Path
 ) -> None:
-    # Each job claims 1 GiB; the simulated device holds two. Jobs run with MEMGOV_STRICT=1.
-    done, report = _pack(
-        docker_image,
-        tmp_path / "out",
-        "--n",
-        "3",
-        "--no-solo",
-        "--host-per-job",
-        "off",
-        env={"MEMGOV_DEVICES": "sim0:2GiB"},
+    # A host process holds 1.5 GiB of a simulated 2 GiB device, so no container's 1 GiB claim
+    # fits (jobs run with MEMGOV_STRICT=1). All refused rather than "some": how many of a few
+    # short jobs overlap depends on how fast the engine starts them.
+    env = {**os.environ, "MEMGOV_DEVICES": "sim0:2GiB"}
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import memgov, sys; memgov.claim('1536MiB', name='host-holder');"
+            " print('held', flush=True); sys.stdin.read()",
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        done, report = _pack(
+            docker_image,
+            tmp_path / "out",
+            "--n",
+            "2",
+            "--no-solo",
+            "--host-per-job",
+            "off",
+            env={"MEMGOV_DEVICES": "sim0:2GiB"},
+        )
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    assert report["ok"] == 2 and report["reasons"] == {"budget_refused": 1}
-    refused = next(j for j in report["jobs"] if j["status"] == "failed")
-    assert "BudgetExceeded" in refused["detail"] and refused["claim_mib"] is None
+    assert report["ok"] == 0 and report["reasons"] == {"budget_refused": 2}
+    for job in report["jobs"]:
+        assert "BudgetExceeded" in job["detail"] and "host-holder" in job["detail"], job
+        assert job["claim_mib"] is None
     assert _records(private_ledger) == []
 
 
