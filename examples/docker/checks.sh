@@ -72,7 +72,7 @@ if want killstop; then
 fi
 if want userns && [ -n "$userns" ]; then  # pack's containers on the --userns-remap engine
   DOCKER_HOST=$userns pack_watched userns sim0:16GiB --runner docker --device cpu --n 3 \
-    --epochs 3 --no-progress experiments/mnist -- --limit 640 --eval-limit 32
+    --epochs 8 --no-progress experiments/mnist -- --limit 640 --eval-limit 32
 fi
 if want queue; then  # the same small device with --wait and longer jobs: the rest queue
   MEMGOV_DEVICES=sim0:8GiB pack_watched queue sim0:8GiB --runner docker --device cpu --n 25 \
