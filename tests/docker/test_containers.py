@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +158,14 @@ def test_docker_pack_on_a_full_device_refuses_with_the_reason(
     assert _records(private_ledger) == []
 
 
-def test_kill_stop_and_ctrl_c_leave_nothing(docker_image: str, tmp_path: Path) -> None:
-    got = killstop_check.run(tmp_path / "ks", docker_image)
+def test_kill_stop_and_ctrl_c_leave_nothing(docker_image: str) -> None:
+    # Not under pytest's tmp_path: another pytest of the same user prunes old base folders,
+    # and this test's pack writes its report there after a minute.
+    base = Path(tempfile.mkdtemp(prefix="memgov-test-killstop-"))
+    try:
+        got = killstop_check.run(base / "ks", docker_image)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     assert got["docker_kill"] == 0 and got["docker_stop"] == 0
     # the killed container's budget is free at the first look at the ledger after `docker kill`
     assert got["kill_claim_gone_s"]["looks"] == 1, got
