@@ -168,6 +168,7 @@ def docker_image(docker_engine: Engine, tmp_path_factory: pytest.TempPathFactory
         check=False,
     )
     assert base.returncode == 0, f"base.sh failed: {base.stderr[-1500:]}"
+    before = _image_id(IMAGE)
     wheels = _wheelhouse(tmp_path_factory.mktemp("wheels"))
     torch = importlib.metadata.version("torch").split("+")[0]
     build = subprocess.run(
@@ -188,7 +189,20 @@ def docker_image(docker_engine: Engine, tmp_path_factory: pytest.TempPathFactory
         check=False,
     )
     assert build.returncode == 0, f"build.sh failed: {(build.stdout + build.stderr)[-2000:]}"
+    if before is not None and before != _image_id(IMAGE):  # the last session's, now untagged
+        subprocess.run(["docker", "rmi", before], capture_output=True, timeout=120, check=False)
     return IMAGE
+
+
+def _image_id(name: str) -> str | None:
+    got = subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{.Id}}", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return got.stdout.strip() or None if got.returncode == 0 else None
 
 
 @pytest.fixture(scope="session")
@@ -235,5 +249,7 @@ def userns_engine(docker_image: str, tmp_path_factory: pytest.TempPathFactory) -
         yield host
     finally:
         _stop(daemon)
-        shutil.rmtree(data, ignore_errors=True)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        # dockerd also makes "<folder>.100000.100000" beside the folders it remaps
+        for made in (data, run_dir):
+            for folder in (made, *made.parent.glob(f"{made.name}.*")):
+                shutil.rmtree(folder, ignore_errors=True)
