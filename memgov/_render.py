@@ -9,7 +9,17 @@ from rich.table import Table
 from memgov._sizes import format_size
 
 
+def _holder(claim: dict[str, Any], here: str) -> str:
+    """The holder's PID, with its host when that is not this one: PIDs inside containers repeat
+    (every container's trainer is PID 7 or so), its hostname tells them apart."""
+    host = claim.get("host")
+    return f"{claim['pid']} @{host}" if host and host != here else str(claim["pid"])
+
+
 def status_table(data: dict[str, Any]) -> Table:
+    import socket
+
+    here = socket.gethostname()
     table = Table(title="memgov status", show_lines=False)
     for column in ("GPU", "claim", "pid", "budget", "use", "mode"):
         table.add_column(column, justify="right" if column in ("budget", "use", "pid") else "left")
@@ -25,7 +35,7 @@ def status_table(data: dict[str, Any]) -> Table:
             table.add_row(
                 head if i == 0 else "",
                 c["name"],
-                str(c["pid"]),
+                _holder(c, here),
                 format_size(c["bytes"]),
                 format_size(c["use"]),
                 c["mode"],

@@ -127,7 +127,7 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
                     continue
                 cpus = cpu_sets(job.spec.index, threads or 1) if ctx.cfg.pin else None
                 job.start(ctx.runner, ctx.folder, base, log_dir, inbox, t0, cpus)
-                sampler.track(job.spec.label, _root(ctx, job))
+                sampler.track(job.spec.label, _root(ctx, job), ctx.runner.host_pids)
                 running.add(job.spec.label)
                 if ctx.host_gate is not None:
                     ctx.host_gate.started(len(running))
@@ -156,16 +156,40 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     finally:
         sampler.stop()
     wall = time.monotonic() - t0
+    left = ctx.runner.cleanup()  # containers a stop raced with (created, never started)
+    swept = _sweep_ledger(ctx)
     done = [records.get(j.spec.label) or stats.job_record(j, sampler.jobs.get(
         j.spec.label) or _blank(), ctx.runner) for j in jobs]
     waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
     record = stats.run_record(done, all_at_once=concurrent >= plan.n and not waited)
     complete_run(ctx, record, plan, sampler, threads, concurrent, wall)
+    if left:
+        record["removed_after_run"] = left
+    if swept:
+        record["dead_records_removed"] = swept
     if ctx.host_gate is not None:
         record["host_gate"] = ctx.host_gate.summary()
         ctx.host_gate.reset()
     observer.run_ended(plan, record)
     return record, stop
+
+
+def _sweep_ledger(ctx: Context) -> list[str]:
+    """Remove the claim records of this run's killed jobs (SIGKILL, SIGTERM: no exit handler
+    ran). They count for nothing already (their flock died with them) and the next admission
+    would remove them; removing them now leaves the ledger folder as the run found it."""
+    if ctx.device is None:
+        return []
+    from memgov._errors import MemgovError
+    from memgov._ledger import DeviceLedger
+
+    ledger = DeviceLedger(ctx.device)
+    try:
+        with _patient(), ledger.locked():
+            return list(ledger.scan(clean=True).removed)
+    except MemgovError:
+        pass
+    return []
 
 
 def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str]) -> str:

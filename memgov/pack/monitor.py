@@ -3,7 +3,9 @@
 NVML reports host PIDs, so the sampler runs in pack's (host) PID namespace and maps each NVML PID
 to a job by walking up the process tree to the job's root: the trainer itself (process runner),
 the unshare process whose grandchild the trainer is (namespace runner), or the container's first
-process (docker runner, from ``docker inspect``). A job's footprint is the sum over its tree.
+process (docker runner, from ``docker inspect``; the job's processes are then the members of that
+process's cgroup, which also holds what ``docker exec`` started). A job's footprint is the sum over
+its tree.
 Host memory is RSS and USS (memory only this process holds: RSS counts shared library pages in
 every process). Claims are read from the ledger and matched by (PID namespace, PID in it), which
 is how the ledger itself tells holders apart across namespaces.
@@ -50,6 +52,7 @@ class Sampler:
         self.watch_nvml = watch_nvml and device is not None and not device.simulated
         self.jobs: dict[str, JobSample] = {}
         self._roots: dict[str, Callable[[], int | None]] = {}
+        self._members: dict[str, Callable[[int], list[int] | None]] = {}
         self._root_cache: dict[str, int] = {}
         self._live: set[str] = set()
         self._lock = threading.Lock()
@@ -66,9 +69,14 @@ class Sampler:
         self.errors: list[str] = []
 
     # -- registration (main thread) ------------------------------------------------------------
-    def track(self, key: str, root: Callable[[], int | None]) -> None:
+    def track(self, key: str, root: Callable[[], int | None],
+              members: Callable[[int], list[int] | None] | None = None) -> None:
+        """``root`` finds the job's first host process; ``members`` (optional) lists all of
+        the job's host processes from it (a container's cgroup), else its tree is walked."""
         with self._lock:
             self._roots[key] = root
+            if members is not None:
+                self._members[key] = members
             self._live.add(key)
             self.jobs.setdefault(key, JobSample())
 
@@ -113,6 +121,7 @@ class Sampler:
 
         with self._lock:
             live = {k: self._roots[k] for k in self._live}
+            members = {k: self._members[k] for k in self._live if k in self._members}
         roots: dict[str, int] = {}
         for key, getter in live.items():
             pid = self._root_cache.get(key)
@@ -122,14 +131,19 @@ class Sampler:
                     continue
                 pid = self._root_cache[key] = found
             roots[key] = pid
+        trees: dict[str, list[int]] = {}
+        for key in list(roots):
+            listed = members[key](roots[key]) if key in members else None
+            if listed:
+                trees[key] = listed
+                del roots[key]
         if not roots:
-            return {}
+            return trees
         children: dict[int, list[int]] = {}
         for proc in psutil.process_iter(["ppid"]):
             ppid = proc.info.get("ppid")
             if ppid:
                 children.setdefault(ppid, []).append(proc.pid)
-        trees = {}
         for key, root in roots.items():
             tree, todo = [], [root]
             while todo:

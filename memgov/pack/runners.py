@@ -11,11 +11,18 @@ reaches pack alone, and pack can end a job together with everything it started.
   ``--kill-child`` ends the namespace when unshare dies.
 - ``docker``: ``docker run`` of the image built from examples/docker (``memgov-mnist``), with the
   ledger folder bind-mounted at the same path (same inodes: the flocks are shared), the experiment
-  folder at /experiment, the manifest command's first word as entrypoint (the image's own is the
-  trainer) and the job's environment passed with ``-e``. That image sets ``MEMGOV_CLAIM=1GiB``;
-  greedy jobs get ``MEMGOV_CLAIM=off`` and the frameworks' own preallocation defaults back
-  (importing memgov would otherwise turn greedy preallocation off). Needs a running engine
-  (``docker info``).
+  folder read-only at /experiment, the manifest command's first word as entrypoint (the image's
+  own is the trainer) and the job's environment passed with ``-e``. ``--init`` makes docker's
+  tini PID 1, which passes SIGTERM on to the trainer (PID 1 itself ignores signals it has no
+  handler for) and exits 128 + N when the trainer dies of signal N, as ``docker run`` then does.
+  ``--network none``: a trainer needs no network, and the engine may run without a bridge. That
+  image sets ``MEMGOV_CLAIM=1GiB``; greedy jobs get ``MEMGOV_CLAIM=off`` and the frameworks' own
+  preallocation defaults back (importing memgov would otherwise turn greedy preallocation off).
+  A job is stopped through the engine (``docker kill --signal``), never by killing the ``docker
+  run`` client, whose death would leave the container running; after a run every container of
+  this pack that is still there is removed (:meth:`DockerRunner.cleanup`). Its host processes are
+  the members of the container's cgroup (``docker inspect`` gives its first process). Needs a
+  running engine (``docker info``).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from memgov._errors import ConfigError
@@ -33,6 +41,7 @@ from memgov._errors import ConfigError
 RUNNERS = ("process", "namespace", "docker")
 DOCKER_IMAGE = "memgov-mnist"
 DOCKER_WORKDIR = "/experiment"
+INSPECT_EVERY_S = 1.0
 GREEDY_IN_IMAGE = {"MEMGOV_CLAIM": "off", "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
                    "TF_FORCE_GPU_ALLOW_GROWTH": "false"}
 
@@ -67,6 +76,14 @@ class Runner:
     def host_root(self, pid: int, container: str | None) -> int | None:
         """The host PID under which the job's processes are found (for NVML and /proc)."""
         return pid
+
+    def host_pids(self, root: int) -> list[int] | None:
+        """Every host PID of the job, when the runner knows them all; None: ``root``'s tree."""
+        return None
+
+    def cleanup(self) -> list[str]:
+        """After a run: remove what the runner left behind; return what was removed."""
+        return []
 
 
 class NamespaceRunner(Runner):
@@ -106,14 +123,16 @@ class DockerRunner(Runner):
         self.ledger = ledger
         self.gpu = gpu
         self.mps_pipe = mps_pipe
+        self.prefix = f"memgov-pack-{os.getpid()}-{secrets.token_hex(2)}-"
+        """Every container of this pack is named with it (cleanup finds them by it)."""
+        self._next_inspect: dict[str, float] = {}
 
     def check(self) -> None:
         if shutil.which("docker") is None:
             raise RunnerError("--runner docker: no `docker` on PATH; accepted runners here: "
                               "process, namespace (as root)")
         try:
-            info = subprocess.run(["docker", "info"], capture_output=True, text=True,
-                                  timeout=15, check=False)
+            info = _docker("info", timeout=15)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise RunnerError(f"--runner docker: `docker info` failed ({exc}); no container "
                               "engine answers") from None
@@ -124,21 +143,23 @@ class DockerRunner(Runner):
                 f"{info.returncode}: {said[-1] if said else 'no output'}); start the engine, or "
                 "use --runner process / namespace"
             )
-        image = subprocess.run(["docker", "image", "inspect", self.image], capture_output=True,
-                               text=True, timeout=15, check=False)
+        image = _docker("image", "inspect", self.image, timeout=15)
         if image.returncode != 0:
             raise RunnerError(
                 f"--runner docker: image {self.image!r} not found; build it from "
-                f"examples/docker (docker build -f examples/docker/Dockerfile -t {DOCKER_IMAGE} .)"
-                " or name another with --image"
+                f"examples/docker (examples/docker/build.sh, or docker build -f "
+                f"examples/docker/Dockerfile -t {DOCKER_IMAGE} .) or name another with --image"
             )
 
     def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
                base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
-        name = f"memgov-pack-{os.getpid()}-{label}-{secrets.token_hex(3)}"
-        line = ["docker", "run", "--rm", "--name", name,
+        name = f"{self.prefix}{label}-{secrets.token_hex(3)}"
+        # --hostname: claim records carry their holder's hostname, so `memgov status` on the
+        # host names each container's claim (PIDs inside containers all look alike).
+        line = ["docker", "run", "--rm", "--init", "--name", name, "--hostname", name,
+                "--network", "none",
                 "-v", f"{self.ledger}:{self.ledger}",
-                "-v", f"{cwd}:{DOCKER_WORKDIR}", "-w", DOCKER_WORKDIR]
+                "-v", f"{cwd}:{DOCKER_WORKDIR}:ro", "-w", DOCKER_WORKDIR]
         if self.gpu is not None:
             line += ["--gpus", f"device={self.gpu}"]
         if self.mps_pipe is not None:
@@ -153,22 +174,99 @@ class DockerRunner(Runner):
         line += ["--entrypoint", argv[0], self.image, *argv[1:]]
         return line, dict(base_env), name
 
+    def decode_exit(self, returncode: int) -> tuple[int | None, int | None]:
+        if returncode < 0:
+            return None, -returncode  # the docker client itself was killed
+        if returncode > 128:  # tini (--init) and docker run: 128 + the trainer's signal
+            return None, returncode - 128
+        return returncode, None
+
     def stop(self, pgid: int, container: str | None, sig: int) -> None:
-        if container is not None:
-            subprocess.run(["docker", "kill", "--signal", signal.Signals(sig).name, container],
-                           capture_output=True, timeout=15, check=False)
-        super().stop(pgid, container, sig)
+        if container is None:
+            super().stop(pgid, container, sig)
+            return
+        # Through the engine only: a killed `docker run` client leaves its container running.
+        # A container not created yet is caught by cleanup() once the run has ended.
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            _docker("kill", "--signal", signal.Signals(sig).name, container, timeout=15)
+
+    def cleanup(self) -> list[str]:
+        """Remove every container of this pack still there (created but never started, or
+        stopped while its client was being killed); return their names."""
+        try:
+            found = _docker("ps", "-a", "--filter", f"name=^{self.prefix}",
+                            "--format", "{{.Names}}", timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        names = found.stdout.split()
+        if names:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                _docker("rm", "-f", *names, timeout=60)
+        return names
 
     def host_root(self, pid: int, container: str | None) -> int | None:
         if container is None:
             return None
+        # The sampler asks every 0.2 s until the container runs; 25 starting containers must
+        # not cost 125 `docker inspect` processes a second.
+        now = time.monotonic()
+        if now < self._next_inspect.get(container, 0.0):
+            return None
+        self._next_inspect[container] = now + INSPECT_EVERY_S
         try:
-            got = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", container],
-                                 capture_output=True, text=True, timeout=5, check=False)
+            got = _docker("inspect", "-f", "{{.State.Pid}}", container, timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             return None
         text = got.stdout.strip()
         return int(text) if text.isdigit() and int(text) > 0 else None
+
+    def host_pids(self, root: int) -> list[int] | None:
+        return cgroup_members(root)
+
+
+def cgroup_members(pid: int, proc: Path = Path("/proc"),
+                   cgroups: Path = Path("/sys/fs/cgroup")) -> list[int] | None:
+    """Host PIDs of every process in ``pid``'s cgroup: a container's processes, also those not
+    descended from its first one (``docker exec``). None when ``pid`` shares pack's own cgroup
+    (no container around it) or nothing can be read; the caller then walks ``pid``'s children."""
+    try:
+        theirs = _cgroup_paths((proc / str(pid) / "cgroup").read_text())
+        mine = _cgroup_paths((proc / "self" / "cgroup").read_text())
+    except OSError:
+        return None
+    # cgroup v1 (one tree per controller; pids or memory are mounted wherever docker runs) and
+    # v2 (the unified tree, mounted at the top or, on hybrid hosts, at unified/).
+    for key, subdirs in (("pids", ("pids",)), ("memory", ("memory",)), ("", ("", "unified"))):
+        path = theirs.get(key)
+        if path is None or path in ("", "/") or path == mine.get(key):
+            continue
+        for subdir in subdirs:
+            try:
+                text = (cgroups / subdir / path.lstrip("/") / "cgroup.procs").read_text()
+            except OSError:
+                continue
+            members = sorted({int(t) for t in text.split() if t.isdigit()})
+            if members:
+                return members
+    return None
+
+
+def _cgroup_paths(text: str) -> dict[str, str]:
+    """/proc/PID/cgroup as {controller: path}: "" is the v2 tree; "cpu,cpuacct" gives both."""
+    paths: dict[str, str] = {}
+    for line in text.splitlines():
+        _hier, sep, rest = line.partition(":")
+        controllers, sep2, path = rest.partition(":")
+        if not sep or not sep2:
+            continue
+        for controller in controllers.split(",") if controllers else [""]:
+            paths.setdefault(controller, path)
+    return paths
+
+
+def _docker(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def make(name: str, *, image: str = DOCKER_IMAGE, ledger: Path | None = None,

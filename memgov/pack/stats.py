@@ -50,6 +50,8 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
         "signal": sig,
         "pid": start.get("pid"),
         "host_pid": job.proc.pid if job.proc is not None else None,
+        "container": job.container,
+        "measured_host_pids": list(sample.host_pids),
         "rogue_mib": job.spec.rogue_mib or None,
         "device": start.get("device"),
         "epochs_done": len(epochs),

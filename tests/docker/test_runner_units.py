@@ -1,0 +1,70 @@
+"""The docker runner's pieces that need no engine: its run line, exit codes, cgroup members."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from memgov.pack.runners import DockerRunner, cgroup_members
+
+
+def test_run_line_inits_isolates_and_names_the_container() -> None:
+    runner = DockerRunner("memgov-mnist", Path("/srv/ledger"), None, None)
+    argv, _env, name = runner.launch(
+        ["python", "train_torch.py"], {"MEMGOV_CLAIM": "1"}, Path("/x/mnist"), "job-07", {}
+    )
+    assert name is not None and name.startswith(runner.prefix) and "job-07" in name
+    line = " ".join(argv)
+    assert "--init" in argv and "--network none" in line
+    assert f"--name {name} --hostname {name}" in line  # status names claims by hostname
+    assert "-v /x/mnist:/experiment:ro" in line and "-v /srv/ledger:/srv/ledger" in line
+    assert len(name) <= 63  # a hostname label
+
+
+def test_exit_codes_of_docker_run_decode_to_the_trainers_signal() -> None:
+    runner = DockerRunner("i", Path("/l"), None, None)
+    assert runner.decode_exit(0) == (0, None)
+    assert runner.decode_exit(2) == (2, None)
+    assert runner.decode_exit(137) == (None, 9)  # docker kill
+    assert runner.decode_exit(143) == (None, 15)  # docker stop / pack's SIGTERM via tini
+    assert runner.decode_exit(-9) == (None, 9)  # the client itself was killed
+
+
+def _fake(tmp_path: Path, theirs: str, mine: str, procs: dict[str, str]) -> tuple[Path, Path]:
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    for pid, text in (("42", theirs), ("self", mine)):
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "cgroup").write_text(text)
+    for path, members in procs.items():
+        (cgroups / path).mkdir(parents=True)
+        (cgroups / path / "cgroup.procs").write_text(members)
+    return proc, cgroups
+
+
+def test_cgroup_members_v1_reads_the_containers_pids_group(tmp_path: Path) -> None:
+    theirs = "12:pids:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n"
+    mine = "12:pids:/\n4:memory:/\n1:name=systemd:/\n0::/\n"
+    proc, cgroups = _fake(tmp_path, theirs, mine, {"pids/docker/abc": "42\n57\n"})
+    assert cgroup_members(42, proc, cgroups) == [42, 57]
+
+
+def test_cgroup_members_v2_and_hybrid(tmp_path: Path) -> None:
+    proc, cgroups = _fake(
+        tmp_path,
+        "0::/system.slice/docker-abc.scope\n",
+        "0::/user.slice\n",
+        {"unified/system.slice/docker-abc.scope": "42\n43\n"},
+    )
+    assert cgroup_members(42, proc, cgroups) == [42, 43]
+
+
+def test_cgroup_members_refuses_pack_s_own_group(tmp_path: Path) -> None:
+    # Same cgroup as pack (no container around the PID): listing it would count every process.
+    proc, cgroups = _fake(
+        tmp_path,
+        "12:pids:/user\n0::/user\n",
+        "12:pids:/user\n0::/user\n",
+        {"pids/user": "1\n42\n", "user": "1\n42\n"},
+    )
+    assert cgroup_members(42, proc, cgroups) is None
+    assert cgroup_members(os.getpid() + 10**7, proc, cgroups) is None  # no such process
