@@ -2,6 +2,7 @@
 
 - ``memgov ray node-resources``: the ``ray start`` flags that declare this node's GPU memory;
 - ``memgov ray status [--address A]``: every node's ledger, gathered by one small task per node.
+- ``memgov ray pack EXPERIMENT``: the pack experiment over the cluster (memgov/ray/_pack.py).
 """
 
 from __future__ import annotations
@@ -95,4 +96,106 @@ def cluster_table(data: dict[str, Any]) -> Any:
                 str(len(dev["queue"])),
             )
         table.add_section()
+    return table
+
+
+@ray_app.command("pack", context_settings={"allow_interspersed_args": False})
+def pack(
+    experiment: Annotated[str, typer.Argument(help="Experiment folder (same path on every node).")],
+    trainer_args: Annotated[
+        list[str] | None, typer.Argument(help="Extra trainer arguments (after --).")
+    ] = None,
+    address: Annotated[str | None, typer.Option(help="Ray address (default: auto).")] = None,
+    n: Annotated[int, typer.Option("--n", "-n", min=1, help="Jobs to run.")] = 2,
+    claim: Annotated[str, typer.Option(help="GPU memory per job, e.g. 1GiB.")] = "1GiB",
+    gpu: Annotated[
+        str | None, typer.Option(help="GPU type (per-GPU capacity, e.g. 16GiB) on mixed clusters.")
+    ] = None,
+    framework: Annotated[str, typer.Option(help="torch, tensorflow or jax.")] = "torch",
+    epochs: Annotated[int | None, typer.Option(help="Epochs per job (manifest default).")] = None,
+    batch: Annotated[int | None, typer.Option(help="Batch size (manifest default).")] = None,
+    device: Annotated[str, typer.Option(help="gpu, or cpu (simulated GPUs, CI).")] = "gpu",
+    threads: Annotated[int, typer.Option(min=1, help="CPU threads (and Ray CPUs) per job.")] = 1,
+    wait: Annotated[
+        float | None, typer.Option(help="Jobs queue up to SECONDS for their budget.")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop a job after SECONDS.")] = None,
+    out: Annotated[str | None, typer.Option(help="Folder for report.json.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The pack experiment over a Ray cluster's GPUs: one report, per job, GPU and node."""
+    from pathlib import Path
+
+    from memgov.ray._pack import RayPackSpec, run
+
+    if device not in ("gpu", "cpu"):
+        typer.echo(f"memgov: --device {device!r}: accepted gpu or cpu", err=True)
+        raise typer.Exit(2)
+    spec = RayPackSpec(
+        experiment=experiment,
+        n=n,
+        claim=claim,
+        gpu=gpu,
+        framework=framework,
+        epochs=epochs,
+        batch=batch,
+        device=device,
+        threads=threads,
+        wait=wait,
+        timeout=timeout,
+        trainer_args=list(trainer_args or []),
+    )
+    try:
+        report = run(spec, address, Path(out) if out else None)
+    except (MemgovError, ValueError, OSError) as exc:
+        typer.echo(f"memgov ray pack: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+    else:
+        from rich.console import Console
+
+        Console().print(pack_table(report))
+    raise typer.Exit(1 if report["failed"] else 0)
+
+
+def pack_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"memgov ray pack: {report['ok']} ok, {report['failed']} failed, "
+        f"{report['aggregate_samples_per_s']} samples/s, {report['wall_s']} s"
+    )
+    for column in ("scope", "where", "jobs", "ok", "failed", "samples/s"):
+        table.add_column(column)
+    for row in report["per_node"]:
+        table.add_row(
+            "node",
+            f"{row['node']} {row['node_id'][:12]}",
+            str(row["jobs"]),
+            str(row["ok"]),
+            str(row["failed"]),
+            str(row["samples_per_s"]),
+        )
+    table.add_section()
+    for row in report["per_gpu"]:
+        table.add_row(
+            "GPU",
+            row["gpu"],
+            str(row["jobs"]),
+            str(row["ok"]),
+            str(row["failed"]),
+            str(row["samples_per_s"]),
+        )
+    table.add_section()
+    for job in report["jobs"]:
+        what = "ok" if job["status"] == "ok" else f"{job['reason']}: {job['detail']}"
+        table.add_row(
+            f"job {job['job']}",
+            f"{job['node_id'][:12]}/{job['gpu']}",
+            "",
+            "",
+            what,
+            str(job["samples_per_s"]),
+        )
     return table

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -383,3 +385,48 @@ def _no_stray_claims() -> Iterator[None]:
         held = memgov.current()
         if held is not None:
             held.release()
+
+
+def _memgov_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    memgov_bin = Path(sys.executable).with_name("memgov")
+    return subprocess.run(
+        [str(memgov_bin), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_status_across_the_cluster_shows_every_node_ledger(cluster: dict[str, Node]) -> None:
+    address = ray.get_runtime_context().gcs_address
+    holder = Child(["3GiB", "--hold", "stdin", "--name", "outside-80"], env=cluster["n80"].env)
+    try:
+        holder.expect("admitted")
+        shown = _memgov_cli("ray", "status", "--address", address, "--json")
+    finally:
+        holder.close()
+    assert shown.returncode == 0, shown.stderr
+    nodes = {n["node_id"]: n for n in json.loads(shown.stdout)["nodes"]}
+    for node in cluster.values():
+        seen = nodes[node.node_id]
+        assert seen["memgov_dir"] == str(node.ledger_dir)
+        assert [d["uuid"] for d in seen["devices"]] == [d.uuid for d in node.devices()]
+    (n80,) = nodes[cluster["n80"].node_id]["devices"]
+    assert [(c["name"], c["bytes"]) for c in n80["claims"]] == [("outside-80", 3 * GIB)]
+
+
+def test_pack_over_the_cluster_reports_per_job_gpu_and_node(cluster: dict[str, Node]) -> None:
+    address = ray.get_runtime_context().gcs_address
+    mnist = Path(__file__).resolve().parents[2] / "experiments" / "mnist"
+    shown = _memgov_cli(
+        "ray", "pack", str(mnist), "--address", address, "--n", "3", "--claim", "1GiB",
+        "--gpu", "16GiB", "--device", "cpu", "--epochs", "1", "--json",
+        "--", "--limit", "64", "--eval-limit", "64", timeout=240,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
+    report = json.loads(shown.stdout)
+    assert report["ok"] == 3 and report["failed"] == 0
+    assert report["ray_options"]["num_gpus"] == 0.0625
+    for job in report["jobs"]:
+        # The trainer's own auto-enable claimed 1 GiB on the GPU Ray assigned to its task.
+        assert job["claim_line"] is not None and f"1.00 GiB on {job['gpu']} " in job["claim_line"]
+        assert job["gpu"] in {"n16g0", "n2g0", "n2g1"}
+    assert sum(row["jobs"] for row in report["per_gpu"]) == 3
+    assert sum(row["jobs"] for row in report["per_node"]) == 3
