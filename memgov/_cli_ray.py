@@ -99,7 +99,7 @@ def cluster_table(data: dict[str, Any]) -> Any:
     return table
 
 
-@ray_app.command("pack", context_settings={"allow_interspersed_args": False})
+@ray_app.command("pack")
 def pack(
     experiment: Annotated[str, typer.Argument(help="Experiment folder (same path on every node).")],
     trainer_args: Annotated[
