@@ -430,3 +430,30 @@ def test_pack_over_the_cluster_reports_per_job_gpu_and_node(cluster: dict[str, N
         assert job["gpu"] in {"n16g0", "n2g0", "n2g1"}
     assert sum(row["jobs"] for row in report["per_gpu"]) == 3
     assert sum(row["jobs"] for row in report["per_node"]) == 3
+
+
+class _Holder:
+    """An actor that keeps its budget for its life."""
+
+    def where(self) -> tuple[str | None, str | None]:
+        held = memgov.current()
+        return (held.device if held else None), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_actor_holds_its_budget_for_life_and_gives_it_back_when_killed(
+    cluster: dict[str, Node],
+) -> None:
+    node = cluster["n2x16"]
+    actor_class = memgov.ray.remote("12GiB", gpu="16GiB", num_cpus=0, **_on(node))(_Holder)
+    actors = [actor_class.remote() for _ in range(2)]
+    places = ray.get([a.where.remote() for a in actors], timeout=60)
+    # 12 GiB twice on a node of 2x16 GiB: Ray put them on different GPUs, each claimed there.
+    assert sorted(places) == [("n2g0", "0"), ("n2g1", "1")]
+    claimed = {ledger.device.uuid: ledger.snapshot().claimed for ledger in node.ledgers()}
+    assert claimed == {"n2g0": 12 * GIB, "n2g1": 12 * GIB}
+    for actor in actors:
+        ray.kill(actor)
+    deadline = time.monotonic() + 10
+    while any(ledger.snapshot().claims for ledger in node.ledgers()):
+        assert time.monotonic() < deadline, "a killed actor's budget stayed claimed"
+        time.sleep(0.02)
