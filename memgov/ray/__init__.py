@@ -43,9 +43,11 @@ __all__ = [
 
 
 def _known_types() -> list[int] | None:
-    """The cluster's GPU capacities (MiB), or None when Ray is not initialised here."""
-    import ray
-
+    """The cluster's GPU capacities (MiB), or None when Ray is not initialised (or installed)."""
+    try:
+        import ray
+    except ImportError:
+        return None
     if not ray.is_initialized():
         return None
     return cluster_types(ray.cluster_resources())
@@ -59,14 +61,7 @@ def request(
     ``gpu``: the per-GPU capacity of the type to run on ("16GiB", or a marker such as
     "memgov_gpu_16384MiB"); None takes the cluster's only type (after ray.init()).
     """
-    return build(budget, gpu, _known_types() if gpu is None else _types_if_up(), wait)
-
-
-def _types_if_up() -> list[int] | None:
-    try:
-        return _known_types()
-    except ImportError:
-        return None
+    return build(budget, gpu, _known_types(), wait)
 
 
 def options(

@@ -457,3 +457,28 @@ def test_actor_holds_its_budget_for_life_and_gives_it_back_when_killed(
     while any(ledger.snapshot().claims for ledger in node.ledgers()):
         assert time.monotonic() < deadline, "a killed actor's budget stayed claimed"
         time.sleep(0.02)
+
+
+def _count_attempts(markers: str) -> int:
+    Path(markers, f"attempt-{time.time_ns()}").touch()
+    held = memgov.current()
+    assert held is not None
+    return len(os.listdir(markers))
+
+
+def test_a_refused_claim_is_retried_by_ray_until_it_fits(
+    cluster: dict[str, Node], tmp_path: Path
+) -> None:
+    node = cluster["n80"]
+    holder = Child(["80GiB", "--hold", "stdin"], env=node.env)
+    try:
+        holder.expect("admitted")
+        task = memgov.ray.remote("10GiB", gpu="80GiB", num_cpus=1, max_retries=-1, **_on(node))(
+            _count_attempts
+        )
+        ref = task.remote(str(tmp_path))
+        time.sleep(1.0)  # Ray's attempts meanwhile end in BudgetExceeded, which it retries
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        holder.close()  # the outside memory is freed: the next attempt's claim fits
+    assert ray.get(ref, timeout=60) == 1  # the body ran once, after the claim was admitted
