@@ -186,7 +186,7 @@ _add_pack()
 
 
 def _add_ray() -> None:
-    from memgov._cli_ray import ray_app  # `memgov ray node-resources|status` (docs/ray.md)
+    from memgov._cli_ray import ray_app  # `memgov ray node-resources|status|pack` (docs/ray.md)
 
     app.add_typer(ray_app, name="ray")
 
