@@ -185,6 +185,15 @@ def _add_pack() -> None:
 _add_pack()
 
 
+def _add_ray() -> None:
+    from memgov._cli_ray import ray_app  # `memgov ray node-resources|status|pack` (docs/ray.md)
+
+    app.add_typer(ray_app, name="ray")
+
+
+_add_ray()
+
+
 def main() -> None:
     try:
         app()

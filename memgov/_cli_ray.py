@@ -1,0 +1,201 @@
+"""`memgov ray ...`: the node side of memgov on Ray (docs/ray.md). Ray is imported in commands only.
+
+- ``memgov ray node-resources``: the ``ray start`` flags that declare this node's GPU memory;
+- ``memgov ray status [--address A]``: every node's ledger, gathered by one small task per node.
+- ``memgov ray pack EXPERIMENT``: the pack experiment over the cluster (memgov/ray/_pack.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from memgov._errors import MemgovError
+
+ray_app = typer.Typer(
+    help="Ray clusters: declare GPU memory to Ray, see every node's ledger.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+@ray_app.command("node-resources")
+def node_resources(as_json: JsonFlag = False) -> None:
+    """Flags for `ray start` on this node: --num-gpus and --resources (gpu_memory, GPU type)."""
+    from memgov.ray._node import node_resources as declared_now
+    from memgov.ray._node import ray_start_flags
+
+    try:
+        declared = declared_now()
+    except MemgovError as exc:
+        typer.echo(f"memgov: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(
+            json.dumps({**declared, "flags": ray_start_flags(declared)}, indent=2, sort_keys=True)
+        )
+        return
+    for note in declared["notes"]:
+        typer.echo(f"# note: {note}", err=True)
+    typer.echo(ray_start_flags(declared))
+
+
+@ray_app.command("status")
+def status(
+    address: Annotated[str | None, typer.Option(help="Ray address (default: auto).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Every node's ledger: per node, per GPU, the claims of Ray tasks and of everyone else."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        typer.echo("memgov: Ray is not installed; pip install 'memgov[ray]'", err=True)
+        raise typer.Exit(2) from None
+    from memgov.ray._node import cluster_status
+
+    try:
+        data = cluster_status(address)
+    except (MemgovError, ConnectionError, RuntimeError) as exc:
+        typer.echo(f"memgov: cannot reach the Ray cluster: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+
+    Console().print(cluster_table(data))
+
+
+def cluster_table(data: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    from memgov._sizes import format_size
+
+    table = Table(title="memgov status (Ray cluster)")
+    for column in ("node", "GPU", "total", "claimed", "outside", "free", "claims", "queued"):
+        table.add_column(column)
+    for node in data["nodes"]:
+        label = f"{node.get('hostname', '?')}\n{node['node_id'][:12]}"
+        if node.get("error"):
+            table.add_row(label, f"[red]{node['error']}[/]", "", "", "", "", "", "")
+        if not node.get("devices") and not node.get("error"):
+            table.add_row(label, "[dim](no GPU)[/]", "", "", "", "", "", "")
+        for i, dev in enumerate(node.get("devices", [])):
+            table.add_row(
+                label if i == 0 else "",
+                dev["uuid"],
+                format_size(dev["total"]),
+                format_size(dev["claimed"]),
+                format_size(dev["outside"]),
+                format_size(dev["free"]),
+                str(len(dev["claims"])),
+                str(len(dev["queue"])),
+            )
+        table.add_section()
+    return table
+
+
+@ray_app.command("pack")
+def pack(
+    experiment: Annotated[str, typer.Argument(help="Experiment folder (same path on every node).")],
+    trainer_args: Annotated[
+        list[str] | None, typer.Argument(help="Extra trainer arguments (after --).")
+    ] = None,
+    address: Annotated[str | None, typer.Option(help="Ray address (default: auto).")] = None,
+    n: Annotated[int, typer.Option("--n", "-n", min=1, help="Jobs to run.")] = 2,
+    claim: Annotated[str, typer.Option(help="GPU memory per job, e.g. 1GiB.")] = "1GiB",
+    gpu: Annotated[
+        str | None, typer.Option(help="GPU type (per-GPU capacity, e.g. 16GiB) on mixed clusters.")
+    ] = None,
+    framework: Annotated[str, typer.Option(help="torch, tensorflow or jax.")] = "torch",
+    epochs: Annotated[int | None, typer.Option(help="Epochs per job (manifest default).")] = None,
+    batch: Annotated[int | None, typer.Option(help="Batch size (manifest default).")] = None,
+    device: Annotated[str, typer.Option(help="gpu, or cpu (simulated GPUs, CI).")] = "gpu",
+    threads: Annotated[int, typer.Option(min=1, help="CPU threads (and Ray CPUs) per job.")] = 1,
+    wait: Annotated[
+        float | None, typer.Option(help="Jobs queue up to SECONDS for their budget.")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop a job after SECONDS.")] = None,
+    out: Annotated[str | None, typer.Option(help="Folder for report.json.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The pack experiment over a Ray cluster's GPUs: one report, per job, GPU and node."""
+    from pathlib import Path
+
+    from memgov.ray._pack import RayPackSpec, run
+
+    if device not in ("gpu", "cpu"):
+        typer.echo(f"memgov: --device {device!r}: accepted gpu or cpu", err=True)
+        raise typer.Exit(2)
+    spec = RayPackSpec(
+        experiment=experiment,
+        n=n,
+        claim=claim,
+        gpu=gpu,
+        framework=framework,
+        epochs=epochs,
+        batch=batch,
+        device=device,
+        threads=threads,
+        wait=wait,
+        timeout=timeout,
+        trainer_args=list(trainer_args or []),
+    )
+    try:
+        report = run(spec, address, Path(out) if out else None)
+    except (MemgovError, ValueError, OSError) as exc:
+        typer.echo(f"memgov ray pack: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+    else:
+        from rich.console import Console
+
+        Console().print(pack_table(report))
+    raise typer.Exit(1 if report["failed"] else 0)
+
+
+def pack_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"memgov ray pack: {report['ok']} ok, {report['failed']} failed, "
+        f"{report['aggregate_samples_per_s']} samples/s, {report['wall_s']} s"
+    )
+    for column in ("scope", "where", "jobs", "ok", "failed", "samples/s"):
+        table.add_column(column)
+    for row in report["per_node"]:
+        table.add_row(
+            "node",
+            f"{row['node']} {row['node_id'][:12]}",
+            str(row["jobs"]),
+            str(row["ok"]),
+            str(row["failed"]),
+            str(row["samples_per_s"]),
+        )
+    table.add_section()
+    for row in report["per_gpu"]:
+        table.add_row(
+            "GPU",
+            row["gpu"],
+            str(row["jobs"]),
+            str(row["ok"]),
+            str(row["failed"]),
+            str(row["samples_per_s"]),
+        )
+    table.add_section()
+    for job in report["jobs"]:
+        what = "ok" if job["status"] == "ok" else f"{job['reason']}: {job['detail']}"
+        table.add_row(
+            f"job {job['job']}",
+            f"{job['node_id'][:12]}/{job['gpu']}",
+            "",
+            "",
+            what,
+            str(job["samples_per_s"]),
+        )
+    return table

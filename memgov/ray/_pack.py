@@ -1,0 +1,164 @@
+"""``memgov ray pack``: the pack experiment spread over a Ray cluster's GPUs, one report.
+
+Each job is a Ray task sized by memgov.ray (Ray packs jobs per GPU by memory); in the worker it
+runs the experiment's trainer (its manifest command, as ``memgov pack`` does) with
+``MEMGOV_CLAIM`` and ``MEMGOV_DEVICE`` set to the GPU Ray assigned, so the trainer's auto-enable
+claims exactly there. The report has one row per job, per GPU and per node. The experiment folder
+must exist at the same path on every node (a shared or synced checkout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RayPackSpec:
+    experiment: str
+    n: int
+    claim: str
+    gpu: str | None = None
+    framework: str = "torch"
+    epochs: int | None = None
+    batch: int | None = None
+    device: str = "gpu"
+    threads: int = 1
+    wait: float | None = None
+    timeout: float | None = None
+    trainer_args: list[str] = field(default_factory=list)
+
+
+def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
+    """One job, in a Ray worker: the trainer on the assigned GPU, governed by its own claim."""
+    import socket
+
+    import ray
+
+    from memgov.pack import manifest as manifests
+    from memgov.pack.jobs import classify
+    from memgov.ray._worker import assigned_device
+
+    found = manifests.load(spec["experiment"])
+    device = assigned_device()
+    argv = found.command(
+        spec["framework"],
+        python=sys.executable,
+        epochs=spec["epochs"] or found.epochs or 1,
+        batch=spec["batch"] or found.batch or 32,
+        device=spec["device"],
+    ) + list(spec["trainer_args"])
+    env = dict(os.environ, MEMGOV_CLAIM=spec["claim"], MEMGOV_DEVICE=device.uuid)
+    env.update({k: str(spec["threads"]) for k in ("OMP_NUM_THREADS", "MEMGOV_THREADS")})
+    if spec["wait"]:
+        env["MEMGOV_WAIT"] = str(spec["wait"])
+    env.pop("MEMGOV_HOLDER", None)  # the trainer claims for itself
+    started = time.time()
+    try:
+        done = subprocess.run(
+            argv,
+            cwd=found.folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=spec["timeout"],
+            check=False,
+        )
+        out, err, code = done.stdout, done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout if isinstance(exc.stdout, str) else ""
+        err, code = "stopped by --timeout", None
+    events = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                events.append(json.loads(line))
+    tail = err.splitlines()[-20:]
+    sig = -code if code is not None and code < 0 else None
+    reason, detail = classify(
+        events, code if sig is None else None, sig, tail, "timeout" if code is None else None
+    )
+    epochs = [e for e in events if e.get("event") == "epoch"]
+    final: dict[str, Any] = next((e for e in events if e.get("event") == "done"), {})
+    return {
+        "job": index,
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "hostname": socket.gethostname(),
+        "gpu": device.uuid,
+        "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "status": "ok" if reason is None else "failed",
+        "reason": reason,
+        "detail": detail,
+        "epochs": len(epochs),
+        "samples_per_s": epochs[-1].get("samples_per_s") if epochs else None,
+        "test_acc": final.get("test_acc"),
+        "wall_s": round(time.time() - started, 2),
+        "claim_line": next((x for x in tail if x.startswith("memgov: claim")), None),
+    }
+
+
+def run(spec: RayPackSpec, address: str | None = None, out: Path | None = None) -> dict[str, Any]:
+    """Submit the jobs, wait for all, and return (and write) the report."""
+    import ray
+
+    from memgov.pack import manifest as manifests
+    from memgov.ray import options
+
+    found = manifests.load(spec.experiment)  # a bad folder fails here, before any job starts
+    found.framework(spec.framework)
+    if not ray.is_initialized():
+        ray.init(address=address or "auto", log_to_driver=False)
+    opts = options(spec.claim, gpu=spec.gpu, num_cpus=spec.threads, max_retries=0, max_calls=0)
+    remote = ray.remote(**opts)(run_job)
+    body = {**asdict(spec), "experiment": str(found.path)}
+    started = time.time()
+    jobs = ray.get([remote.remote(body, i) for i in range(spec.n)])
+    report = summarise(jobs, spec, opts, time.time() - started)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        report["files"] = {"json": str(out / "report.json")}
+    return report
+
+
+def summarise(
+    jobs: list[dict[str, Any]], spec: RayPackSpec, opts: dict[str, Any], wall_s: float
+) -> dict[str, Any]:
+    def group(key: str) -> list[dict[str, Any]]:
+        rows: dict[str, dict[str, Any]] = {}
+        for job in jobs:
+            name = job[key] if key != "gpu" else f"{job['node_id'][:12]}/{job['gpu']}"
+            row = rows.setdefault(
+                name,
+                {
+                    key: name,
+                    "node": job["hostname"],
+                    "jobs": 0,
+                    "ok": 0,
+                    "failed": 0,
+                    "samples_per_s": 0.0,
+                },
+            )
+            row["jobs"] += 1
+            row["ok" if job["status"] == "ok" else "failed"] += 1
+            row["samples_per_s"] = round(row["samples_per_s"] + (job["samples_per_s"] or 0), 1)
+        return sorted(rows.values(), key=lambda r: str(r[key]))
+
+    return {
+        "spec": asdict(spec),
+        "ray_options": opts,
+        "wall_s": round(wall_s, 1),
+        "jobs": sorted(jobs, key=lambda j: j["job"]),
+        "per_node": group("node_id"),
+        "per_gpu": group("gpu"),
+        "ok": sum(1 for j in jobs if j["status"] == "ok"),
+        "failed": sum(1 for j in jobs if j["status"] != "ok"),
+        "aggregate_samples_per_s": round(sum(j["samples_per_s"] or 0 for j in jobs), 1),
+    }

@@ -1,0 +1,174 @@
+"""What Ray must be told for a task that needs N bytes of GPU memory (no ray import here).
+
+Ray has no GPU-memory resource and its fractional GPUs are logical only. memgov turns a budget
+into three requests that Ray can count exactly (docs/ray.md):
+
+- ``num_gpus = budget / the GPU's capacity``, rounded UP to Ray's resource precision (1e-4):
+  Ray packs per GPU and sets ``CUDA_VISIBLE_DEVICES`` to the GPU it picked; rounding up means
+  Ray can never place more budgets on one GPU than its capacity holds;
+- ``gpu_memory``: the budget in MiB (rounded up), a per-node total that `ray status` shows;
+- ``memgov_gpu_<type>``: the same fraction of a per-type marker, so the task only lands on nodes
+  whose GPUs have the capacity the fraction was computed for (mixed clusters).
+
+A node declares ``num_gpus = G``, ``gpu_memory = G x capacity MiB`` and ``memgov_gpu_<type> = G``
+(``memgov ray node-resources`` prints them); the type is the per-GPU capacity in whole MiB, the
+ledger's capacity (total - reserve), e.g. ``memgov_gpu_16384MiB``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memgov._errors import ConfigError
+from memgov._sizes import format_size, parse_size
+
+MIB = 2**20
+MEMORY_RESOURCE = "gpu_memory"
+"""Per-node total of the GPUs' budget capacity, in MiB."""
+TYPE_PREFIX = "memgov_gpu_"
+_TYPE = re.compile(r"^memgov_gpu_(\d+)MiB$")
+RAY_PRECISION = 10_000
+"""Ray stores resource amounts in units of 1e-4."""
+
+
+def type_resource(capacity_mib: int) -> str:
+    """The marker resource of a GPU type: ``memgov_gpu_<capacity>MiB``."""
+    return f"{TYPE_PREFIX}{capacity_mib}MiB"
+
+
+def type_capacity(resource: str) -> int | None:
+    """The per-GPU capacity in MiB a marker resource names; None for any other resource."""
+    match = _TYPE.match(resource)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One task's GPU memory: the budget, and the GPU type it was sized against."""
+
+    budget: int
+    """Bytes the worker claims."""
+    capacity_mib: int
+    """The per-GPU capacity of the type (MiB)."""
+    wait: float | None = None
+    """Seconds the worker queues for its budget in the ledger; None fails at once."""
+
+    @property
+    def budget_mib(self) -> int:
+        return -(-self.budget // MIB)
+
+    @property
+    def fraction(self) -> float:
+        """``budget / capacity`` rounded up to Ray's precision: never over-packs a GPU."""
+        units = math.ceil(self.budget_mib * RAY_PRECISION / self.capacity_mib)
+        return units / RAY_PRECISION
+
+    def resources(self) -> dict[str, float]:
+        """Custom resources (the ``resources=`` of ray.remote and .options)."""
+        return {
+            MEMORY_RESOURCE: float(self.budget_mib),
+            type_resource(self.capacity_mib): self.fraction,
+        }
+
+    def ray_options(self) -> dict[str, Any]:
+        return {"num_gpus": self.fraction, "resources": self.resources()}
+
+    def bundle(self, cpus: float) -> dict[str, float]:
+        """One placement-group bundle / ``resources_per_worker`` dict (Tune, Train)."""
+        return {"CPU": cpus, "GPU": self.fraction, **self.resources()}
+
+
+def build(
+    budget: int | str, gpu: int | str | None, known: list[int] | None, wait: float | None
+) -> Request:
+    """The Request for ``budget`` on GPU type ``gpu`` (a size such as "16GiB", or a marker).
+
+    ``known``: the per-GPU capacities (MiB) the cluster declares, or None when Ray is not
+    initialised (then ``gpu`` must be given). A budget no GPU of the type can hold is refused
+    here, so it is never submitted: Ray would otherwise round it to whole GPUs.
+    """
+    capacity = _pick_type(gpu, known, budget)
+    request = Request(_budget_bytes(budget, capacity), capacity, _wait(wait))
+    if request.budget_mib > capacity:
+        where = f"GPUs of {capacity} MiB" if gpu is not None else "any GPU of the cluster"
+        raise ConfigError(
+            f"budget {format_size(request.budget)} can never fit: it is larger than {where} "
+            f"(a budget lives on one GPU; memgov never splits it)"
+        )
+    return request
+
+
+def _budget_bytes(budget: int | str, capacity_mib: int) -> int:
+    try:
+        return parse_size(
+            budget, total=capacity_mib * MIB if _is_percent(budget) else None, what="budget"
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _is_percent(value: object) -> bool:
+    return isinstance(value, str) and value.strip().endswith("%")
+
+
+def _pick_type(gpu: int | str | None, known: list[int] | None, budget: int | str) -> int:
+    if gpu is not None:
+        if isinstance(gpu, str) and type_capacity(gpu.strip()) is not None:
+            capacity = type_capacity(gpu.strip())
+            assert capacity is not None
+        else:
+            try:
+                capacity = parse_size(gpu, what="gpu") // MIB
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{exc} (gpu= names a GPU type by its per-GPU capacity, e.g. '16GiB', or a "
+                    f"marker resource such as '{type_resource(16384)}')"
+                ) from None
+        if known and capacity not in known:
+            raise ConfigError(
+                f"gpu={gpu!r} ({capacity} MiB): no node of this cluster declares that GPU type; "
+                f"declared: {_listing(known)} (memgov ray node-resources prints them)"
+            )
+        return capacity
+    if known is None:
+        raise ConfigError(
+            "gpu= is needed when Ray is not initialised yet: name the GPU type by its capacity "
+            "(e.g. gpu='16GiB'), or call ray.init() first so memgov reads the cluster's types"
+        )
+    if not known:
+        raise ConfigError(
+            "no node of this Ray cluster declares memgov GPU resources; start each node with "
+            "the flags `memgov ray node-resources` prints"
+        )
+    if len(known) == 1:
+        return known[0]
+    raise ConfigError(
+        f"this cluster has several GPU types ({_listing(known)}); a Ray request cannot say "
+        f"'any of them', so pass gpu= (e.g. gpu='{known[0]}MiB') for budget {budget!r}"
+    )
+
+
+def _listing(known: list[int]) -> str:
+    return ", ".join(f"{c} MiB ({type_resource(c)})" for c in sorted(known))
+
+
+def _wait(wait: object) -> float | None:
+    if wait is None:
+        return None
+    if (
+        isinstance(wait, bool)
+        or not isinstance(wait, (int, float))
+        or not wait >= 0
+        or not math.isfinite(wait)
+    ):
+        raise ConfigError(f"wait={wait!r}: accepted None (fail at once) or seconds >= 0")
+    return float(wait) or None
+
+
+def cluster_types(resources: dict[str, float]) -> list[int]:
+    """The GPU capacities (MiB) declared in ``ray.cluster_resources()``."""
+    found = {type_capacity(name) for name in resources}
+    return sorted(c for c in found if c is not None)

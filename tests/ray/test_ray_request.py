@@ -1,0 +1,102 @@
+"""memgov.ray's requests and node resources, without a cluster (cheap)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memgov._errors import ConfigError
+from memgov.ray._request import build, cluster_types, type_resource
+
+
+def test_importing_memgov_ray_imports_no_ray() -> None:
+    code = "import sys, memgov, memgov.ray; print('ray' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("budget", "gpu", "fraction", "mib"),
+    [
+        ("2GiB", "16GiB", 0.125, 2048),
+        ("1GiB", "80GiB", 0.0125, 1024),
+        ("3000MiB", "80GiB", 0.0367, 3000),  # 0.036621... rounded up, never down
+        ("25%", "16GiB", 0.25, 4096),  # a percentage of the GPU type
+        ("16GiB", "16GiB", 1.0, 16384),
+        (1, "16GiB", 0.0001, 1),  # one byte still takes one MiB and Ray's smallest unit
+    ],
+)
+def test_fraction_is_rounded_up_to_ray_precision(
+    budget: str | int, gpu: str, fraction: float, mib: int
+) -> None:
+    request = build(budget, gpu, None, None)
+    assert request.fraction == fraction
+    assert request.budget_mib == mib
+    assert request.fraction * request.capacity_mib >= request.budget_mib
+    assert request.ray_options()["resources"] == {
+        "gpu_memory": float(mib),
+        type_resource(request.capacity_mib): fraction,
+    }
+
+
+def test_a_gpu_type_by_marker_name_and_the_cluster_types() -> None:
+    assert build("1GiB", "memgov_gpu_81303MiB", None, None).capacity_mib == 81303
+    found = cluster_types({"CPU": 4, "GPU": 3, "gpu_memory": 1, "memgov_gpu_16384MiB": 2})
+    assert found == [16384]
+
+
+@pytest.mark.parametrize(
+    ("budget", "gpu", "known", "wait", "message"),
+    [
+        ("lots", "16GiB", None, None, "cannot read .lots. as a size; accepted"),
+        ("17GiB", "16GiB", None, None, "can never fit"),
+        ("1GiB", "big", None, None, "names a GPU type"),
+        ("1GiB", None, None, None, "gpu= is needed when Ray is not initialised"),
+        ("1GiB", None, [], None, "declares memgov GPU resources"),
+        ("1GiB", None, [16384, 81920], None, "several GPU types"),
+        ("1GiB", "40GiB", [16384], None, "no node of this cluster declares"),
+        ("1GiB", "16GiB", None, -1, "accepted None"),
+        ("1GiB", "16GiB", None, float("nan"), "accepted None"),
+        ("1GiB", "16GiB", None, True, "accepted None"),
+    ],
+)
+def test_bad_requests_say_what_is_accepted(
+    budget: str, gpu: str | None, known: list[int] | None, wait: object, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build(budget, gpu, known, wait)  # type: ignore[arg-type]
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    memgov_bin = Path(sys.executable).with_name("memgov")
+    return subprocess.run([str(memgov_bin), *args], capture_output=True, text=True, env=env)
+
+
+def test_node_resources_from_the_inventory(env: dict[str, str]) -> None:
+    env["MEMGOV_DEVICES"] = "a:16GiB,b:16GiB"
+    done = _cli("ray", "node-resources", env=env)
+    assert done.returncode == 0, done.stderr
+    expected = '{"gpu_memory": 32768, "memgov_gpu_16384MiB": 2}'
+    assert done.stdout.strip() == f"--num-gpus 2 --resources '{expected}'"
+    env["MEMGOV_RESERVE"] = "1GiB"  # the ledger's capacity: total minus the reserve
+    data = json.loads(_cli("ray", "node-resources", "--json", env=env).stdout)
+    assert data["resources"] == {"gpu_memory": 30720, "memgov_gpu_15360MiB": 2}
+
+
+def test_node_resources_on_a_mixed_node_declares_the_smallest(env: dict[str, str]) -> None:
+    env["MEMGOV_DEVICES"] = "a:16GiB,b:80GiB"
+    done = _cli("ray", "node-resources", env=env)
+    assert done.returncode == 0
+    assert '"memgov_gpu_16384MiB": 2' in done.stdout
+    assert "declared as the smallest (16384 MiB)" in done.stderr
+
+
+def test_node_resources_with_garbage_inventory_exits_2(env: dict[str, str]) -> None:
+    env["MEMGOV_DEVICES"] = "a:lots"
+    done = _cli("ray", "node-resources", env=env)
+    assert done.returncode == 2
+    assert "MEMGOV_DEVICES" in done.stderr and "Traceback" not in done.stderr
