@@ -8,20 +8,30 @@ import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _adapters, _devices, _enforce
+from memgov import _adapters, _config, _devices, _enforce
 from memgov._errors import BudgetExceeded, ConfigError, MemgovError
-from memgov._ledger import DeviceLedger, Snapshot, record_payload
+from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
 from memgov._records import Held
 from memgov._sizes import format_size, parse_size
 
 HOLDER_ENV = "MEMGOV_HOLDER"
 """Set while this process holds a claim (``<device uuid>/<record>``); children inherit it."""
 
-_state_lock = threading.RLock()
+_state_lock = threading.Lock()
+"""Guards _current and _claiming; held for a few statements, never while waiting."""
 _current: Claim | None = None
+
+
+class _Attempt:
+    """Marks a claim() in progress; only a weak reference is kept, so the mark ends with the
+    attempt's frame even when an exception cuts short the code that would clear it."""
+
+
+_claiming: weakref.ref[_Attempt] | None = None
 
 
 @dataclass
@@ -55,15 +65,20 @@ class Claim:
     def release(self) -> None:
         """Give the budget back. Frameworks cannot lift a cap once set, so release at the end."""
         global _current
-        with _state_lock:
-            held, ledger, self._held = self._held, self._ledger, None
-            restore, self._restore = self._restore, {}
-            if _current is self:
-                _current = None
-                os.environ.pop(HOLDER_ENV, None)
+        held, ledger = self._held, self._ledger
+        try:
+            with _state_lock:
+                self._held = None
+                restore, self._restore = self._restore, {}
+                if _current is self:
+                    _current = None
+                    os.environ.pop(HOLDER_ENV, None)
             _enforce.restore(restore)  # a child started from now on gets no stale MPS limit
-        if held is not None and ledger is not None:
-            ledger.remove("claims", held)
+        finally:
+            # Whatever was raised above (Ctrl-C included), the lock is dropped: remove() closes
+            # the record's file last, and a file it never reached is closed when collected.
+            if held is not None and ledger is not None:
+                ledger.remove("claims", held)
 
     def __enter__(self) -> Claim:
         return self
@@ -101,39 +116,30 @@ def claim(
     ``Claim.mode_reason`` say which and why.
     Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
     """
-    global _current
+    global _claiming
     wait_s = _check_wait(wait)
     label = _check_name(name)
     threads = _threads()  # every setting is checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
+    attempt = _Attempt()
     with _state_lock:
         if _current is not None:
             # One claim per process: a holder that waits for more could deadlock with another.
             raise MemgovError(
                 f"this process already holds {_current}; release it before claiming again"
             )
-        candidates = _devices.candidates(device)
-        sizes = _sizes_on(size, candidates)
-        candidates = [d for d in candidates if d.uuid in sizes]
-        # The mode goes into the record, so it is decided before admission writes one.
-        plan = _enforce.decide(candidates, _adapters.cuda_initialized())
-        modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
-        ledger, held, payload = _admit(
-            [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct
-        )
-        chosen = ledger.device
-        # Everything from here to the return can still fail (an adapter's configure_env, the
-        # environment, Ctrl-C): the record is then released and the environment put back
-        # before the exception propagates, so a failed claim() holds nothing.
-        touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
-        try:
-            result = _settle(ledger, held, payload, plan, label, compute_pct)
-        except BaseException:
-            ledger.remove("claims", held)
-            _enforce.restore(touched)
-            raise
-        _current = result
-        os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
+        if _claiming is not None and _claiming() is not None:
+            # Not waited for: this thread's own wait (None: fail at once) must not be spent
+            # behind another thread's.
+            raise MemgovError(
+                "another thread of this process is claiming right now; a process holds at "
+                "most one claim, so claim in one thread (or in separate processes)"
+            )
+        _claiming = weakref.ref(attempt)
+    try:
+        result, touched, chosen = _claim_now(size, device, wait_s, label, compute_pct)
+    finally:
+        del attempt  # ends the mark (the weak reference dies with it)
     budget = _adapters.Budget(
         bytes=result.bytes,
         device_uuid=chosen.uuid,
@@ -147,10 +153,52 @@ def claim(
     try:
         _adapters.govern(budget, result.reports)
     except BaseException:
-        result.release()
-        _enforce.restore(touched)
+        try:
+            result.release()
+        finally:
+            _enforce.restore(touched)
         raise
     return result
+
+
+def _claim_now(
+    size: int | str,
+    device: int | str | None,
+    wait_s: float | None,
+    label: str,
+    compute_pct: int | None,
+) -> tuple[Claim, dict[str, str | None], _devices.Device]:
+    global _current
+    candidates = _devices.candidates(device)
+    sizes = _sizes_on(size, candidates)
+    candidates = [d for d in candidates if d.uuid in sizes]
+    # The mode goes into the record, so it is decided before admission writes one.
+    plan = _enforce.decide(candidates, _adapters.cuda_initialized())
+    modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
+    ledger, held, payload = _admit(
+        [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct
+    )
+    chosen = ledger.device
+    # Everything from here to the return can still fail (an adapter's configure_env, the
+    # environment, Ctrl-C): the record is then released and the environment put back before
+    # the exception propagates, so a failed claim() holds nothing.
+    touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
+    try:
+        result = _settle(ledger, held, payload, plan, label, compute_pct)
+        with _state_lock:
+            _current = result
+            os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
+    except BaseException:
+        try:
+            with _state_lock:
+                if _current is not None and _current._held is held:
+                    _current = None
+                    os.environ.pop(HOLDER_ENV, None)
+            _enforce.restore(touched)
+        finally:
+            ledger.remove("claims", held)
+        raise
+    return result, touched, chosen
 
 
 def _settle(
@@ -192,6 +240,14 @@ def _settle(
     return result
 
 
+HEAD_POLL_S = 0.005
+"""How often the first waiter re-checks whether its request fits (under the admission lock)."""
+BEHIND_POLL_S = 0.01
+"""How often a waiter behind others checks the ticket ahead of it (no admission lock)."""
+
+Refusal = tuple[Snapshot, int, bool, str | None]
+
+
 def _admit(
     ledgers: list[DeviceLedger],
     sizes: dict[str, int],
@@ -208,47 +264,88 @@ def _admit(
             extra["compute"] = compute
         return record_payload(kind, ledger.device, sizes[uuid], name, mode, **extra)
 
-    deadline = None if wait_s is None else time.monotonic() + wait_s
+    def attempt(
+        ledger: DeviceLedger, mine: Held | None, timeout: float | None
+    ) -> tuple[Held, dict[str, Any]] | Refusal:
+        """One admission under the device's lock: the admitted record, or why not."""
+        uuid = ledger.device.uuid
+        with ledger.locked(timeout):
+            snap = ledger.scan()
+            ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
+            mode = (modes or {}).get(uuid, ("soft", ""))[0]
+            # Each hard claim is one client of the device's MPS server, which admits only so
+            # many: past that, wait or be refused like a budget that does not fit.
+            blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
+            if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
+                payload = payload_for("claim", ledger)
+                return ledger.add("claims", payload), payload
+        return (snap, ahead, sizes[uuid] > snap.capacity, blocked)
+
+    if wait_s is None:
+        refusals: list[Refusal] = []
+        for ledger in _most_free_first(ledgers):
+            got = attempt(ledger, None, None)
+            if len(got) == 2:
+                return ledger, got[0], got[1]
+            refusals.append(got)
+        never = all(impossible for _, _, impossible, _ in refusals)
+        raise _refusal(refusals, sizes, wait_s, never)
+
+    deadline = time.monotonic() + wait_s
+    # A device the request can never fit gets no ticket: it must not hold up that queue.
+    fitting = [lg for lg in ledgers if sizes[lg.device.uuid] <= _capacity(lg.device)]
+    if not fitting:
+        raise _refusal(
+            [(lg.scan(clean=False), 0, True, None) for lg in ledgers], sizes, wait_s, True
+        )
     tickets: dict[str, Held] = {}
+    last: dict[str, Refusal] = {}
     try:
-        if deadline is not None:
-            for ledger in ledgers:
-                uuid = ledger.device.uuid
-                tickets[uuid] = ledger.add("queue", payload_for("waiter", ledger))
-        delay = 0.005
+        for ledger in fitting:
+            tickets[ledger.device.uuid] = ledger.add("queue", payload_for("waiter", ledger))
+        places = {lg.device.uuid: QueuePlace(lg, tickets[lg.device.uuid].name) for lg in fitting}
         while True:
-            refusals: list[tuple[Snapshot, int, bool, str | None]] = []
-            for ledger in _most_free_first(ledgers):
+            poll = BEHIND_POLL_S
+            for ledger in fitting:
                 uuid = ledger.device.uuid
-                with ledger.locked():
-                    snap = ledger.scan()
-                    mine = tickets.get(uuid)
-                    ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
-                    mode = (modes or {}).get(uuid, ("soft", ""))[0]
-                    # Each hard claim is one client of the device's MPS server, which admits
-                    # only so many: past that, wait or be refused like a budget that does not fit.
-                    blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
-                    if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
-                        payload = payload_for("claim", ledger)
-                        held = ledger.add("claims", payload)
-                        try:
-                            if mine is not None:
-                                ledger.remove("queue", tickets.pop(uuid))
-                        except BaseException:
-                            ledger.remove("claims", held)  # admitted, but claim() will raise
-                            raise
-                        return ledger, held, payload
-                refusals.append((snap, ahead, sizes[uuid] > snap.capacity, blocked))
-            never = all(impossible for _, _, impossible, _ in refusals)
-            if deadline is None or never or time.monotonic() >= deadline:
-                raise _refusal(refusals, sizes, wait_s, never)
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.05)
+                if not places[uuid].first():
+                    continue  # someone is ahead: only the first waiter takes the admission lock
+                poll = HEAD_POLL_S
+                got = attempt(ledger, tickets[uuid], max(deadline - time.monotonic(), 0.05))
+                if len(got) == 2:
+                    held, payload = got
+                    try:
+                        ledger.remove("queue", tickets.pop(uuid))
+                    except BaseException:
+                        ledger.remove("claims", held)  # admitted, but claim() will raise
+                        raise
+                    return ledger, held, payload
+                last[uuid] = got
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                refusals = [
+                    last.get(lg.device.uuid) or (lg.scan(clean=False), 1, False, None)
+                    for lg in fitting
+                ]
+                raise _refusal(refusals, sizes, wait_s, False)
+            time.sleep(min(poll, remaining))
     finally:
-        for ledger in ledgers:
-            ticket = tickets.pop(ledger.device.uuid, None)
-            if ticket is not None:
+        _drop_tickets(fitting, tickets)
+
+
+def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None:
+    """Remove every ticket; one failing removal does not keep the others locked."""
+    for ledger in ledgers:
+        ticket = tickets.pop(ledger.device.uuid, None)
+        if ticket is not None:
+            try:
                 ledger.remove("queue", ticket)
+            finally:
+                ticket.file.close()
+
+
+def _capacity(device: _devices.Device) -> int:
+    return max(0, device.total - _config.reserve(device.total, device.simulated))
 
 
 def _sizes_on(size: int | str, candidates: list[_devices.Device]) -> dict[str, int]:
@@ -274,7 +371,7 @@ def _most_free_first(ledgers: list[DeviceLedger]) -> list[DeviceLedger]:
 
 
 def _refusal(
-    refusals: list[tuple[Snapshot, int, bool, str | None]],
+    refusals: list[Refusal],
     sizes: dict[str, int],
     wait_s: float | None,
     never: bool,
@@ -287,9 +384,7 @@ def _refusal(
         + snap.describe()
     ]
     if holders:
-        parts.append(
-            "largest holders: " + ", ".join(f"{n} {format_size(b)}" for n, b in holders)
-        )
+        parts.append("largest holders: " + ", ".join(f"{n} {format_size(b)}" for n, b in holders))
     if blocked:
         parts.append(blocked)
     if ahead:
@@ -339,16 +434,16 @@ def _threads() -> int | None:
 
 
 def _forget_in_child() -> None:
-    # A forked child must not keep the parent's record lock alive after the parent dies.
-    global _current
-    held = _current._held if _current is not None else None
+    # A forked child must not keep the parent's record lock alive after the parent dies; the
+    # descriptor itself is closed by _flock's at-fork hook (every ledger file is).
+    global _current, _claiming, _state_lock
+    _state_lock = threading.Lock()  # another thread may have held it at the fork
     if _current is not None:
         # Detach the child's copy too: its release() (a `with` block it unwinds) must not unlink
-        # the parent's record, nor close an fd number the child has since reused.
+        # the parent's record.
         _current._held = _current._ledger = None
-    if held is not None:
-        os.close(held.fd)
     _current = None
+    _claiming = None  # a claim another thread was making stays the parent's
 
 
 def _release_at_exit() -> None:
