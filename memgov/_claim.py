@@ -15,7 +15,7 @@ from typing import Any
 from memgov import _adapters, _config, _devices, _enforce
 from memgov._errors import BudgetExceeded, ConfigError, MemgovError
 from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
-from memgov._records import Held
+from memgov._records import Held, printable
 from memgov._sizes import format_size, parse_size
 
 HOLDER_ENV = "MEMGOV_HOLDER"
@@ -384,7 +384,8 @@ def _refusal(
         + snap.describe()
     ]
     if holders:
-        parts.append("largest holders: " + ", ".join(f"{n} {format_size(b)}" for n, b in holders))
+        named = ", ".join(f"{printable(n)} {format_size(b)}" for n, b in holders)
+        parts.append(f"largest holders: {named}")
     if blocked:
         parts.append(blocked)
     if ahead:

@@ -41,3 +41,15 @@ class BudgetExceeded(MemgovError):
         self.free = free
         self.holders = holders or []
         self.queued_ahead = queued_ahead
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Exceptions pickle as cls(*args): the keyword-only facts must be passed back too, or
+        # unpickling (multiprocessing, Ray) fails with a TypeError instead of this error.
+        return (_rebuild_budget_exceeded, (str(self), self.__dict__.copy()))
+
+
+def _rebuild_budget_exceeded(message: str, facts: dict[str, object]) -> BudgetExceeded:
+    error = BudgetExceeded.__new__(BudgetExceeded)
+    Exception.__init__(error, message)
+    error.__dict__.update(facts)
+    return error

@@ -182,12 +182,13 @@ class DeviceLedger:
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
                 for seen in _records.scan(fd, folder):
-                    where = f"{folder / seen.name}"
+                    where = _records.printable(str(folder / seen.name))
                     if seen.alive and seen.data is not None:
                         if seen.data["device"] == device.uuid:
                             sections[section].append(Entry.from_record(seen))
                         else:
-                            problems.append(f"{where}: record of device {seen.data['device']}")
+                            other = _records.printable(seen.data["device"])
+                            problems.append(f"{where}: record of device {other}")
                         continue
                     if seen.alive:
                         if section == "claims" and seen.name.endswith(_records.SUFFIX):

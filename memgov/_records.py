@@ -456,6 +456,12 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
+def printable(text: str) -> str:
+    """``text`` with control and other non-printable characters as escapes: file names and
+    record fields are other users' text, and must not send sequences to anyone's terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:MAX_TEXT])
+
+
 def _owner(folder_fd: int, name: str) -> int | None:
     try:
         return os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_uid
