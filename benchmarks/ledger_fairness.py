@@ -27,6 +27,7 @@ import math
 import os
 import platform
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -172,6 +173,7 @@ def run(n: int, seconds: float, wait: float) -> dict[str, Any]:
             results.append(json.loads(out))
         sampler.done.set()
         sampler.join()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     errors = [e for r in results for e in r["errors"]]
     return {
         "n": n,
@@ -180,6 +182,7 @@ def run(n: int, seconds: float, wait: float) -> dict[str, Any]:
         "admitted": sum(len(r["admitted_ms"]) for r in results),
         "refused_after_wait": sum(len(r["overrun_ms"]) for r in results),
         "errors": len(errors),
+        "workers_cpu_s": usage.ru_utime + usage.ru_stime,
         "error_examples": errors[:5],
         "sampler_samples": sampler.samples,
         "sampler_over_commits": sampler.over_commits,
@@ -231,6 +234,7 @@ def main() -> None:
         else:
             print(f"{key:26} n=0")
     print(
+        f"workers_cpu_s={row['workers_cpu_s']:.1f} "
         f"admitted={row['admitted']} refused={row['refused_after_wait']} "
         f"errors={row['errors']} over_commits_seen={row['sampler_over_commits']}"
     )

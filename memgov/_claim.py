@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memgov import _adapters, _config, _devices, _enforce
-from memgov._errors import BudgetExceeded, ConfigError, MemgovError
+from memgov._errors import BudgetExceeded, ConfigError, LockTimeout, MemgovError
 from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
 from memgov._records import Held, printable
 from memgov._sizes import format_size, parse_size
+from memgov._wake import Waker
 
 HOLDER_ENV = "MEMGOV_HOLDER"
 """Set while this process holds a claim (``<device uuid>/<record>``); children inherit it."""
@@ -240,10 +241,12 @@ def _settle(
     return result
 
 
-HEAD_POLL_S = 0.005
-"""How often the first waiter re-checks whether its request fits (under the admission lock)."""
-BEHIND_POLL_S = 0.01
-"""How often a waiter behind others checks the ticket ahead of it (no admission lock)."""
+HEAD_POLL_S = 0.02
+"""Longest sleep of the first waiter between checks that its request fits: a removal in the
+device's folders wakes it at once (_wake); a holder killed by a signal removes nothing, so this
+bounds how long its budget waits to be found free."""
+BEHIND_POLL_S = 0.05
+"""Longest sleep of a waiter behind others between looks at the ticket ahead (no lock taken)."""
 
 Refusal = tuple[Snapshot, int, bool, str | None]
 
@@ -300,9 +303,11 @@ def _admit(
         )
     tickets: dict[str, Held] = {}
     last: dict[str, Refusal] = {}
+    waker: Waker | None = None
     try:
         for ledger in fitting:
             tickets[ledger.device.uuid] = ledger.add("queue", payload_for("waiter", ledger))
+        waker = Waker([lg.path / part for lg in fitting for part in ("claims", "queue")])
         places = {lg.device.uuid: QueuePlace(lg, tickets[lg.device.uuid].name) for lg in fitting}
         while True:
             poll = BEHIND_POLL_S
@@ -311,7 +316,12 @@ def _admit(
                 if not places[uuid].first():
                     continue  # someone is ahead: only the first waiter takes the admission lock
                 poll = HEAD_POLL_S
-                got = attempt(ledger, tickets[uuid], max(deadline - time.monotonic(), 0.05))
+                try:
+                    got = attempt(ledger, tickets[uuid], max(deadline - time.monotonic(), 0.05))
+                except LockTimeout as exc:
+                    if time.monotonic() < deadline:
+                        raise  # held past the lock's own bound (LOCK_TIMEOUT_S): say so
+                    got = (ledger.scan(clean=False), 0, False, f"{exc}")
                 if len(got) == 2:
                     held, payload = got
                     try:
@@ -324,13 +334,17 @@ def _admit(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 refusals = [
-                    last.get(lg.device.uuid) or (lg.scan(clean=False), 1, False, None)
+                    last.get(lg.device.uuid) or (lg.scan(False, queue=False), 1, False, None)
                     for lg in fitting
                 ]
                 raise _refusal(refusals, sizes, wait_s, False)
-            time.sleep(min(poll, remaining))
+            waker.sleep(min(poll, remaining))
     finally:
-        _drop_tickets(fitting, tickets)
+        try:
+            _drop_tickets(fitting, tickets)
+        finally:
+            if waker is not None:
+                waker.close()
 
 
 def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None:

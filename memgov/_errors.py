@@ -15,6 +15,10 @@ class LedgerError(MemgovError):
     """The ledger folder cannot be used (permissions, a symlink, a lock that is never released)."""
 
 
+class LockTimeout(LedgerError):
+    """A device's admission lock stayed held past its bound (a stopped or hostile process)."""
+
+
 class NoDeviceError(MemgovError):
     """No GPU (real or simulated) matches what was asked for."""
 

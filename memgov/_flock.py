@@ -32,7 +32,7 @@ import time
 import weakref
 from pathlib import Path
 
-from memgov._errors import LedgerError
+from memgov._errors import LedgerError, LockTimeout
 
 LOCK_MODE = 0o644
 """admission.lock: everyone opens it read-only to lock it (flock needs no write access)."""
@@ -98,22 +98,30 @@ def try_lock(file: io.FileIO, op: int, path: Path) -> bool:
     return True
 
 
-def lock_holders(dev: int, ino: int) -> list[int] | None:
-    """PIDs (as this PID namespace sees them; 0 = not visible) with a flock on the inode, from
-    /proc/locks; None where /proc/locks cannot be read."""
-    key = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+def lock_table() -> dict[str, list[int]] | None:
+    """Flocks on the host from /proc/locks: "MAJ:MIN:INODE" -> PIDs that took them (as this PID
+    namespace sees them; 0 = not visible). None where /proc/locks cannot be read."""
     try:
         with open("/proc/locks", "rb") as f:
-            text = f.read(4 * 2**20).decode("ascii", "replace")
+            text = f.read(16 * 2**20).decode("ascii", "replace")
     except OSError:
         return None
-    pids = []
+    table: dict[str, list[int]] = {}
     for line in text.splitlines():
         fields = line.split()
         # "1: FLOCK  ADVISORY  WRITE 1234 00:2e:5678 0 EOF"; blocked waiters start with "->"
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == key:
-            pids.append(int(fields[4]) if fields[4].lstrip("-").isdigit() else 0)
-    return pids
+        if len(fields) >= 6 and fields[1] == "FLOCK":
+            pid = int(fields[4]) if fields[4].lstrip("-").isdigit() else 0
+            table.setdefault(fields[5], []).append(pid)
+    return table
+
+
+def lock_holders(dev: int, ino: int) -> list[int] | None:
+    """PIDs with a flock on the inode (see ``lock_table``); None where unknown."""
+    table = lock_table()
+    if table is None:
+        return None
+    return table.get(f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}", [])
 
 
 def pid_running(pid: int) -> bool:
@@ -169,7 +177,7 @@ class AdmissionLock:
                 file.close()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise LedgerError(self._held_too_long())
+                    raise LockTimeout(self._held_too_long())
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.005)
             except BaseException:

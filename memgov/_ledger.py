@@ -168,17 +168,18 @@ class DeviceLedger:
         return AdmissionLock(self.path / "admission.lock", limit, may_create=mine)
 
     # -- reading -------------------------------------------------------------------------------
-    def scan(self, clean: bool = True) -> Snapshot:
+    def scan(self, clean: bool = True, queue: bool = True) -> Snapshot:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
-        ``clean`` removes dead holders' files where this user may.
+        ``clean`` removes dead holders' files where this user may; ``queue=False`` skips the
+        queue (a refusal's message needs only the claims).
         """
         device = refresh(self.device)
         problems: list[str] = []
         removed: list[str] = []
         unknown: list[str] = []
         sections: dict[str, list[Entry]] = {"claims": [], "queue": []}
-        for section in sections:
+        for section in sections if queue else ("claims",):
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
                 for seen in _records.scan(fd, folder):

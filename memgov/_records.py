@@ -31,7 +31,7 @@ from typing import Any
 from memgov._errors import LedgerError
 from memgov._flock import (
     flock_error,
-    lock_holders,
+    lock_table,
     own,
     pid_running,
     trusted_owner,
@@ -260,20 +260,21 @@ def scan(folder_fd: int, folder: Path | None = None) -> list[Seen]:
     if len(names) > MAX_FILES:
         raise LedgerError(f"{folder} holds {len(names)} files (at most {MAX_FILES} accepted)")
     seen = []
+    locks = LockTable()
     for name in sorted(names):
         if name.startswith(TMP_PREFIX):
-            item = _probe_tmp(folder_fd, folder, name)
+            item = _probe_tmp(folder_fd, folder, name, locks)
         else:
-            item = _read(folder_fd, name, folder=folder)
+            item = _read(folder_fd, name, folder=folder, locks=locks)
         if item is not None:
             seen.append(item)
     return seen
 
 
-def _probe_tmp(folder_fd: int, folder: Path, name: str) -> Seen | None:
+def _probe_tmp(folder_fd: int, folder: Path, name: str, locks: LockTable) -> Seen | None:
     # A temporary file is locked by its writer; unlocked, its writer died before the rename.
     # One this user cannot open (another user's, still 0600) is that user's business: ignored.
-    item = _read(folder_fd, name, parse=False, folder=folder)
+    item = _read(folder_fd, name, parse=False, folder=folder, locks=locks)
     if item is None or item.alive or item.problem:
         return None
     return Seen(name, False, None, "unfinished write of a dead process", item.owner, item.inode)
@@ -282,7 +283,29 @@ def _probe_tmp(folder_fd: int, folder: Path, name: str) -> Seen | None:
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def _read(folder_fd: int, name: str, parse: bool = True, folder: Path | None = None) -> Seen | None:
+class LockTable:
+    """/proc/locks, read at most once per scan (it lists every lock on the host)."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, list[int]] | None = None
+        self._read = False
+
+    def holders(self, dev: int, ino: int) -> list[int] | None:
+        if not self._read:
+            self._table, self._read = lock_table(), True
+        if self._table is None:
+            return None
+        return self._table.get(f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}", [])
+
+
+def _read(
+    folder_fd: int,
+    name: str,
+    parse: bool = True,
+    folder: Path | None = None,
+    locks: LockTable | None = None,
+) -> Seen | None:
+    locks = locks or LockTable()
     where = (folder or Path(".")) / name
     try:
         # O_NONBLOCK: a FIFO or device planted here never blocks the open.
@@ -293,7 +316,7 @@ def _read(folder_fd: int, name: str, parse: bool = True, folder: Path | None = N
         if exc.errno == errno.ELOOP:
             return Seen(name, False, None, "a symlink (not followed)", _owner(folder_fd, name))
         if exc.errno in (errno.EACCES, errno.EPERM):
-            return _unreadable(folder_fd, name, exc)
+            return _unreadable(folder_fd, name, exc, locks)
         if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EISDIR):  # a socket or device: no lock
             return Seen(name, False, None, f"unreadable ({exc.strerror})", _owner(folder_fd, name))
         # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
@@ -307,7 +330,7 @@ def _read(folder_fd: int, name: str, parse: bool = True, folder: Path | None = N
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             alive = False
         except BlockingIOError:
-            alive = _holder_running(info)
+            alive = _holder_running(info, locks)
         except OSError as exc:  # not a busy lock: the filesystem cannot lock at all (or failed)
             raise flock_error(where, exc) from None
         if not parse:
@@ -341,27 +364,27 @@ def is_locked(folder_fd: int, name: str) -> bool:
     return False
 
 
-def _holder_running(info: os.stat_result) -> bool:
+def _holder_running(info: os.stat_result, locks: LockTable) -> bool:
     """A held lock counts as alive unless /proc/locks shows its only taker has died.
 
     fork() shares the open file: a child forked at the wrong moment, or from C (no at-fork hook
     runs then), keeps its parent's lock after the parent dies. /proc/locks names the process that
     took the lock; if that one is gone (and no other process took one), the record is dead.
     """
-    pids = lock_holders(info.st_dev, info.st_ino)
+    pids = locks.holders(info.st_dev, info.st_ino)
     if not pids:
         return True  # unknown, or the lock just changed hands: fail closed
     return any(pid_running(pid) for pid in pids)
 
 
-def _unreadable(folder_fd: int, name: str, exc: OSError) -> Seen:
+def _unreadable(folder_fd: int, name: str, exc: OSError, locks: LockTable) -> Seen:
     """A file this user may not open. If its lock is held it may be a live claim of unknown size:
     it must block admissions (fail closed), never vanish from the count."""
     try:
         info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except OSError:
         return Seen(name, True, None, f"unreadable ({exc.strerror}); state unknown", None)
-    pids = lock_holders(info.st_dev, info.st_ino)
+    pids = locks.holders(info.st_dev, info.st_ino)
     alive = pids is None or (bool(pids) and any(pid_running(p) for p in pids))
     state = "locked or unknown" if alive else "not locked"
     inode = (info.st_dev, info.st_ino)
