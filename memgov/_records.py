@@ -47,6 +47,7 @@ MAX_BYTES = 64 * 1024
 SHARED_DIR_MODE = 0o1777
 """Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
 PRIVATE_DIR_MODE = 0o755
+SHARED_FOLDERS = ("claims", "queue")
 """Folders another user makes: only that user's own claims can live in them."""
 RECORD_MODE = 0o644
 
@@ -131,8 +132,11 @@ def _mkdir(dir_fd: int | None, name: str, path: Path, parent: Path | None) -> No
             "folders there. Run `sudo memgov gc` once (it creates every device's folders; "
             "docs/ledger.md, 'Admin set-up')"
         )
-    # Root makes a shared folder (1777, like /tmp); any other user a private one (0755).
-    mode = SHARED_DIR_MODE if os.geteuid() == 0 else PRIVATE_DIR_MODE
+    # Only claims/ and queue/ are written by every user: root makes those 1777 (sticky, like
+    # /tmp) and every other folder 0755, so no user can plant files (admission.lock, a device
+    # folder) beside them. Any other user's folders are private (0755).
+    shared = os.geteuid() == 0 and name in SHARED_FOLDERS
+    mode = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
     try:
         os.mkdir(name, mode, dir_fd=dir_fd)
     except FileExistsError:

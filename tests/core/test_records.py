@@ -240,7 +240,9 @@ def test_memgov_dir_that_is_a_file_is_refused(
 def test_folders_are_shared_and_records_readable(private_ledger: Path) -> None:
     with memgov.claim("1GiB") as held:
         device = private_ledger / "v1" / "sim0"
-        for folder in (private_ledger, private_ledger / "v1", device, device / "claims"):
+        for folder in (private_ledger, private_ledger / "v1", device):
+            assert os.stat(folder).st_mode & 0o7777 == 0o755, folder  # root's: nobody plants
+        for folder in (device / "claims", device / "queue"):
             assert os.stat(folder).st_mode & 0o7777 == 0o1777, folder
         assert os.stat(device / "claims" / held.record).st_mode & 0o777 == 0o644
         assert os.stat(device / "admission.lock").st_mode & 0o777 == 0o644
