@@ -6,7 +6,6 @@ import atexit
 import math
 import os
 import sys
-import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -22,9 +21,9 @@ from memgov._wake import Waker
 HOLDER_ENV = "MEMGOV_HOLDER"
 """Set while this process holds a claim (``<device uuid>/<record>``); children inherit it."""
 
-_state_lock = threading.Lock()
-"""Guards _current and _claiming; held for a few statements, never while waiting."""
 _current: Claim | None = None
+"""Set and cleared by single assignments: no lock, because a lock can be left held by an
+exception that lands between its acquire and its block (an async exception, a signal handler's)."""
 
 
 class _Attempt:
@@ -32,7 +31,8 @@ class _Attempt:
     attempt's frame even when an exception cuts short the code that would clear it."""
 
 
-_claiming: weakref.ref[_Attempt] | None = None
+_claiming: dict[str, weakref.ref[_Attempt]] = {}
+""""now" -> the claim() in progress; dict.setdefault is the atomic test-and-set."""
 
 
 @dataclass
@@ -68,12 +68,11 @@ class Claim:
         global _current
         held, ledger = self._held, self._ledger
         try:
-            with _state_lock:
-                self._held = None
-                restore, self._restore = self._restore, {}
-                if _current is self:
-                    _current = None
-                    os.environ.pop(HOLDER_ENV, None)
+            self._held = None
+            restore, self._restore = self._restore, {}
+            if _current is self:
+                _current = None
+                os.environ.pop(HOLDER_ENV, None)
             _enforce.restore(restore)  # a child started from now on gets no stale MPS limit
         finally:
             # Whatever was raised above (Ctrl-C included), the lock is dropped: remove() closes
@@ -117,26 +116,27 @@ def claim(
     ``Claim.mode_reason`` say which and why.
     Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
     """
-    global _claiming
     wait_s = _check_wait(wait)
     label = _check_name(name)
     threads = _threads()  # every setting is checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
+    if _current is not None:
+        # One claim per process: a holder that waits for more could deadlock with another.
+        raise MemgovError(
+            f"this process already holds {_current}; release it before claiming again"
+        )
     attempt = _Attempt()
-    with _state_lock:
-        if _current is not None:
-            # One claim per process: a holder that waits for more could deadlock with another.
-            raise MemgovError(
-                f"this process already holds {_current}; release it before claiming again"
-            )
-        if _claiming is not None and _claiming() is not None:
+    mark = weakref.ref(attempt, _unmark)
+    found = _claiming.setdefault("now", mark)
+    if found is not mark:
+        if found() is not None:
             # Not waited for: this thread's own wait (None: fail at once) must not be spent
             # behind another thread's.
             raise MemgovError(
                 "another thread of this process is claiming right now; a process holds at "
                 "most one claim, so claim in one thread (or in separate processes)"
             )
-        _claiming = weakref.ref(attempt)
+        _claiming["now"] = mark  # a mark whose attempt ended without clearing it
     try:
         result, touched, chosen = _claim_now(size, device, wait_s, label, compute_pct)
     finally:
@@ -160,6 +160,12 @@ def claim(
             _enforce.restore(touched)
         raise
     return result
+
+
+def _unmark(mark: weakref.ref[_Attempt]) -> None:
+    # The attempt ended (however): clear the mark if it is still this one.
+    if _claiming.get("now") is mark:
+        _claiming.pop("now", None)
 
 
 def _claim_now(
@@ -186,15 +192,13 @@ def _claim_now(
     touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
     try:
         result = _settle(ledger, held, payload, plan, label, compute_pct)
-        with _state_lock:
-            _current = result
-            os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
+        _current = result
+        os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
     except BaseException:
         try:
-            with _state_lock:
-                if _current is not None and _current._held is held:
-                    _current = None
-                    os.environ.pop(HOLDER_ENV, None)
+            if _current is not None and _current._held is held:
+                _current = None
+                os.environ.pop(HOLDER_ENV, None)
             _enforce.restore(touched)
         finally:
             ledger.remove("claims", held)
@@ -451,14 +455,13 @@ def _threads() -> int | None:
 def _forget_in_child() -> None:
     # A forked child must not keep the parent's record lock alive after the parent dies; the
     # descriptor itself is closed by _flock's at-fork hook (every ledger file is).
-    global _current, _claiming, _state_lock
-    _state_lock = threading.Lock()  # another thread may have held it at the fork
+    global _current
     if _current is not None:
         # Detach the child's copy too: its release() (a `with` block it unwinds) must not unlink
         # the parent's record.
         _current._held = _current._ledger = None
     _current = None
-    _claiming = None  # a claim another thread was making stays the parent's
+    _claiming.clear()  # a claim another thread was making stays the parent's
 
 
 def _release_at_exit() -> None:

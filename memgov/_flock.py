@@ -24,10 +24,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import io
 import os
 import stat
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -37,8 +37,9 @@ from memgov._errors import LedgerError, LockTimeout
 LOCK_MODE = 0o644
 """admission.lock: everyone opens it read-only to lock it (flock needs no write access)."""
 
-_live: weakref.WeakSet[io.FileIO] = weakref.WeakSet()
-_live_lock = threading.Lock()
+_live: dict[int, weakref.ref[io.FileIO]] = {}
+"""Every ledger FileIO of this process, by id. Plain dict operations only (atomic under the GIL):
+a lock here could be left held by an exception landing between its acquire and its block."""
 
 
 def own(fd: int, writable: bool = False) -> io.FileIO:
@@ -48,19 +49,22 @@ def own(fd: int, writable: bool = False) -> io.FileIO:
     except IsADirectoryError:
         os.close(fd)  # FileIO refuses a folder and leaves the descriptor open
         raise
-    with _live_lock:
-        _live.add(file)
+    key = id(file)
+    _live[key] = weakref.ref(file, functools.partial(_forget, key))
     return file
 
 
+def _forget(key: int, ref: weakref.ref[io.FileIO]) -> None:
+    if _live.get(key) is ref:  # not a newer file that got the same id
+        _live.pop(key, None)
+
+
 def _close_all_in_child() -> None:
-    # A forked child: only this thread exists, the set's lock may be held by a vanished thread.
-    for file in list(_live.data):  # type: ignore[attr-defined]
-        target = file()
+    # A forked child: only this thread exists; close its copy of every ledger descriptor.
+    for ref in list(_live.values()):
+        target = ref()
         if target is not None:
             target.close()
-    global _live_lock
-    _live_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_close_all_in_child)
@@ -68,8 +72,8 @@ os.register_at_fork(after_in_child=_close_all_in_child)
 
 def open_count() -> int:
     """Ledger descriptors open in this process (tests: nothing may stay open after a claim)."""
-    with _live_lock:
-        return sum(1 for f in _live if not f.closed)
+    files = [ref() for ref in list(_live.values())]
+    return sum(1 for f in files if f is not None and not f.closed)
 
 
 NO_FLOCK = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})

@@ -326,6 +326,12 @@ def _read(
         # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
         raise LedgerError(f"cannot read {where}: {exc.strerror or exc}") from None
     try:
+        # Owned by a FileIO from here: whatever is raised, the probe's lock goes with it.
+        probe = io.FileIO(fd, "r", closefd=True)
+    except IsADirectoryError:
+        os.close(fd)
+        return Seen(name, False, None, "not a regular file", _owner(folder_fd, name))
+    try:
         info = os.fstat(fd)
         inode = (info.st_dev, info.st_ino)
         if not stat.S_ISREG(info.st_mode):
@@ -348,7 +354,7 @@ def _read(
         except OSError as exc:
             return Seen(name, alive, None, f"unreadable ({exc.strerror})", info.st_uid, inode)
     finally:
-        os.close(fd)
+        probe.close()
     data, problem = _parse(raw)
     return Seen(name, alive, data, problem, info.st_uid, inode)
 
@@ -358,13 +364,18 @@ def is_locked(folder_fd: int, name: str) -> bool:
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
     except OSError:
-        return False
+        return False  # gone
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        probe = io.FileIO(fd, "r", closefd=True)
+    except IsADirectoryError:
+        os.close(fd)
+        return False  # a folder holds no ticket
+    try:
+        fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
         return True
     finally:
-        os.close(fd)
+        probe.close()
     return False
 
 
