@@ -14,7 +14,8 @@ from typing import Any
 from memgov import _adapters, _config, _devices, _enforce
 from memgov._errors import BudgetExceeded, ConfigError, LockTimeout, MemgovError
 from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
-from memgov._records import Held, printable
+from memgov._parse import printable
+from memgov._records import Held
 from memgov._sizes import format_size, parse_size
 from memgov._wake import Waker
 

@@ -26,6 +26,7 @@ from memgov._attribution import Attribution, Holder, attribute, pidns_of
 from memgov._devices import Device, refresh
 from memgov._errors import LedgerError
 from memgov._flock import AdmissionLock
+from memgov._parse import printable
 from memgov._sizes import format_size
 
 VERSION_DIR = "v1"
@@ -183,12 +184,12 @@ class DeviceLedger:
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
                 for seen in _records.scan(fd, folder):
-                    where = _records.printable(str(folder / seen.name))
+                    where = printable(str(folder / seen.name))
                     if seen.alive and seen.data is not None:
                         if seen.data["device"] == device.uuid:
                             sections[section].append(Entry.from_record(seen))
                         else:
-                            other = _records.printable(seen.data["device"])
+                            other = printable(seen.data["device"])
                             problems.append(f"{where}: record of device {other}")
                         continue
                     if seen.alive:
