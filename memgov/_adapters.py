@@ -25,6 +25,11 @@ _failures: list[str] = []
 def available() -> list[Adapter]:
     """Every installed adapter (loaded once; a broken plugin is logged and skipped)."""
     global _loaded
+    loaded = _loaded
+    if loaded is not None:
+        # No lock once loaded: claim() calls this, and an exception landing between a lock's
+        # acquire and its `with` block (an async exception, a signal handler's) leaves it held.
+        return list(loaded)
     with _lock:
         if _loaded is None:
             found: list[Adapter] = []

@@ -6,22 +6,34 @@ import atexit
 import math
 import os
 import sys
-import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _adapters, _devices, _enforce
-from memgov._errors import BudgetExceeded, ConfigError, MemgovError
-from memgov._ledger import DeviceLedger, Snapshot, record_payload
+from memgov import _adapters, _config, _devices, _enforce
+from memgov._errors import BudgetExceeded, ConfigError, LockTimeout, MemgovError
+from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
+from memgov._parse import printable
 from memgov._records import Held
 from memgov._sizes import format_size, parse_size
+from memgov._wake import Waker
 
 HOLDER_ENV = "MEMGOV_HOLDER"
 """Set while this process holds a claim (``<device uuid>/<record>``); children inherit it."""
 
-_state_lock = threading.RLock()
 _current: Claim | None = None
+"""Set and cleared by single assignments: no lock, because a lock can be left held by an
+exception that lands between its acquire and its block (an async exception, a signal handler's)."""
+
+
+class _Attempt:
+    """Marks a claim() in progress; only a weak reference is kept, so the mark ends with the
+    attempt's frame even when an exception cuts short the code that would clear it."""
+
+
+_claiming: dict[str, weakref.ref[_Attempt]] = {}
+""""now" -> the claim() in progress; dict.setdefault is the atomic test-and-set."""
 
 
 @dataclass
@@ -55,15 +67,19 @@ class Claim:
     def release(self) -> None:
         """Give the budget back. Frameworks cannot lift a cap once set, so release at the end."""
         global _current
-        with _state_lock:
-            held, ledger, self._held = self._held, self._ledger, None
+        held, ledger = self._held, self._ledger
+        try:
+            self._held = None
             restore, self._restore = self._restore, {}
             if _current is self:
                 _current = None
                 os.environ.pop(HOLDER_ENV, None)
             _enforce.restore(restore)  # a child started from now on gets no stale MPS limit
-        if held is not None and ledger is not None:
-            ledger.remove("claims", held)
+        finally:
+            # Whatever was raised above (Ctrl-C included), the lock is dropped: remove() closes
+            # the record's file last, and a file it never reached is closed when collected.
+            if held is not None and ledger is not None:
+                ledger.remove("claims", held)
 
     def __enter__(self) -> Claim:
         return self
@@ -101,40 +117,31 @@ def claim(
     ``Claim.mode_reason`` say which and why.
     Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
     """
-    global _current
     wait_s = _check_wait(wait)
     label = _check_name(name)
     threads = _threads()  # every setting is checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
-    with _state_lock:
-        if _current is not None:
-            # One claim per process: a holder that waits for more could deadlock with another.
-            raise MemgovError(
-                f"this process already holds {_current}; release it before claiming again"
-            )
-        candidates = _devices.candidates(device)
-        sizes = _sizes_on(size, candidates)
-        candidates = [d for d in candidates if d.uuid in sizes]
-        # The mode goes into the record, so it is decided before admission writes one.
-        plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
-        modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
-        ledger, held, payload = _admit(
-            [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct,
-            plan.daemons,
+    if _current is not None:
+        # One claim per process: a holder that waits for more could deadlock with another.
+        raise MemgovError(
+            f"this process already holds {_current}; release it before claiming again"
         )
-        chosen = ledger.device
-        # Everything from here to the return can still fail (an adapter's configure_env, the
-        # environment, Ctrl-C): the record is then released and the environment put back
-        # before the exception propagates, so a failed claim() holds nothing.
-        touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
-        try:
-            result = _settle(ledger, held, payload, plan, label, compute_pct)
-        except BaseException:
-            ledger.remove("claims", held)
-            _enforce.restore(touched)
-            raise
-        _current = result
-        os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
+    attempt = _Attempt()
+    mark = weakref.ref(attempt, _unmark)
+    found = _claiming.setdefault("now", mark)
+    if found is not mark:
+        if found() is not None:
+            # Not waited for: this thread's own wait (None: fail at once) must not be spent
+            # behind another thread's.
+            raise MemgovError(
+                "another thread of this process is claiming right now; a process holds at "
+                "most one claim, so claim in one thread (or in separate processes)"
+            )
+        _claiming["now"] = mark  # a mark whose attempt ended without clearing it
+    try:
+        result, touched, chosen = _claim_now(size, device, wait_s, label, compute_pct)
+    finally:
+        del attempt  # ends the mark (the weak reference dies with it)
     budget = _adapters.Budget(
         bytes=result.bytes,
         device_uuid=chosen.uuid,
@@ -148,10 +155,57 @@ def claim(
     try:
         _adapters.govern(budget, result.reports)
     except BaseException:
-        result.release()
-        _enforce.restore(touched)
+        try:
+            result.release()
+        finally:
+            _enforce.restore(touched)
         raise
     return result
+
+
+def _unmark(mark: weakref.ref[_Attempt]) -> None:
+    # The attempt ended (however): clear the mark if it is still this one.
+    if _claiming.get("now") is mark:
+        _claiming.pop("now", None)
+
+
+def _claim_now(
+    size: int | str,
+    device: int | str | None,
+    wait_s: float | None,
+    label: str,
+    compute_pct: int | None,
+) -> tuple[Claim, dict[str, str | None], _devices.Device]:
+    global _current
+    candidates = _devices.candidates(device)
+    sizes = _sizes_on(size, candidates)
+    candidates = [d for d in candidates if d.uuid in sizes]
+    # The mode goes into the record, so it is decided before admission writes one.
+    plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
+    modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
+    ledger, held, payload = _admit(
+        [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct,
+        plan.daemons,
+    )
+    chosen = ledger.device
+    # Everything from here to the return can still fail (an adapter's configure_env, the
+    # environment, Ctrl-C): the record is then released and the environment put back before
+    # the exception propagates, so a failed claim() holds nothing.
+    touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
+    try:
+        result = _settle(ledger, held, payload, plan, label, compute_pct)
+        _current = result
+        os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
+    except BaseException:
+        try:
+            if _current is not None and _current._held is held:
+                _current = None
+                os.environ.pop(HOLDER_ENV, None)
+            _enforce.restore(touched)
+        finally:
+            ledger.remove("claims", held)
+        raise
+    return result, touched, chosen
 
 
 def _settle(
@@ -194,6 +248,16 @@ def _settle(
     return result
 
 
+HEAD_POLL_S = 0.02
+"""Longest sleep of the first waiter between checks that its request fits: a removal in the
+device's folders wakes it at once (_wake); a holder killed by a signal removes nothing, so this
+bounds how long its budget waits to be found free."""
+BEHIND_POLL_S = 0.05
+"""Longest sleep of a waiter behind others between looks at the ticket ahead (no lock taken)."""
+
+Refusal = tuple[Snapshot, int, bool, str | None]
+
+
 def _admit(
     ledgers: list[DeviceLedger],
     sizes: dict[str, int],
@@ -228,48 +292,100 @@ def _admit(
         blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
         return None, blocked or _enforce.context_limit_reason(snap.contexts, mode, snap.device)
 
-    deadline = None if wait_s is None else time.monotonic() + wait_s
+    def attempt(
+        ledger: DeviceLedger, mine: Held | None, timeout: float | None
+    ) -> tuple[Held, dict[str, Any]] | Refusal:
+        """One admission under the device's lock: the admitted record, or why not."""
+        uuid = ledger.device.uuid
+        with ledger.locked(timeout):
+            snap = ledger.scan()
+            ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
+            mode = (modes or {}).get(uuid, ("soft", ""))[0]
+            # Each hard claim is one client of an MPS server, which admits only so many; each
+            # other claim is one CUDA context, of which the device creates only so many: past
+            # that, wait or be refused like a budget that does not fit.
+            daemon, blocked = slot(snap, mode)
+            if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
+                payload = payload_for("claim", ledger, daemon)
+                return ledger.add("claims", payload), payload
+        return (snap, ahead, sizes[uuid] > snap.capacity, blocked)
+
+    if wait_s is None:
+        refusals: list[Refusal] = []
+        for ledger in _most_free_first(ledgers):
+            got = attempt(ledger, None, None)
+            if len(got) == 2:
+                return ledger, got[0], got[1]
+            refusals.append(got)
+        never = all(impossible for _, _, impossible, _ in refusals)
+        raise _refusal(refusals, sizes, wait_s, never)
+
+    deadline = time.monotonic() + wait_s
+    # A device the request can never fit gets no ticket: it must not hold up that queue.
+    fitting = [lg for lg in ledgers if sizes[lg.device.uuid] <= _capacity(lg.device)]
+    if not fitting:
+        raise _refusal(
+            [(lg.scan(clean=False), 0, True, None) for lg in ledgers], sizes, wait_s, True
+        )
     tickets: dict[str, Held] = {}
+    last: dict[str, Refusal] = {}
+    waker: Waker | None = None
     try:
-        if deadline is not None:
-            for ledger in ledgers:
-                uuid = ledger.device.uuid
-                tickets[uuid] = ledger.add("queue", payload_for("waiter", ledger))
-        delay = 0.005
+        for ledger in fitting:
+            tickets[ledger.device.uuid] = ledger.add("queue", payload_for("waiter", ledger))
+        waker = Waker([lg.path / part for lg in fitting for part in ("claims", "queue")])
+        places = {lg.device.uuid: QueuePlace(lg, tickets[lg.device.uuid].name) for lg in fitting}
         while True:
-            refusals: list[tuple[Snapshot, int, bool, str | None]] = []
-            for ledger in _most_free_first(ledgers):
+            poll = BEHIND_POLL_S
+            for ledger in fitting:
                 uuid = ledger.device.uuid
-                with ledger.locked():
-                    snap = ledger.scan()
-                    mine = tickets.get(uuid)
-                    ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
-                    mode = (modes or {}).get(uuid, ("soft", ""))[0]
-                    # Each hard claim is one client of an MPS server, which admits only so
-                    # many; each other claim is one CUDA context, of which the device creates
-                    # only so many: past that, wait or be refused like a budget that does not fit.
-                    daemon, blocked = slot(snap, mode)
-                    if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
-                        payload = payload_for("claim", ledger, daemon)
-                        held = ledger.add("claims", payload)
-                        try:
-                            if mine is not None:
-                                ledger.remove("queue", tickets.pop(uuid))
-                        except BaseException:
-                            ledger.remove("claims", held)  # admitted, but claim() will raise
-                            raise
-                        return ledger, held, payload
-                refusals.append((snap, ahead, sizes[uuid] > snap.capacity, blocked))
-            never = all(impossible for _, _, impossible, _ in refusals)
-            if deadline is None or never or time.monotonic() >= deadline:
-                raise _refusal(refusals, sizes, wait_s, never)
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.05)
+                if not places[uuid].first():
+                    continue  # someone is ahead: only the first waiter takes the admission lock
+                poll = HEAD_POLL_S
+                try:
+                    got = attempt(ledger, tickets[uuid], max(deadline - time.monotonic(), 0.05))
+                except LockTimeout as exc:
+                    if time.monotonic() < deadline:
+                        raise  # held past the lock's own bound (LOCK_TIMEOUT_S): say so
+                    got = (ledger.scan(clean=False), 0, False, f"{exc}")
+                if len(got) == 2:
+                    held, payload = got
+                    try:
+                        ledger.remove("queue", tickets.pop(uuid))
+                    except BaseException:
+                        ledger.remove("claims", held)  # admitted, but claim() will raise
+                        raise
+                    return ledger, held, payload
+                last[uuid] = got
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                refusals = [
+                    last.get(lg.device.uuid) or (lg.scan(False, queue=False), 1, False, None)
+                    for lg in fitting
+                ]
+                raise _refusal(refusals, sizes, wait_s, False)
+            waker.sleep(min(poll, remaining))
     finally:
-        for ledger in ledgers:
-            ticket = tickets.pop(ledger.device.uuid, None)
-            if ticket is not None:
+        try:
+            _drop_tickets(fitting, tickets)
+        finally:
+            if waker is not None:
+                waker.close()
+
+
+def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None:
+    """Remove every ticket; one failing removal does not keep the others locked."""
+    for ledger in ledgers:
+        ticket = tickets.pop(ledger.device.uuid, None)
+        if ticket is not None:
+            try:
                 ledger.remove("queue", ticket)
+            finally:
+                ticket.file.close()
+
+
+def _capacity(device: _devices.Device) -> int:
+    return max(0, device.total - _config.reserve(device.total, device.simulated))
 
 
 def _sizes_on(size: int | str, candidates: list[_devices.Device]) -> dict[str, int]:
@@ -295,7 +411,7 @@ def _most_free_first(ledgers: list[DeviceLedger]) -> list[DeviceLedger]:
 
 
 def _refusal(
-    refusals: list[tuple[Snapshot, int, bool, str | None]],
+    refusals: list[Refusal],
     sizes: dict[str, int],
     wait_s: float | None,
     never: bool,
@@ -308,9 +424,8 @@ def _refusal(
         + snap.describe()
     ]
     if holders:
-        parts.append(
-            "largest holders: " + ", ".join(f"{n} {format_size(b)}" for n, b in holders)
-        )
+        named = ", ".join(f"{printable(n)} {format_size(b)}" for n, b in holders)
+        parts.append(f"largest holders: {named}")
     if blocked:
         parts.append(blocked)
     if ahead:
@@ -360,16 +475,15 @@ def _threads() -> int | None:
 
 
 def _forget_in_child() -> None:
-    # A forked child must not keep the parent's record lock alive after the parent dies.
+    # A forked child must not keep the parent's record lock alive after the parent dies; the
+    # descriptor itself is closed by _flock's at-fork hook (every ledger file is).
     global _current
-    held = _current._held if _current is not None else None
     if _current is not None:
         # Detach the child's copy too: its release() (a `with` block it unwinds) must not unlink
-        # the parent's record, nor close an fd number the child has since reused.
+        # the parent's record.
         _current._held = _current._ledger = None
-    if held is not None:
-        os.close(held.fd)
     _current = None
+    _claiming.clear()  # a claim another thread was making stays the parent's
 
 
 def _release_at_exit() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class MemgovError(Exception):
     """Base class of every error memgov raises on purpose."""
@@ -15,6 +13,10 @@ class ConfigError(MemgovError, ValueError):
 
 class LedgerError(MemgovError):
     """The ledger folder cannot be used (permissions, a symlink, a lock that is never released)."""
+
+
+class LockTimeout(LedgerError):
+    """A device's admission lock stayed held past its bound (a stopped or hostile process)."""
 
 
 class NoDeviceError(MemgovError):
@@ -44,12 +46,14 @@ class BudgetExceeded(MemgovError):
         self.holders = holders or []
         self.queued_ahead = queued_ahead
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Exceptions pickle their args only; the facts are keyword-only, so pass them along
-        # (multiprocessing and Ray send a worker's error to its parent this way).
-        names = ("device", "requested", "free", "holders", "queued_ahead")
-        return _rebuild_budget_exceeded, (str(self), {k: getattr(self, k) for k in names})
+    def __reduce__(self) -> tuple[object, ...]:
+        # Exceptions pickle as cls(*args): the keyword-only facts must be passed back too, or
+        # unpickling (multiprocessing, Ray) fails with a TypeError instead of this error.
+        return (_rebuild_budget_exceeded, (str(self), self.__dict__.copy()))
 
 
-def _rebuild_budget_exceeded(message: str, facts: dict[str, Any]) -> BudgetExceeded:
-    return BudgetExceeded(message, **facts)
+def _rebuild_budget_exceeded(message: str, facts: dict[str, object]) -> BudgetExceeded:
+    error = BudgetExceeded.__new__(BudgetExceeded)
+    Exception.__init__(error, message)
+    error.__dict__.update(facts)
+    return error

@@ -1,15 +1,22 @@
-"""The admission lock: an exclusive flock that waiters block on, with a timeout.
+"""Descriptors the ledger owns, and the admission lock: an exclusive flock taken with a bound.
 
-filelock polls a busy lock (every 50 ms by default): with 64 processes claiming at once the
-admission, held for a few ms at a time, queued claims for up to 2.8 s (p99, docs/RESULTS.md);
-polling faster starved the holder of CPU. A blocking flock sleeps in the kernel and is woken when
-the lock is free, so the lock passes from holder to waiter at once. The kernel also drops the lock
-of a holder that dies, by any signal. Python cannot time out a blocking flock, so a waiter that
-outlasts the timeout waits in a helper thread; if it gets the lock after its caller gave up, it
-hands the lock straight back.
+Ownership. Every descriptor that carries a lock (records, queue tickets, admission locks) lives in
+an ``io.FileIO`` object and is closed only through it. ``FileIO.close()`` clears its descriptor and
+closes it in one C call and is a no-op the second time, so no descriptor number is ever closed twice
+or after another thread reused it, whatever exception lands where. A FileIO that is dropped without
+being closed (an exception unwound past its owner) is closed by the garbage collector, which drops
+its lock: an interrupted claim leaves at most a dead, unlocked file, which the next scan removes.
 
-The file is opened read-only (flock needs no write access, so any user's process can lock a file
-another user created) and never through a symlink.
+Forks. A flock belongs to the open file, which fork() shares with the child. A forked child closes
+every ledger descriptor at once (an at-fork hook), so it never holds its parent's claim, ticket or
+admission lock. Every open is O_CLOEXEC, so exec'd programs inherit none. A child forked from C
+skips the hook; scanners catch that case through /proc/locks (see ``lock_holders``).
+
+Bounds. Every file another user can create is opened with O_NOFOLLOW | O_NONBLOCK (a planted FIFO
+or device never blocks the open) and checked with fstat before use. Locks are only ever tried with
+LOCK_NB: the admission lock is polled with a short backoff until its deadline, so no thread ever
+blocks in flock without bound, and no helper thread exists (an earlier helper thread blocked on a
+duplicate descriptor; see docs/ledger.md, "Bounds").
 """
 
 from __future__ import annotations
@@ -17,32 +24,56 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
+import io
 import os
-import threading
+import stat
+import time
+import weakref
 from pathlib import Path
 
-from memgov._errors import LedgerError
+from memgov._errors import LedgerError, LockTimeout
 
-LOCK_MODE = 0o666
+LOCK_MODE = 0o644
+"""admission.lock: everyone opens it read-only to lock it (flock needs no write access)."""
 
-_open_fds: set[int] = set()
-"""Lock files open in this process. A forked child closes its copies at once: an flock belongs to
-the open file, so a child that kept one would hold the admission lock after its parent let go."""
+_live: dict[int, weakref.ref[io.FileIO]] = {}
+"""Every ledger FileIO of this process, by id. Plain dict operations only (atomic under the GIL):
+a lock here could be left held by an exception landing between its acquire and its block."""
 
 
-def _close(fd: int) -> None:
-    _open_fds.discard(fd)
-    os.close(fd)
+def own(fd: int, writable: bool = False) -> io.FileIO:
+    """Wrap a fresh descriptor so that it has exactly one owner (see the module docstring)."""
+    try:
+        file = io.FileIO(fd, "r+" if writable else "r", closefd=True)
+    except IsADirectoryError:
+        os.close(fd)  # FileIO refuses a folder and leaves the descriptor open
+        raise
+    key = id(file)
+    _live[key] = weakref.ref(file, functools.partial(_forget, key))
+    return file
+
+
+def _forget(key: int, ref: weakref.ref[io.FileIO]) -> None:
+    if _live.get(key) is ref:  # not a newer file that got the same id
+        _live.pop(key, None)
 
 
 def _close_all_in_child() -> None:
-    for fd in list(_open_fds):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _open_fds.clear()
+    # A forked child: only this thread exists; close its copy of every ledger descriptor.
+    for ref in list(_live.values()):
+        target = ref()
+        if target is not None:
+            target.close()
 
 
 os.register_at_fork(after_in_child=_close_all_in_child)
+
+
+def open_count() -> int:
+    """Ledger descriptors open in this process (tests: nothing may stay open after a claim)."""
+    files = [ref() for ref in list(_live.values())]
+    return sum(1 for f in files if f is not None and not f.closed)
 
 
 NO_FLOCK = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
@@ -60,105 +91,186 @@ def flock_error(path: Path, exc: OSError) -> LedgerError:
     return LedgerError(f"cannot lock {path}: {exc.strerror or exc}")
 
 
+def try_lock(file: io.FileIO, op: int, path: Path) -> bool:
+    """flock(op | LOCK_NB): True if taken, False if busy; LedgerError if locking is impossible."""
+    try:
+        fcntl.flock(file.fileno(), op | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        raise flock_error(path, exc) from None
+    return True
+
+
+def lock_table() -> dict[str, list[int]] | None:
+    """Flocks on the host from /proc/locks: "MAJ:MIN:INODE" -> PIDs that took them (as this PID
+    namespace sees them; 0 = not visible). None where /proc/locks cannot be read."""
+    try:
+        with open("/proc/locks", "rb") as f:
+            text = f.read(16 * 2**20).decode("ascii", "replace")
+    except OSError:
+        return None
+    table: dict[str, list[int]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 00:2e:5678 0 EOF"; blocked waiters start with "->"
+        if len(fields) >= 6 and fields[1] == "FLOCK":
+            pid = int(fields[4]) if fields[4].lstrip("-").isdigit() else 0
+            table.setdefault(fields[5], []).append(pid)
+    return table
+
+
+def lock_holders(dev: int, ino: int) -> list[int] | None:
+    """PIDs with a flock on the inode (see ``lock_table``); None where unknown."""
+    table = lock_table()
+    if table is None:
+        return None
+    return table.get(f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}", [])
+
+
+def pid_running(pid: int) -> bool:
+    """Whether ``pid`` (in this PID namespace) is a live process; unknown counts as live."""
+    if pid <= 0:
+        return True  # not visible from here: assume alive (fail closed)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read(4096).rsplit(b")", 1)[-1].split()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return not (fields and fields[0] in (b"Z", b"X"))  # a zombie holds nothing
+
+
+def trusted_owner(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def untrusted(path: Path, uid: int, what: str) -> LedgerError:
+    return LedgerError(
+        f"{what} {path} belongs to uid {uid}, neither root nor you (uid {os.geteuid()}): its "
+        "owner could delete other users' claims, so memgov will not use it. A ledger shared by "
+        "several users must be set up by root once (docs/ledger.md, 'Admin set-up'): "
+        f"`sudo install -d -m 1777 -o root -g root {path}` (or the systemd-tmpfiles line "
+        f"`d {path} 1777 root root -`), then `sudo memgov gc` to create the device folders; "
+        "or set MEMGOV_DIR to a folder of your own"
+    )
+
+
 class AdmissionLock:
-    def __init__(self, path: Path, timeout: float) -> None:
+    """The device's admission lock: taken with LOCK_EX | LOCK_NB, retried until ``timeout``."""
+
+    def __init__(self, path: Path, timeout: float, may_create: bool = True) -> None:
         self.path = path
         self.timeout = timeout
-        self._fd: int | None = None
+        self.may_create = may_create
+        self._file: io.FileIO | None = None
 
     def __enter__(self) -> AdmissionLock:
-        fd = self._open()
-        _open_fds.add(fd)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._wait(fd)  # on success the lock is held on fd; on error fd is closed or given away
-        except OSError as exc:
-            _close(fd)
-            raise flock_error(self.path, exc) from None
-        except BaseException:
-            _close(fd)
-            raise
-        self._fd = fd
-        return self
+        deadline = time.monotonic() + self.timeout
+        delay = 0.0002
+        while True:
+            file = self._open()
+            try:
+                if try_lock(file, fcntl.LOCK_EX, self.path):
+                    if self._still_linked(file):
+                        self._file = file
+                        return self
+                    file.close()  # locked a file that was unlinked: retry on the new one
+                    continue
+                file.close()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise LockTimeout(self._held_too_long())
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.005)
+            except BaseException:
+                file.close()
+                raise
 
     def __exit__(self, *exc: object) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None and fd in _open_fds:  # not in a child forked since __enter__
-            _close(fd)  # closing drops the flock
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()  # drops the flock (a no-op in a forked child: the hook closed it)
 
-    def _open(self) -> int:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    def _still_linked(self, file: io.FileIO) -> bool:
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(file.fileno())
+        return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _open(self) -> io.FileIO:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         for _ in range(3):
             try:
-                return os.open(self.path, flags)
+                file = own(os.open(self.path, flags))
+            except IsADirectoryError:
+                raise LedgerError(
+                    f"cannot lock {self.path}: a folder was put there; remove it (root may have to)"
+                ) from None
             except FileNotFoundError:
-                pass
+                if not self.may_create:
+                    raise LedgerError(
+                        f"{self.path} is missing, and its folder belongs to root: only root "
+                        "creates it (run `sudo memgov gc` once; docs/ledger.md, 'Admin set-up')"
+                    ) from None
             except OSError as exc:
                 raise LedgerError(_why(self.path, exc)) from None
+            else:
+                _check_lock_file(file, self.path)
+                return file
             try:
                 fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, LOCK_MODE)
             except FileExistsError:
                 continue  # another process made it between our two opens
             except OSError as exc:
                 raise LedgerError(_why(self.path, exc)) from None
-            with contextlib.suppress(OSError):
-                os.fchmod(fd, LOCK_MODE)  # the umask trimmed it; others must open it too
-            return fd
+            file = own(fd)
+            with contextlib.suppress(OSError):  # the umask trimmed it; others must open it
+                os.fchmod(file.fileno(), LOCK_MODE)
+            return file
         raise LedgerError(f"cannot lock {self.path}: it keeps disappearing")
 
-    def _wait(self, fd: int) -> None:
-        """Block for the lock on ``fd`` for at most the timeout, in a helper thread.
-
-        Returns with the lock held on ``fd``; otherwise closes ``fd`` and raises. The helper
-        blocks on its own duplicate of ``fd``: a flock belongs to the open file, which both
-        descriptors share, so each side closes only its own descriptor and no descriptor number
-        is ever closed twice or reused under the other's feet. A lock the helper gets after its
-        caller gave up is released when the helper closes its duplicate, the open file's last.
-        """
-        helper_fd = os.dup(fd)
-        _open_fds.add(helper_fd)
-        done = threading.Event()
-        state = threading.Lock()
-        status = {"ran": False, "cancelled": False}
-        failure: list[OSError] = []
-
-        def block() -> None:
-            with state:
-                if status["cancelled"]:
-                    return  # the caller closed helper_fd: it never reached us
-                status["ran"] = True
-            try:
-                fcntl.flock(helper_fd, fcntl.LOCK_EX)
-            except OSError as exc:
-                failure.append(exc)
-            finally:
-                _close(helper_fd)
-            done.set()
-
-        waiter = threading.Thread(target=block, name="memgov-admission-lock", daemon=True)
+    def _held_too_long(self) -> str:
+        holders = ""
         try:
-            waiter.start()
-            finished = done.wait(self.timeout)
-        except BaseException:  # no thread, or Ctrl-C while waiting
-            with state:
-                if not status["ran"]:
-                    status["cancelled"] = True
-                    _close(helper_fd)
-            _close(fd)
-            raise
-        if not finished:
-            _close(fd)
+            info = os.stat(self.path, follow_symlinks=False)
+            pids = lock_holders(info.st_dev, info.st_ino)
+        except OSError:
+            pids = None
+        if pids:
+            holders = " by pid " + ", ".join(str(p) for p in pids if p > 0) or " by a process "
+            holders += " (in another PID namespace)" if all(p <= 0 for p in pids) else ""
+        return (
+            f"the admission lock {self.path} was held for over {self.timeout:g} s{holders}; "
+            "a stopped (SIGSTOP) or hostile process holds it, and every claim on this device "
+            "waits for it"
+        )
+
+
+def _check_lock_file(file: io.FileIO, path: Path) -> None:
+    try:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
             raise LedgerError(
-                f"the admission lock {self.path} was held for over {self.timeout:.0f} s; "
-                "a stopped (SIGSTOP) memgov process holds it"
+                f"cannot lock {path}: not a regular file (a FIFO, device or folder was put "
+                "there); remove it (root may have to)"
             )
-        if failure:
-            _close(fd)
-            raise flock_error(self.path, failure[0])
+        if not trusted_owner(info.st_uid):
+            raise untrusted(path, info.st_uid, "lock file")
+    except BaseException:
+        file.close()
+        raise
 
 
 def _why(path: Path, exc: OSError) -> str:
     if exc.errno == errno.ELOOP:
         return f"cannot lock {path}: it is a symlink; memgov never follows symlinks"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (
+            f"cannot lock {path}: {exc.strerror}; it must be readable by every user of the "
+            "ledger (mode 0644, owned by root or by you); remove it (root may have to)"
+        )
     return f"cannot lock {path}: {exc.strerror or exc}"

@@ -26,6 +26,7 @@ from memgov._attribution import Attribution, Holder, attribute, pidns_of
 from memgov._devices import Device, refresh
 from memgov._errors import LedgerError
 from memgov._flock import AdmissionLock
+from memgov._parse import printable
 from memgov._sizes import format_size
 
 VERSION_DIR = "v1"
@@ -54,8 +55,19 @@ class Entry:
     @classmethod
     def from_record(cls, seen: _records.Seen) -> Entry:
         data = seen.data or {}
-        known = {"version", "id", "kind", "device", "bytes", "name", "pid", "pidns", "host",
-                 "created", "mode"}
+        known = {
+            "version",
+            "id",
+            "kind",
+            "device",
+            "bytes",
+            "name",
+            "pid",
+            "pidns",
+            "host",
+            "created",
+            "mode",
+        }
         pidns = data.get("pidns")
         return cls(
             record=seen.name,
@@ -87,6 +99,8 @@ class Snapshot:
     """Bytes used on the device outside every claim (NVML), the driver's own included."""
     problems: list[str]
     removed: list[str]
+    unknown: list[str] = field(default_factory=list)
+    """Live claim records whose size cannot be read: while any exists, nothing is free."""
 
     @property
     def claimed(self) -> int:
@@ -98,6 +112,8 @@ class Snapshot:
 
     @property
     def free(self) -> int:
+        if self.unknown:
+            return 0
         return max(0, self.capacity - self.claimed - self.outside)
 
     @property
@@ -125,11 +141,17 @@ class Snapshot:
         return sorted(self.claims, key=lambda c: c.bytes, reverse=True)[:n]
 
     def describe(self) -> str:
+        blocked = (
+            f"; {len(self.unknown)} live record(s) of unknown size block it: "
+            + ", ".join(self.unknown[:3])
+            if self.unknown
+            else ""
+        )
         return (
             f"free budget {format_size(self.free)} of {format_size(self.device.total)} "
             f"(claimed {format_size(self.claimed)} by {len(self.claims)} claim(s), "
             f"{format_size(self.outside)} used outside memgov, "
-            f"{format_size(self.reserve)} reserve)"
+            f"{format_size(self.reserve)} reserve){blocked}"
         )
 
 
@@ -170,33 +192,51 @@ class DeviceLedger:
         self.path = self.root.joinpath(*self.parts)
 
     # -- locking -------------------------------------------------------------------------------
-    def locked(self) -> AdmissionLock:
-        with _records.open_dir(self.root, self.parts, create=True):
-            pass  # make the folders (shared mode, no symlinks) before the lock file
-        return AdmissionLock(self.path / "admission.lock", _config.LOCK_TIMEOUT_S)
+    def locked(self, timeout: float | None = None) -> AdmissionLock:
+        """The device's admission lock, waited for at most ``timeout`` (LOCK_TIMEOUT_S)."""
+        with _records.open_dir(self.root, self.parts, create=True) as fd:
+            # Make the folders first (checked, no symlinks); only the folder's owner (or root)
+            # creates the lock file in it.
+            mine = os.fstat(fd).st_uid == os.geteuid() or os.geteuid() == 0
+        limit = _config.LOCK_TIMEOUT_S if timeout is None else timeout
+        return AdmissionLock(self.path / "admission.lock", limit, may_create=mine)
 
     # -- reading -------------------------------------------------------------------------------
-    def scan(self, clean: bool = True) -> Snapshot:
+    def scan(self, clean: bool = True, queue: bool = True) -> Snapshot:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
-        ``clean`` removes dead holders' files where this user may.
+        ``clean`` removes dead holders' files where this user may; ``queue=False`` skips the
+        queue (a refusal's message needs only the claims).
         """
         device = refresh(self.device)
         problems: list[str] = []
         removed: list[str] = []
+        unknown: list[str] = []
         sections: dict[str, list[Entry]] = {"claims": [], "queue": []}
-        for section in sections:
+        for section in sections if queue else ("claims",):
+            folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
-                for seen in _records.scan(fd):
-                    where = f"{self.path / section / seen.name}"
+                for seen in _records.scan(fd, folder):
+                    where = printable(str(folder / seen.name))
                     if seen.alive and seen.data is not None:
                         if seen.data["device"] == device.uuid:
                             sections[section].append(Entry.from_record(seen))
                         else:
-                            problems.append(f"{where}: record of device {seen.data['device']}")
+                            other = printable(seen.data["device"])
+                            problems.append(f"{where}: record of device {other}")
                         continue
                     if seen.alive:
-                        problems.append(f"{where}: {seen.problem} (holder alive)")
+                        if section == "claims" and seen.name.endswith(_records.SUFFIX):
+                            # A live claim whose size cannot be known: it blocks (fail closed).
+                            unknown.append(where)
+                            owner = "?" if seen.owner is None else seen.owner
+                            problems.append(
+                                f"{where}: {seen.problem} (holder alive, uid {owner}); "
+                                "its size is unknown, so no claim is admitted on this device "
+                                "until it is released or removed"
+                            )
+                        else:
+                            problems.append(f"{where}: {seen.problem} (holder alive)")
                         continue
                     debris = seen.name.startswith(_records.TMP_PREFIX)
                     if seen.problem and not debris:
@@ -231,6 +271,7 @@ class DeviceLedger:
             outside=split.outside,
             problems=problems,
             removed=removed,
+            unknown=unknown,
         )
 
     def snapshot(self) -> Snapshot:
@@ -247,11 +288,14 @@ class DeviceLedger:
             _records.replace(fd, held, payload)
 
     def remove(self, section: str, held: _records.Held) -> None:
+        """Unlink a held record and drop its lock; the lock is dropped whatever fails."""
         try:
             with _records.open_dir(self.root, (*self.parts, section), create=False) as fd:
                 _records.release(fd, held)
         except (FileNotFoundError, LedgerError):
-            os.close(held.fd)  # folder gone (someone wiped the ledger): dropping the lock is all
+            pass  # folder gone or unusable (someone wiped the ledger): dropping the lock is all
+        finally:
+            held.file.close()  # idempotent: never a second close of a reused number
 
 
 def record_payload(
@@ -279,3 +323,42 @@ def _old(folder_fd: int, name: str) -> bool:
     except OSError:
         return False
     return time.time() - mtime > STALE_TMP_S
+
+
+class QueuePlace:
+    """Whether a queue ticket is first among the live tickets, checked without the admission lock.
+
+    A waiter that is not first cannot be admitted, so it only watches the ticket just ahead of it
+    (one open and one lock probe) instead of contending for the admission lock with everyone.
+    """
+
+    RELIST_EVERY = 25
+    """Polls between full re-reads of the queue (these also catch a fork-held dead ticket)."""
+
+    def __init__(self, ledger: DeviceLedger, mine: str) -> None:
+        self.ledger = ledger
+        self.mine = mine
+        self.ahead: str | None = None
+        self.polls = 0
+
+    def first(self) -> bool:
+        self.polls += 1
+        parts = (*self.ledger.parts, "queue")
+        with _records.open_dir(self.ledger.root, parts, create=False) as fd:
+            quick = self.ahead is not None and self.polls % self.RELIST_EVERY
+            if quick and _records.is_locked(fd, str(self.ahead)):
+                return False
+            self.ahead = None
+            try:
+                names = os.listdir(fd)
+            except OSError as exc:
+                raise LedgerError(f"cannot list {self.ledger.path / 'queue'}: {exc}") from None
+            older = sorted(n for n in names if _records.RECORD_NAME.match(n) and n < self.mine)
+            for name in reversed(older):
+                seen = _records._read(fd, name)
+                data = seen.data if seen is not None and seen.alive else None
+                uuid = self.ledger.device.uuid
+                if data is not None and data["device"] == uuid and data["kind"] == "waiter":
+                    self.ahead = name
+                    return False
+        return True

@@ -16,77 +16,126 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
+import re
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memgov._errors import LedgerError
-from memgov._flock import flock_error
+from memgov._flock import (
+    flock_error,
+    lock_table,
+    own,
+    pid_running,
+    trusted_owner,
+    try_lock,
+    untrusted,
+)
+from memgov._parse import _parse
 
 SUFFIX = ".json"
+RECORD_NAME = re.compile(r"^[0-9]{20}-[0-9a-f]{12}\.json$")
+"""What memgov names a record (_ledger.new_record_name); anything else is not one."""
 TMP_PREFIX = ".tmp-"
 MAX_BYTES = 64 * 1024
 SHARED_DIR_MODE = 0o1777
-"""Folders are shared by every user on the host; the sticky bit keeps others' files safe."""
+"""Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
+PRIVATE_DIR_MODE = 0o755
+SHARED_FOLDERS = ("claims", "queue")
+"""Folders another user makes: only that user's own claims can live in them."""
 RECORD_MODE = 0o644
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "version": int,
-    "id": str,
-    "kind": str,
-    "device": str,
-    "bytes": int,
-    "name": str,
-    "pid": int,
-    "created": (int, float),
-}
 
 
 @contextlib.contextmanager
 def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
-    """Yield a descriptor of root/parts..., refusing symlinks at every level memgov owns."""
+    """Yield a descriptor of root/parts..., refusing symlinks and untrusted folders at every level.
+
+    Trust model: every folder from MEMGOV_DIR down must belong to root or to this user, and one
+    that others may write must have the sticky bit. Otherwise its owner (or anyone) could delete
+    other users' live records and take their budget. Only a folder's owner creates folders in it:
+    in a root-owned ledger the device folders are made by root (docs/ledger.md, "Admin set-up").
+    """
+    # A stack of open folders; each is popped before it is closed, so an exception anywhere
+    # leaks at most one lockless folder descriptor and never closes a number twice.
+    stack: list[int] = []
     try:
-        fd = os.open(root, _DIR_FLAGS)
+        path = root
+        stack.append(_open_folder(None, str(root), root, create, None))
+        for part in parts:
+            parent = path
+            path = path / part
+            stack.append(_open_folder(stack[-1], part, path, create, parent))
+        yield stack[-1]
+    finally:
+        while stack:
+            os.close(stack.pop())
+
+
+def _open_folder(
+    dir_fd: int | None, name: str, path: Path, create: bool, parent: Path | None
+) -> int:
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         if not create:
             raise
-        _mkdir_shared(None, str(root))
-        fd = os.open(root, _DIR_FLAGS)
+        _mkdir(dir_fd, name, path, parent)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            raise LedgerError(_explain(path, exc)) from None
     except OSError as exc:
-        raise LedgerError(_explain(root, exc)) from None
+        raise LedgerError(_explain(path, exc)) from None
     try:
-        for part in parts:
-            try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                _mkdir_shared(fd, part)
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                raise LedgerError(_explain(root.joinpath(part), exc)) from None
-            os.close(fd)
-            fd = child
-        yield fd
-    finally:
+        _check_folder(fd, path)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
-def _mkdir_shared(dir_fd: int | None, name: str) -> None:
+def _check_folder(fd: int, path: Path) -> None:
+    info = os.fstat(fd)
+    if not trusted_owner(info.st_uid):
+        raise untrusted(path, info.st_uid, "ledger folder")
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        raise LedgerError(
+            f"ledger folder {path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}) "
+            "without the sticky bit, so anyone could delete other users' claims; memgov will "
+            f"not use it. Fix: `chmod 1777 {path}` (as its owner or root)"
+        )
+
+
+def _mkdir(dir_fd: int | None, name: str, path: Path, parent: Path | None) -> None:
+    if dir_fd is not None and os.geteuid() != 0 and os.fstat(dir_fd).st_uid != os.geteuid():
+        # A folder this user made in root's ledger would be this user's: others would refuse it.
+        raise LedgerError(
+            f"ledger folder {path} is missing, and {parent} belongs to root: only root creates "
+            "folders there. Run `sudo memgov gc` once (it creates every device's folders; "
+            "docs/ledger.md, 'Admin set-up')"
+        )
+    # Only claims/ and queue/ are written by every user: root makes those 1777 (sticky, like
+    # /tmp) and every other folder 0755, so no user can plant files (admission.lock, a device
+    # folder) beside them. Any other user's folders are private (0755).
+    shared = os.geteuid() == 0 and name in SHARED_FOLDERS
+    mode = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
     try:
-        os.mkdir(name, SHARED_DIR_MODE, dir_fd=dir_fd)
+        os.mkdir(name, mode, dir_fd=dir_fd)
     except FileExistsError:
         return  # another process made it first
     except OSError as exc:
-        raise LedgerError(_explain(Path(name), exc)) from None
-    with contextlib.suppress(OSError):  # the umask trimmed the mode; a failure leaves it private
-        os.chmod(name, SHARED_DIR_MODE, dir_fd=dir_fd, follow_symlinks=False)
+        raise LedgerError(_explain(path, exc)) from None
+    with contextlib.suppress(OSError):  # the umask trimmed the mode
+        os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _explain(path: Path, exc: OSError) -> str:
@@ -95,18 +144,19 @@ def _explain(path: Path, exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return (
             f"no permission for ledger folder {path}; it must be writable by every user that "
-            "claims GPUs (mode 1777, like /tmp) or set MEMGOV_DIR to a folder you can write"
+            "claims GPUs (set up by root with mode 1777, see docs/ledger.md) or set MEMGOV_DIR "
+            "to a folder you can write"
         )
     return f"ledger folder {path}: {exc.strerror or exc}"
 
 
 @dataclass
 class Held:
-    """A record this process holds: its lock lives as long as ``fd`` is open."""
+    """A record this process holds: its lock lives as long as ``file`` is open."""
 
     folder: Path
     name: str
-    fd: int
+    file: io.FileIO
 
     @property
     def path(self) -> Path:
@@ -120,45 +170,59 @@ def create(folder_fd: int, folder: Path, name: str, payload: dict[str, Any]) -> 
 
 def replace(folder_fd: int, held: Held, payload: dict[str, Any]) -> None:
     """Swap the content of a held record atomically; the lock is never dropped in between."""
-    new_fd = _write_locked(folder_fd, held.folder, held.name, payload)
-    old_fd, held.fd = held.fd, new_fd
-    os.close(old_fd)
+    new = _write_locked(folder_fd, held.folder, held.name, payload)
+    old, held.file = held.file, new
+    old.close()
 
 
 def release(folder_fd: int, held: Held) -> None:
     """Remove a held record, then drop its lock (in that order, so no reader sees it dead)."""
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(held.name, dir_fd=folder_fd)
+        os.unlink(held.name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise LedgerError(f"cannot remove {held.path}: {exc.strerror or exc}") from None
     finally:
-        os.close(held.fd)  # also when the unlink failed: a dead record is GC's, a held one leaks
+        held.file.close()  # also when the unlink failed: a dead record is GC's, a held one leaks
 
 
-def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, Any]) -> int:
+LOCK_TRIES_S = 2.0
+"""How long a new record's writer retries its lock while a scanner probes the file."""
+
+
+def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, Any]) -> io.FileIO:
     data = json.dumps(payload, sort_keys=True).encode()
     tmp = TMP_PREFIX + name
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, RECORD_MODE, dir_fd=folder_fd)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
+        # 0600 until locked: no other user can open it, so none can hold a lock on it first.
+        file = own(os.open(tmp, flags, 0o600, dir_fd=folder_fd), writable=True)
+    except OSError as exc:
+        raise LedgerError(f"cannot write {folder / tmp}: {exc.strerror or exc}") from None
+    try:
+        deadline = time.monotonic() + LOCK_TRIES_S
+        # Only this user or root can open a 0600 file: a scanner's shared probe lasts
+        # microseconds, so the lock is retried for a bounded time (never blocked on).
+        while not try_lock(file, fcntl.LOCK_EX, folder / tmp):
+            if time.monotonic() > deadline:
+                raise LedgerError(f"cannot lock {folder / tmp}: another process holds it")
+            time.sleep(0.0005)
         try:
-            # Blocking: a scanner may be probing this new file with a shared lock right now (it
-            # lists temporary files too); that probe lasts microseconds. With LOCK_NB the claim
-            # failed then, about once in 30 runs of the churn test.
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.fchmod(file.fileno(), RECORD_MODE)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(file.fileno(), view) :]
+            os.fsync(file.fileno())
+            os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
         except OSError as exc:
-            raise flock_error(folder / tmp, exc) from None
-        os.fchmod(fd, RECORD_MODE)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+            raise LedgerError(f"cannot write {folder / name}: {exc.strerror or exc}") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder_fd)
-        os.close(fd)
+        file.close()
         raise
-    return fd
+    return file
 
 
 @dataclass(frozen=True)
@@ -175,37 +239,89 @@ class Seen:
     """(st_dev, st_ino) of the file that was read, so removal can tell it from a replacement."""
 
 
-def scan(folder_fd: int) -> list[Seen]:
-    """Read every record in a folder; probe each one's lock. Never raises for a bad file (a
-    LedgerError only for a filesystem that cannot lock at all)."""
+MAX_FILES = 100_000
+"""More entries than this in one records folder is an attack or a broken ledger: refused."""
+
+
+def scan(folder_fd: int, folder: Path | None = None) -> list[Seen]:
+    """Read every record in a folder; probe each one's lock. Never raises for a bad file; a
+    LedgerError when the folder cannot be read or a file's state cannot be known (EMFILE, a
+    filesystem without flock): an unknown state must never count as "no claim"."""
+    folder = folder or Path(".")
+    try:
+        names = os.listdir(folder_fd)
+    except OSError as exc:
+        raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
+    if len(names) > MAX_FILES:
+        raise LedgerError(f"{folder} holds {len(names)} files (at most {MAX_FILES} accepted)")
     seen = []
-    for name in sorted(os.listdir(folder_fd)):
+    locks = LockTable()
+    for name in sorted(names):
         if name.startswith(TMP_PREFIX):
-            item = _probe_tmp(folder_fd, name)
+            item = _probe_tmp(folder_fd, folder, name, locks)
         else:
-            item = _read(folder_fd, name)
+            item = _read(folder_fd, name, folder=folder, locks=locks)
         if item is not None:
             seen.append(item)
     return seen
 
 
-def _probe_tmp(folder_fd: int, name: str) -> Seen | None:
+def _probe_tmp(folder_fd: int, folder: Path, name: str, locks: LockTable) -> Seen | None:
     # A temporary file is locked by its writer; unlocked, its writer died before the rename.
-    item = _read(folder_fd, name, parse=False)
-    if item is None or item.alive:
+    # One this user cannot open (another user's, still 0600) is that user's business: ignored.
+    item = _read(folder_fd, name, parse=False, folder=folder, locks=locks)
+    if item is None or item.alive or item.problem:
         return None
     return Seen(name, False, None, "unfinished write of a dead process", item.owner, item.inode)
 
 
-def _read(folder_fd: int, name: str, parse: bool = True) -> Seen | None:
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class LockTable:
+    """/proc/locks, read at most once per scan (it lists every lock on the host)."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, list[int]] | None = None
+        self._read = False
+
+    def holders(self, dev: int, ino: int) -> list[int] | None:
+        if not self._read:
+            self._table, self._read = lock_table(), True
+        if self._table is None:
+            return None
+        return self._table.get(f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}", [])
+
+
+def _read(
+    folder_fd: int,
+    name: str,
+    parse: bool = True,
+    folder: Path | None = None,
+    locks: LockTable | None = None,
+) -> Seen | None:
+    locks = locks or LockTable()
+    where = (folder or Path(".")) / name
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=folder_fd)
+        # O_NONBLOCK: a FIFO or device planted here never blocks the open.
+        fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
     except FileNotFoundError:
         return None  # released while we listed
     except OSError as exc:
-        why = "a symlink (not followed)" if exc.errno == errno.ELOOP else f"unreadable ({exc})"
-        return Seen(name, False, None, why, _owner(folder_fd, name))
+        if exc.errno == errno.ELOOP:
+            return Seen(name, False, None, "a symlink (not followed)", _owner(folder_fd, name))
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return _unreadable(folder_fd, name, exc, locks)
+        if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EISDIR):  # a socket or device: no lock
+            return Seen(name, False, None, f"unreadable ({exc.strerror})", _owner(folder_fd, name))
+        # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
+        raise LedgerError(f"cannot read {where}: {exc.strerror or exc}") from None
+    try:
+        # Owned by a FileIO from here: whatever is raised, the probe's lock goes with it.
+        probe = io.FileIO(fd, "r", closefd=True)
+    except IsADirectoryError:
+        os.close(fd)
+        return Seen(name, False, None, "not a regular file", _owner(folder_fd, name))
     try:
         info = os.fstat(fd)
         inode = (info.st_dev, info.st_ino)
@@ -215,42 +331,70 @@ def _read(folder_fd: int, name: str, parse: bool = True) -> Seen | None:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             alive = False
         except BlockingIOError:
-            alive = True
+            alive = _holder_running(info, locks)
         except OSError as exc:  # not a busy lock: the filesystem cannot lock at all (or failed)
-            raise flock_error(Path(name), exc) from None
+            raise flock_error(where, exc) from None
         if not parse:
             return Seen(name, alive, None, None, info.st_uid, inode)
-        if not name.endswith(SUFFIX):
-            return Seen(
-                name, alive, None, "not a memgov record (unknown name)", info.st_uid, inode
-            )
+        if not RECORD_NAME.match(name):
+            return Seen(name, alive, None, "not a memgov record (unknown name)", info.st_uid, inode)
         if info.st_size > MAX_BYTES:
-            return Seen(
-                name, alive, None, f"too large ({info.st_size} bytes)", info.st_uid, inode
-            )
-        raw = os.read(fd, MAX_BYTES + 1)
+            return Seen(name, alive, None, f"too large ({info.st_size} bytes)", info.st_uid, inode)
+        try:
+            raw = os.read(fd, MAX_BYTES + 1)
+        except OSError as exc:
+            return Seen(name, alive, None, f"unreadable ({exc.strerror})", info.st_uid, inode)
     finally:
-        os.close(fd)
+        probe.close()
     data, problem = _parse(raw)
     return Seen(name, alive, data, problem, info.st_uid, inode)
 
 
-def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+def is_locked(folder_fd: int, name: str) -> bool:
+    """Quick probe: whether ``name`` exists and someone holds a lock on it."""
     try:
-        data = json.loads(raw.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return None, f"corrupt JSON ({exc})"
-    if not isinstance(data, dict):
-        return None, "not a JSON object"
-    for key, kind in _REQUIRED.items():
-        value = data.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            return None, f"field {key!r} missing or of the wrong type"
-    if data["version"] != 1:
-        return None, f"record version {data['version']} (this memgov reads version 1)"
-    if data["bytes"] <= 0:
-        return None, "field 'bytes' is not positive"
-    return data, None
+        fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
+    except OSError:
+        return False  # gone
+    try:
+        probe = io.FileIO(fd, "r", closefd=True)
+    except IsADirectoryError:
+        os.close(fd)
+        return False  # a folder holds no ticket
+    try:
+        fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return False
+
+
+def _holder_running(info: os.stat_result, locks: LockTable) -> bool:
+    """A held lock counts as alive unless /proc/locks shows its only taker has died.
+
+    fork() shares the open file: a child forked at the wrong moment, or from C (no at-fork hook
+    runs then), keeps its parent's lock after the parent dies. /proc/locks names the process that
+    took the lock; if that one is gone (and no other process took one), the record is dead.
+    """
+    pids = locks.holders(info.st_dev, info.st_ino)
+    if not pids:
+        return True  # unknown, or the lock just changed hands: fail closed
+    return any(pid_running(pid) for pid in pids)
+
+
+def _unreadable(folder_fd: int, name: str, exc: OSError, locks: LockTable) -> Seen:
+    """A file this user may not open. If its lock is held it may be a live claim of unknown size:
+    it must block admissions (fail closed), never vanish from the count."""
+    try:
+        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return Seen(name, True, None, f"unreadable ({exc.strerror}); state unknown", None)
+    pids = locks.holders(info.st_dev, info.st_ino)
+    alive = pids is None or (bool(pids) and any(pid_running(p) for p in pids))
+    state = "locked or unknown" if alive else "not locked"
+    inode = (info.st_dev, info.st_ino)
+    return Seen(name, alive, None, f"unreadable ({exc.strerror}), {state}", info.st_uid, inode)
 
 
 def _owner(folder_fd: int, name: str) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from memgov._sizes import format_size
@@ -16,6 +17,14 @@ def _holder(claim: dict[str, Any], here: str) -> str:
     return f"{claim['pid']} @{host}" if host and host != here else str(claim["pid"])
 
 
+def _text(value: object) -> str:
+    """Other users' text (claim names, file names) made safe to show: control characters and
+    other non-printable ones as escapes (no terminal sequences), rich markup escaped."""
+    raw = str(value)
+    safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in raw)
+    return escape(safe)
+
+
 def status_table(data: dict[str, Any]) -> Table:
     import socket
 
@@ -25,7 +34,7 @@ def status_table(data: dict[str, Any]) -> Table:
         table.add_column(column, justify="right" if column in ("budget", "use", "pid") else "left")
     for dev in data["devices"]:
         head = (
-            f"[bold]{dev['index']}[/] {dev['name']}\n{dev['uuid']}\n"
+            f"[bold]{dev['index']}[/] {_text(dev['name'])}\n{_text(dev['uuid'])}\n"
             f"total {format_size(dev['total'])}  used {format_size(dev['used'])}\n"
             f"claimed {format_size(dev['claimed'])}  [green]free {format_size(dev['free'])}[/]"
         )
@@ -34,17 +43,17 @@ def status_table(data: dict[str, Any]) -> Table:
         for i, c in enumerate(dev["claims"]):
             table.add_row(
                 head if i == 0 else "",
-                c["name"],
-                _holder(c, here),
+                _text(c["name"]),
+                _text(_holder(c, here)),
                 format_size(c["bytes"]),
                 format_size(c["use"]),
-                c["mode"],
+                _text(c["mode"]),
             )
         for q in dev["queue"]:
-            table.add_row("", f"[yellow]waiting[/] {q['name']}", str(q["pid"]),
+            table.add_row("", f"[yellow]waiting[/] {_text(q['name'])}", str(q["pid"]),
                           format_size(q["bytes"]), "", "queued")
         for p in dev["problems"]:
-            table.add_row("", f"[red]skipped[/] {p}", "", "", "", "")
+            table.add_row("", f"[red]skipped[/] {_text(p)}", "", "", "", "")
         table.add_section()
     return table
 

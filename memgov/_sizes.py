@@ -38,15 +38,30 @@ def parse_size(value: object, *, total: int | None = None, what: str = "size") -
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"{what}: {value!r} is not a size; {ACCEPTED}")
+    if isinstance(value, str) and len(value) > 64:
+        raise ValueError(f"{what}: {value[:20]!r}... is not a size (too long); {ACCEPTED}")
     size = value if isinstance(value, int) else _parse_text(value, total, what)
+    if size > MAX_BYTES:
+        raise ValueError(f"{what}: {_short(value)} is larger than any device (at most 2**62 bytes)")
     if size <= 0:
-        raise ValueError(f"{what}: {value!r} must be more than 0 bytes; {ACCEPTED}")
+        raise ValueError(f"{what}: {_short(value)} must be more than 0 bytes; {ACCEPTED}")
     if total is not None and size > total:
         raise ValueError(
             f"{what}: {value!r} ({format_size(size)}) is larger than the device "
             f"({format_size(total)})"
         )
     return size
+
+
+MAX_BYTES = 2**62
+"""No device is this large; a bigger request is a mistake, refused before any arithmetic."""
+
+
+def _short(value: object) -> str:
+    # repr(10**4000) raises ValueError (int to str conversion limit): never print all of it.
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
 
 
 def _parse_text(text: str, total: int | None, what: str) -> int:

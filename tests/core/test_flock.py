@@ -1,5 +1,5 @@
 """The admission lock's edges: a filesystem without flock, a waiter that gives up or is
-interrupted, a helper whose flock fails, and a child forked while the lock is held."""
+interrupted, a planted FIFO or folder, and a child forked while the lock is held."""
 
 from __future__ import annotations
 
@@ -89,41 +89,42 @@ def test_record_probe_without_flock_is_a_clear_ledger_error(
         _records.scan(folder)
 
 
-def test_waiter_times_out_and_its_helper_hands_the_lock_back(lock_path: Path, busy: int) -> None:
+def test_waiter_times_out_naming_the_holder_and_leaves_nothing(
+    lock_path: Path, busy: int
+) -> None:
+    threads = threading.active_count()
+    started = time.monotonic()
     with (
-        pytest.raises(memgov.LedgerError, match="held for over"),
+        pytest.raises(memgov.LedgerError, match=f"held for over 0.2 s by pid {os.getpid()}"),
         AdmissionLock(lock_path, timeout=0.2),
     ):
         pass
+    assert time.monotonic() - started < 5
+    assert threading.active_count() == threads  # no helper thread: nothing blocks in flock
+    assert _flock.open_count() == 0
     os.close(busy)
-    wait_until(lambda: free(lock_path))  # the helper got it after we gave up, and let go
-    wait_until(lambda: not _flock._open_fds)
+    assert free(lock_path)
 
 
 def test_interrupted_waiter_leaves_no_lock_behind(
     lock_path: Path, busy: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Interrupted(threading.Event):
-        def wait(self, timeout: float | None = None) -> bool:
-            raise KeyboardInterrupt
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(_flock.threading, "Event", Interrupted)
+    monkeypatch.setattr(_flock.time, "sleep", interrupted)
     with pytest.raises(KeyboardInterrupt), AdmissionLock(lock_path, timeout=30):
         pass
+    monkeypatch.undo()
+    assert _flock.open_count() == 0
     os.close(busy)
-    wait_until(lambda: free(lock_path))
-    wait_until(lambda: not _flock._open_fds)
+    assert free(lock_path)
 
 
-def test_failing_blocking_flock_is_reported_at_once(
+def test_failing_flock_is_reported_at_once(
     lock_path: Path, busy: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def blocking_fails(fd: int, op: int) -> Any:
-        if op & fcntl.LOCK_NB:
-            return REAL_FLOCK(fd, op)
-        no_flock(fd, op)
-
-    monkeypatch.setattr(fcntl, "flock", blocking_fails)
+    monkeypatch.setattr(fcntl, "flock", no_flock)
     started = time.monotonic()
     with (
         pytest.raises(memgov.LedgerError, match="does not support flock"),
@@ -131,7 +132,25 @@ def test_failing_blocking_flock_is_reported_at_once(
     ):
         pass
     assert time.monotonic() - started < 10  # not the 30 s timeout's misleading message
-    assert not _flock._open_fds
+    assert _flock.open_count() == 0
+
+
+def test_planted_fifo_or_folder_as_lock_fails_at_once(lock_path: Path) -> None:
+    os.mkfifo(lock_path)  # open() of a FIFO without a writer would block forever
+    started = time.monotonic()
+    with (
+        pytest.raises(memgov.LedgerError, match="not a regular file"),
+        AdmissionLock(lock_path, timeout=30),
+    ):
+        pass
+    lock_path.unlink()
+    lock_path.mkdir()
+    with pytest.raises(memgov.LedgerError, match="a folder was put there"), AdmissionLock(
+        lock_path, timeout=30
+    ):
+        pass
+    assert time.monotonic() - started < 5
+    assert _flock.open_count() == 0
 
 
 def test_child_forked_while_the_lock_is_held_does_not_keep_it(lock_path: Path) -> None:

@@ -102,8 +102,8 @@ from memgov import _claim
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 (device,) = candidates(None)
-_claim._admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
-              {device.uuid: ("hard", "test")})
+held = _claim._admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
+                     {device.uuid: ("hard", "test")})  # kept: the lock lives with its object
 print("admitted", flush=True)
 sys.stdin.readline()
 """

@@ -195,8 +195,8 @@ from memgov import _claim
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 (device,) = candidates(None)
-_claim._admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
-              {device.uuid: ("hard", "test")}, None, (0, 1))
+held = _claim._admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
+                     {device.uuid: ("hard", "test")}, None, (0, 1))  # kept: its lock is its life
 print("admitted", flush=True)
 sys.stdin.readline()
 """

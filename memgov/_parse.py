@@ -1,0 +1,117 @@
+"""Reading a record's JSON with bounds: other users can write anything into the ledger.
+
+Size is bounded by the caller (64 KiB); here: nesting depth (no RecursionError), number length
+(no 5,000-digit parse, no 10**400 OverflowError), finite numbers in range, string length. A file
+outside the bounds is reported and skipped, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "version": int,
+    "id": str,
+    "kind": str,
+    "device": str,
+    "bytes": int,
+    "name": str,
+    "pid": int,
+    "created": (int, float),
+}
+
+
+MAX_DEPTH = 8
+MAX_DIGITS = 20
+MAX_TEXT = 4096
+_RANGES: dict[str, tuple[float, float]] = {
+    "version": (0, 2**31),
+    "bytes": (1, 2**62),
+    "pid": (0, 2**31),
+    "pidns": (0, 2**63),
+    "created": (0, 2**40),
+    "compute": (0, 100),
+}
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"a number of {len(text)} digits")
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    if len(text) > 64:
+        raise ValueError(f"a number of {len(text)} characters")
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"a number out of range ({text[:20]})")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not accepted")
+
+
+def _depth(text: str) -> int:
+    """Nesting depth of JSON text, counting brackets outside strings (no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """Parse a record with bounds on size (the caller's), depth, number length and range."""
+    try:
+        text = raw.decode()
+        if _depth(text) > MAX_DEPTH:
+            return None, f"corrupt JSON (nested deeper than {MAX_DEPTH})"
+        data = json.loads(
+            text,
+            parse_int=_bounded_int,
+            parse_float=_bounded_float,
+            parse_constant=_no_constant,
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError, OverflowError) as exc:
+        return None, f"corrupt JSON ({str(exc)[:200]})"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+    for key, kind in _REQUIRED.items():
+        value = data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return None, f"field {key!r} missing or of the wrong type"
+    for key, (low, high) in _RANGES.items():
+        value = data.get(key)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and not low <= value <= high:  # type: ignore[operator]
+            return None, f"field {key!r} out of range ({low:g} to {high:g})"
+    for key in ("id", "kind", "device", "name", "host", "mode"):
+        value = data.get(key)
+        if isinstance(value, str) and len(value) > MAX_TEXT:
+            return None, f"field {key!r} longer than {MAX_TEXT} characters"
+    if data["version"] != 1:
+        return None, f"record version {data['version']} (this memgov reads version 1)"
+    return data, None
+
+
+def printable(text: str) -> str:
+    """``text`` with control and other non-printable characters as escapes: file names and
+    record fields are other users' text, and must not send sequences to anyone's terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:MAX_TEXT])

@@ -1,0 +1,38 @@
+"""Run Python code as another user: python actor.py UID CODE. Prints what CODE prints.
+
+Starts as root, loads memgov (the interpreter may live in a folder only root can read), drops to
+UID (and its gid, no extra groups), then runs CODE with ``out(obj)`` to print one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "helpers"))
+
+from claimer import become
+
+
+def out(obj: object) -> None:
+    print("@@" + json.dumps(obj), flush=True)
+
+
+def main() -> None:
+    uid, code = int(sys.argv[1]), sys.argv[2]
+    import fcntl  # noqa: F401  (loaded as root, for CODE)
+    import resource  # noqa: F401
+
+    import rich.console
+    import rich.markup  # noqa: F401
+
+    import memgov  # noqa: F401
+    from memgov import _render, _status  # noqa: F401
+
+    become(uid)
+    exec(compile(code, "<actor>", "exec"), {"out": out, "__name__": "__actor__"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The hostile suite: real users of one host (created here, as root) against each other.
+
+Users mgl_a and mgl_b are made for the session and removed after it (only those this run made).
+Each test gets a fresh ledger under a sticky world-writable base folder, like /tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.procs import Child
+
+ACTOR = Path(__file__).resolve().parent / "actor.py"
+NAMES = ("mgl_a", "mgl_b")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creates users: needs root")
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+
+    def run(self, code: str, env: dict[str, str] | None = None, timeout: float = 60) -> Any:
+        """Run CODE as this user (see actor.py); the last JSON line it printed."""
+        result = subprocess.run(
+            [sys.executable, str(ACTOR), str(self.uid), code],
+            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = [ln[2:] for ln in result.stdout.splitlines() if ln.startswith("@@")]
+        return json.loads(lines[-1]) if lines else None
+
+
+@pytest.fixture(scope="session")
+def users() -> Iterator[dict[str, User]]:
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to create users")
+    made = []
+    found: dict[str, User] = {}
+    for name in NAMES:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
+                            "/usr/sbin/nologin", name], check=True, capture_output=True)
+            made.append(name)
+        found[name] = User(name, pwd.getpwnam(name).pw_uid)
+    yield found
+    for name in made:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+@pytest.fixture
+def base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder like /tmp (root's, 1777); MEMGOV_DIR is base/ledger, not made yet."""
+    folder = Path(tempfile.mkdtemp(prefix="memgov-hostile-", dir="/tmp"))
+    folder.chmod(0o1777)
+    monkeypatch.setenv("MEMGOV_DIR", str(folder / "ledger"))
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:64GiB")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def shared(base: Path) -> Path:
+    """The documented admin set-up: root runs `memgov gc` once, which makes every folder."""
+    result = subprocess.run([sys.executable, "-m", "memgov", "gc"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return base / "ledger"
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    """Child claimers a test starts (append them); each is closed when the test ends."""
+    started: list[Child] = []
+    yield started
+    for child in started:
+        child.close()

@@ -1,0 +1,127 @@
+"""Churn between users: claimers of two users come and go for a fixed time, a killer
+SIGKILLs one every 40 ms, root's `memgov gc` and another user's gc loop alongside. Held: no
+over-commit in any sample, no lost or leaked claim at the end; figures (operations, kills,
+reclaim time of killed holders) are printed, and written to $MEMGOV_CHURN_RESULTS if set."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers.procs import Child, Monitor, ledger
+
+from .conftest import User
+
+SECONDS = 20
+CLAIMERS = 16
+
+
+class Watch(Monitor):
+    """A Monitor that also remembers when each live record was last seen."""
+
+    def __init__(self) -> None:
+        super().__init__("sim0", period=0.002)
+        self.last_seen: dict[str, float] = {}
+        self.first_gone: dict[str, float] = {}
+
+    def sample(self):  # type: ignore[no-untyped-def]
+        snap = super().sample()
+        now = time.monotonic()
+        live = {c.record for c in snap.claims}
+        for record in live:
+            self.last_seen[record] = now
+        for record in list(self.last_seen):
+            if record not in live and record not in self.first_gone:
+                self.first_gone[record] = now
+        return snap
+
+
+def nearest(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1]
+
+
+def test_churn_with_sigkills_and_gc_between_users(
+    users: dict[str, User], shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:16GiB")  # the claimers fill it many times over
+    rng = random.Random(12)
+    watch = Watch()
+    watch.start()
+    done = threading.Event()
+    gc_runs = [0]
+
+    def gc_loop() -> None:
+        while not done.is_set():
+            subprocess.run([sys.executable, "-m", "memgov", "gc"], capture_output=True,
+                           timeout=60)
+            gc_runs[0] += 1
+
+    gc_thread = threading.Thread(target=gc_loop, daemon=True)
+    gc_thread.start()
+    owners = [users["mgl_a"], users["mgl_b"]]
+    live: list[Child] = []
+    finished: list[Child] = []
+    kills: list[tuple[Child, float]] = []
+    end = time.monotonic() + SECONDS
+    try:
+        while time.monotonic() < end:
+            while len(live) < CLAIMERS:
+                who = owners[len(finished) % 2]
+                size = rng.choice(["1GiB", "2GiB", "4GiB", "6GiB"])
+                live.append(Child([size, "--wait", "5", "--hold", "0.02", "--cycles", "50",
+                                   "--user", str(who.uid)]))
+            time.sleep(0.04)
+            victim = rng.choice(live)
+            victim.kill()
+            kills.append((victim, time.monotonic()))
+            live.remove(victim)
+            finished.append(victim)
+            finished.extend(c for c in live if c.proc.poll() is not None)
+            live = [c for c in live if c.proc.poll() is None]
+    finally:
+        for child in live:
+            child.kill()
+        finished.extend(live)
+        for child in finished:
+            child.close()
+        done.set()
+        gc_thread.join(timeout=60)
+        watch.stop()
+    events = [e for c in finished for e in list(c.events.queue)]
+    admitted = sum(e["event"] == "admitted" for e in events)
+    errors = [e for e in events if e["event"] == "error"]
+    # Reclaim: a killed child whose last event was "admitted" held a claim when it died.
+    reclaim_ms = []
+    for child, killed_at in kills:
+        mine = [e for e in list(child.events.queue) if e["event"] in ("admitted", "released")]
+        if mine and mine[-1]["event"] == "admitted":
+            gone = watch.first_gone.get(mine[-1]["record"])
+            if gone is not None and gone >= killed_at - 0.01:
+                reclaim_ms.append(max(0.0, gone - killed_at) * 1000)
+    snap = ledger().snapshot()
+    figures = {
+        "seconds": SECONDS, "claimers_at_once": CLAIMERS, "processes": len(finished),
+        "admitted": admitted, "sigkills": len(kills), "holders_killed": len(reclaim_ms),
+        "gc_runs": gc_runs[0], "monitor_samples": watch.samples,
+        "over_commits": len(watch.violations), "max_claimed": watch.max_claimed,
+        "errors": len(errors), "error_examples": errors[:3],
+        "reclaim_ms": {"p50": nearest(reclaim_ms, 50), "p99": nearest(reclaim_ms, 99),
+                       "max": max(reclaim_ms)} if reclaim_ms else None,
+        "left_at_end": {"claims": len(snap.claims), "queue": len(snap.queue)},
+    }
+    print(json.dumps(figures))
+    if os.environ.get("MEMGOV_CHURN_RESULTS"):
+        Path(os.environ["MEMGOV_CHURN_RESULTS"]).write_text(json.dumps(figures, indent=2) + "\n")
+    assert watch.violations == []
+    assert snap.claims == [] and snap.queue == [] and snap.unknown == []
+    assert errors == [], errors[:3]
+    assert admitted > 100 and len(kills) > 100 and gc_runs[0] > 3
