@@ -20,6 +20,30 @@ app = typer.Typer(
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DISTRIBUTION = "memgov-gpu"
+"""The name pip knows memgov by (`memgov` on the public index is another project)."""
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import os
+
+        from memgov import __file__ as package_file
+        from memgov import __version__
+
+        where = os.path.dirname(package_file)
+        typer.echo(f"memgov {__version__} (pip: {DISTRIBUTION}; {where}; Python "
+                   f"{sys.version.split()[0]} at {sys.executable})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print memgov's version, where it is installed, and exit.")] = False,
+) -> None:
+    """Share one NVIDIA GPU between many training processes."""
 
 
 def _fail(exc: Exception) -> typer.Exit:

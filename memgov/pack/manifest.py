@@ -17,6 +17,11 @@
     env = { SOME_VAR = "value" }    # optional, added to the job's environment
 
 Commands run with the manifest's folder as working directory.
+
+Bundled experiments (``memgov pack mnist``): the experiments/ folders of the repository ship in the
+wheel as ``memgov/experiments/<name>/``; a name that is not an existing path is looked up there (or,
+in a checkout, in the repository's experiments/). A folder of that name in the working directory
+wins over the bundled one.
 """
 
 from __future__ import annotations
@@ -96,15 +101,31 @@ class Manifest:
                 for arg in self.framework(framework).command]
 
 
+def bundled() -> dict[str, Path]:
+    """The experiments shipped with memgov, by name -> folder.
+
+    A wheel installs them as memgov/experiments/<name>; a checkout (editable install) has them in
+    the repository's experiments/ beside the memgov package."""
+    package = Path(__file__).resolve().parents[1]
+    for root in (package / "experiments", package.parent / "experiments"):
+        found = {p.parent.name: p.parent for p in sorted(root.glob(f"*/{FILE}"))}
+        if found:
+            return found
+    return {}
+
+
 def locate(target: str | Path) -> Path:
-    """The manifest file of an experiment folder (or the file itself)."""
+    """The manifest file of an experiment folder (or the file itself, or a bundled name)."""
     path = Path(target).expanduser()
+    if not path.exists() and len(path.parts) == 1 and str(target) in bundled():
+        path = bundled()[str(target)]
     if path.is_dir():
         path = path / FILE
     if not path.is_file():
+        names = ", ".join(bundled()) or "none installed"
         raise ManifestError(
-            f"{target}: not an experiment; accepted a folder containing {FILE} or the path of "
-            f"such a file (e.g. experiments/mnist)"
+            f"{target}: not an experiment; accepted a folder containing {FILE}, the path of "
+            f"such a file, or the name of a bundled experiment ({names})"
         )
     return path.resolve()
 
