@@ -55,6 +55,7 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
     except FileNotFoundError:
         if not create:
             raise
+        _mkdir_parents(root)
         _mkdir_shared(None, str(root))
         fd = os.open(root, _DIR_FLAGS)
     except OSError as exc:
@@ -75,6 +76,16 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def _mkdir_parents(root: Path) -> None:
+    """Make MEMGOV_DIR's missing parents, like ``mkdir -p`` (a fresh machine or container has no
+    /tmp/jobs of ``MEMGOV_DIR=/tmp/jobs/ledger``); they get the umask's mode, only the ledger
+    folder itself is shared (1777)."""
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LedgerError(_explain(root.parent, exc)) from None
 
 
 def _mkdir_shared(dir_fd: int | None, name: str) -> None:
