@@ -32,8 +32,8 @@ PTH_NAME = "memgov-autoenable.pth"
 # Keep the variable names in step with memgov._autoenable.TRIGGERS (a test compares them).
 PTH_LINE = (
     "import os; any(k.startswith(('MEMGOV_CLAIM', 'CUDA_DEVICE_MEMORY_LIMIT', "
-    "'ALIYUN_COM_GPU_MEM_CONTAINER', 'GPU_MEMORY_LIMIT', 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', "
-    "'SLURM_SHARDS_ON_NODE')) for k in os.environ) and "
+    "'ALIYUN_COM_GPU_MEM_CONTAINER', 'GPU_PORTION', 'NVIDIA_GPU_MEMORY_', "
+    "'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', 'SLURM_SHARDS_ON_NODE')) for k in os.environ) and "
     "__import__('memgov._autoenable')._autoenable.start()\n"
 )
 

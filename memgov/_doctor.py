@@ -19,7 +19,7 @@ ENV_SHOWN = (
     "MEMGOV_THREADS", "MEMGOV_SHARD_SIZE", "MEMGOV_DEVICES", "MEMGOV_HOLDER", "MEMGOV_QUIET",
     "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE",
     "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OMP_NUM_THREADS",
-    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_PIPE_DIRECTORY", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
 )  # fmt: skip
 PRIVATE_FS = ("overlay", "tmpfs", "aufs", "fuse-overlayfs")
 """File systems of a container's own root or scratch space: a ledger there is the container's."""

@@ -48,11 +48,11 @@ FRAMEWORK_DEFAULT_VARS = (
     *THREAD_VARS, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
     "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
     "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH",
-    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
 )
 """Removed in greedy mode, so the frameworks really run at their defaults."""
 BUDGET_PREFIXES = ("MEMGOV_CLAIM", "CUDA_DEVICE_MEMORY_LIMIT", "ALIYUN_COM_GPU_MEM_CONTAINER",
-                   "GPU_MEMORY_LIMIT", "CUDA_MPS_", "SLURM_SHARDS_ON_NODE")
+                   "GPU_PORTION", "NVIDIA_GPU_MEMORY_", "CUDA_MPS_", "SLURM_SHARDS_ON_NODE")
 """Variables that wake auto-enable (memgov._autoenable.TRIGGERS) or steer MPS: greedy drops them
 all; the other modes drop CUDA_MPS_* (pack decides MPS itself)."""
 
