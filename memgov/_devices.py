@@ -99,6 +99,16 @@ def devices() -> list[Device]:
     ]
 
 
+def no_gpu_hint() -> str:
+    """What to do on a machine where memgov sees no GPU (first contact: status, devices, doctor)."""
+    reason = _nvml.unavailable_reason() if simulated_spec() is None else None
+    why = f" (NVML: {reason})" if reason else ""
+    return (
+        f"memgov sees no GPU{why}. On a machine without a GPU, simulate some to try memgov: "
+        'MEMGOV_DEVICES="sim0:16GiB" memgov status'
+    )
+
+
 def refresh(device: Device) -> Device:
     """The same device with its memory use read again."""
     if device.simulated:

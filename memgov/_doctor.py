@@ -224,6 +224,10 @@ def render(report: dict[str, Any]) -> list[str]:
         )
     if report["devices_problem"]:
         lines.append(f"devices: {report['devices_problem']}")
+    if not report["devices"]:
+        from memgov._devices import no_gpu_hint
+
+        lines.append(f"hint: {no_gpu_hint()}")
     fw = report["frameworks"]
     installed = ", ".join(f"{k} {v}" for k, v in fw["installed"].items()) or "none"
     lines.append(f"frameworks: {installed}; adapters: {', '.join(fw['adapters']) or 'none'}")

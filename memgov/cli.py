@@ -72,11 +72,11 @@ def status(
             if as_json:
                 _print_json(data)
             else:
-                from rich.console import Console
+                from memgov._render import console, status_table
 
-                from memgov._render import status_table
-
-                Console().print(status_table(data))
+                console().print(status_table(data))
+                if not data["devices"]:
+                    typer.echo(_no_gpu_hint())
             return
         _watch(watch, as_json)
     except MemgovError as exc:
@@ -136,11 +136,17 @@ def devices(as_json: JsonFlag = False) -> None:
     if as_json:
         _print_json({"devices": found})
         return
-    from rich.console import Console
+    from memgov._render import console, devices_table
 
-    from memgov._render import devices_table
+    console().print(devices_table(found))
+    if not found:
+        typer.echo(_no_gpu_hint())
 
-    Console().print(devices_table(found))
+
+def _no_gpu_hint() -> str:
+    from memgov._devices import no_gpu_hint
+
+    return no_gpu_hint()
 
 
 @app.command(context_settings={"allow_interspersed_args": False})

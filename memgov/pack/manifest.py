@@ -11,6 +11,10 @@
     epochs = 5
     batch = 32
 
+    [cpu]                           # optional: what --device cpu runs unless told otherwise
+    epochs = 2                      # instead of [defaults] epochs, when --epochs is not given
+    args = ["--limit", "1000"]      # trainer arguments, when none are given after --
+
     [frameworks.torch]              # one table per framework
     command = ["{python}", "train_torch.py", "--epochs", "{epochs}", "--batch", "{batch}",
                "--device", "{device}"]
@@ -49,7 +53,7 @@ REPORTS = ("jsonl-stdout",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _FIELD = re.compile(r"\{([^{}]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TOP = {"experiment", "defaults", "frameworks"}
+_TOP = {"experiment", "defaults", "cpu", "frameworks"}
 _EXPERIMENT_KEYS = {"name", "description", "samples_per_epoch", "report", "rogue_args"}
 _FRAMEWORK_KEYS = {"command", "env"}
 
@@ -77,6 +81,8 @@ class Manifest:
     batch: int | None
     frameworks: dict[str, Framework]
     rogue_args: tuple[str, ...] = DEFAULT_ROGUE
+    cpu_epochs: int | None = None
+    cpu_args: tuple[str, ...] = ()
 
     def uses(self, framework: str, placeholder: str) -> bool:
         return any(placeholder in _FIELD.findall(a) for a in self.framework(framework).command)
@@ -178,6 +184,15 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
     for key in ("epochs", "batch"):
         if key in defaults and not _positive_int(defaults[key]):
             raise fail(f"[defaults] {key} = {defaults[key]!r}: accepted a whole number >= 1")
+    cpu = data.get("cpu", {})
+    if not isinstance(cpu, dict):
+        raise fail("[cpu] must be a table")
+    _no_unknown(cpu, {"epochs", "args"}, "[cpu]", fail)
+    if "epochs" in cpu and not _positive_int(cpu["epochs"]):
+        raise fail(f"[cpu] epochs = {cpu['epochs']!r}: accepted a whole number >= 1")
+    cpu_args = cpu.get("args", [])
+    if not isinstance(cpu_args, list) or not all(isinstance(a, str) for a in cpu_args):
+        raise fail(f"[cpu] args = {cpu_args!r}: accepted a list of strings")
     tables = data.get("frameworks")
     if not isinstance(tables, dict) or not tables:
         raise fail("missing [frameworks.<name>] tables, e.g. [frameworks.torch] with "
@@ -187,6 +202,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
         path=path, folder=path.parent, name=name, description=description,
         samples_per_epoch=samples, report=report, epochs=defaults.get("epochs"),
         batch=defaults.get("batch"), frameworks=frameworks, rogue_args=tuple(rogue),
+        cpu_epochs=cpu.get("epochs"), cpu_args=tuple(cpu_args),
     )
 
 

@@ -27,6 +27,8 @@ from memgov.pack.config import (
     PackConfig,
     base_env,
     cores,
+    report_folder,
+    threads_for,
 )
 from memgov.pack.monitor import Sampler
 
@@ -43,6 +45,8 @@ class RunPlan:
     claim_bytes: int | None
     extra_args: list[str] = field(default_factory=list)
     rogue: tuple[int, int] | None = None
+    threads: int | None = None
+    """CPU threads per job when fixed by the plan (a CPU pack's solo job), else decided per run."""
 
     def rogue_mib(self, index: int) -> int:
         """The last K jobs of a main run are the rogue ones."""
@@ -97,11 +101,50 @@ class Context:
     def base_env(self, mode: str) -> dict[str, str]:
         return base_env(mode)
 
+    @property
+    def cpu_defaults(self) -> dict[str, Any] | None:
+        """The manifest's small CPU run, where it applied (--device cpu, not overridden)."""
+        man = self.manifest
+        used_epochs = self.cpu and self.cfg.epochs is None and man.cpu_epochs is not None
+        used_args = self.cpu and not self.cfg.trainer_args and bool(man.cpu_args)
+        if not (used_epochs or used_args):
+            return None
+        return {"epochs": man.cpu_epochs if used_epochs else None,
+                "args": list(man.cpu_args) if used_args else None}
+
+    def notes(self) -> list[str]:
+        """Caveats a reader of the figures needs, printed under the table and kept in the report."""
+        notes = []
+        defaults = self.cpu_defaults
+        if defaults is not None:
+            used = []
+            if defaults["epochs"] is not None:
+                used.append(f"--epochs {defaults['epochs']}")
+            if defaults["args"]:
+                used.append("-- " + " ".join(defaults["args"]))
+            notes.append(f"a small CPU run by default ({' '.join(used)}, from {self.manifest.path}"
+                         " [cpu]); scale it with --epochs N and trainer arguments after --")
+        if self.cpu:
+            busiest = max((p.parallel for p in self.plans if p.role == "main"), default=1)
+            threads = threads_for(self.cfg, busiest)
+            notes.append(
+                f"CPU: every job shares this machine's {cores()} core(s) and the solo job ran with"
+                f" the {threads} thread(s) of one packed job, so 'x one job' says how the jobs "
+                f"share the cores (at most about {max(1, cores() // threads)}x here), not how "
+                "they would pack on a GPU")
+        return notes
+
+    @property
+    def trainer_args(self) -> list[str]:
+        if self.cpu and not self.cfg.trainer_args:
+            return list(self.manifest.cpu_args)
+        return list(self.cfg.trainer_args)
+
     def argv(self, plan: RunPlan, index: int) -> list[str]:
         python = self.runner.python_in_job or self.cfg.python
         argv = self.manifest.command(self.cfg.framework, python=python, epochs=self.epochs,
                                      batch=self.batch, device="cpu" if self.cpu else "gpu")
-        argv += [*self.cfg.trainer_args, *plan.extra_args]
+        argv += [*self.trainer_args, *plan.extra_args]
         size = plan.rogue_mib(index)
         return argv + (self.manifest.rogue(size) if size else [])
 
@@ -131,7 +174,7 @@ class Context:
             "parallel": concurrent,
             "claim_mib": mib(plan.claim_bytes),
             "claim_source": self.claim_source if plan.claim_bytes else None,
-            "trainer_args": [*self.cfg.trainer_args, *plan.extra_args],
+            "trainer_args": [*self.trainer_args, *plan.extra_args],
             "rogue": {"jobs": plan.rogue[0], "mib": plan.rogue[1]} if plan.rogue else None,
             "wall_s": round(wall, 3),
             "timeout_s": self.cfg.timeout,
@@ -168,6 +211,8 @@ class Context:
             "host": {"cores": cores(), "available_before_mib": mib(self.host_available)},
             "epochs": self.epochs,
             "batch": self.batch,
+            "cpu_defaults": self.cpu_defaults,
+            "notes": self.notes(),
             "claim": None if self.claim_bytes is None else {
                 "mib": mib(self.claim_bytes), "bytes": self.claim_bytes,
                 "source": self.claim_source},
@@ -240,13 +285,13 @@ def prepare(cfg: PackConfig) -> Context:
     cfg.check()
     man = manifest.load(cfg.experiment)
     man.framework(cfg.framework)
-    epochs = cfg.epochs or man.epochs
+    cpu = cfg.device == "cpu"
+    epochs = cfg.epochs or (man.cpu_epochs if cpu else None) or man.epochs
     batch = cfg.batch or man.batch
     for name, value in (("epochs", epochs), ("batch", batch)):
         if value is None and man.uses(cfg.framework, name):
             raise ConfigError(f"--{name}: {man.path} has no [defaults] {name}; pass --{name} N")
     ledger = _config.ledger_dir()
-    cpu = cfg.device == "cpu"
     sizes = cfg.sweep or [cfg.n]
     device, simulated = _device(cfg, cpu)
     claim_bytes, claim_source = _claim(cfg, man.name, batch or 0, device)
@@ -261,6 +306,14 @@ def prepare(cfg: PackConfig) -> Context:
                           mps_pipe=_mps_pipe() if mps else None)
     runner.check()
     plans = _plans(cfg, sizes, mps, limit, claim_bytes)
+    if cpu:
+        # A fair reference on CPU: the solo job gets the threads each packed job gets (those of
+        # the run with the most jobs at once), not every core; with all cores it ran slower than
+        # one of two packed jobs on 2 cores, and "x one job" came out at 6.6-15.7.
+        busiest = max((p.parallel for p in plans if p.role == "main"), default=1)
+        for p in plans:
+            if p.role == "solo":
+                p.threads = threads_for(cfg, busiest)
     import psutil
 
     snap = None
@@ -268,8 +321,7 @@ def prepare(cfg: PackConfig) -> Context:
         from memgov._ledger import DeviceLedger
 
         snap = DeviceLedger(device).snapshot()
-    out = cfg.out or _default_out(man.name, cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(cfg.out or _default_out(man.name, cfg))
     ctx = Context(
         cfg=cfg, manifest=man, runner=runner, device=device, cpu=cpu,
         simulated=simulated if cpu else None, ledger=ledger, out=out.resolve(),
