@@ -136,3 +136,18 @@ def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
     assert report["manifest"] == str(bundled)
     assert [j["status"] for j in report["jobs"]] == ["ok", "ok"]
     assert all(j["claim_mib"] for j in report["jobs"])  # governed: each job claimed on the ledger
+
+
+def test_docker_build_context_has_every_file_the_build_reads():
+    """examples/docker builds memgov from the files its COPY lines name: the files pyproject.toml
+    refers to (readme, license) must be among them, or the image's `pip install` fails."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    needed = {project["readme"], *project["license-files"], "pyproject.toml", "setup.py"}
+    copied: set[str] = set()
+    for line in (REPO / "examples" / "docker" / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and words[-1].startswith("/src/memgov"):
+            copied.update(words[1:-1])
+    assert needed <= copied, needed - copied
