@@ -124,7 +124,7 @@ class Context:
                 used.append("-- " + " ".join(defaults["args"]))
             notes.append(f"a small CPU run by default ({' '.join(used)}, from {self.manifest.path}"
                          " [cpu]); scale it with --epochs N and trainer arguments after --")
-        if self.cpu:
+        if self.cpu and any(p.role == "solo" for p in self.plans):
             busiest = max((p.parallel for p in self.plans if p.role == "main"), default=1)
             threads = threads_for(self.cfg, busiest)
             notes.append(
