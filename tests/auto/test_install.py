@@ -151,3 +151,13 @@ def test_docker_build_context_has_every_file_the_build_reads():
         if words[:1] == ["COPY"] and words[-1].startswith("/src/memgov"):
             copied.update(words[1:-1])
     assert needed <= copied, needed - copied
+
+
+def test_ci_runs_exactly_the_readmes_set_up_and_test_commands():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Set up and test"):]
+    block = section[section.index("```bash\n") + 8:]
+    commands = block[: block.index("```")].strip().splitlines()
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == commands
