@@ -1,4 +1,11 @@
-"""Build hook: put ``memgov-autoenable.pth`` into site-packages. The rest is in pyproject.toml.
+"""Build hook: the package list, and ``memgov-autoenable.pth`` in site-packages. The rest is in
+pyproject.toml.
+
+Packages are discovered, so a new subpackage of memgov ships without an edit here: ``memgov`` and
+``memgov.*``, the framework adapters (``adapters/<name>`` installed as ``memgov_<name>``), and every
+experiment folder with an ``experiment.toml`` under ``experiments/`` as package data of
+``memgov.experiments.<name>`` (so ``memgov pack mnist`` works outside a checkout, see
+memgov/pack/manifest.py). tests/auto/test_install.py builds a wheel and runs it in a fresh venv.
 
 Python runs every ``import`` line of a ``.pth`` file in site-packages at start-up. This one line
 checks a handful of environment variables and stops there unless one is set (MEMGOV_CLAIM or a GPU
@@ -16,16 +23,17 @@ tests/auto/test_install.py checks both in fresh virtual environments.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 PTH_NAME = "memgov-autoenable.pth"
 # Keep the variable names in step with memgov._autoenable.TRIGGERS (a test compares them).
 PTH_LINE = (
     "import os; any(k.startswith(('MEMGOV_CLAIM', 'CUDA_DEVICE_MEMORY_LIMIT', "
-    "'ALIYUN_COM_GPU_MEM_CONTAINER', 'GPU_MEMORY_LIMIT', 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', "
-    "'SLURM_SHARDS_ON_NODE')) for k in os.environ) and "
+    "'ALIYUN_COM_GPU_MEM_CONTAINER', 'GPU_PORTION', 'NVIDIA_GPU_MEMORY_', "
+    "'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', 'SLURM_SHARDS_ON_NODE')) for k in os.environ) and "
     "__import__('memgov._autoenable')._autoenable.start()\n"
 )
 
@@ -48,4 +56,18 @@ class build_py_with_pth(build_py):
         return outputs
 
 
-setup(cmdclass={"build_py": build_py_with_pth})
+HERE = Path(__file__).resolve().parent
+ADAPTERS = {f"memgov_{p.name}": f"adapters/{p.name}" for p in sorted(HERE.glob("adapters/*/"))
+            if (p / "__init__.py").is_file()}
+EXPERIMENTS = {f"memgov.experiments.{p.parent.name}": f"experiments/{p.parent.name}"
+               for p in sorted(HERE.glob("experiments/*/experiment.toml"))}
+EXPERIMENT_DATA = ["*.toml", "*.md", "data/*"]
+
+
+setup(
+    packages=[*find_packages(include=["memgov", "memgov.*"]), *ADAPTERS, *EXPERIMENTS],
+    package_dir={**ADAPTERS, **EXPERIMENTS},
+    # PEP 561: memgov and its adapters ship their type hints (py.typed).
+    package_data={"": ["py.typed"], **{name: EXPERIMENT_DATA for name in EXPERIMENTS}},
+    cmdclass={"build_py": build_py_with_pth},
+)

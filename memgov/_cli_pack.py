@@ -90,6 +90,7 @@ def pack(
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json on stdout.")
                        ] = False,
 ) -> None:
+    from memgov._progress import PackProgress
     from memgov.pack import PackConfig, config, run
 
     try:
@@ -104,14 +105,18 @@ def pack(
             sweep=config.parse_sweep(sweep) if sweep is not None else None,
             rogue=config.parse_rogue(rogue) if rogue is not None else None,
         )
-        observer = _Progress() if progress else None
+        observer = PackProgress() if progress else None
         try:
             outcome = run(cfg, observer)
         finally:
             if observer is not None:
                 observer.close()
-    except (MemgovError, ValueError, OSError) as exc:
+    except (MemgovError, ValueError) as exc:
         typer.echo(f"memgov pack: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:  # said plainly, not as "[Errno N] ..."
+        where = f"{exc.filename}: " if exc.filename else ""
+        typer.echo(f"memgov pack: {where}{exc.strerror or exc}", err=True)
         raise typer.Exit(2) from None
     report = outcome.report
     if as_json:
@@ -135,60 +140,17 @@ def _threads(text: str) -> int | None:
 
 
 def _summary(report: dict[str, Any]) -> None:
-    from rich.console import Console
-
+    from memgov._render import console as make_console
     from memgov.pack import report as reports
 
-    console = Console()
+    console = make_console()
     console.print(reports.table(report))
+    from rich.markup import escape
+
     for line in reports.failures(report):
-        console.print(f"[red]failed[/red] {line}", highlight=False)
+        console.print(f"[red]failed[/red] {escape(line)}", highlight=False)
+    for note in report.get("notes") or []:
+        console.print(f"note: {note}", highlight=False, markup=False)
     files = report.get("files", {})
     console.print(f"report: {files.get('json')}  csv: {files.get('csv')}  "
                   f"plot: {files.get('plot') or files.get('plot_error')}", highlight=False)
-
-
-class _Progress:
-    """rich progress on stderr: jobs finished and epochs done, per run."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.console = Console(stderr=True)
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=self.console)
-        self.tasks: dict[str, tuple[Any, Any]] = {}
-        self.bar.start()
-
-    def run_started(self, plan: Any) -> None:
-        mode = f"{plan.mode}{', MPS' if plan.mps else ''}"
-        jobs = self.bar.add_task(f"{plan.label} ({mode}): jobs done", total=plan.n)
-        epochs = self.bar.add_task(f"{plan.label}: epochs", total=None)
-        self.tasks[plan.label] = (jobs, epochs)
-
-    def job_event(self, plan: Any, job: str, event: dict[str, Any]) -> None:
-        if event.get("event") == "start":
-            total = (event.get("epochs") or 0) * plan.n
-            self.bar.update(self.tasks[plan.label][1], total=total or None)
-        elif event.get("event") == "epoch":
-            self.bar.advance(self.tasks[plan.label][1])
-
-    def job_ended(self, plan: Any, record: dict[str, Any]) -> None:
-        self.bar.advance(self.tasks[plan.label][0])
-        if record["status"] != "ok":
-            detail = (record["detail"] or "").splitlines()[0][:120] if record["detail"] else ""
-            self.console.print(f"{plan.label} {record['label']} failed: {record['reason']}: "
-                               f"{detail}", highlight=False, markup=False)
-
-    def run_ended(self, plan: Any, record: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        self.bar.stop()

@@ -100,6 +100,16 @@ def devices() -> list[Device]:
     ]
 
 
+def no_gpu_hint() -> str:
+    """What to do on a machine where memgov sees no GPU (first contact: status, devices, doctor)."""
+    reason = _nvml.unavailable_reason() if simulated_spec() is None else None
+    why = f" (NVML: {reason})" if reason else ""
+    return (
+        f"memgov sees no GPU{why}. On a machine without a GPU, simulate some to try memgov: "
+        'MEMGOV_DEVICES="sim0:16GiB" memgov status'
+    )
+
+
 def refresh(device: Device) -> Device:
     """The same device with its memory use read again."""
     if device.simulated:
@@ -129,19 +139,23 @@ def candidates(selector: int | str | None) -> list[Device]:
             "no GPU is visible to this process" + hint + "; on a machine without a GPU, simulate "
             'some with MEMGOV_DEVICES="sim0:16GiB"'
         )
+    asked = selector
     if selector is None:
         return visible[:1]
     if isinstance(selector, bool):
         raise ConfigError(f"device={selector!r}: {_DEVICE_ACCEPTED}")
     if isinstance(selector, str) and selector.strip().lower() == "auto":
         return visible
-    if isinstance(selector, str) and selector.strip().isdigit():
-        selector = int(selector.strip())
+    if isinstance(selector, str):
+        # "cuda:N" as torch and JAX write it, "cuda" (torch's current device: the first), or "N".
+        ordinal = _CUDA_ORDINAL.fullmatch(selector.strip().lower())
+        if ordinal:
+            selector = int(ordinal[1] or ordinal[2] or 0)
     if isinstance(selector, int):
         if not 0 <= selector < len(visible):
             raise NoDeviceError(
-                f"device={selector}: this process sees {len(visible)} GPU(s), indices "
-                f"0..{len(visible) - 1}"
+                f"device={asked!r}: this process sees {len(visible)} GPU(s), indices "
+                f"0..{len(visible) - 1} (cuda:0..cuda:{len(visible) - 1})"
             )
         return [visible[selector]]
     if isinstance(selector, str) and selector.strip():
@@ -153,8 +167,14 @@ def candidates(selector: int | str | None) -> list[Device]:
             return hits
         known = ", ".join(d.uuid for d in visible)
         what = "matches several" if hits else "matches no"
-        raise NoDeviceError(f"device={selector!r} {what} visible GPU (visible: {known})")
+        raise NoDeviceError(
+            f"device={selector!r} {what} visible GPU (visible: {known}); {_DEVICE_ACCEPTED}"
+        )
     raise ConfigError(f"device={selector!r}: {_DEVICE_ACCEPTED}")
 
 
-_DEVICE_ACCEPTED = 'accepted None (first visible GPU), an index (cuda:N), a GPU UUID, or "auto"'
+_CUDA_ORDINAL = re.compile(r"cuda(?::(\d+))?|(\d+)")
+_DEVICE_ACCEPTED = (
+    'accepted None (the first visible GPU), an index as frameworks count ("1" or "cuda:1"), '
+    'a GPU UUID or a unique prefix of one, or "auto"'
+)

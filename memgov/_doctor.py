@@ -22,6 +22,7 @@ ENV_SHOWN = (
     "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE",
     "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OMP_NUM_THREADS",
     "CUDA_MPS_PIPE_DIRECTORY", "MEMGOV_MPS_CLIENTS", "MEMGOV_MPS_POLICY", "MEMGOV_CONTEXTS",
+    "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
 )  # fmt: skip
 PRIVATE_FS = ("overlay", "tmpfs", "aufs", "fuse-overlayfs")
 """File systems of a container's own root or scratch space: a ledger there is the container's."""
@@ -236,6 +237,10 @@ def render(report: dict[str, Any]) -> list[str]:
         )
     if report["devices_problem"]:
         lines.append(f"devices: {report['devices_problem']}")
+    if not report["devices"]:
+        from memgov._devices import no_gpu_hint
+
+        lines.append(f"hint: {no_gpu_hint()}")
     fw = report["frameworks"]
     installed = ", ".join(f"{k} {v}" for k, v in fw["installed"].items()) or "none"
     lines.append(f"frameworks: {installed}; adapters: {', '.join(fw['adapters']) or 'none'}")

@@ -88,6 +88,8 @@ def _open_folder(
     except FileNotFoundError:
         if not create:
             raise
+        if dir_fd is None:
+            _mkdir_parents(path)  # MEMGOV_DIR's parents, like mkdir -p (a fresh container)
         _mkdir(dir_fd, name, path, parent)
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
@@ -101,6 +103,16 @@ def _open_folder(
         os.close(fd)
         raise
     return fd
+
+
+def _mkdir_parents(root: Path) -> None:
+    """Make MEMGOV_DIR's missing parents, like ``mkdir -p`` (a fresh machine or container has no
+    /tmp/jobs of ``MEMGOV_DIR=/tmp/jobs/ledger``); they get the umask's mode, only the ledger
+    folder itself is shared (1777)."""
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LedgerError(_explain(root.parent, exc)) from None
 
 
 def _check_folder(fd: int, path: Path) -> None:

@@ -4,10 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from memgov._sizes import format_size
+
+PLAIN_WIDTH = 4096
+"""Without a terminal (CI logs, `| tee`, files) rich would wrap at 80 columns, splitting paths and
+reasons mid-word: lines are then as long as their content instead."""
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich Console for people: the terminal's width, or unwrapped plain text without one."""
+    probe = Console(stderr=stderr)
+    if probe.is_terminal:
+        return probe
+    return Console(stderr=stderr, width=PLAIN_WIDTH, soft_wrap=True, no_color=True,
+                   highlight=False)
+
+
+def one_line(text: str | None) -> str:
+    """A failure's whole detail on one line (a report line must not be cut)."""
+    return " ".join(line.strip() for line in (text or "").splitlines() if line.strip())
 
 
 def _holder(claim: dict[str, Any], here: str) -> str:

@@ -38,6 +38,15 @@ def command_env(
         raise ConfigError(f"--wait {wait!r}: accepted seconds >= 0")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads {threads!r}: accepted a whole number of CPU threads >= 1")
+    if device is not None:
+        # Checked here, against the GPUs CMD will see (same environment): a device that matches
+        # none would otherwise only warn inside CMD and leave it ungoverned.
+        from memgov import _devices
+
+        try:
+            _devices.candidates(device)
+        except MemgovError as exc:
+            raise ConfigError(f"--device {device!r}: {exc}") from None
     env["MEMGOV_CLAIM"] = value
     env.pop("MEMGOV_HOLDER", None)  # CMD claims for itself, even when started by a governed job
     for name, setting in (

@@ -1,17 +1,31 @@
 """Budgets that GPU schedulers hand to a container through environment variables.
 
-memgov reads them so that a job under HAMi, Alibaba gpushare, KAI, NVIDIA MPS or Slurm shards
-needs no memgov setting at all. Where the limit is enforced below memgov (HAMi-core's CUDA
-interception, the MPS driver limit), memgov's budget sits a margin below it, so the framework's
-own cap fails cleanly (a Python OutOfMemoryError) before the driver or interposer does.
+memgov reads them so that a job under HAMi, Alibaba gpushare, KAI, the NVIDIA container toolkit,
+NVIDIA MPS or Slurm shards needs no memgov setting at all. Where the limit is enforced below
+memgov (HAMi-core's CUDA interception, the driver), memgov's budget sits a margin below it, so the
+framework's own cap fails cleanly (a Python OutOfMemoryError) before the driver or interposer does.
 
 | source | variable | read as |
 |---|---|---|
-| HAMi | CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_MEMORY_LIMIT | "1024m", "1g", "1048576k", bytes |
+| HAMi, KAI's HAMi plugin | CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_MEMORY_LIMIT | "1g", bytes |
 | Alibaba gpushare | ALIYUN_COM_GPU_MEM_CONTAINER / ALIYUN_COM_GPU_MEM_DEV | share x real total |
-| KAI scheduler | GPU_MEMORY_LIMIT | bytes |
+| KAI scheduler | GPU_PORTION (else the deprecated RUNAI_NUM_OF_GPUS) | fraction x real total |
+| NVIDIA container toolkit | NVIDIA_GPU_MEMORY_LIMIT(S), NVIDIA_GPU_MEMORY_REQUEST(S) | whole MiB |
 | NVIDIA MPS | CUDA_MPS_PINNED_DEVICE_MEM_LIMIT | "0=1G,1=2G", our device's entry |
 | Slurm shards | SLURM_SHARDS_ON_NODE x MEMGOV_SHARD_SIZE | shards x site setting |
+
+Where each comes from (checked in the projects' own code):
+- KAI (NVIDIA/KAI-Scheduler, pkg/binder/common/gpu_access.go): the binder sets GPU_PORTION and,
+  for compatibility, RUNAI_NUM_OF_GPUS to the pod's share of one GPU, formatted "%.2f"
+  (pkg/scheduler/cache/cache.go), also for a `gpu-memory` request; KAI itself enforces nothing
+  ("KAI Scheduler does not enforce memory allocation limit", docs/gpu-sharing). It sets no
+  GPU_MEMORY_LIMIT, which memgov no longer reads. A portion of 1 or more is whole GPUs: no budget.
+- NVIDIA container toolkit (apply-cuda-memory-limits CDI hook): reads NVIDIA_GPU_MEMORY_REQUESTS,
+  else NVIDIA_GPU_MEMORY_REQUEST, and NVIDIA_GPU_MEMORY_LIMITS, else NVIDIA_GPU_MEMORY_LIMIT, whole
+  MiB, for every GPU of the container; the driver enforces the limit (hard: allocations fail) and
+  the request is the soft limit (guaranteed; above it a client may be evicted under contention).
+  memgov budgets the request when there is one (the smallest budget wins), else the limit less
+  the margin.
 """
 
 from __future__ import annotations
@@ -81,7 +95,8 @@ def read(total: int, index: int | None, environ: Mapping[str, str] | None = None
     """
     env = os.environ if environ is None else environ
     found = Reading()
-    for reader in (_hami, _aliyun, _kai, _mps, _slurm):
+    readers = (_hami, _aliyun, _kai, _toolkit_limit, _toolkit_request, _mps, _slurm)
+    for reader in readers:
         try:
             budget = reader(env, total, index)
         except ValueError as exc:
@@ -160,15 +175,46 @@ def _aliyun(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget 
 
 
 def _kai(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
-    name = "GPU_MEMORY_LIMIT"
-    raw = _value(env, name)
-    if raw is None:
-        return None
-    try:
-        limit = parse_size(raw.strip(), what=f"KAI scheduler {name}")
-    except ValueError as exc:
-        raise ValueError(f"{exc} (KAI gives bytes)") from None
-    return _make(limit, f"KAI scheduler {name}={raw!r}", name, False)
+    for name in ("GPU_PORTION", "RUNAI_NUM_OF_GPUS"):  # the second: KAI's deprecated name
+        raw = _value(env, name)
+        if raw is None:
+            continue
+        try:
+            portion = float(raw)
+        except ValueError:
+            portion = -1.0
+        if not 0 < portion < float("inf"):
+            raise ValueError(
+                f"KAI scheduler {name}={raw!r}: accepted the share of one GPU, a number above 0 "
+                '(e.g. "0.50"; 1 or more means whole GPUs)'
+            )
+        if portion >= 1:
+            return None  # whole GPUs: the scheduler gives no memory budget
+        return _make(int(total * portion), f"KAI scheduler {name}={raw!r}", name, False)
+    return None
+
+
+def _toolkit(env: Mapping[str, str], names: tuple[str, str], enforced: bool) -> EnvBudget | None:
+    for name in names:  # the plural first, as the toolkit's hook reads them
+        raw = _value(env, name)
+        if raw is None:
+            continue
+        if not raw.strip().isdigit():
+            raise ValueError(
+                f"NVIDIA container toolkit {name}={raw!r}: accepted a whole number of MiB"
+            )
+        kind = "hard limit" if enforced else "request, its soft limit"
+        source = f"NVIDIA container toolkit {name}={raw!r} ({kind})"
+        return _make(int(raw) * 2**20, source, name, enforced)
+    return None
+
+
+def _toolkit_limit(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
+    return _toolkit(env, ("NVIDIA_GPU_MEMORY_LIMITS", "NVIDIA_GPU_MEMORY_LIMIT"), True)
+
+
+def _toolkit_request(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
+    return _toolkit(env, ("NVIDIA_GPU_MEMORY_REQUESTS", "NVIDIA_GPU_MEMORY_REQUEST"), False)
 
 
 def _mps(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:

@@ -4,17 +4,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from memgov._devices import Device, devices
+from memgov import _config, _nvml
+from memgov._attribution import Attribution, attribute
+from memgov._devices import Device, devices, refresh
 from memgov._ledger import DeviceLedger, Snapshot
 
 
 def snapshots(clean: bool = False) -> list[Snapshot]:
+    """Every device's budget. Reads only: a device whose ledger folder does not exist yet (no one
+    has claimed on it) is shown as unclaimed, and no folder is created (status, gc, doctor)."""
     result = []
     for device in devices():
         ledger = DeviceLedger(device)
+        if not ledger.path.is_dir():
+            result.append(_unclaimed(device))
+            continue
         with ledger.locked():
             result.append(ledger.scan(clean=clean))
     return result
+
+
+def _unclaimed(device: Device) -> Snapshot:
+    device = refresh(device)
+    if device.simulated:
+        split = Attribution({}, device.used)
+    else:
+        split = attribute(device.used, (), _nvml.processes(device.uuid))
+    return Snapshot(
+        device=device,
+        reserve=_config.reserve(device.total, device.simulated),
+        claims=[],
+        queue=[],
+        use={},
+        outside=split.outside,
+        problems=[],
+        removed=[],
+    )
 
 
 def device_dict(device: Device) -> dict[str, Any]:

@@ -20,6 +20,30 @@ app = typer.Typer(
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DISTRIBUTION = "memgov-gpu"
+"""The name pip knows memgov by (`memgov` on the public index is another project)."""
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import os
+
+        from memgov import __file__ as package_file
+        from memgov import __version__
+
+        where = os.path.dirname(package_file)
+        typer.echo(f"memgov {__version__} (pip: {DISTRIBUTION}; {where}; Python "
+                   f"{sys.version.split()[0]} at {sys.executable})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print memgov's version, where it is installed, and exit.")] = False,
+) -> None:
+    """Share one NVIDIA GPU between many training processes."""
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -48,11 +72,11 @@ def status(
             if as_json:
                 _print_json(data)
             else:
-                from rich.console import Console
+                from memgov._render import console, status_table
 
-                from memgov._render import status_table
-
-                Console().print(status_table(data))
+                console().print(status_table(data))
+                if not data["devices"]:
+                    typer.echo(_no_gpu_hint())
             return
         _watch(watch, as_json)
     except MemgovError as exc:
@@ -112,11 +136,17 @@ def devices(as_json: JsonFlag = False) -> None:
     if as_json:
         _print_json({"devices": found})
         return
-    from rich.console import Console
+    from memgov._render import console, devices_table
 
-    from memgov._render import devices_table
+    console().print(devices_table(found))
+    if not found:
+        typer.echo(_no_gpu_hint())
 
-    Console().print(devices_table(found))
+
+def _no_gpu_hint() -> str:
+    from memgov._devices import no_gpu_hint
+
+    return no_gpu_hint()
 
 
 @app.command(context_settings={"allow_interspersed_args": False})

@@ -22,6 +22,10 @@ DEFAULT_OVERHEAD = 700 * 2**20
 DEFAULT_MARGIN = 160 * 2**20
 """Device memory libraries take after CUDA initialises (cuDNN, cuBLAS and lazily loaded kernels)."""
 
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+"""torch's allocator settings: it reads the first and, only when that is unset, the deprecated
+second (c10/core/AllocatorConfig.cpp). Both name the same settings."""
+
 _state: dict[str, Any] = {}
 
 
@@ -75,15 +79,44 @@ def _cap(budget: Budget) -> str:
     cap = budget.bytes - overhead
     if cap <= 0:
         cap = 1  # a budget below the context's own size: every tensor allocation fails cleanly
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
+    fraction = min(1.0, cap / total)
+    # Our call replaces the fraction torch took from its allocator settings: keep the user's if
+    # it is the smaller one, under whichever of the two names it was set.
+    users = user_fraction()
+    kept = ""
+    if users is not None and users[0] < fraction:
+        fraction, cap = users[0], int(users[0] * total)
+        kept = f"; the smaller per_process_memory_fraction of {users[1]} kept"
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     _state.update(cap=cap, overhead=overhead)
     report = (
         f"torch: allocator capped at {format_size(cap)} on cuda:{index} "
         f"({format_size(overhead)} kept for context and libraries, "
-        f"{'measured' if measured else 'default'})"
+        f"{'measured' if measured else 'default'}{kept})"
     )
     budget.report(report)  # deferred until CUDA initialised: replaces the "pending" line
     return report
+
+
+def user_fraction(environ: dict[str, str] | None = None) -> tuple[float, str] | None:
+    """The ``per_process_memory_fraction`` set in torch's allocator settings, and where, as torch
+    reads them: PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF ("key:value,key:value")."""
+    env = os.environ if environ is None else environ
+    for name in ALLOC_CONF_VARS:
+        raw = env.get(name)
+        if raw is None:
+            continue
+        for item in raw.split(","):
+            key, _, value = item.partition(":")
+            if key.strip() != "per_process_memory_fraction":
+                continue
+            try:
+                fraction = float(value)
+            except ValueError:
+                return None  # torch itself refuses it when CUDA initialises
+            return (fraction, f"{name}={raw!r}") if 0 < fraction <= 1 else None
+        return None  # torch reads only the first of the two that is set
+    return None
 
 
 def _torch_index(torch: Any, budget: Budget) -> int:

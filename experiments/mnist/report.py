@@ -1,6 +1,7 @@
 """The report protocol between a trainer and ``memgov pack`` (see README.md).
 
-One JSON object per line on stdout, each with key ``"event"``: start, epoch, done or error.
+One JSON object per line on stdout, each with key ``"event"``: start, progress (at most every 2 s
+within an epoch), epoch, done or error.
 Nothing else may reach stdout, so :func:`protect_stdout` moves everything else to stderr.
 """
 

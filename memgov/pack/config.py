@@ -17,6 +17,7 @@ because N jobs with one thread per core each spin against each other (docs/pack.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +50,11 @@ FRAMEWORK_DEFAULT_VARS = (
     *THREAD_VARS, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
     "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
     "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH",
-    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
 )
 """Removed in greedy mode, so the frameworks really run at their defaults."""
 BUDGET_PREFIXES = ("MEMGOV_CLAIM", "CUDA_DEVICE_MEMORY_LIMIT", "ALIYUN_COM_GPU_MEM_CONTAINER",
-                   "GPU_MEMORY_LIMIT", "CUDA_MPS_", "SLURM_SHARDS_ON_NODE")
+                   "GPU_PORTION", "NVIDIA_GPU_MEMORY_", "CUDA_MPS_", "SLURM_SHARDS_ON_NODE")
 """Variables that wake auto-enable (memgov._autoenable.TRIGGERS) or steer MPS: greedy drops them
 all; the other modes drop CUDA_MPS_* (pack decides MPS itself)."""
 
@@ -142,6 +143,38 @@ class PackConfig:
                 raise ConfigError(f"{name} {seconds}: accepted seconds > 0")
         if self.baseline_args and self.baseline == "none":
             raise ConfigError("--baseline-args needs --baseline naive")
+        if self.runner != "docker":  # docker jobs run the image's python
+            check_python(self.python)
+
+
+def check_python(python: str) -> None:
+    """Refuse an interpreter that cannot start, before any job or report exists."""
+    found = shutil.which(python) if os.sep not in python else python
+    if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        if found is None:
+            where = "not found on PATH"
+        elif not os.path.exists(found):
+            where = "no such file"
+        else:
+            where = "not an executable file"
+        raise ConfigError(f"--python {python!r}: {where}; accepted the path (or a name on PATH)"
+                          " of a Python interpreter that has the experiment's framework")
+
+
+def report_folder(out: Path) -> Path:
+    """Make the report folder (and its parents); a clear error where that cannot be done."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"--out {out}: a file of that name is in the way; accepted a folder "
+                          "path (it is created if missing)") from None
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the report folder "
+                          f"({exc.strerror or exc}); accepted a folder you can write") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: the folder is not writable; accepted a folder you can "
+                          "write")
+    return out
 
 
 def _choice(name: str, value: str, accepted: tuple[str, ...]) -> None:

@@ -91,7 +91,7 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     """Run one plan's jobs to the end (or until stopped); return its record and any interrupt."""
     mps_pipe, mps_log = ctx.mps_paths() if plan.mps else (None, None)
     concurrent = min(plan.n, plan.parallel)
-    threads = None if plan.mode == "greedy" else threads_for(ctx.cfg, concurrent)
+    threads = None if plan.mode == "greedy" else plan.threads or threads_for(ctx.cfg, concurrent)
     env = job_env(mode=plan.mode, claim_bytes=plan.claim_bytes, threads=threads,
                   ledger=ctx.ledger, device_uuid=ctx.device_uuid, simulated=ctx.simulated,
                   mps_pipe=mps_pipe, mps_log=mps_log, wait=ctx.cfg.wait)

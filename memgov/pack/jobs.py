@@ -1,8 +1,8 @@
 """One packed job: its process, its JSON-lines reports read live, and why it ended.
 
-Reports arrive on stdout (one JSON object per line, key "event": start, epoch, done, error; see
-experiments/mnist/README.md). Each is stamped with its arrival time and handed to the engine's
-queue at once. stderr goes to a log file, whose tail is kept for the report.
+Reports arrive on stdout (one JSON object per line, key "event": start, progress, epoch, done,
+error; see experiments/mnist/README.md). Each is stamped with its arrival time and handed to the
+engine's queue at once. stderr goes to a log file, whose tail is kept for the report.
 """
 
 from __future__ import annotations

@@ -11,12 +11,21 @@
     epochs = 5
     batch = 32
 
+    [cpu]                           # optional: what --device cpu runs unless told otherwise
+    epochs = 2                      # instead of [defaults] epochs, when --epochs is not given
+    args = ["--limit", "1000"]      # trainer arguments, when none are given after --
+
     [frameworks.torch]              # one table per framework
     command = ["{python}", "train_torch.py", "--epochs", "{epochs}", "--batch", "{batch}",
                "--device", "{device}"]
     env = { SOME_VAR = "value" }    # optional, added to the job's environment
 
 Commands run with the manifest's folder as working directory.
+
+Bundled experiments (``memgov pack mnist``): the experiments/ folders of the repository ship in the
+wheel as ``memgov/experiments/<name>/``; a name that is not an existing path is looked up there (or,
+in a checkout, in the repository's experiments/). A folder of that name in the working directory
+wins over the bundled one.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ REPORTS = ("jsonl-stdout",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _FIELD = re.compile(r"\{([^{}]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TOP = {"experiment", "defaults", "frameworks"}
+_TOP = {"experiment", "defaults", "cpu", "frameworks"}
 _EXPERIMENT_KEYS = {"name", "description", "samples_per_epoch", "report", "rogue_args"}
 _FRAMEWORK_KEYS = {"command", "env"}
 
@@ -72,6 +81,8 @@ class Manifest:
     batch: int | None
     frameworks: dict[str, Framework]
     rogue_args: tuple[str, ...] = DEFAULT_ROGUE
+    cpu_epochs: int | None = None
+    cpu_args: tuple[str, ...] = ()
 
     def uses(self, framework: str, placeholder: str) -> bool:
         return any(placeholder in _FIELD.findall(a) for a in self.framework(framework).command)
@@ -96,15 +107,31 @@ class Manifest:
                 for arg in self.framework(framework).command]
 
 
+def bundled() -> dict[str, Path]:
+    """The experiments shipped with memgov, by name -> folder.
+
+    A wheel installs them as memgov/experiments/<name>; a checkout (editable install) has them in
+    the repository's experiments/ beside the memgov package."""
+    package = Path(__file__).resolve().parents[1]
+    for root in (package / "experiments", package.parent / "experiments"):
+        found = {p.parent.name: p.parent for p in sorted(root.glob(f"*/{FILE}"))}
+        if found:
+            return found
+    return {}
+
+
 def locate(target: str | Path) -> Path:
-    """The manifest file of an experiment folder (or the file itself)."""
+    """The manifest file of an experiment folder (or the file itself, or a bundled name)."""
     path = Path(target).expanduser()
+    if not path.exists() and len(path.parts) == 1 and str(target) in bundled():
+        path = bundled()[str(target)]
     if path.is_dir():
         path = path / FILE
     if not path.is_file():
+        names = ", ".join(bundled()) or "none installed"
         raise ManifestError(
-            f"{target}: not an experiment; accepted a folder containing {FILE} or the path of "
-            f"such a file (e.g. experiments/mnist)"
+            f"{target}: not an experiment; accepted a folder containing {FILE}, the path of "
+            f"such a file, or the name of a bundled experiment ({names})"
         )
     return path.resolve()
 
@@ -157,6 +184,15 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
     for key in ("epochs", "batch"):
         if key in defaults and not _positive_int(defaults[key]):
             raise fail(f"[defaults] {key} = {defaults[key]!r}: accepted a whole number >= 1")
+    cpu = data.get("cpu", {})
+    if not isinstance(cpu, dict):
+        raise fail("[cpu] must be a table")
+    _no_unknown(cpu, {"epochs", "args"}, "[cpu]", fail)
+    if "epochs" in cpu and not _positive_int(cpu["epochs"]):
+        raise fail(f"[cpu] epochs = {cpu['epochs']!r}: accepted a whole number >= 1")
+    cpu_args = cpu.get("args", [])
+    if not isinstance(cpu_args, list) or not all(isinstance(a, str) for a in cpu_args):
+        raise fail(f"[cpu] args = {cpu_args!r}: accepted a list of strings")
     tables = data.get("frameworks")
     if not isinstance(tables, dict) or not tables:
         raise fail("missing [frameworks.<name>] tables, e.g. [frameworks.torch] with "
@@ -166,6 +202,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
         path=path, folder=path.parent, name=name, description=description,
         samples_per_epoch=samples, report=report, epochs=defaults.get("epochs"),
         batch=defaults.get("batch"), frameworks=frameworks, rogue_args=tuple(rogue),
+        cpu_epochs=cpu.get("epochs"), cpu_args=tuple(cpu_args),
     )
 
 

@@ -25,6 +25,9 @@ from memgov.pack.config import (
     GiB,
     PackConfig,
     base_env,
+    cores,
+    report_folder,
+    threads_for,
 )
 
 
@@ -42,6 +45,8 @@ class RunPlan:
     rogue: tuple[int, int] | None = None
     held_by: str | None = None
     """The limit that keeps ``parallel`` below ``n`` (mps_clients, contexts), or None."""
+    threads: int | None = None
+    """CPU threads per job when fixed by the plan (a CPU pack's solo job), else decided per run."""
 
     def rogue_mib(self, index: int) -> int:
         """The last K jobs of a main run are the rogue ones."""
@@ -99,11 +104,50 @@ class Context:
     def base_env(self, mode: str) -> dict[str, str]:
         return base_env(mode)
 
+    @property
+    def cpu_defaults(self) -> dict[str, Any] | None:
+        """The manifest's small CPU run, where it applied (--device cpu, not overridden)."""
+        man = self.manifest
+        used_epochs = self.cpu and self.cfg.epochs is None and man.cpu_epochs is not None
+        used_args = self.cpu and not self.cfg.trainer_args and bool(man.cpu_args)
+        if not (used_epochs or used_args):
+            return None
+        return {"epochs": man.cpu_epochs if used_epochs else None,
+                "args": list(man.cpu_args) if used_args else None}
+
+    def notes(self) -> list[str]:
+        """Caveats a reader of the figures needs, printed under the table and kept in the report."""
+        notes = []
+        defaults = self.cpu_defaults
+        if defaults is not None:
+            used = []
+            if defaults["epochs"] is not None:
+                used.append(f"--epochs {defaults['epochs']}")
+            if defaults["args"]:
+                used.append("-- " + " ".join(defaults["args"]))
+            notes.append(f"a small CPU run by default ({' '.join(used)}, from {self.manifest.path}"
+                         " [cpu]); scale it with --epochs N and trainer arguments after --")
+        if self.cpu and any(p.role == "solo" for p in self.plans):
+            busiest = max((p.parallel for p in self.plans if p.role == "main"), default=1)
+            threads = threads_for(self.cfg, busiest)
+            notes.append(
+                f"CPU: every job shares this machine's {cores()} core(s) and the solo job ran with"
+                f" the {threads} thread(s) of one packed job, so 'x one job' says how the jobs "
+                f"share the cores (at most about {max(1, cores() // threads)}x here), not how "
+                "they would pack on a GPU")
+        return notes
+
+    @property
+    def trainer_args(self) -> list[str]:
+        if self.cpu and not self.cfg.trainer_args:
+            return list(self.manifest.cpu_args)
+        return list(self.cfg.trainer_args)
+
     def argv(self, plan: RunPlan, index: int) -> list[str]:
         python = self.runner.python_in_job or self.cfg.python
         argv = self.manifest.command(self.cfg.framework, python=python, epochs=self.epochs,
                                      batch=self.batch, device="cpu" if self.cpu else "gpu")
-        argv += [*self.cfg.trainer_args, *plan.extra_args]
+        argv += [*self.trainer_args, *plan.extra_args]
         size = plan.rogue_mib(index)
         return argv + (self.manifest.rogue(size) if size else [])
 
@@ -130,13 +174,13 @@ def prepare(cfg: PackConfig) -> Context:
     cfg.check()
     man = manifest.load(cfg.experiment)
     man.framework(cfg.framework)
-    epochs = cfg.epochs or man.epochs
+    cpu = cfg.device == "cpu"
+    epochs = cfg.epochs or (man.cpu_epochs if cpu else None) or man.epochs
     batch = cfg.batch or man.batch
     for name, value in (("epochs", epochs), ("batch", batch)):
         if value is None and man.uses(cfg.framework, name):
             raise ConfigError(f"--{name}: {man.path} has no [defaults] {name}; pass --{name} N")
     ledger = _config.ledger_dir()
-    cpu = cfg.device == "cpu"
     sizes = cfg.sweep or [cfg.n]
     device, simulated = _device(cfg, cpu)
     claim_bytes, claim_source = _claim(cfg, man.name, batch or 0, device)
@@ -165,8 +209,7 @@ def prepare(cfg: PackConfig) -> Context:
         from memgov._ledger import DeviceLedger
 
         snap = DeviceLedger(device).snapshot()
-    out = cfg.out or _default_out(man.name, cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_folder(cfg.out or _default_out(man.name, cfg))
     ctx = Context(
         cfg=cfg, manifest=man, runner=runner, device=device, cpu=cpu,
         simulated=simulated if cpu else None, ledger=ledger, out=out.resolve(),

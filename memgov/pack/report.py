@@ -189,7 +189,7 @@ def failures(report: dict[str, Any]) -> list[str]:
     for run in report["runs"]:
         for job in run["jobs"]:
             if job["status"] != "ok":
-                detail = (job["detail"] or "").splitlines()[0][:160] if job["detail"] else ""
+                detail = " ".join(x.strip() for x in (job["detail"] or "").splitlines())
                 lines.append(f"{run['label']} {job['label']}: {job['reason']}: {detail}")
     return lines
 

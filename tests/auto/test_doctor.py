@@ -18,7 +18,7 @@ def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_doctor_json(env):
-    env.update(CUDA_DEVICE_MEMORY_LIMIT="4g", GPU_MEMORY_LIMIT="8")
+    env.update(CUDA_DEVICE_MEMORY_LIMIT="4g", NVIDIA_GPU_MEMORY_LIMIT="8")
     result = doctor(env, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

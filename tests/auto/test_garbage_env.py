@@ -10,20 +10,22 @@ GARBAGE = [
     ("MEMGOV_WAIT", "soon", "MEMGOV_WAIT='soon': accepted seconds"),
     ("MEMGOV_DIR", "relative/ledger", "MEMGOV_DIR='relative/ledger' must be an absolute path"),
     ("MEMGOV_THREADS", "many", "MEMGOV_THREADS='many': accepted a whole number"),
-    ("MEMGOV_DEVICE", "7", "MEMGOV_DEVICE='7': device=7: this process sees 1 GPU(s)"),
+    ("MEMGOV_DEVICE", "7", "MEMGOV_DEVICE='7': device='7': this process sees 1 GPU(s)"),
     ("MEMGOV_QUIET", "maybe", "MEMGOV_QUIET='maybe': accepted 1/true/yes/on"),
     ("MEMGOV_DEVICES", "sim0", "MEMGOV_DEVICES item 'sim0' is not valid; MEMGOV_DEVICES: accepted"),
     ("MEMGOV_RESERVE", "plenty", "MEMGOV_RESERVE: cannot read 'plenty' as a size; accepted"),
     ("CUDA_DEVICE_MEMORY_LIMIT", "4 gigs", "HAMi CUDA_DEVICE_MEMORY_LIMIT='4 gigs': accepted"),
     ("CUDA_DEVICE_MEMORY_LIMIT_0", "-1", "HAMi CUDA_DEVICE_MEMORY_LIMIT_0='-1': accepted"),
     ("ALIYUN_COM_GPU_MEM_CONTAINER", "half", "ALIYUN_COM_GPU_MEM_CONTAINER='half': accepted"),
-    ("GPU_MEMORY_LIMIT", "big", "KAI scheduler GPU_MEMORY_LIMIT: cannot read 'big' as a size"),
-    ("GPU_MEMORY_LIMIT", "8", "KAI scheduler GPU_MEMORY_LIMIT='8' is 8 bytes, below 64 MiB"),
+    ("GPU_PORTION", "big", "KAI scheduler GPU_PORTION='big': accepted the share of one GPU"),
+    ("NVIDIA_GPU_MEMORY_LIMIT", "8Gi", "NVIDIA_GPU_MEMORY_LIMIT='8Gi': accepted a whole number"),
+    ("NVIDIA_GPU_MEMORY_REQUEST", "8", "NVIDIA_GPU_MEMORY_REQUEST='8' (request, its soft limit) "
+     "is 8388608 bytes, below 64 MiB"),
     ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "2G", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT='2G': item '2G'"),
     ("SLURM_SHARDS_ON_NODE", "some", "Slurm SLURM_SHARDS_ON_NODE='some': accepted a whole number"),
     ("SLURM_SHARDS_ON_NODE", "4", "set MEMGOV_SHARD_SIZE (e.g. MEMGOV_SHARD_SIZE=4GiB)"),
 ]
-SCHEDULER = ("CUDA_", "ALIYUN", "GPU_", "SLURM")
+SCHEDULER = ("CUDA_", "ALIYUN", "GPU_", "NVIDIA_GPU_", "SLURM")
 
 PROGRAM = "import jax\nprint('survived')"
 

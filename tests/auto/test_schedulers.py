@@ -53,9 +53,54 @@ def test_aliyun_without_device_total_assumes_gib():
     assert budget.bytes == 3 * GIB and "GiB assumed" in budget.source
 
 
-def test_kai_bytes():
-    budget = one({"GPU_MEMORY_LIMIT": str(5 * GIB)})
-    assert (budget.bytes, budget.enforced) == (5 * GIB, False)
+def test_kai_portion_of_the_real_total():
+    # KAI's binder writes the pod's share of one GPU as "%.2f" into GPU_PORTION.
+    budget = one({"GPU_PORTION": "0.25"})
+    assert (budget.bytes, budget.enforced, budget.variable) == (TOTAL // 4, False, "GPU_PORTION")
+    old = one({"RUNAI_NUM_OF_GPUS": "0.50"})  # KAI's deprecated name for the same value
+    assert old.bytes == TOTAL // 2 and "RUNAI_NUM_OF_GPUS='0.50'" in old.source
+    assert read(TOTAL, 0, {"GPU_PORTION": "1"}).budgets == []  # whole GPUs: no memory budget
+    assert read(TOTAL, 0, {"GPU_PORTION": "2.00"}).budgets == []
+    both = one({"GPU_PORTION": "0.25", "RUNAI_NUM_OF_GPUS": "0.75"})
+    assert both.variable == "GPU_PORTION"
+
+
+def test_gpu_memory_limit_is_not_kais_and_is_not_read():
+    assert read(TOTAL, 0, {"GPU_MEMORY_LIMIT": str(5 * GIB)}).budgets == []
+
+
+@pytest.mark.parametrize("plural", ["", "S"])
+def test_container_toolkit_limit_is_enforced_mib(plural):
+    budget = one({f"NVIDIA_GPU_MEMORY_LIMIT{plural}": "4096"})
+    assert (budget.limit, budget.enforced) == (4 * GIB, True)
+    assert budget.bytes == below_enforced(4 * GIB)
+    assert "hard limit" in budget.source
+
+
+def test_container_toolkit_request_is_the_budget_when_set():
+    env = {"NVIDIA_GPU_MEMORY_REQUEST": "2048", "NVIDIA_GPU_MEMORY_LIMIT": "4096"}
+    reading = read(TOTAL, 0, env)
+    assert reading.problems == [] and len(reading.budgets) == 2
+    assert reading.chosen is not None and reading.chosen.variable == "NVIDIA_GPU_MEMORY_REQUEST"
+    assert (reading.chosen.bytes, reading.chosen.enforced) == (2 * GIB, False)
+    # The plural wins over the singular, as in the toolkit's hook.
+    env = {"NVIDIA_GPU_MEMORY_LIMITS": "1024", "NVIDIA_GPU_MEMORY_LIMIT": "4096"}
+    assert one(env).limit == GIB
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "text"),
+    [
+        ("GPU_PORTION", "half", "KAI scheduler GPU_PORTION='half': accepted the share of one GPU"),
+        ("GPU_PORTION", "0", "accepted the share of one GPU, a number above 0"),
+        ("GPU_PORTION", "nan", "accepted the share of one GPU"),
+        ("NVIDIA_GPU_MEMORY_LIMIT", "4Gi", "NVIDIA_GPU_MEMORY_LIMIT='4Gi': accepted a whole"),
+        ("NVIDIA_GPU_MEMORY_REQUESTS", "-1", "accepted a whole number of MiB"),
+    ],
+)
+def test_new_scheduler_garbage_is_a_problem(var, raw, text):
+    reading = read(TOTAL, 0, {var: raw})
+    assert reading.budgets == [] and text in reading.problems[0]
 
 
 def test_mps_entry_of_our_device():
@@ -74,10 +119,10 @@ def test_slurm_shards_times_site_size():
 
 
 def test_smallest_budget_is_chosen_and_capped_at_the_device():
-    env = {"GPU_MEMORY_LIMIT": str(6 * GIB), "CUDA_DEVICE_MEMORY_LIMIT": "4g"}
+    env = {"NVIDIA_GPU_MEMORY_REQUEST": str(6 * 1024), "CUDA_DEVICE_MEMORY_LIMIT": "4g"}
     reading = read(TOTAL, 0, env)
     assert reading.chosen is not None and reading.chosen.variable == "CUDA_DEVICE_MEMORY_LIMIT"
-    big = one({"GPU_MEMORY_LIMIT": str(200 * GIB)})
+    big = one({"NVIDIA_GPU_MEMORY_REQUEST": str(200 * 1024)})
     assert big.bytes == TOTAL and "more than the device" in big.source
 
 
@@ -87,6 +132,6 @@ def test_nothing_set_is_no_budget():
 
 
 def test_unit_mistakes_are_refused():
-    reading = read(TOTAL, 0, {"GPU_MEMORY_LIMIT": "8"})
+    reading = read(TOTAL, 0, {"CUDA_DEVICE_MEMORY_LIMIT": "8"})
     assert reading.budgets == [] and "unit mistake" in reading.problems[0]
     assert _schedulers.MIN_LIMIT == 64 * MIB

@@ -95,6 +95,9 @@ def three(monkeypatch: pytest.MonkeyPatch) -> None:
         ("oth", ["other"]),  # a unique prefix
         ("auto", ["sim-a", "sim-b", "other"]),
         (" AUTO ", ["sim-a", "sim-b", "other"]),
+        ("cuda:1", ["sim-b"]),  # as torch and JAX write it (docs: an index as frameworks count)
+        ("CUDA:2", ["other"]),
+        ("cuda", ["sim-a"]),  # torch's "cuda": its current device, the first
     ],
 )
 def test_device_selection(selector: int | str | None, expected: list[str]) -> None:
@@ -106,6 +109,8 @@ def test_device_selection(selector: int | str | None, expected: list[str]) -> No
     ("selector", "error", "text"),
     [
         (3, memgov.NoDeviceError, "sees 3 GPU(s), indices 0..2"),
+        ("cuda:3", memgov.NoDeviceError, "device='cuda:3': this process sees 3 GPU(s)"),
+        ("banana", memgov.NoDeviceError, 'an index as frameworks count ("1" or "cuda:1")'),
         (-1, memgov.NoDeviceError, "indices 0..2"),
         ("sim", memgov.NoDeviceError, "matches several visible GPU"),
         ("nope", memgov.NoDeviceError, "matches no visible GPU"),

@@ -1,5 +1,6 @@
-"""One user against another, for each class of hostile case (docs/ledger.md). Every case must end in no over-commit,
-no hang past a documented bound, no crash, and a clear error or a reported-and-skipped file."""
+"""One user against another, for each class of hostile case (docs/ledger.md). Every case must
+end in no over-commit, no hang past a documented bound, no crash, and a clear error or a
+reported-and-skipped file."""
 
 from __future__ import annotations
 

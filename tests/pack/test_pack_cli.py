@@ -46,10 +46,11 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
         assert run["capacity"]["jobs_fit"]["gpu_memory_by_claim"] >= 2
         assert not [k for k in run if k.startswith("_")]
     assert data["solo"]["n"] == 1 and data["speedup"] is not None
-    # Fast by default: each of the 2 jobs gets half the cores; the solo job gets them all.
+    # Fast by default: each of the 2 jobs gets half the cores; on CPU the solo job gets the same
+    # (a fair reference: with every core it ran slower than a packed job, docs/pack.md).
     cores = len(os.sched_getaffinity(0))
     assert data["threads_per_job"] == max(1, cores // 2)
-    assert data["solo"]["threads_per_job"] == cores
+    assert data["solo"]["threads_per_job"] == max(1, cores // 2)
     for job in data["jobs"]:
         assert job["status"] == "ok" and job["reason"] is None and job["exit_code"] == 0
         assert job["epochs_done"] == 1 and len(job["epoch_s"]) == 1 and job["samples"] == 256

@@ -135,13 +135,17 @@ def test_thread_and_trigger_names_match_the_core() -> None:
 def test_greedy_jobs_get_framework_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in (("MEMGOV_CLAIM", "2GiB"), ("OMP_NUM_THREADS", "3"),
                         ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
-                        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G"), ("MEMGOV_DATA_CACHE", "/c")):
+                        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G"), ("MEMGOV_DATA_CACHE", "/c"),
+                        ("PYTORCH_ALLOC_CONF", "per_process_memory_fraction:0.1"),
+                        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+                        ("GPU_PORTION", "0.5"), ("NVIDIA_GPU_MEMORY_LIMIT", "2048")):
         monkeypatch.setenv(name, value)
     env = {**config.base_env("greedy"), **config.job_env(
         mode="greedy", claim_bytes=None, threads=None, ledger=Path("/l"), device_uuid="GPU-1",
         simulated=None, mps_pipe=None, mps_log=None, wait=None)}
     for gone in ("MEMGOV_CLAIM", "OMP_NUM_THREADS", "XLA_PYTHON_CLIENT_PREALLOCATE",
-                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "MEMGOV_THREADS"):
+                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "MEMGOV_THREADS", "PYTORCH_ALLOC_CONF",
+                 "PYTORCH_CUDA_ALLOC_CONF", "GPU_PORTION", "NVIDIA_GPU_MEMORY_LIMIT"):
         assert gone not in env
     assert not _autoenable.triggered(env)  # auto-enable stays asleep in a greedy job
     assert env["MEMGOV_DATA_CACHE"] == "/c" and env["CUDA_VISIBLE_DEVICES"] == "GPU-1"

@@ -1,0 +1,54 @@
+"""A new user's first commands on a machine without a GPU: status, devices and doctor say how to
+go on (simulated GPUs), and `memgov --version` answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from memgov import _nvml
+
+MEMGOV = [sys.executable, "-m", "memgov"]
+HINT = 'simulate some to try memgov: MEMGOV_DEVICES="sim0:16GiB" memgov status'
+
+
+def memgov(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MEMGOV, *argv], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def no_gpu(env: dict[str, str]) -> dict[str, str]:
+    if _nvml.unavailable_reason() is None:
+        pytest.skip("this machine has working NVML (a GPU): the no-GPU hints do not apply")
+    del env["MEMGOV_DEVICES"]
+    return env
+
+
+@pytest.mark.parametrize("command", ["status", "devices", "doctor"])
+def test_no_gpu_commands_point_at_simulated_devices(no_gpu, command):
+    result = memgov(no_gpu, command)
+    assert result.returncode == 0, result.stderr
+    assert HINT in result.stdout
+    assert f"NVML: {_nvml.unavailable_reason()}" in result.stdout
+
+
+def test_no_gpu_json_stays_json(no_gpu):
+    result = memgov(no_gpu, "status", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == {"devices": []}
+
+
+def test_simulated_devices_need_no_hint(env):
+    for command in ("status", "devices", "doctor"):
+        result = memgov(env, command)
+        assert result.returncode == 0 and HINT not in result.stdout, command
+
+
+def test_version(env):
+    import memgov as package
+
+    result = memgov(env, "--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"memgov {package.__version__} (pip: memgov-gpu; ")
