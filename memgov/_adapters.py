@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Protocol, runtime_checkable
 
-from memgov import _importhook, _threads
+from memgov import _importhook
 
 GROUP = "memgov.adapters"
 log = logging.getLogger("memgov")
@@ -34,7 +34,8 @@ class Budget:
     simulated: bool
     name: str
     threads: int | None = None
-    """CPU threads this process may use (MEMGOV_THREADS or memgov pack); None = leave as is."""
+    """CPU threads this process may use now (memgov/_threads.py decides, before govern());
+    None = leave the thread pools as they are."""
     hard: bool = False
     """True when the GPU driver also enforces ``bytes`` (MPS pinned limit)."""
 
@@ -93,9 +94,6 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
 
     ``reports`` receives one line per adapter as it takes effect (a claim shows it).
     """
-    threads = _threads.apply_env(budget.threads)  # once for all frameworks, before any loads
-    if threads:
-        reports["threads"] = threads
     for adapter in available():
         note = adapter.configure_env(budget)
         if note:

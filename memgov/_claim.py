@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _adapters, _devices, _enforce
-from memgov._errors import BudgetExceeded, ConfigError, MemgovError
+from memgov import _adapters, _devices, _enforce, _threads
+from memgov._errors import BudgetExceeded, MemgovError
 from memgov._ledger import DeviceLedger, Snapshot, record_payload
 from memgov._records import Held
 from memgov._sizes import format_size, parse_size
@@ -104,7 +104,7 @@ def claim(
     global _current
     wait_s = _check_wait(wait)
     label = _check_name(name)
-    threads = _threads()  # every setting is checked before admission: an error must hold nothing
+    _threads.setting()  # every setting is checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
     with _state_lock:
         if _current is not None:
@@ -134,6 +134,14 @@ def claim(
             raise
         _current = result
         os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
+    try:
+        threads = _threads.govern(holder=f"{chosen.uuid}/{held.name}")
+    except BaseException:
+        result.release()
+        _enforce.restore(touched)
+        raise
+    if _threads.report(threads):
+        result.reports["threads"] = str(_threads.report(threads))
     budget = _adapters.Budget(
         bytes=result.bytes,
         device_uuid=chosen.uuid,
@@ -141,7 +149,7 @@ def claim(
         device_index=result.index,
         simulated=chosen.simulated,
         name=label,
-        threads=threads,
+        threads=threads.threads,
         hard=result.mode == "hard",
     )
     try:
@@ -327,15 +335,6 @@ def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > 128 or not name.isprintable():
         raise ValueError(f"name={name!r}: accepted a printable string of 1 to 128 characters")
     return name
-
-
-def _threads() -> int | None:
-    raw = os.environ.get("MEMGOV_THREADS", "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"MEMGOV_THREADS={raw!r}: accepted a whole number of CPU threads >= 1")
-    return int(raw)
 
 
 def _forget_in_child() -> None:

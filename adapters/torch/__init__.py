@@ -40,14 +40,7 @@ class TorchAdapter:
     def apply(self, budget: Budget) -> str:
         import torch
 
-        notes = []
-        if budget.threads:
-            torch.set_num_threads(budget.threads)
-            notes.append(f"{budget.threads} CPU thread(s)")
-            try:
-                torch.set_num_interop_threads(budget.threads)
-            except RuntimeError:  # fixed once torch has run parallel work, or set already
-                notes.append("inter-op threads already fixed, left as they are")
+        notes = _threads(torch, budget.threads) if budget.threads else []
         if budget.bytes is None:
             return "torch: " + ", ".join([*notes, "no cap (growth only: torch never preallocates)"])
         if budget.simulated or budget.device_index is None:
@@ -60,6 +53,44 @@ class TorchAdapter:
         return "torch: " + ", ".join(
             [*notes, f"allocator cap from {format_size(budget.bytes)} when CUDA initialises"]
         )
+
+
+def _threads(torch: Any, threads: int) -> list[str]:
+    """Apply the thread budget, unless the user set torch's threads before the claim; follow
+    the share as neighbours come and go, until the user sets torch's threads themselves."""
+    from memgov import _threads as threads_budget
+
+    current = torch.get_num_threads()
+    if "torch" in threads_budget.preloaded() and current < _default_threads(torch):
+        return [f"torch.set_num_threads({current}) set before the claim: kept"]
+    torch.set_num_threads(threads)
+    _state["threads"] = threads
+    notes = [f"{threads} CPU thread(s)"]
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # fixed once torch has run parallel work, or set already
+        notes.append("inter-op threads already fixed, left as they are")
+
+    def follow(wanted: int) -> bool:
+        # Runs on the main thread (torch's OpenMP thread count is per thread).
+        if torch.get_num_threads() != _state.get("threads"):
+            return False  # the user called torch.set_num_threads: theirs from now on
+        torch.set_num_threads(wanted)
+        _state["threads"] = wanted
+        return True
+
+    threads_budget.on_change(follow)
+    return notes
+
+
+def _default_threads(torch: Any) -> int:
+    """What torch picks with no setting: the affinity mask's size, or the physical cores (MKL
+    builds). A smaller count was set by someone (OMP_NUM_THREADS is handled before this)."""
+    import psutil
+
+    cpus = len(os.sched_getaffinity(0))
+    physical = psutil.cpu_count(logical=False) or cpus
+    return min(cpus, physical)
 
 
 def _cap(budget: Budget) -> str:
