@@ -109,7 +109,10 @@ class Budget:
 
 _lock = threading.RLock()
 _state: dict[str, object] = {}
-_callbacks: list[Callable[[int], bool]] = []
+Follower = Callable[[int], "tuple[int, str] | None"]
+"""Applies a new share on the main thread; returns None, or (threads, why) when the user has
+set the framework's threads themselves (following stops then)."""
+_callbacks: list[Follower] = []
 
 
 def current() -> Budget | None:
@@ -202,11 +205,16 @@ def report(budget: Budget) -> str | None:
     return f"{budget.threads} CPU thread(s) ({budget.why}{follow})"
 
 
-def on_change(callback: Callable[[int], bool]) -> None:
-    """Run ``callback(threads)`` on the main thread whenever the followed share changes; it
-    returns False to stop being called (e.g. the user set the framework's threads themselves)."""
+def on_change(callback: Follower) -> None:
+    """Run ``callback(threads)`` on the main thread whenever the followed share changes."""
     with _lock:
         _callbacks.append(callback)
+
+
+def now(default: int | None) -> int | None:
+    """The thread count to apply now (the share may have moved since the claim)."""
+    budget = current()
+    return budget.threads if budget is not None and budget.threads else default
 
 
 # -- following ----------------------------------------------------------------------------------
@@ -286,18 +294,23 @@ def _apply_wanted() -> None:
         return
     with _lock:
         callbacks = list(_callbacks)
-    keep = []
+    taken: tuple[int, str] | None = None
     for callback in callbacks:
         try:
-            if callback(wanted):
-                keep.append(callback)
+            taken = callback(wanted) or taken
         except Exception:
             continue
-    with _lock:
-        _callbacks[:] = [c for c in _callbacks if c in keep or c not in callbacks]
-        if not _callbacks:
-            budget.follow = False  # nothing left to follow (the user took over)
     budget.threads = wanted
+    if taken is None:
+        return
+    # The user set the framework's threads: theirs from now on, and neighbours see it.
+    budget.follow, budget.threads, budget.source = False, taken[0], "user"
+    budget.why = f"{taken[1]}: memgov follows the share no more"
+    budget.history.append(f"{taken[0]} set by the user")
+    reg = _state.get("registration")
+    if isinstance(reg, _cpushare.Registration):
+        with contextlib.suppress(Exception):
+            reg.update(threads=taken[0], source="user")
 
 
 def _forget_in_child() -> None:

@@ -63,6 +63,7 @@ def _threads(torch: Any, threads: int) -> list[str]:
     current = torch.get_num_threads()
     if "torch" in threads_budget.preloaded() and current < _default_threads(torch):
         return [f"torch.set_num_threads({current}) set before the claim: kept"]
+    threads = threads_budget.now(threads) or threads  # the share may have moved since the claim
     torch.set_num_threads(threads)
     _state["threads"] = threads
     notes = [f"{threads} CPU thread(s)"]
@@ -71,13 +72,14 @@ def _threads(torch: Any, threads: int) -> list[str]:
     except RuntimeError:  # fixed once torch has run parallel work, or set already
         notes.append("inter-op threads already fixed, left as they are")
 
-    def follow(wanted: int) -> bool:
+    def follow(wanted: int) -> tuple[int, str] | None:
         # Runs on the main thread (torch's OpenMP thread count is per thread).
-        if torch.get_num_threads() != _state.get("threads"):
-            return False  # the user called torch.set_num_threads: theirs from now on
+        mine = torch.get_num_threads()
+        if mine != _state.get("threads"):  # the user called torch.set_num_threads
+            return mine, f"torch.set_num_threads({mine}) by the user after the claim"
         torch.set_num_threads(wanted)
         _state["threads"] = wanted
-        return True
+        return None
 
     threads_budget.on_change(follow)
     return notes
