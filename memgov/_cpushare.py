@@ -48,6 +48,7 @@ class Peer:
     threads: int | None
     source: str
     holder: str
+    why: str = ""
 
 
 class Registration:
@@ -77,7 +78,9 @@ class Registration:
             os.close(self.held.fd)
 
 
-def register(usable: Usable, threads: int | None, source: str, holder: str) -> Registration:
+def register(
+    usable: Usable, threads: int | None, source: str, holder: str, why: str = ""
+) -> Registration:
     payload = {
         "version": 1,
         "kind": "cpu",
@@ -89,6 +92,7 @@ def register(usable: Usable, threads: int | None, source: str, holder: str) -> R
         "threads": threads,
         "source": source,
         "holder": holder,
+        "why": why,
     }
     root = _config.ledger_dir()
     with _records.open_dir(root, PARTS, create=True) as fd:
@@ -182,6 +186,7 @@ def _peer(name: str, data: dict[str, Any] | None) -> Peer | None:
         threads=threads if isinstance(threads, int) and not isinstance(threads, bool) else None,
         source=str(data.get("source", "")),
         holder=str(data.get("holder", "")),
+        why=str(data.get("why", "")),
     )
 
 

@@ -11,8 +11,9 @@ from memgov._sizes import format_size
 
 def status_table(data: dict[str, Any]) -> Table:
     table = Table(title="memgov status", show_lines=False)
-    for column in ("GPU", "claim", "pid", "budget", "use", "mode"):
-        table.add_column(column, justify="right" if column in ("budget", "use", "pid") else "left")
+    for column in ("GPU", "claim", "pid", "budget", "use", "mode", "threads"):
+        right = column in ("budget", "use", "pid", "threads")
+        table.add_column(column, justify="right" if right else "left")
     for dev in data["devices"]:
         head = (
             f"[bold]{dev['index']}[/] {dev['name']}\n{dev['uuid']}\n"
@@ -20,7 +21,7 @@ def status_table(data: dict[str, Any]) -> Table:
             f"claimed {format_size(dev['claimed'])}  [green]free {format_size(dev['free'])}[/]"
         )
         if not dev["claims"]:
-            table.add_row(head, "[dim](no claims)[/]", "", "", "", "")
+            table.add_row(head, "[dim](no claims)[/]", "", "", "", "", "")
         for i, c in enumerate(dev["claims"]):
             table.add_row(
                 head if i == 0 else "",
@@ -29,12 +30,13 @@ def status_table(data: dict[str, Any]) -> Table:
                 format_size(c["bytes"]),
                 format_size(c["use"]),
                 c["mode"],
+                "-" if c.get("threads") is None else str(c["threads"]),
             )
         for q in dev["queue"]:
             table.add_row("", f"[yellow]waiting[/] {q['name']}", str(q["pid"]),
-                          format_size(q["bytes"]), "", "queued")
+                          format_size(q["bytes"]), "", "queued", "")
         for p in dev["problems"]:
-            table.add_row("", f"[red]skipped[/] {p}", "", "", "", "")
+            table.add_row("", f"[red]skipped[/] {p}", "", "", "", "", "")
         table.add_section()
     return table
 

@@ -29,8 +29,10 @@ def device_dict(device: Device) -> dict[str, Any]:
     }
 
 
-def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
-    """Stable keys: devices[].uuid, total, used, claimed, free, claims[].name, pid, bytes."""
+def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) -> dict[str, Any]:
+    """Stable keys: devices[].uuid, total, used, claimed, free, claims[].name, pid, bytes.
+
+    ``threads``: claim holder ("<uuid>/<record>") -> its CPU threads now (memgov/_threads.py)."""
     return {
         **device_dict(snap.device),
         "claimed": snap.claimed,
@@ -48,6 +50,7 @@ def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
                 "created": c.created,
                 "id": c.id,
                 "record": c.record,
+                "threads": (threads or {}).get(f"{snap.device.uuid}/{c.record}"),
             }
             for c in snap.claims
         ],
@@ -60,4 +63,15 @@ def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
 
 
 def status() -> dict[str, Any]:
-    return {"devices": [snapshot_dict(s) for s in snapshots()]}
+    threads = claim_threads()
+    return {"devices": [snapshot_dict(s, threads) for s in snapshots()]}
+
+
+def claim_threads() -> dict[str, int | None]:
+    """Each live claim's CPU threads, from the governed processes' records (read only)."""
+    from memgov import _cpushare
+
+    try:
+        return {p.holder: p.threads for p in _cpushare.peers(clean=False) if p.holder}
+    except Exception:  # the threads column is a detail: never fail `memgov status` for it
+        return {}

@@ -30,7 +30,6 @@ after it (the follower stops then). ``MEMGOV_THREADS=off`` turns all of this off
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import sys
 import threading
@@ -153,36 +152,35 @@ def _decide(chosen: Setting, holder: str, inherited: bool) -> Budget:
     fixed = chosen.count if chosen.mode == "fixed" else None
     if fixed is None and user is not None:
         name, value = user
-        reg = _register(usable, value or None, "user", holder)
         why = f"{name}={os.environ[name]} set by the user: memgov leaves thread pools alone"
+        reg = _register(usable, value or None, "user", holder, why)
         return Budget(None, "user", why, record=reg.name if reg else None)
     if fixed is not None:
-        reg = _register(usable, fixed, "MEMGOV_THREADS", holder)
+        why = f"MEMGOV_THREADS={fixed}"
+        reg = _register(usable, fixed, "MEMGOV_THREADS", holder, why)
         _set_env(fixed)
-        return Budget(
-            fixed, "MEMGOV_THREADS", f"MEMGOV_THREADS={fixed}", record=reg.name if reg else None
-        )
+        return Budget(fixed, "MEMGOV_THREADS", why, record=reg.name if reg else None)
     reg = _register(usable, None, chosen.mode, holder)
     mine = reg.name if reg else None
     live = _cpushare.peers() if reg else []
     part = _cpushare.share(usable, live, mine)
-    if reg is not None:
-        reg.update(threads=part.threads)
     _set_env(part.threads)
     follow = chosen.mode == "auto" and reg is not None
     why = f"share: {usable.describe()}; {part.describe(usable)} -> {part.threads}"
     if chosen.mode == "once":
         why += " (MEMGOV_THREADS=once: not followed)"
+    if reg is not None:
+        reg.update(threads=part.threads, why=why)
     budget = Budget(part.threads, "share" if follow else "once", why, follow, mine)
     budget.history.append(f"{part.threads} at start ({part.neighbours} on the cores)")
     return budget
 
 
 def _register(
-    usable: _cpus.Usable, threads: int | None, source: str, holder: str
+    usable: _cpus.Usable, threads: int | None, source: str, holder: str, why: str = ""
 ) -> _cpushare.Registration | None:
     try:
-        reg = _cpushare.register(usable, threads, source, holder)
+        reg = _cpushare.register(usable, threads, source, holder, why)
     except (OSError, LedgerError) as exc:
         # No shared folder: the process still gets a thread budget, as if alone.
         _state["register_error"] = f"{type(exc).__name__}: {exc}"
@@ -217,9 +215,48 @@ def now(default: int | None) -> int | None:
     return budget.threads if budget is not None and budget.threads else default
 
 
-# -- following ----------------------------------------------------------------------------------
-_PENDING_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+def explain() -> dict[str, object]:
+    """What a governed process started here would get, and why (``memgov doctor``); reads only."""
+    info: dict[str, object] = {"MEMGOV_THREADS": os.environ.get(SETTING_ENV)}
+    try:
+        chosen = setting()
+    except ConfigError as exc:
+        info["decision"] = f"{exc} (auto mode warns and governs nothing; strict mode fails)"
+        return info
+    usable = _cpus.usable()
+    info["usable"] = {
+        "cores": sorted(usable.cpus),
+        "quota": None if usable.quota is None else {
+            "cpus": usable.quota.cpus, "source": usable.quota.source},
+        "count": usable.count,
+    }
+    try:
+        live = _cpushare.peers(clean=False)
+    except (OSError, LedgerError) as exc:
+        live = []
+        info["ledger_problem"] = f"{type(exc).__name__}: {exc}"
+    info["governed"] = [
+        {"pid": p.pid, "host": p.host, "threads": p.threads, "source": p.source,
+         "why": p.why, "claim": p.holder or None} for p in live
+    ]
+    part = _cpushare.share(usable, live, None)
+    user = user_env()
+    if chosen.mode == "off":
+        info["decision"] = "MEMGOV_THREADS=off: memgov leaves thread pools alone"
+    elif chosen.mode == "fixed":
+        info["decision"] = f"MEMGOV_THREADS={chosen.count}: {chosen.count} thread(s), fixed"
+    elif user is not None:
+        info["decision"] = f"{user[0]}={os.environ[user[0]]} set by the user: left alone"
+    else:
+        follow = "followed" if chosen.mode == "auto" else "computed once (MEMGOV_THREADS=once)"
+        info["decision"] = (
+            f"{part.threads} thread(s) for a governed process started now: {usable.describe()}; "
+            f"{part.describe(usable)} (this one included); {follow}"
+        )
+    return info
 
+
+# -- following ----------------------------------------------------------------------------------
 
 def _start_follower() -> None:
     with _lock:
@@ -252,7 +289,7 @@ def _follow(stop: threading.Event) -> None:
         if part.threads == budget.threads:
             continue
         with contextlib.suppress(Exception):
-            reg.update(threads=part.threads)
+            reg.update(threads=part.threads, why=f"share: {part.describe(usable)}, followed")
         _set_env(part.threads)
         _state["wanted"] = part.threads
         budget.history.append(f"{part.threads} ({part.neighbours} on the cores)")
@@ -268,11 +305,14 @@ def _schedule_main() -> None:
         if _state.get("scheduled") or not _callbacks:
             return
         _state["scheduled"] = True
+    import ctypes  # here, not at import: `import memgov` stays cheap
+
+    kind = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
     callback = _state.get("pending_cb")
     if callback is None:
-        callback = _state["pending_cb"] = _PENDING_TYPE(_on_main_thread)
+        callback = _state["pending_cb"] = kind(_on_main_thread)  # kept alive: C holds it
     add = ctypes.pythonapi.Py_AddPendingCall
-    add.argtypes = [_PENDING_TYPE, ctypes.c_void_p]
+    add.argtypes = [kind, ctypes.c_void_p]
     add.restype = ctypes.c_int
     if add(callback, None) != 0:  # the queue is full: try again at the next change
         _state["scheduled"] = False
@@ -310,7 +350,7 @@ def _apply_wanted() -> None:
     reg = _state.get("registration")
     if isinstance(reg, _cpushare.Registration):
         with contextlib.suppress(Exception):
-            reg.update(threads=taken[0], source="user")
+            reg.update(threads=taken[0], source="user", why=budget.why)
 
 
 def _forget_in_child() -> None:
