@@ -30,6 +30,7 @@ from typing import Any
 
 from memgov import _config, _records
 from memgov._cpus import Usable
+from memgov._errors import LedgerError
 
 PARTS = ("v1", "cpu")
 MAX_BYTES = 16 * 1024
@@ -70,7 +71,7 @@ class Registration:
         self.payload = payload
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, FileNotFoundError):
+        with contextlib.suppress(OSError, LedgerError):
             with _records.open_dir(_config.ledger_dir(), PARTS, create=False) as fd:
                 _records.release(fd, self.held)
             return
