@@ -23,12 +23,12 @@ import tempfile
 import time
 
 JOB = """
-import json, sys, time
+import json, os, sys, time
 import torch
 x = torch.randn(256, 256)
-end = time.time() + float(sys.argv[1])
+stop = sys.argv[1]
 next_report, done = 0.0, 0
-while time.time() < end:
+while not os.path.exists(stop):
     (x @ x).sum()
     done += 1
     now = time.time()
@@ -47,18 +47,19 @@ def run(mode: str, n: int, stagger: float, life: float) -> dict[str, object]:
     procs = []
     starts = []
     firsts = []
+    stop = os.path.join(ledger, "stop")
     for i in range(n):
         if i:
             time.sleep(stagger)
         starts.append(time.time())
-        # Every job ends at about the same moment: the last one runs `life` seconds.
-        own = life + (n - 1 - i) * stagger
-        proc = subprocess.Popen([sys.executable, "-c", JOB, str(own)], env=env,
+        proc = subprocess.Popen([sys.executable, "-c", JOB, stop], env=env,
                                 stdout=subprocess.PIPE, text=True)
         procs.append(proc)
         # The next one arrives `stagger` s after this one runs (start-up on a busy host varies).
         assert proc.stdout is not None
         firsts.append(proc.stdout.readline())
+    time.sleep(life)  # all run together this long, then all stop at once
+    open(stop, "w").close()
     series = []
     for first, proc in zip(firsts, procs, strict=True):
         out, _ = proc.communicate(timeout=300)
@@ -111,7 +112,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=3)
     parser.add_argument("--stagger", type=float, default=2.0)
-    parser.add_argument("--life", type=float, default=10.0)
+    parser.add_argument("--life", type=float, default=10.0,
+                        help="seconds all jobs run together after the last one arrived")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     print(f"cores {len(os.sched_getaffinity(0))}, load average at start {os.getloadavg()}")

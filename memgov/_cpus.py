@@ -14,11 +14,12 @@ child cgroup below it):
 The process's cgroup comes from /proc/self/cgroup and the mount points (with their roots: inside a
 container the mount's root is the container's own cgroup) from /proc/self/mountinfo.
 
-Why not a library: joblib/loky's ``cpu_count()`` reads only ``/sys/fs/cgroup/cpu.max`` (or the v1
-files at the mount's top), which is the container's limit inside a container with its own cgroup
-namespace, but misses a limit on the process's own cgroup anywhere else (a systemd slice, a batch
-system's job cgroup, a cgroup made for a test) and every parent's limit; psutil reads none. This
-parser is small and tested against real cgroups (tests/threads/).
+Why not a library: psutil reads no quota. joblib's vendored loky ``cpu_count()`` reads
+``/sys/fs/cgroup/cpu.max`` or the v1 files at ``/sys/fs/cgroup/cpu/`` in the releases checked
+(a newer revision also walks v2 parents, never v1 ones), so it misses a v1 quota on the
+process's own cgroup below the mount (a batch system's job cgroup, a cgroup made for a test) and
+every v1 parent, and joblib would be a whole dependency for ~100 lines. This parser is small
+and tested against real cgroups (tests/threads/).
 """
 
 from __future__ import annotations
