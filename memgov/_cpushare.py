@@ -26,6 +26,7 @@ import socket
 import stat
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from memgov import _config, _records
@@ -55,9 +56,11 @@ class Peer:
 class Registration:
     """This process's record; its lock lives as long as the process (or until :meth:`close`)."""
 
-    def __init__(self, held: _records.Held, payload: dict[str, Any]) -> None:
+    def __init__(self, held: _records.Held, payload: dict[str, Any], root: Path) -> None:
         self.held = held
         self.payload = payload
+        self.root = root
+        """The ledger folder it was made in (MEMGOV_DIR may change later in this process)."""
 
     @property
     def name(self) -> str:
@@ -66,13 +69,13 @@ class Registration:
     def update(self, **changes: Any) -> None:
         """Swap the record's content (e.g. its current thread count); the lock never drops."""
         payload = {**self.payload, **changes}
-        with _records.open_dir(_config.ledger_dir(), PARTS, create=True) as fd:
+        with _records.open_dir(self.root, PARTS, create=False) as fd:
             _records.replace(fd, self.held, payload)
         self.payload = payload
 
     def close(self) -> None:
         with contextlib.suppress(OSError, LedgerError):
-            with _records.open_dir(_config.ledger_dir(), PARTS, create=False) as fd:
+            with _records.open_dir(self.root, PARTS, create=False) as fd:
                 _records.release(fd, self.held)
             return
         with contextlib.suppress(OSError):
@@ -99,14 +102,15 @@ def register(
     with _records.open_dir(root, PARTS, create=True) as fd:
         name = f"{time.time_ns():020d}-{os.urandom(6).hex()}{_records.SUFFIX}"
         held = _records.create(fd, root.joinpath(*PARTS), name, payload)
-    return Registration(held, payload)
+    return Registration(held, payload, root)
 
 
-def peers(clean: bool = True) -> list[Peer]:
-    """Every live governed process in this ledger, in arrival order. A dead process's record is
-    removed where this user may (``clean``); a file that is not a good record is skipped."""
+def peers(clean: bool = True, root: Path | None = None) -> list[Peer]:
+    """Every live governed process in this ledger (``root``, default MEMGOV_DIR), in arrival
+    order. A dead process's record is removed where this user may (``clean``); a file that is
+    not a good record is skipped."""
     try:
-        opened = _records.open_dir(_config.ledger_dir(), PARTS, create=False)
+        opened = _records.open_dir(root or _config.ledger_dir(), PARTS, create=False)
         with opened as fd:
             return _scan(fd, clean)
     except FileNotFoundError:

@@ -163,7 +163,7 @@ def _decide(chosen: Setting, holder: str, inherited: bool) -> Budget:
         return Budget(fixed, "MEMGOV_THREADS", why, record=reg.name if reg else None)
     reg = _register(usable, None, chosen.mode, holder)
     mine = reg.name if reg else None
-    live = _cpushare.peers() if reg else []
+    live = _cpushare.peers(root=reg.root) if reg else []
     part = _cpushare.share(usable, live, mine)
     _set_env(part.threads)
     follow = chosen.mode == "auto" and reg is not None
@@ -171,7 +171,8 @@ def _decide(chosen: Setting, holder: str, inherited: bool) -> Budget:
     if chosen.mode == "once":
         why += " (MEMGOV_THREADS=once: not followed)"
     if reg is not None:
-        reg.update(threads=part.threads, why=why)
+        with contextlib.suppress(OSError, LedgerError):  # the count stands even so
+            reg.update(threads=part.threads, why=why)
     budget = Budget(part.threads, "share" if follow else "once", why, follow, mine)
     budget.history.append(f"{part.threads} at start ({part.neighbours} on the cores)")
     return budget
@@ -284,7 +285,7 @@ def _follow(stop: threading.Event) -> None:
             return
         try:
             usable = _cpus.usable()
-            part = _cpushare.share(usable, _cpushare.peers(), reg.name)
+            part = _cpushare.share(usable, _cpushare.peers(root=reg.root), reg.name)
         except Exception:  # a transient filesystem problem: keep the current share
             continue
         if part.threads == budget.threads:

@@ -242,3 +242,22 @@ def test_garbage_is_a_warning_in_auto_mode_and_an_error_in_strict_mode(env, py) 
     strict = py(code, governed(env, MEMGOV_THREADS="lots", MEMGOV_STRICT="1"))
     assert strict.returncode != 0
     assert "ConfigError: MEMGOV_THREADS='lots': accepted auto" in strict.stderr
+
+
+def test_the_record_stays_in_the_ledger_it_was_made_in(env: dict[str, str], tmp_path: Path, py):
+    """A process that points MEMGOV_DIR elsewhere after its claim (a test suite does) neither
+    moves its record nor counts the other folder's processes."""
+    other = tmp_path / "other"
+    code = (
+        "import os, time, memgov\nmemgov.claim('1GiB')\n"
+        f"os.environ['MEMGOV_DIR'] = {str(other)!r}\n"
+        "from memgov import _threads\n"
+        "time.sleep(2.5)\n"  # two rounds of following
+        "print(_threads.current().threads)"
+    )
+    with running(NEIGHBOUR, {**governed(env), "MEMGOV_DIR": str(other)}):
+        result = py(code, env)
+        in_other = list((other / "v1" / "cpu").glob("*.json"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == str(CORES)  # alone in its own ledger
+    assert len(in_other) == 1  # the neighbour's only: the record did not move there
