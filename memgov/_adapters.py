@@ -13,7 +13,7 @@ import sys
 import threading
 from importlib.metadata import entry_points
 
-from memgov import _importhook, _threads
+from memgov import _importhook
 from memgov.adapter import GROUP, Adapter, Budget, Report
 
 log = logging.getLogger("memgov")
@@ -33,7 +33,13 @@ def available() -> list[Adapter]:
     with _lock:
         if _loaded is None:
             found: list[Adapter] = []
+            seen: set[str] = set()
             for point in entry_points(group=GROUP):
+                if point.name in seen:
+                    # Stale metadata of an earlier install (e.g. the distribution's old name's
+                    # egg-info beside a checkout) lists an adapter twice: apply each once.
+                    continue
+                seen.add(point.name)
                 try:
                     adapter = point.load()()
                 except Exception as exc:  # a broken plugin must not break the claim
@@ -60,9 +66,6 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
 
     ``reports`` receives one line per adapter as it takes effect (a claim shows it).
     """
-    threads = _threads.apply_env(budget.threads)  # once for all frameworks, before any loads
-    if threads:
-        reports["threads"] = threads
     for adapter in available():
         mine = dataclasses.replace(budget, report=_report_into(reports, adapter.name))
         note = adapter.configure_env(mine)

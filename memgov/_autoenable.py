@@ -83,7 +83,7 @@ class Settings:
         wait: float | None,
         strict: bool,
         quiet: bool,
-        threads: int | None,
+        threads: Any,
     ) -> None:
         self.claim = claim
         """None (unset: scheduler budgets decide), "growth", "auto", "off" or a size string."""
@@ -92,6 +92,7 @@ class Settings:
         self.strict = strict
         self.quiet = quiet
         self.threads = threads
+        """MEMGOV_THREADS parsed (memgov._threads.Setting)."""
 
 
 def strict_mode() -> bool:
@@ -107,8 +108,7 @@ def strict_mode() -> bool:
 
 def read_settings() -> Settings:
     """Every auto-mode variable, checked; raises ConfigError naming the variable and the forms."""
-    from memgov import _config
-    from memgov._claim import _threads
+    from memgov import _config, _threads
     from memgov._errors import ConfigError
     from memgov._sizes import parse_size
 
@@ -123,7 +123,8 @@ def read_settings() -> Settings:
     wait = parse_wait(os.environ.get("MEMGOV_WAIT", ""), "MEMGOV_WAIT")
     _config.ledger_dir()  # MEMGOV_DIR: an absolute path
     device = os.environ.get("MEMGOV_DEVICE", "").strip() or None
-    return Settings(claim, device, wait, strict_mode(), _config.flag("MEMGOV_QUIET"), _threads())
+    return Settings(claim, device, wait, strict_mode(), _config.flag("MEMGOV_QUIET"),
+                    _threads.setting())
 
 
 def parse_wait(raw: str, what: str) -> float | None:
@@ -234,10 +235,14 @@ def _device_arg(raw: str | None) -> str | int | None:
 
 def _growth(settings: Settings, why: str, quiet: bool) -> None:
     """No cap and no claim: frameworks only stop preallocating the whole GPU."""
-    from memgov import _adapters
+    from memgov import _adapters, _threads
 
     reports: dict[str, str] = {}
     outcome.update(mode=outcome.get("mode", "growth"), source=why, reports=reports)
+    threads = _threads.govern(inherited=outcome.get("mode") == "child")
+    line = _threads.report(threads)
+    if line:
+        reports["threads"] = line
     budget = _adapters.Budget(
         bytes=None,
         device_uuid="",
@@ -245,7 +250,7 @@ def _growth(settings: Settings, why: str, quiet: bool) -> None:
         device_index=None,
         simulated=False,
         name="growth",
-        threads=settings.threads,
+        threads=threads.threads,
     )
     _adapters.govern(budget, reports)
     if not quiet:

@@ -11,8 +11,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _adapters, _config, _devices, _enforce
-from memgov._errors import BudgetExceeded, ConfigError, LockTimeout, MemgovError
+from memgov import _adapters, _config, _devices, _enforce, _threads
+from memgov._errors import BudgetExceeded, LockTimeout, MemgovError
 from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
 from memgov._parse import printable
 from memgov._records import Held
@@ -119,7 +119,7 @@ def claim(
     """
     wait_s = _check_wait(wait)
     label = _check_name(name)
-    threads = _threads()  # every setting is checked before admission: an error must hold nothing
+    _threads.setting()  # every setting is checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
     if _current is not None:
         # One claim per process: a holder that waits for more could deadlock with another.
@@ -142,6 +142,16 @@ def claim(
         result, touched, chosen = _claim_now(size, device, wait_s, label, compute_pct)
     finally:
         del attempt  # ends the mark (the weak reference dies with it)
+    try:
+        threads = _threads.govern(holder=f"{chosen.uuid}/{result.record}")
+    except BaseException:
+        try:
+            result.release()
+        finally:
+            _enforce.restore(touched)
+        raise
+    if _threads.report(threads):
+        result.reports["threads"] = str(_threads.report(threads))
     budget = _adapters.Budget(
         bytes=result.bytes,
         device_uuid=chosen.uuid,
@@ -149,7 +159,7 @@ def claim(
         device_index=result.index,
         simulated=chosen.simulated,
         name=label,
-        threads=threads,
+        threads=threads.threads,
         hard=result.mode == "hard",
     )
     try:
@@ -463,15 +473,6 @@ def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > 128 or not name.isprintable():
         raise ValueError(f"name={name!r}: accepted a printable string of 1 to 128 characters")
     return name
-
-
-def _threads() -> int | None:
-    raw = os.environ.get("MEMGOV_THREADS", "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"MEMGOV_THREADS={raw!r}: accepted a whole number of CPU threads >= 1")
-    return int(raw)
 
 
 def _forget_in_child() -> None:

@@ -90,7 +90,7 @@ def pack(
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json on stdout.")
                        ] = False,
 ) -> None:
-    from memgov._progress import PackProgress
+    from memgov._cli_progress import PackProgress
     from memgov.pack import PackConfig, config, run
 
     try:

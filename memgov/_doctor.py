@@ -18,7 +18,8 @@ from memgov._errors import MemgovError
 FRAMEWORK_DISTS = ("torch", "tensorflow", "tensorflow-cpu", "jax", "jaxlib")
 ENV_SHOWN = (
     "MEMGOV_CLAIM", "MEMGOV_DEVICE", "MEMGOV_WAIT", "MEMGOV_DIR", "MEMGOV_STRICT",
-    "MEMGOV_THREADS", "MEMGOV_SHARD_SIZE", "MEMGOV_DEVICES", "MEMGOV_HOLDER", "MEMGOV_QUIET",
+    "MEMGOV_THREADS", "MEMGOV_THREADS_SET", "MEMGOV_SHARD_SIZE", "MEMGOV_DEVICES",
+    "MEMGOV_HOLDER", "MEMGOV_QUIET",
     "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE",
     "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OMP_NUM_THREADS",
     "CUDA_MPS_PIPE_DIRECTORY", "MEMGOV_MPS_CLIENTS", "MEMGOV_MPS_POLICY", "MEMGOV_CONTEXTS",
@@ -47,6 +48,7 @@ def diagnose() -> dict[str, Any]:
         "mps": _mps(),
         "budget": _budget(first),
         "ledger": ledger_sharing(),
+        "threads": _threads(),
         "environment": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ},
     }
 
@@ -84,6 +86,15 @@ def _frameworks() -> dict[str, Any]:
         "adapters": sorted(a.name for a in _adapters.available()),
         "adapter_problems": _adapters.load_failures(),
     }
+
+
+def _threads() -> dict[str, Any]:
+    from memgov import _threads
+
+    try:
+        return _threads.explain()
+    except Exception as exc:
+        return {"decision": f"could not tell: {type(exc).__name__}: {exc}"}
 
 
 def _mps() -> dict[str, Any]:
@@ -272,6 +283,14 @@ def render(report: dict[str, Any]) -> list[str]:
     lines.append(f"budget: {budget['decision']}")
     ledger = report["ledger"]
     lines.append(f"ledger: {ledger['path']}: {ledger['note']}")
+    threads = report["threads"]
+    lines.append(f"CPU threads: {threads['decision']}")
+    for p in threads.get("governed", []):
+        lines.append(
+            f"  governed pid {p['pid']} ({p['host']}): {p['threads']} thread(s): "
+            + (p["why"] or p["source"])
+            + (f"; claim {p['claim']}" if p["claim"] else "")
+        )
     for key, value in report["environment"].items():
         lines.append(f"env {key}={value}")
     return lines

@@ -57,6 +57,7 @@ def own(fd: int, writable: bool = False) -> io.FileIO:
 def _forget(key: int, ref: weakref.ref[io.FileIO]) -> None:
     if _live.get(key) is ref:  # not a newer file that got the same id
         _live.pop(key, None)
+        _lifetime.discard(key)
 
 
 def _close_all_in_child() -> None:
@@ -70,10 +71,20 @@ def _close_all_in_child() -> None:
 os.register_at_fork(after_in_child=_close_all_in_child)
 
 
+_lifetime: set[int] = set()
+"""Ids of files held for the whole process on purpose (its CPU-share record: _cpushare)."""
+
+
+def held_for_life(file: io.FileIO) -> None:
+    """Mark ``file`` as held until the process exits by design: open_count leaves it out."""
+    _lifetime.add(id(file))
+
+
 def open_count() -> int:
-    """Ledger descriptors open in this process (tests: nothing may stay open after a claim)."""
-    files = [ref() for ref in list(_live.values())]
-    return sum(1 for f in files if f is not None and not f.closed)
+    """Ledger descriptors open in this process (tests: nothing may stay open after a claim),
+    besides those held for the process's life on purpose."""
+    files = [(key, ref()) for key, ref in list(_live.items())]
+    return sum(1 for key, f in files if f is not None and not f.closed and key not in _lifetime)
 
 
 NO_FLOCK = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})

@@ -10,13 +10,20 @@ from memgov._devices import Device, devices, refresh
 from memgov._ledger import DeviceLedger, Snapshot
 
 
-def snapshots(clean: bool = False) -> list[Snapshot]:
+def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
     """Every device's budget. Reads only: a device whose ledger folder does not exist yet (no one
-    has claimed on it) is shown as unclaimed, and no folder is created (status, gc, doctor)."""
+    has claimed on it) is shown as unclaimed, and no folder is created (status, gc, doctor),
+    unless ``set_up``: root's `memgov gc` is the admin set-up of a shared ledger and makes every
+    device's folders (and the CPU-share folder) with the modes other users need."""
     result = []
+    if set_up:
+        from memgov import _records
+
+        with _records.open_dir(_config.ledger_dir(), ("v1", "cpu"), create=True):
+            pass
     for device in devices():
         ledger = DeviceLedger(device)
-        if not ledger.path.is_dir():
+        if not set_up and not ledger.path.is_dir():
             result.append(_unclaimed(device))
             continue
         with ledger.locked():
@@ -54,8 +61,10 @@ def device_dict(device: Device) -> dict[str, Any]:
     }
 
 
-def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
-    """Stable keys: devices[].uuid, total, used, claimed, free, claims[].name, pid, bytes."""
+def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) -> dict[str, Any]:
+    """Stable keys: devices[].uuid, total, used, claimed, free, claims[].name, pid, bytes.
+
+    ``threads``: claim holder ("<uuid>/<record>") -> its CPU threads now (memgov/_threads.py)."""
     return {
         **device_dict(snap.device),
         "claimed": snap.claimed,
@@ -73,6 +82,7 @@ def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
                 "created": c.created,
                 "id": c.id,
                 "record": c.record,
+                "threads": (threads or {}).get(f"{snap.device.uuid}/{c.record}"),
             }
             for c in snap.claims
         ],
@@ -85,4 +95,15 @@ def snapshot_dict(snap: Snapshot) -> dict[str, Any]:
 
 
 def status() -> dict[str, Any]:
-    return {"devices": [snapshot_dict(s) for s in snapshots()]}
+    threads = claim_threads()
+    return {"devices": [snapshot_dict(s, threads) for s in snapshots()]}
+
+
+def claim_threads() -> dict[str, int | None]:
+    """Each live claim's CPU threads, from the governed processes' records (read only)."""
+    from memgov import _cpushare
+
+    try:
+        return {p.holder: p.threads for p in _cpushare.peers(clean=False) if p.holder}
+    except Exception:  # the threads column is a detail: never fail `memgov status` for it
+        return {}

@@ -1,22 +1,44 @@
-"""The CPU thread budget of a process (MEMGOV_THREADS, or set by memgov pack), shared part.
+"""Every governed process gets its share of the CPU: the thread budget, decided and followed.
 
 Packed jobs that each start one thread per core spin against each other until the whole host runs
 slower than one job alone (docs/pack.md, "Fast by default": 8 torch jobs, 3,129 samples/s with
-default threads, 50,868 with one thread each). This module sets what every framework's native
-libraries read from the environment; each adapter sets its own framework's thread pools through
-the framework's API (torch.set_num_threads, tf.config.threading), because an already loaded
-library no longer reads the environment.
+default threads, 50,868 with one thread each). So every governed process (auto-enable,
+``memgov run``, ``memgov.claim()``, ``memgov pack``'s jobs) gets, with no variable set:
 
-XLA (JAX) has no flag that caps its CPU thread pools: ``--xla_cpu_multi_thread_eigen=false`` is
-still accepted but left 2-4 threads working with jaxlib 0.10.2 (benchmarks/xla_threads.py), and
-an unknown flag in XLA_FLAGS aborts the process, so memgov writes no XLA flag. XLA sizes its pools
-from the CPU affinity mask (1 thread under ``taskset -c 0``): the lever for a packer that assigns
-cores.
+    share = usable cores (affinity, capped by the cgroup CPU quota: memgov/_cpus.py)
+            / governed processes on those cores (their records: memgov/_cpushare.py)
+
+and the share is *followed*: a background thread re-counts the records every
+:data:`FOLLOW_INTERVAL_S` and, when the share changed, has the main thread apply the new number
+(torch's OpenMP thread count is per calling thread, so it must be set from the main thread: a
+pending call, see :func:`_on_main_thread`). An early starter gives cores back within a second of
+others arriving, and the last one left gets all cores back.
+
+What each runtime honours (docs/threads.md has the measurements):
+- OpenMP/MKL/OpenBLAS/numexpr read their variables when their library loads: set here before any
+  framework import where memgov can, and inherited by children;
+- torch: ``set_num_threads`` (followed) and ``set_num_interop_threads`` (once: fixed after first
+  use); TensorFlow: intra/inter-op (once, before its runtime starts);
+- XLA (JAX) sizes its CPU pools from the affinity mask only (no flag bounds them): memgov leaves
+  affinity alone (``memgov pack --pin`` sets it).
+
+The user's own settings win: ``MEMGOV_THREADS=N`` (fixed N), an ``OMP_NUM_THREADS`` (or MKL/
+OpenBLAS variable) the user set, ``torch.set_num_threads`` called before the claim or at any time
+after it (the follower stops then). ``MEMGOV_THREADS=off`` turns all of this off.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from memgov import _cpus, _cpushare
+from memgov._errors import ConfigError, LedgerError
 
 ENV_VARS = (
     "OMP_NUM_THREADS",
@@ -26,23 +48,346 @@ ENV_VARS = (
     "NUMEXPR_NUM_THREADS",
 )
 """Read by OpenMP, MKL, OpenBLAS, Accelerate and numexpr when they load; children inherit them."""
+MARK_ENV = "MEMGOV_THREADS_SET"
+"""The value memgov itself wrote into ENV_VARS: a child that inherits them knows they are
+memgov's (a share to re-decide), not the user's (a choice to keep)."""
+SETTING_ENV = "MEMGOV_THREADS"
+ACCEPTED = (
+    "accepted auto (default: a share of the usable cores, followed as governed processes come "
+    "and go), once (that share, computed once at start), off (memgov leaves threads alone) or a "
+    "whole number of CPU threads >= 1"
+)
+FOLLOW_INTERVAL_S = 1.0
+"""How often a governed process re-counts its neighbours (a scan of a few small files)."""
 
 
-def apply_env(threads: int | None) -> str | None:
-    """Set the thread variables to ``threads``; a smaller value the user chose is kept.
+@dataclass(frozen=True)
+class Setting:
+    """MEMGOV_THREADS, parsed."""
 
-    Returns a one-line report, or None when there is no thread budget.
-    """
-    if not threads:
+    mode: str
+    """"auto" (followed share), "once" (share at start), "off", or "fixed"."""
+    count: int | None = None
+
+
+def setting(raw: str | None = None) -> Setting:
+    """MEMGOV_THREADS (or ``raw``); raises ConfigError naming the variable and what it accepts."""
+    text = (os.environ.get(SETTING_ENV, "") if raw is None else raw).strip()
+    lowered = text.lower()
+    if lowered in ("", "auto"):
+        return Setting("auto")
+    if lowered in ("once", "off"):
+        return Setting(lowered)
+    if text.isdigit() and int(text) >= 1:
+        return Setting("fixed", int(text))
+    raise ConfigError(f"{SETTING_ENV}={text!r}: {ACCEPTED}")
+
+
+def user_env() -> tuple[str, int] | None:
+    """The first thread variable the user set themselves (not memgov's inherited value)."""
+    mark = os.environ.get(MARK_ENV, "").strip()
+    for name in ENV_VARS:
+        value = os.environ.get(name, "").strip()
+        if value and value != mark:
+            return (name, int(value)) if value.isdigit() and int(value) > 0 else (name, 0)
+    return None
+
+
+@dataclass
+class Budget:
+    """What this process's threads are, and why (``memgov doctor`` prints ``why``)."""
+
+    threads: int | None
+    """Threads to apply now; None: memgov leaves the thread pools alone."""
+    source: str
+    """share | once | MEMGOV_THREADS | user | off | inherited"""
+    why: str
+    follow: bool = False
+    record: str | None = None
+    history: list[str] = field(default_factory=list)
+
+
+_lock = threading.RLock()
+_state: dict[str, object] = {}
+Follower = Callable[[int], "tuple[int, str] | None"]
+"""Applies a new share on the main thread; returns None, or (threads, why) when the user has
+set the framework's threads themselves (following stops then)."""
+_callbacks: list[Follower] = []
+
+
+def current() -> Budget | None:
+    """This process's thread budget, once decided."""
+    budget = _state.get("budget")
+    return budget if isinstance(budget, Budget) else None
+
+
+def govern(holder: str = "", inherited: bool = False) -> Budget:
+    """Decide this process's threads, register it among the governed, set the thread variables
+    and start following the share. Idempotent: a second claim in one process reuses the first
+    decision. Raises ConfigError for a bad MEMGOV_THREADS (callers check it before admission)."""
+    chosen = setting()
+    with _lock:
+        done = current()
+        if done is not None:
+            return done
+        _state["preloaded"] = frameworks_loaded()
+        budget = _decide(chosen, holder, inherited)
+        _state["budget"] = budget
+    if budget.follow:
+        _start_follower()
+    return budget
+
+
+def _decide(chosen: Setting, holder: str, inherited: bool) -> Budget:
+    if chosen.mode == "off":
+        return Budget(None, "off", "MEMGOV_THREADS=off: memgov leaves thread pools alone")
+    usable = _cpus.usable()
+    mark = os.environ.get(MARK_ENV, "").strip()
+    if inherited:
+        # A child of a governed process (DataLoader worker, subprocess): its parent's record
+        # counts the job; it keeps the threads its parent's environment gives it.
+        value = int(mark) if mark.isdigit() else None
+        why = f"inherited from the governed parent ({mark or 'no'} thread variable)"
+        return Budget(value, "inherited", why)
+    user = user_env()
+    fixed = chosen.count if chosen.mode == "fixed" else None
+    if fixed is None and user is not None:
+        name, value = user
+        why = f"{name}={os.environ[name]} set by the user: memgov leaves thread pools alone"
+        reg = _register(usable, value or None, "user", holder, why)
+        return Budget(None, "user", why, record=reg.name if reg else None)
+    if fixed is not None:
+        why = f"MEMGOV_THREADS={fixed}"
+        reg = _register(usable, fixed, "MEMGOV_THREADS", holder, why)
+        _set_env(fixed)
+        return Budget(fixed, "MEMGOV_THREADS", why, record=reg.name if reg else None)
+    reg = _register(usable, None, chosen.mode, holder)
+    mine = reg.name if reg else None
+    live = _cpushare.peers(root=reg.root) if reg else []
+    part = _cpushare.share(usable, live, mine)
+    _set_env(part.threads)
+    follow = chosen.mode == "auto" and reg is not None
+    why = f"share: {usable.describe()}; {part.describe(usable)} -> {part.threads}"
+    if chosen.mode == "once":
+        why += " (MEMGOV_THREADS=once: not followed)"
+    if reg is not None:
+        with contextlib.suppress(OSError, LedgerError):  # the count stands even so
+            reg.update(threads=part.threads, why=why)
+    budget = Budget(part.threads, "share" if follow else "once", why, follow, mine)
+    budget.history.append(f"{part.threads} at start ({part.neighbours} on the cores)")
+    return budget
+
+
+def _register(
+    usable: _cpus.Usable, threads: int | None, source: str, holder: str, why: str = ""
+) -> _cpushare.Registration | None:
+    try:
+        reg = _cpushare.register(usable, threads, source, holder, why)
+    except (OSError, LedgerError) as exc:
+        # No shared folder: the process still gets a thread budget, as if alone.
+        _state["register_error"] = f"{type(exc).__name__}: {exc}"
         return None
-    kept = []
-    for var in ENV_VARS:
-        current = os.environ.get(var, "").strip()
-        if current.isdigit() and 0 < int(current) <= threads:
-            kept.append(f"{var}={current}")
+    _state["registration"] = reg
+    return reg
+
+
+def _set_env(threads: int) -> None:
+    for name in ENV_VARS:
+        os.environ[name] = str(threads)
+    os.environ[MARK_ENV] = str(threads)
+
+
+def report(budget: Budget) -> str | None:
+    """The one-line report a claim shows, or None when memgov leaves threads alone."""
+    if budget.threads is None:
+        return f"threads: {budget.why}" if budget.source == "user" else None
+    follow = ", followed as governed processes come and go" if budget.follow else ""
+    return f"{budget.threads} CPU thread(s) ({budget.why}{follow})"
+
+
+def on_change(callback: Follower) -> None:
+    """Run ``callback(threads)`` on the main thread whenever the followed share changes."""
+    with _lock:
+        _callbacks.append(callback)
+
+
+def now(default: int | None) -> int | None:
+    """The thread count to apply now (the share may have moved since the claim)."""
+    budget = current()
+    return budget.threads if budget is not None and budget.threads else default
+
+
+def explain() -> dict[str, object]:
+    """What a governed process started here would get, and why (``memgov doctor``); reads only."""
+    info: dict[str, object] = {"MEMGOV_THREADS": os.environ.get(SETTING_ENV)}
+    try:
+        chosen = setting()
+    except ConfigError as exc:
+        info["decision"] = f"{exc} (auto mode warns and governs nothing; strict mode fails)"
+        return info
+    usable = _cpus.usable()
+    info["usable"] = {
+        "cores": sorted(usable.cpus),
+        "quota": None if usable.quota is None else {
+            "cpus": usable.quota.cpus, "source": usable.quota.source},
+        "count": usable.count,
+    }
+    try:
+        live = _cpushare.peers(clean=False)
+    except (OSError, LedgerError) as exc:
+        live = []
+        info["ledger_problem"] = f"{type(exc).__name__}: {exc}"
+    info["governed"] = [
+        {"pid": p.pid, "host": p.host, "threads": p.threads, "source": p.source,
+         "why": p.why, "claim": p.holder or None} for p in live
+    ]
+    part = _cpushare.share(usable, live, None)
+    user = user_env()
+    if chosen.mode == "off":
+        info["decision"] = "MEMGOV_THREADS=off: memgov leaves thread pools alone"
+    elif chosen.mode == "fixed":
+        info["decision"] = f"MEMGOV_THREADS={chosen.count}: {chosen.count} thread(s), fixed"
+    elif user is not None:
+        info["decision"] = f"{user[0]}={os.environ[user[0]]} set by the user: left alone"
+    else:
+        follow = "followed" if chosen.mode == "auto" else "computed once (MEMGOV_THREADS=once)"
+        info["decision"] = (
+            f"{part.threads} thread(s) for a governed process started now: {usable.describe()}; "
+            f"{part.describe(usable)} (this one included); {follow}"
+        )
+    return info
+
+
+# -- following ----------------------------------------------------------------------------------
+
+def _start_follower() -> None:
+    with _lock:
+        if _state.get("follower") is not None:
+            return
+        stop = threading.Event()
+        thread = threading.Thread(target=_follow, args=(stop,), name="memgov-threads", daemon=True)
+        _state["follower"] = (thread, stop)
+    thread.start()
+
+
+def stop_following() -> None:
+    with _lock:
+        found = _state.pop("follower", None)
+    if isinstance(found, tuple):
+        found[1].set()
+
+
+def _follow(stop: threading.Event) -> None:
+    while not stop.wait(FOLLOW_INTERVAL_S):
+        budget = current()
+        reg = _state.get("registration")
+        if budget is None or not budget.follow or not isinstance(reg, _cpushare.Registration):
+            return
+        try:
+            usable = _cpus.usable()
+            part = _cpushare.share(usable, _cpushare.peers(root=reg.root), reg.name)
+        except Exception:  # a transient filesystem problem: keep the current share
             continue
-        os.environ[var] = str(threads)
-    note = f"{threads} CPU thread(s) for OpenMP/MKL/OpenBLAS in this process and its children"
-    if kept:
-        note += f" (kept the smaller {', '.join(kept)})"
-    return note
+        if part.threads == budget.threads:
+            continue
+        with contextlib.suppress(Exception):
+            reg.update(threads=part.threads, why=f"share: {part.describe(usable)}, followed")
+        _set_env(part.threads)
+        _state["wanted"] = part.threads
+        budget.history.append(f"{part.threads} ({part.neighbours} on the cores)")
+        del budget.history[:-20]
+        _schedule_main()
+
+
+def _schedule_main() -> None:
+    """Run :func:`_apply_wanted` on the main thread at its next bytecode (like a signal handler,
+    without a signal): OpenMP's thread count is a per-thread setting, and the training loop runs
+    on the main thread."""
+    with _lock:
+        if _state.get("scheduled") or not _callbacks:
+            return
+        _state["scheduled"] = True
+    import ctypes  # here, not at import: `import memgov` stays cheap
+
+    kind = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    callback = _state.get("pending_cb")
+    if callback is None:
+        callback = _state["pending_cb"] = kind(_on_main_thread)  # kept alive: C holds it
+    add = ctypes.pythonapi.Py_AddPendingCall
+    add.argtypes = [kind, ctypes.c_void_p]
+    add.restype = ctypes.c_int
+    if add(callback, None) != 0:  # the queue is full: try again at the next change
+        _state["scheduled"] = False
+
+
+def _on_main_thread(_arg: object) -> int:
+    try:
+        _state["scheduled"] = False
+        _apply_wanted()
+    except BaseException:  # an exception here would surface in the user's code: never
+        pass
+    return 0
+
+
+def _apply_wanted() -> None:
+    wanted = _state.get("wanted")
+    budget = current()
+    if not isinstance(wanted, int) or budget is None or not budget.follow:
+        return
+    with _lock:
+        callbacks = list(_callbacks)
+    taken: tuple[int, str] | None = None
+    for callback in callbacks:
+        try:
+            taken = callback(wanted) or taken
+        except Exception:
+            continue
+    budget.threads = wanted
+    if taken is None:
+        return
+    # The user set the framework's threads: theirs from now on, and neighbours see it.
+    budget.follow, budget.threads, budget.source = False, taken[0], "user"
+    budget.why = f"{taken[1]}: memgov follows the share no more"
+    budget.history.append(f"{taken[0]} set by the user")
+    reg = _state.get("registration")
+    if isinstance(reg, _cpushare.Registration):
+        with contextlib.suppress(Exception):
+            reg.update(threads=taken[0], source="user", why=budget.why)
+
+
+def _forget_in_child() -> None:
+    # A forked child (DataLoader worker) is covered by its parent's record; it must not keep the
+    # parent's record lock alive after the parent exits, nor follow a share (no thread of its own).
+    reg = _state.pop("registration", None)
+    _state.pop("follower", None)
+    _state.pop("budget", None)
+    _state["scheduled"] = False
+    _callbacks.clear()
+    held = getattr(reg, "held", None)
+    if held is not None:
+        with contextlib.suppress(OSError):
+            os.close(held.fd)
+
+
+def _release_at_exit() -> None:
+    # At interpreter exit, before the frameworks' own teardown (seconds for torch on a busy
+    # host): the neighbours get this process's cores back now, not when its last fd closes.
+    stop_following()
+    reg = _state.pop("registration", None)
+    if isinstance(reg, _cpushare.Registration):
+        reg.close()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(_release_at_exit)
+
+
+def preloaded() -> list[str]:
+    """Frameworks imported before the thread budget was decided (the user may have set their
+    threads already)."""
+    found = _state.get("preloaded")
+    return list(found) if isinstance(found, list) else []
+
+
+def frameworks_loaded() -> list[str]:
+    return [name for name in ("torch", "tensorflow", "jax") if name in sys.modules]

@@ -98,3 +98,31 @@ def own_device_memory(device_uuid: str) -> int | None:
     from memgov import _nvml  # lazy: NVML is initialised on first use, never at import
 
     return (_nvml.processes(device_uuid) or {}).get(os.getpid())
+
+
+# -- The CPU thread budget, for adapters whose framework sizes its own thread pools -------------
+ThreadFollower = Callable[[int], "tuple[int, str] | None"]
+"""Called on the main thread with the new share; returns (threads, why) when the user took over
+(memgov stops following then), else None."""
+
+
+def threads_now(default: int | None) -> int | None:
+    """The thread count to apply now: the followed share may have moved since the claim."""
+    from memgov import _threads
+
+    return _threads.now(default)
+
+
+def on_threads_change(callback: ThreadFollower) -> None:
+    """Run ``callback(threads)`` on the main thread whenever this process's share changes."""
+    from memgov import _threads
+
+    _threads.on_change(callback)
+
+
+def imported_before_claim() -> list[str]:
+    """Frameworks imported before the thread budget was decided: the user may have set their
+    threads already, and that choice wins."""
+    from memgov import _threads
+
+    return _threads.preloaded()

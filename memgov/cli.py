@@ -104,11 +104,14 @@ def _watch(seconds: float, as_json: bool) -> None:
 
 @app.command()
 def gc(as_json: JsonFlag = False) -> None:
-    """Remove the records of dead holders and say what was removed or skipped."""
+    """Remove the records of dead holders and say what was removed or skipped. Run by root, it is
+    also the set-up of a ledger shared by several users: it makes every device's folders."""
+    import os
+
     from memgov import _status
 
     try:
-        snaps = _status.snapshots(clean=True)
+        snaps = _status.snapshots(clean=True, set_up=os.geteuid() == 0)
     except MemgovError as exc:
         raise _fail(exc) from None
     removed = [r for s in snaps for r in s.removed]

@@ -23,7 +23,11 @@ def private_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own MEMGOV_DIR, so no test ever touches the host's real ledger."""
     path = tmp_path / "ledger"
     monkeypatch.setenv("MEMGOV_DIR", str(path))
-    for name in ("MEMGOV_RESERVE", "MEMGOV_THREADS", "MEMGOV_HOLDER"):
+    # The thread variables too: an in-process claim sets them (memgov/_threads.py), and
+    # monkeypatch removes them again after the test, so no later test inherits them.
+    for name in ("MEMGOV_RESERVE", "MEMGOV_THREADS", "MEMGOV_HOLDER", "MEMGOV_THREADS_SET",
+                 "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                 "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
     return path
 
@@ -73,6 +77,8 @@ CLEARED_PREFIXES = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
 )
 
 

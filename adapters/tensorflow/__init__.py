@@ -94,6 +94,11 @@ def _threads(config: Any, threads: int, initialized: bool) -> str:
     what = f"{threads} intra-op and inter-op thread(s)"
     if initialized:
         return what
+    # The user's own setting before the claim wins (0 is TF's "not set: all cores").
+    chosen = [config.threading.get_intra_op_parallelism_threads(),
+              config.threading.get_inter_op_parallelism_threads()]
+    if any(isinstance(n, int) and n > 0 for n in chosen):
+        return f"intra-op/inter-op threads {chosen[0]}/{chosen[1]} set by the user: kept"
     config.threading.set_intra_op_parallelism_threads(threads)
     config.threading.set_inter_op_parallelism_threads(threads)
     return what

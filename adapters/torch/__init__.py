@@ -14,7 +14,15 @@ import os
 import sys
 from typing import Any
 
-from memgov.adapter import Budget, format_size, own_device_memory, parse_size
+from memgov.adapter import (
+    Budget,
+    format_size,
+    imported_before_claim,
+    on_threads_change,
+    own_device_memory,
+    parse_size,
+    threads_now,
+)
 
 DEFAULT_OVERHEAD = 700 * 2**20
 """Used when this process's own NVML figure cannot be read (inside a PID namespace); measured
@@ -43,14 +51,7 @@ class TorchAdapter:
     def apply(self, budget: Budget) -> str:
         import torch
 
-        notes = []
-        if budget.threads:
-            torch.set_num_threads(budget.threads)
-            notes.append(f"{budget.threads} CPU thread(s)")
-            try:
-                torch.set_num_interop_threads(budget.threads)
-            except RuntimeError:  # fixed once torch has run parallel work, or set already
-                notes.append("inter-op threads already fixed, left as they are")
+        notes = _threads(torch, budget.threads) if budget.threads else []
         if budget.bytes is None:
             return "torch: " + ", ".join([*notes, "no cap (growth only: torch never preallocates)"])
         if budget.simulated or budget.device_index is None:
@@ -63,6 +64,44 @@ class TorchAdapter:
         return "torch: " + ", ".join(
             [*notes, f"allocator cap from {format_size(budget.bytes)} when CUDA initialises"]
         )
+
+
+def _threads(torch: Any, threads: int) -> list[str]:
+    """Apply the thread budget, unless the user set torch's threads before the claim; follow
+    the share as neighbours come and go, until the user sets torch's threads themselves."""
+    current = torch.get_num_threads()
+    if "torch" in imported_before_claim() and current < _default_threads(torch):
+        return [f"torch.set_num_threads({current}) set before the claim: kept"]
+    threads = threads_now(threads) or threads  # the share may have moved since the claim
+    torch.set_num_threads(threads)
+    _state["threads"] = threads
+    notes = [f"{threads} CPU thread(s)"]
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # fixed once torch has run parallel work, or set already
+        notes.append("inter-op threads already fixed, left as they are")
+
+    def follow(wanted: int) -> tuple[int, str] | None:
+        # Runs on the main thread (torch's OpenMP thread count is per thread).
+        mine = torch.get_num_threads()
+        if mine != _state.get("threads"):  # the user called torch.set_num_threads
+            return mine, f"torch.set_num_threads({mine}) by the user after the claim"
+        torch.set_num_threads(wanted)
+        _state["threads"] = wanted
+        return None
+
+    on_threads_change(follow)
+    return notes
+
+
+def _default_threads(torch: Any) -> int:
+    """What torch picks with no setting: the affinity mask's size, or the physical cores (MKL
+    builds). A smaller count was set by someone (OMP_NUM_THREADS is handled before this)."""
+    import psutil
+
+    cpus = len(os.sched_getaffinity(0))
+    physical = psutil.cpu_count(logical=False) or cpus
+    return min(cpus, physical)
 
 
 def _cap(budget: Budget) -> str:

@@ -8,10 +8,11 @@ Modes:
   governed. Jobs run with ``MEMGOV_STRICT=1``: a refused claim stops the job with BudgetExceeded
   instead of letting it run ungoverned.
 
-Fast by default: each job gets ``max(1, cores // jobs running at once)`` CPU threads
-(``MEMGOV_THREADS`` for the adapters, and the OpenMP/MKL/OpenBLAS variables for native libraries),
-because N jobs with one thread per core each spin against each other (docs/pack.md: 8 torch jobs,
-3,129 samples/s at framework defaults against 21,987 for one job alone).
+Fast by default: each governed job gets its share of the CPU from memgov's thread budget
+(memgov/_threads.py: usable cores / governed processes on them, followed as jobs come and go),
+the same mechanism as any governed process, because N jobs with one thread per core each spin
+against each other (docs/pack.md: 8 torch jobs, 3,129 samples/s at framework defaults against 21,987
+for one job alone). ``--threads N`` fixes it (``MEMGOV_THREADS=N``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 """The same names as memgov._threads.ENV_VARS (a test keeps them in step)."""
 GOVERNANCE_VARS = ("MEMGOV_CLAIM", "MEMGOV_THREADS", "MEMGOV_WAIT", "MEMGOV_DEVICE",
                    "MEMGOV_STRICT", "MEMGOV_QUIET", "MEMGOV_HOLDER", "MEMGOV_MPS",
-                   "MEMGOV_MPS_LIMIT")
+                   "MEMGOV_MPS_LIMIT", "MEMGOV_THREADS_SET")
 """Set by pack per mode; never inherited from pack's own environment."""
 FRAMEWORK_DEFAULT_VARS = (
     *THREAD_VARS, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
@@ -78,7 +79,8 @@ class PackConfig:
     device: str = "gpu"
     gpu: str | None = None
     threads: int | None = None
-    """CPU threads per job; None: max(1, cores // jobs running at once)."""
+    """CPU threads per job (MEMGOV_THREADS); None: memgov's thread budget decides in each job
+    (expected: max(1, cores // jobs running at once))."""
     parallel: int | None = None
     """Jobs running at once; None: all (under MPS at most its client limit, the rest queue)."""
     baseline: str = "none"
@@ -222,7 +224,10 @@ def base_env(mode: str) -> dict[str, str]:
     """pack's environment minus what pack decides per mode."""
     env = dict(os.environ)
     for name in list(env):
-        decided = name in GOVERNANCE_VARS or name.startswith("CUDA_MPS_")
+        # Thread variables of pack's own environment are pack's, not a choice for its jobs:
+        # governed jobs get memgov's share (or --threads N), greedy ones the defaults.
+        decided = (name in GOVERNANCE_VARS or name in THREAD_VARS
+                   or name.startswith("CUDA_MPS_"))
         default = mode == "greedy" and (name in FRAMEWORK_DEFAULT_VARS
                                         or name.startswith(BUDGET_PREFIXES))
         if decided or default:
@@ -245,8 +250,7 @@ def job_env(*, mode: str, claim_bytes: int | None, threads: int | None, ledger: 
     env["MEMGOV_CLAIM"] = "growth" if mode == "growth" else str(claim_bytes)
     env["MEMGOV_STRICT"] = "1"
     if threads is not None:
-        env["MEMGOV_THREADS"] = str(threads)
-        env.update({name: str(threads) for name in THREAD_VARS})
+        env["MEMGOV_THREADS"] = str(threads)  # the job's memgov sets the thread variables
     if wait is not None:
         env["MEMGOV_WAIT"] = f"{wait:g}"
     if mps_pipe is not None:

@@ -91,8 +91,12 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     """Run one plan's jobs to the end (or until stopped); return its record and any interrupt."""
     mps_pipe, mps_log = ctx.mps_paths() if plan.mps else (None, None)
     concurrent = min(plan.n, plan.parallel)
+    # The expected share (for --pin and the report); the jobs decide their own threads with
+    # memgov's thread budget (memgov/_threads.py), unless --threads N (or a CPU pack's solo job,
+    # given one packed job's threads as a fair reference) fixes them.
     threads = None if plan.mode == "greedy" else plan.threads or threads_for(ctx.cfg, concurrent)
-    env = job_env(mode=plan.mode, claim_bytes=plan.claim_bytes, threads=threads,
+    fixed = None if plan.mode == "greedy" else plan.threads or ctx.cfg.threads
+    env = job_env(mode=plan.mode, claim_bytes=plan.claim_bytes, threads=fixed,
                   ledger=ctx.ledger, device_uuid=ctx.device_uuid, simulated=ctx.simulated,
                   mps_pipe=mps_pipe, mps_log=mps_log, wait=ctx.cfg.wait)
     if ctx.simulated is not None and ctx.device is not None and plan.mode != "greedy":

@@ -198,6 +198,14 @@ def prepare(cfg: PackConfig) -> Context:
                           mps_pipe=_mps_pipe() if mps else None)
     runner.check()
     plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
+    if cpu:
+        # A fair reference on CPU: the solo job gets the threads each packed job gets (those of
+        # the run with the most jobs at once), not every core; with all cores it ran slower than
+        # one of two packed jobs on 2 cores, and "x one job" came out at 6.6-15.7.
+        busiest = max((p.parallel for p in plans if p.role == "main"), default=1)
+        for p in plans:
+            if p.role == "solo":
+                p.threads = threads_for(cfg, busiest)
     from memgov import _mpsctl
 
     daemons = cfg.mps_daemons or _mpsctl.daemons_for(max(

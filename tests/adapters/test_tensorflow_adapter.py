@@ -99,6 +99,12 @@ class FakeConfig:
         self._check("Inter op parallelism")
         self.threads["inter"] = n
 
+    def get_intra_op_parallelism_threads(self) -> int:
+        return self.threads.get("intra", 0)
+
+    def get_inter_op_parallelism_threads(self) -> int:
+        return self.threads.get("inter", 0)
+
 
 def budget(size: int | None, threads: int | None = None, simulated: bool = False) -> Budget:
     return Budget(size, "GPU-x", 16 * GIB, 0, simulated, "t", threads=threads)

@@ -9,7 +9,7 @@ GARBAGE = [
     ("MEMGOV_CLAIM", "lots", "MEMGOV_CLAIM='lots': accepted a size"),
     ("MEMGOV_WAIT", "soon", "MEMGOV_WAIT='soon': accepted seconds"),
     ("MEMGOV_DIR", "relative/ledger", "MEMGOV_DIR='relative/ledger' must be an absolute path"),
-    ("MEMGOV_THREADS", "many", "MEMGOV_THREADS='many': accepted a whole number"),
+    ("MEMGOV_THREADS", "many", "MEMGOV_THREADS='many': accepted auto"),
     ("MEMGOV_DEVICE", "7", "MEMGOV_DEVICE='7': device='7': this process sees 1 GPU(s)"),
     ("MEMGOV_QUIET", "maybe", "MEMGOV_QUIET='maybe': accepted 1/true/yes/on"),
     ("MEMGOV_DEVICES", "sim0", "MEMGOV_DEVICES item 'sim0' is not valid; MEMGOV_DEVICES: accepted"),

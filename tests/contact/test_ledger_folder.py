@@ -5,6 +5,7 @@ claim (examples/docker's replay used /tmp/dockersim/ledger), and `memgov status`
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,13 +22,17 @@ def test_first_claim_makes_missing_parents_of_memgov_dir(env, py, tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == GIB
     assert "warning" not in result.stderr
-    assert ledger.is_dir() and (ledger.stat().st_mode & 0o7777) == 0o1777
+    # A tree its first claimer makes is that user's (0755); a shared one is root's set-up
+    # (docs/ledger.md, "Admin set-up"), never a folder another user owns.
+    assert ledger.is_dir() and (ledger.stat().st_mode & 0o7777) == 0o755
 
 
 def test_status_gc_doctor_create_no_folder(env, tmp_path):
     ledger = tmp_path / "not-yet" / "ledger"
     env["MEMGOV_DIR"] = str(ledger)
-    for argv in (["status"], ["status", "--json"], ["gc"], ["devices"], ["doctor"]):
+    # gc run by root is the admin set-up of a shared ledger and makes the folders (tests/hostile)
+    reads = (["status"], ["status", "--json"], ["devices"], ["doctor"])
+    for argv in reads if os.geteuid() == 0 else (*reads, ["gc"]):
         result = subprocess.run([*MEMGOV, *argv], env=env, capture_output=True, text=True,
                                 timeout=60)
         assert result.returncode == 0, (argv, result.stderr)

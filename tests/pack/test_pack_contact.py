@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memgov.pack import PackConfig, plan
+from memgov.pack import PackConfig, plan, results
 from memgov.pack.config import cores
 
 from ._util import MNIST, ROOT, TINY, pack_cmd, report, run_pack
@@ -24,7 +24,7 @@ def test_cpu_default_is_small_and_its_solo_job_is_a_fair_reference(tmp_path: Pat
     solo, main = ctx.plans
     assert (solo.role, main.role) == ("solo", "main")
     assert solo.threads == max(1, cores() // 2)  # what each of the 2 packed jobs gets
-    head = ctx.report_head()
+    head = results._head(ctx)
     assert head["cpu_defaults"] == {"epochs": 2, "args": ["--limit", "1000", "--eval-limit", "500"]}
     assert any("scale it with --epochs N" in n for n in head["notes"])
     assert any("not how they would pack on a GPU" in n for n in head["notes"])
@@ -39,7 +39,7 @@ def test_cpu_default_gives_way_to_what_the_user_asks(tmp_path: Path) -> None:
 
 
 def test_progress_moves_within_epochs_with_an_eta_as_plain_lines() -> None:
-    from memgov import _progress
+    from memgov import _cli_progress as _progress
 
     shown = io.StringIO()
     watcher = _progress.PackProgress()

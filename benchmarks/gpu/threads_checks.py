@@ -1,0 +1,554 @@
+"""Every governed process gets its share of the CPU: the GPU checks (25 plain scripts, pack).
+
+One call per framework, each under 9 minutes:
+    python3 benchmarks/gpu/threads_checks.py torch --out "$OUT"
+    python3 benchmarks/gpu/threads_checks.py jax --out "$OUT"
+    python3 benchmarks/gpu/threads_checks.py torch --cpu --n 3 --out /tmp/x   (script check, CPU)
+
+25 copies of a plain script (benchmarks/plain_<framework>_mnist.py: never imports memgov, sets no
+threads) per condition, all in this one call:
+  1a memgov_mps : MEMGOV_CLAIM=1GiB only, while a daemon started by `memgov mps start` runs
+     hand_mps   : OMP_NUM_THREADS=1, no memgov, under an MPS daemon started by hand (private pipe
+                  and log folders)
+  1b memgov     : MEMGOV_CLAIM=1GiB only, no MPS anywhere
+     hand       : OMP_NUM_THREADS=1 only, no MPS
+  2  *_stagger  : the same as 1a, one job every --stagger seconds (rate over the whole span)
+  3  pack       : `memgov pack --n 25` of experiments/mnist, vs hand_mps of this same call
+Optional (--extra): memgov_once_stagger (MEMGOV_THREADS=once: the share computed at start, not
+followed) to compare the two thread designs under staggered arrivals.
+JAX's hand-tuned runs also set XLA_PYTHON_CLIENT_PREALLOCATE=false (without it 25 jobs do not
+fit: each preallocates 75 % of the card).
+
+Rates, on pack's bases (memgov/pack/stats.py) so pack and the plain scripts compare: "all ran" =
+samples/s from the latest first-epoch start to the earliest last-epoch end; "span" = all samples
+/ (last epoch end - first epoch start). Also "all ran steady" (first epochs, which hold CUDA/cuDNN
+set-up and XLA compilation, left out) and "launch span" (from the first job's launch).
+Raw per-job JSON and a summary go to OUT/threads_<fw>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRUB = (
+    "MEMGOV_",
+    "CUDA_MPS_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "XLA_",
+    "TF_",
+    "JAX_PLATFORMS",
+    "NUMEXPR_",
+    "VECLIB_",
+)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("framework", choices=("torch", "jax"))
+    p.add_argument("--out", default=os.environ.get("OUT", "out"))
+    p.add_argument("--n", type=int, default=25)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None, help="steps per epoch")
+    p.add_argument("--stagger", type=float, default=2.0)
+    p.add_argument("--only", default="", help="comma-separated conditions to run")
+    p.add_argument("--extra", action="store_true", help="also the MEMGOV_THREADS=once variant")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="check the script on a CPU machine: jobs on CPU, simulated GPU, no MPS",
+    )
+    p.add_argument("--job-timeout", type=float, default=150.0)
+    p.add_argument("--budget", type=float, default=530.0, help="seconds for the whole call")
+    args = p.parse_args()
+    fw = args.framework
+    epochs = args.epochs or (3 if fw == "torch" else 5)
+    steps = args.steps or 400
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="memgov-threads-"))
+    t_call = time.monotonic()
+    report: dict[str, Any] = {
+        "framework": fw,
+        "argv": sys.argv,
+        "n": args.n,
+        "epochs": epochs,
+        "steps": steps,
+        "machine": machine(),
+        "conditions": {},
+    }
+    hand_daemon: dict[str, Any] = {}
+    stopper = _Stopper()
+    try:
+        base = base_env(work, args.cpu)
+        prepare_data(base)
+        conds = conditions(fw, args, base, work)
+        wanted = [c for c in args.only.split(",") if c]
+        for name, cond in conds.items():
+            if wanted and name not in wanted:
+                continue
+            if cond.get("extra") and not args.extra and name not in wanted:
+                continue
+            left = args.budget - (time.monotonic() - t_call)
+            if left < 40:
+                report["conditions"][name] = {"skipped": f"{left:.0f} s of the budget left"}
+                continue
+            print(f"=== {name}: {cond['what']}", flush=True)
+            if cond.get("mps") and args.cpu:
+                cond["mps"] = None  # the script's own check: the same runs, without MPS
+                cond["what"] += " (--cpu: run without MPS)"
+            if name == "pack":
+                result = run_pack(fw, args, base, work, min(left - 10, 200), epochs, steps)
+            else:
+                with mps_for(cond, base, work, hand_daemon):
+                    result = run_condition(
+                        name, fw, cond, args, work, epochs, steps, min(args.job_timeout, left - 10)
+                    )
+            report["conditions"][name] = result
+            print(line(name, result), flush=True)
+            stopper.check()
+    finally:
+        stop_hand_mps(hand_daemon)
+        stop_memgov_mps(base_env(work, args.cpu))
+        report["summary"] = summary(report["conditions"])
+        dest = out / f"threads_{fw}{'_cpu' if args.cpu else ''}.json"
+        dest.write_text(json.dumps(report, indent=1, default=str))
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n== summary (" + dest.name + ")")
+    print(f"{'condition':22} {'ok':>6} {'all ran /s':>12} {'span /s':>12} {'epoch s':>8}  threads")
+    for name, r in report["conditions"].items():
+        if "skipped" in r:
+            print(f"{name:22} skipped: {r['skipped']}")
+            continue
+        print(
+            f"{name:22} {str(r.get('ok')) + '/' + str(r.get('n')):>6} "
+            f"{r.get('samples_per_s_all_ran')!s:>12} {r.get('samples_per_s_span')!s:>12} "
+            f"{r.get('steady_epoch_s_median')!s:>8}  {r.get('framework_threads_seen')}"
+        )
+    for key, value in report["summary"].items():
+        if isinstance(value, dict) and "goal" in value:
+            print(
+                f"{key:28} all ran x{value['all_ran']}  span x{value['span']}  steady "
+                f"x{value['all_ran_steady']}  launch span x{value['launch_span']}  "
+                f"({value['goal']})"
+            )
+    return 0
+
+
+class _Stopper:
+    """SIGTERM/SIGINT end the run through the finally blocks (MPS daemons always stopped)."""
+
+    def __init__(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._raise)
+
+    @staticmethod
+    def _raise(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def check(self) -> None:
+        pass
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"nproc": len(os.sched_getaffinity(0)), "python": sys.version}
+    with contextlib.suppress(Exception):
+        info["gpu"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    info["mps_control"] = shutil.which("nvidia-cuda-mps-control")
+    return info
+
+
+def base_env(work: Path, cpu: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB)}
+    env.update(
+        PYTHONUNBUFFERED="1",
+        MEMGOV_DATA_CACHE=str(work / "data-cache"),
+        MEMGOV_DIR=str(work / "ledger"),
+    )
+    if cpu:
+        env["MEMGOV_DEVICES"] = "sim0:16GiB"
+    return env
+
+
+def prepare_data(env: dict[str, str]) -> None:
+    """Extract the MNIST arrays once, so 25 jobs do not all do it at the same time."""
+    code = (
+        "import sys; sys.path.insert(0, 'experiments/mnist'); import mnist_data; mnist_data.load()"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+
+
+def conditions(
+    fw: str, args: argparse.Namespace, base: dict[str, str], work: Path
+) -> dict[str, dict[str, Any]]:
+    hand = {"OMP_NUM_THREADS": "1"}
+    if fw == "jax":
+        hand["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    memgov = {"MEMGOV_CLAIM": "1GiB"}
+    # Order: must-show 1a and 3 first (3 compares with hand_mps of the same call), then 1b, 2.
+    return {
+        "memgov_mps": {
+            "what": "MEMGOV_CLAIM=1GiB, `memgov mps start` daemon",
+            "env": memgov,
+            "mps": "memgov",
+        },
+        "hand_mps": {"what": f"{hand}, MPS daemon started by hand", "env": hand, "mps": "hand"},
+        "pack": {"what": f"memgov pack --n {args.n} --framework {fw} (MPS auto)"},
+        "memgov": {"what": "MEMGOV_CLAIM=1GiB, no MPS", "env": memgov},
+        "hand": {"what": f"{hand}, no MPS", "env": hand},
+        "memgov_mps_stagger": {
+            "what": f"as memgov_mps, one job every {args.stagger:g} s",
+            "env": memgov,
+            "mps": "memgov",
+            "stagger": args.stagger,
+        },
+        "hand_mps_stagger": {
+            "what": f"as hand_mps, one job every {args.stagger:g} s",
+            "env": hand,
+            "mps": "hand",
+            "stagger": args.stagger,
+        },
+        "memgov_once_stagger": {
+            "what": "as memgov_mps_stagger with MEMGOV_THREADS=once",
+            "env": {**memgov, "MEMGOV_THREADS": "once"},
+            "mps": "memgov",
+            "stagger": args.stagger,
+            "extra": True,
+        },
+    }
+
+
+# -- MPS ----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def mps_for(cond: dict[str, Any], base: dict[str, str], work: Path, hand: dict[str, Any]):
+    """The condition's MPS daemon: memgov's (`memgov mps start`), one started by hand, or none.
+    Every daemon is stopped before the next condition, also on errors and signals."""
+    kind = cond.get("mps")
+    env = dict(base)
+    if kind == "memgov":
+        r = subprocess.run(
+            [sys.executable, "-m", "memgov", "mps", "start", "--json"],
+            cwd=ROOT,
+            env=base,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        cond["mps_start"] = {"rc": r.returncode, "out": r.stdout[-2000:], "err": r.stderr[-2000:]}
+        try:
+            yield env
+        finally:
+            stop_memgov_mps(base)
+    elif kind == "hand":
+        pipe, log = work / "hand-mps" / "pipe", work / "hand-mps" / "log"
+        pipe.mkdir(parents=True, exist_ok=True)
+        log.mkdir(parents=True, exist_ok=True)
+        denv = {**base, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
+        r = subprocess.run(
+            ["nvidia-cuda-mps-control", "-d"], env=denv, capture_output=True, text=True, timeout=30
+        )
+        hand.update(env=denv, started=r.returncode == 0)
+        cond["mps_start"] = {"rc": r.returncode, "err": r.stderr[-2000:]}
+        cond["env_extra"] = {
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(log),
+        }
+        try:
+            yield denv
+        finally:
+            stop_hand_mps(hand)
+    else:
+        yield env
+
+
+def stop_hand_mps(hand: dict[str, Any]) -> None:
+    if not hand.get("started"):
+        return
+    with contextlib.suppress(Exception):
+        subprocess.run(
+            ["nvidia-cuda-mps-control"],
+            input="quit\n",
+            env=hand["env"],
+            text=True,
+            capture_output=True,
+            timeout=30,
+        )
+    hand["started"] = False
+    time.sleep(1.0)
+
+
+def stop_memgov_mps(base: dict[str, str]) -> None:
+    with contextlib.suppress(Exception):
+        subprocess.run(
+            [sys.executable, "-m", "memgov", "mps", "stop", "--force", "--json"],
+            cwd=ROOT,
+            env=base,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+
+# -- one condition ------------------------------------------------------------------------------
+def run_condition(
+    name: str,
+    fw: str,
+    cond: dict[str, Any],
+    args: argparse.Namespace,
+    work: Path,
+    epochs: int,
+    steps: int,
+    limit: float,
+) -> dict[str, Any]:
+    folder = work / name
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**base_env(work, args.cpu), **cond["env"], **cond.get("env_extra", {})}
+    script = ROOT / "benchmarks" / f"plain_{fw}_mnist.py"
+    device = "cpu" if args.cpu else "gpu"
+    procs: list[tuple[subprocess.Popen[bytes], Path, float]] = []
+    launch = time.time()
+    t_end = time.monotonic() + limit
+    try:
+        for i in range(args.n):
+            if i and cond.get("stagger"):
+                time.sleep(cond["stagger"])
+            path = folder / f"job{i:02d}.json"
+            cmd = [
+                sys.executable,
+                str(script),
+                "--epochs",
+                str(epochs),
+                "--steps",
+                str(steps),
+                "--device",
+                device,
+                "--out",
+                str(path),
+            ]
+            with open(folder / f"job{i:02d}.log", "wb") as log:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            procs.append((proc, path, time.time()))
+        for proc, _, _ in procs:
+            try:
+                proc.wait(timeout=max(1.0, t_end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+    finally:
+        for proc, _, _ in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    jobs = []
+    for i, (proc, path, started) in enumerate(procs):
+        doc: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(path.read_text())
+        log = (folder / f"job{i:02d}.log").read_text(errors="replace")
+        jobs.append(
+            {
+                "index": i,
+                "rc": proc.returncode,
+                "launched": started,
+                "ok": bool(doc.get("ok")) and proc.returncode == 0,
+                "memgov_imported": doc.get("memgov_imported"),
+                "epochs": doc.get("epochs", []),
+                "memgov_lines": [x for x in log.splitlines() if x.startswith("memgov:")][:8],
+                "log_tail": log.splitlines()[-5:] if proc.returncode else [],
+            }
+        )
+    return {
+        "what": cond["what"],
+        "env": cond["env"],
+        "mps_start": cond.get("mps_start"),
+        **aggregate(jobs, launch),
+        "jobs": jobs,
+    }
+
+
+def aggregate(jobs: list[dict[str, Any]], launch: float) -> dict[str, Any]:
+    """The same two figures as `memgov pack` (memgov/pack/stats.py), so pack and the plain
+    scripts compare on one basis, plus a steady window and a span from the launch."""
+    epochs = [e for j in jobs for e in j["epochs"]]
+    ok = sum(1 for j in jobs if j["ok"])
+    result: dict[str, Any] = {"ok": ok, "n": len(jobs)}
+    if not epochs:
+        return result
+    total = sum(e["samples"] for e in epochs)
+    first, end = min(e["t0"] for e in epochs), max(e["t1"] for e in epochs)
+    result["span_s"] = round(end - first, 2)
+    # pack's span: first epoch start to last epoch end (start-up stagger counts against it).
+    result["samples_per_s_span"] = round(total / (end - first), 1) if end > first else None
+    # Also from the first launch: interpreter and framework start-up included.
+    result["samples_per_s_launch_span"] = round(total / (end - launch), 1)
+    every = [j["epochs"] for j in jobs]
+    steady = [[e for e in js if e["epoch"] >= 1] for js in every]
+    if ok == len(jobs):
+        # pack's "while all ran": latest first-epoch start to earliest last-epoch end.
+        result.update(_window(every, "all_ran"))
+        # Without first epochs (CUDA/cuDNN set-up, XLA compilation).
+        if all(steady):
+            result.update(_window(steady, "all_ran_steady"))
+            secs = [e["seconds"] for js in steady for e in js]
+            result["steady_epoch_s_median"] = round(statistics.median(secs), 3)
+    threads = [e.get("framework_threads") for e in epochs if e.get("framework_threads")]
+    if threads:
+        result["framework_threads_seen"] = sorted(set(threads))
+    result["os_threads_max"] = max(e.get("os_threads", 0) for e in epochs)
+    return result
+
+
+def _window(per_job: list[list[dict[str, Any]]], name: str) -> dict[str, Any]:
+    lo = max(js[0]["t0"] for js in per_job)
+    hi = min(js[-1]["t1"] for js in per_job)
+    if hi <= lo:
+        return {f"samples_per_s_{name}": None, f"{name}_window_s": 0.0}
+    inside = sum(e["samples"] * _overlap(e, lo, hi) for js in per_job for e in js)
+    return {
+        f"samples_per_s_{name}": round(inside / (hi - lo), 1),
+        f"{name}_window_s": round(hi - lo, 2),
+    }
+
+
+def _overlap(e: dict[str, Any], lo: float, hi: float) -> float:
+    length = e["t1"] - e["t0"]
+    if length <= 0:
+        return 0.0
+    return max(0.0, min(hi, e["t1"]) - max(lo, e["t0"])) / length
+
+
+# -- pack ---------------------------------------------------------------------------------------
+def run_pack(
+    fw: str,
+    args: argparse.Namespace,
+    base: dict[str, str],
+    work: Path,
+    limit: float,
+    epochs: int,
+    steps: int,
+) -> dict[str, Any]:
+    dest = work / "pack"
+    limit_images = steps * 32
+    cmd = [
+        sys.executable,
+        "-m",
+        "memgov",
+        "pack",
+        "--n",
+        str(args.n),
+        "--framework",
+        fw,
+        "--mode",
+        "claim",
+        "--epochs",
+        str(epochs),
+        "--no-solo",
+        "--no-progress",
+        "--timeout",
+        str(int(limit - 15)),
+        "--out",
+        str(dest),
+    ]
+    if args.cpu:
+        cmd += ["--device", "cpu"]
+    cmd += ["experiments/mnist", "--", "--limit", str(limit_images), "--eval-limit", "500"]
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=ROOT, env=base, capture_output=True, text=True, timeout=limit)
+    rep: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        rep = json.loads((dest / "report.json").read_text())
+    keep = (
+        "ok",
+        "n",
+        "aggregate_samples_per_s",
+        "aggregate_samples_per_s_span",
+        "threads_per_job",
+        "mps",
+        "claim_mib",
+        "footprint_mib",
+        "wall_s",
+    )
+    return {
+        "what": " ".join(cmd[2:]),
+        "rc": r.returncode,
+        "wall_s": round(time.time() - t0, 1),
+        "samples_per_s_all_ran": rep.get("aggregate_samples_per_s"),
+        "samples_per_s_span": rep.get("aggregate_samples_per_s_span"),
+        **{k: rep.get(k) for k in keep},
+        "stdout_tail": r.stdout.splitlines()[-25:],
+        "stderr_tail": r.stderr.splitlines()[-10:],
+        "report": rep,
+    }
+
+
+# -- summary ------------------------------------------------------------------------------------
+def summary(conds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def rate(name: str, basis: str) -> float | None:
+        value = (conds.get(name) or {}).get(f"samples_per_s_{basis}")
+        return value if isinstance(value, (int, float)) else None
+
+    def ratio(a: str, b: str, basis: str) -> float | None:
+        x, y = rate(a, basis), rate(b, basis)
+        return round(x / y, 3) if x and y else None
+
+    pairs = {
+        "1a_memgov_mps_vs_hand_mps": ("memgov_mps", "hand_mps", "must >= 0.9"),
+        "1b_memgov_vs_hand": ("memgov", "hand", "must >= 0.9"),
+        "2_stagger_memgov_vs_hand": (
+            "memgov_mps_stagger",
+            "hand_mps_stagger",
+            "must >= 0.8 (span)",
+        ),
+        "2x_stagger_once_vs_hand": ("memgov_once_stagger", "hand_mps_stagger", "design option"),
+        "3_pack_vs_hand_mps": ("pack", "hand_mps", "must >= 1.0"),
+    }
+    out: dict[str, Any] = {}
+    for key, (a, b, goal) in pairs.items():
+        if a in conds or b in conds:
+            bases = ("all_ran", "span", "all_ran_steady", "launch_span")
+            out[key] = {
+                "goal": goal,
+                **{k: ratio(a, b, k) for k in bases},
+                a: {k: rate(a, k) for k in bases},
+                b: {k: rate(b, k) for k in bases},
+            }
+    out["ok"] = {k: f"{v.get('ok')}/{v.get('n')}" for k, v in conds.items() if "n" in v}
+    return out
+
+
+def line(name: str, r: dict[str, Any]) -> str:
+    return (
+        f"--- {name}: ok {r.get('ok')}/{r.get('n')}, all ran {r.get('samples_per_s_all_ran')}"
+        f" samples/s, span {r.get('samples_per_s_span')} samples/s, steady epoch "
+        f"{r.get('steady_epoch_s_median')} s, threads {r.get('framework_threads_seen')}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
