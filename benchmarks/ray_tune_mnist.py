@@ -82,13 +82,13 @@ def trial(config: dict[str, Any]) -> None:
 def sample(
     nodes: dict[str, tuple[str, Path]], stop: threading.Event, out: list[dict[str, Any]]
 ) -> None:
-    from memgov._devices import _simulated
+    from memgov._devices import simulated_devices
     from memgov._ledger import DeviceLedger
 
     ledgers = [
         (name, DeviceLedger(d, root=root))
         for name, (spec, root) in nodes.items()
-        for d in _simulated(spec)
+        for d in simulated_devices(spec)
     ]
     while not stop.is_set():
         for name, ledger in ledgers:

@@ -30,7 +30,7 @@ from helpers.procs import Child  # noqa: E402
 
 import memgov  # noqa: E402
 import memgov.ray  # noqa: E402
-from memgov._devices import Device, _simulated  # noqa: E402
+from memgov._devices import Device, simulated_devices  # noqa: E402
 from memgov._errors import BudgetExceeded, ConfigError  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
 
@@ -51,7 +51,7 @@ class Node:
         return {"MEMGOV_DEVICES": self.spec, "MEMGOV_DIR": str(self.ledger_dir)}
 
     def devices(self) -> list[Device]:
-        return _simulated(self.spec)
+        return simulated_devices(self.spec)
 
     def ledgers(self) -> list[DeviceLedger]:
         return [DeviceLedger(d, root=self.ledger_dir) for d in self.devices()]
@@ -199,7 +199,7 @@ def test_mixed_budgets_pack_by_memory_and_claim_the_assigned_gpu(
     assert sampler.samples > 10
     for info in results:
         # The claim is on the GPU Ray assigned: CUDA_VISIBLE_DEVICES is its position on the node.
-        position = [d.uuid for d in _simulated(info["sim"])].index(info["device"])
+        position = [d.uuid for d in simulated_devices(info["sim"])].index(info["device"])
         assert info["cvd"] == str(position), info
         assert [str(i) for i in info["gpu_ids"]] == [info["cvd"]]
         assert info["assigned"] == info["device"]
