@@ -5,6 +5,13 @@
 # `jax` (benchmarks/gpu/jax_auto.py) is left out of the default: pack's check 3 runs the same JAX
 # greedy-vs-MEMGOV_CLAIM comparison, and both do not fit in one 9-minute call. `gpu` runs the
 # tests marked gpu (tests/gpu: MPS daemons stopped, signals) with pytest; its own call.
+# Each of these is one call of its own (each takes most of the 9 minutes):
+#   threads_torch, threads_jax  25 plain scripts vs hand-tuned, with and without MPS, staggered,
+#                               and pack (benchmarks/gpu/threads_checks.py; docs/threads.md)
+#   density                     several MPS servers, 48/96/140 jobs, no-MPS context wall
+#                               (benchmarks/gpu/mps_density.sh; docs/hard-limits.md)
+#   probes                      the JAX trainer's upload probe and the bare-context wall with and
+#                               without CUDA_DEVICE_MAX_CONNECTIONS=1 (about 2 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -34,6 +41,16 @@ python3 -m memgov devices' ;;
     torch) run torch_claim 150 python3 benchmarks/gpu/torch_claim.py --out "$OUT/torch_claim.json" ;;
     mps) [ -f benchmarks/gpu/mps_checks.py ] && run mps 270 python3 benchmarks/gpu/mps_checks.py --out "$OUT/mps_checks.json" ;;
     jax) [ -f benchmarks/gpu/jax_auto.py ] && run jax 200 python3 benchmarks/gpu/jax_auto.py "$OUT/jax_auto.json" ;;
+    threads_torch) run threads_torch 560 python3 benchmarks/gpu/threads_checks.py torch \
+      --epochs 8 --steps 500 --budget 540 --out "$OUT" ;;
+    threads_jax) run threads_jax 560 python3 benchmarks/gpu/threads_checks.py jax \
+      --epochs 8 --steps 400 --budget 540 --out "$OUT" ;;
+    density) run density 560 bash benchmarks/gpu/mps_density.sh "$OUT" ;;
+    probes) run jax_probe 150 python3 benchmarks/gpu/jax_trainer_probe.py \
+        --out "$OUT/jax_probe.json" --steps 3000
+      run wall_default 170 python3 benchmarks/gpu/context_wall.py --out "$OUT/wall_default.json"
+      run wall_one_connection 170 python3 benchmarks/gpu/context_wall.py \
+        --out "$OUT/wall_one_connection.json" --env CUDA_DEVICE_MAX_CONNECTIONS=1 ;;
     gpu) run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
       --junitxml="$OUT/gpu_tests.xml" ;;
     # pack gets what is left of TOTAL_S (its last check, the dense one, is cut first).
