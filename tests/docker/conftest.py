@@ -133,7 +133,7 @@ def _wheelhouse(folder: Path) -> Path:
     """The image's Python packages, as the test's own environment installed them."""
     torch = importlib.metadata.version("torch").split("+")[0]
     wanted = [f"torch=={torch}", "numpy", "setuptools>=68", "wheel"]
-    wanted += importlib.metadata.requires("memgov") or []
+    wanted += importlib.metadata.requires("memgov-gpu") or []
     wanted = [w for w in wanted if "extra ==" not in w]
     done = subprocess.run(
         [
