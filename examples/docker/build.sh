@@ -52,5 +52,5 @@ fi
 
 cd "$root"
 tar -c --exclude=__pycache__ --exclude="*.pyc" \
-  pyproject.toml setup.py README.md memgov adapters experiments/mnist examples/docker/Dockerfile \
+  pyproject.toml setup.py README.md LICENSE memgov adapters experiments/mnist examples/docker/Dockerfile \
   | docker build "${args[@]}" -
