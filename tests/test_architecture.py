@@ -38,19 +38,9 @@ class Layer:
 
 CORE_AND_CONTRACT = frozenset({"core"})
 LAYERS = (
-    # The command line: typer apps and rich rendering, over everything else. The planned
-    # memgov/cli/ folder takes cli.py, _cli_*.py and _render.py.
-    Layer(
-        "cli",
-        (
-            "memgov/cli.py",
-            "memgov/cli/*.py",
-            "memgov/_cli_*.py",
-            "memgov/_render.py",
-            "memgov/__main__.py",
-        ),
-        may_import=None,
-    ),
+    # The command line: typer apps and rich rendering, over everything else (memgov/cli/, one
+    # module per command group, and `python -m memgov`).
+    Layer("cli", ("memgov/cli/*.py", "memgov/__main__.py"), may_import=None),
     # memgov pack: a library of its own on top of the core (the CLI is a thin layer over it).
     Layer(
         "pack",
@@ -99,9 +89,7 @@ def _matches(relative: str, pattern: str) -> bool:
 def memgov_layer(module: str) -> str:
     """The layer of an imported memgov module, from its dotted name."""
     parts = module.split(".")
-    if len(parts) > 1 and (parts[1] == "cli" or parts[1].startswith("_cli_")):
-        return "cli"
-    if len(parts) > 1 and parts[1] in ("_render", "__main__"):
+    if len(parts) > 1 and parts[1] in ("cli", "__main__"):
         return "cli"
     if len(parts) > 1 and parts[1] in ("pack", "ray"):
         return parts[1]
@@ -170,8 +158,24 @@ def test_the_checker_sees_what_it_must() -> None:
     seen = {i.module: i.module_level for i in imports(ROOT / "adapters" / "torch" / "__init__.py")}
     assert seen["memgov.adapter"] is True
     assert seen["torch"] is False  # imported inside apply()
-    assert memgov_layer("memgov.pack.plan") == "pack" and memgov_layer("memgov._cli_mps") == "cli"
-    assert memgov_layer("memgov.cli.status") == "cli" and memgov_layer("memgov._claim") == "core"
+    assert memgov_layer("memgov.pack.plan") == "pack" and memgov_layer("memgov.cli.mps") == "cli"
+    assert memgov_layer("memgov.cli") == "cli" and memgov_layer("memgov._claim") == "core"
+    assert getattr(layer_of("memgov/cli/render.py"), "name", None) == "cli"
+    # A command module back among the library's files would be core, and fail its rules.
+    assert getattr(layer_of("memgov/_cli_pack.py"), "name", None) == "core"
+
+
+def test_the_command_line_lives_in_its_folder() -> None:
+    # Whatever imports typer or rich at module level is under memgov/cli/ (docs/architecture.md).
+    outside = [
+        f"{path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
+        for path in files()
+        if "cli" not in path.relative_to(ROOT).parts
+        for imp in imports(path)
+        if imp.module_level and imp.module.split(".")[0] in CLI_LIBRARIES
+    ]
+    assert not outside, "\n".join(outside)
+    assert (ROOT / "memgov" / "cli" / "__init__.py").is_file()
 
 
 @pytest.mark.parametrize("path", files(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -125,6 +125,11 @@ def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
     version = run(memgov, "--version")
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith("memgov 0.") and str(site_packages(fresh)) in version.stdout
+    # The command line is a package of its own (memgov/cli/): every way in must find it.
+    assert (site_packages(fresh) / "memgov" / "cli" / "__init__.py").is_file()
+    for way in ([str(python), "-m", "memgov"], [str(python), "-m", "memgov.cli"]):
+        listed = run(*way, "devices", "--json")
+        assert listed.returncode == 0 and '"devices"' in listed.stdout, listed.stderr
 
     out = tmp_path / "report"
     packed = run(memgov, "pack", "--device", "cpu", "--n", "2", "--epochs", "1", "--no-solo",

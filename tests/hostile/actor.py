@@ -28,7 +28,8 @@ def main() -> None:
     import rich.markup  # noqa: F401
 
     import memgov  # noqa: F401
-    from memgov import _render, _status  # noqa: F401
+    from memgov import _status  # noqa: F401
+    from memgov.cli import render  # noqa: F401
 
     become(uid)
     exec(compile(code, "<actor>", "exec"), {"out": out, "__name__": "__actor__"})

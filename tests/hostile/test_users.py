@@ -315,7 +315,7 @@ def test_names_cannot_break_or_hijack_anyones_status(users: dict[str, User], sha
         for who in (a, b):
             text = who.run(
                 "import io\nfrom rich.console import Console\nfrom memgov import _status\n"
-                "from memgov._render import status_table\nbuf = io.StringIO()\n"
+                "from memgov.cli.render import status_table\nbuf = io.StringIO()\n"
                 "Console(file=buf, force_terminal=True, width=200).print("
                 "status_table(_status.status()))\nout(buf.getvalue())"
             )

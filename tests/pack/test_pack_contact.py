@@ -39,7 +39,7 @@ def test_cpu_default_gives_way_to_what_the_user_asks(tmp_path: Path) -> None:
 
 
 def test_progress_moves_within_epochs_with_an_eta_as_plain_lines() -> None:
-    from memgov import _cli_progress as _progress
+    from memgov.cli import progress as _progress
 
     shown = io.StringIO()
     watcher = _progress.PackProgress()

@@ -90,7 +90,7 @@ def pack(
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json on stdout.")
                        ] = False,
 ) -> None:
-    from memgov._cli_progress import PackProgress
+    from memgov.cli.progress import PackProgress
     from memgov.pack import PackConfig, config, run
 
     try:
@@ -140,7 +140,7 @@ def _threads(text: str) -> int | None:
 
 
 def _summary(report: dict[str, Any]) -> None:
-    from memgov._render import console as make_console
+    from memgov.cli.render import console as make_console
     from memgov.pack import report as reports
 
     console = make_console()

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov._render import console, one_line
+from memgov.cli.render import console, one_line
 
 PLAIN_EVERY_S = 10.0
 

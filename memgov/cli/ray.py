@@ -13,14 +13,13 @@ from typing import Annotated, Any
 import typer
 
 from memgov._errors import MemgovError
+from memgov.cli._common import JsonFlag
 
 ray_app = typer.Typer(
     help="Ray clusters: declare GPU memory to Ray, see every node's ledger.",
     no_args_is_help=True,
     add_completion=False,
 )
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 @ray_app.command("node-resources")

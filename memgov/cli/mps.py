@@ -1,6 +1,6 @@
 """`memgov mps start | stop | status`: memgov's MPS control daemon (docs/hard-limits.md).
 
-Kept apart from cli.py so the main CLI stays small; memgov._mps is imported inside each command.
+memgov._mps is imported inside each command, so `memgov --help` stays cheap.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from memgov._errors import MemgovError
+from memgov.cli._common import JsonFlag, fail
 
 mps_app = typer.Typer(
     name="mps",
@@ -19,15 +20,9 @@ mps_app = typer.Typer(
     no_args_is_help=True,
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 Timeout = Annotated[
     float, typer.Option("--timeout", min=0.5, help="Seconds to wait for the daemon.")
 ]
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    typer.echo(f"memgov: {exc}", err=True)
-    return typer.Exit(2)
 
 
 def _call(action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -35,7 +30,7 @@ def _call(action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     try:
         return action()
     except (MemgovError, OSError) as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
 
 
 def _print(info: dict[str, Any], as_json: bool) -> None:

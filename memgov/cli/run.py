@@ -1,0 +1,48 @@
+"""`memgov run -- CMD`: run a command governed by its environment alone (docs/auto-enable.md)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from memgov._errors import MemgovError
+from memgov.cli._common import fail
+
+RUN_SETTINGS = {"allow_interspersed_args": False}
+"""Options after CMD belong to CMD: `memgov run -- python train.py --claim x` passes --claim on."""
+
+
+def run(
+    command: Annotated[list[str], typer.Argument(help="The command, after --.")],
+    claim: Annotated[
+        str, typer.Option("--claim", help="SIZE (2GiB, 25%), growth, auto or off.")
+    ] = "auto",
+    device: Annotated[
+        str | None, typer.Option("--device", help="Index (cuda:N), GPU UUID or auto.")
+    ] = None,
+    wait: Annotated[
+        float | None, typer.Option("--wait", help="Queue up to SECONDS for the budget.")
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Fail instead of warning when memgov cannot govern.")
+    ] = False,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="CPU threads for the command's frameworks.")
+    ] = None,
+) -> None:
+    """Run CMD governed by env alone: memgov run --claim 2GiB -- python train.py"""
+    from memgov import _autoenable, _run
+
+    try:
+        env = _run.command_env(claim, device, wait, strict, threads)
+        if not _autoenable.installed_pth():
+            typer.echo(
+                f"memgov: warning: {_autoenable.PTH_NAME} is not installed for {sys.executable}; "
+                "CMD is governed only if its Python has memgov installed",
+                err=True,
+            )
+        _run.exec_command(command, env)
+    except MemgovError as exc:
+        raise fail(exc) from None

@@ -1,0 +1,106 @@
+"""`memgov status`, `memgov gc`, `memgov devices`: the ledger and the GPUs, for people or --json."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+
+from memgov._errors import MemgovError
+from memgov.cli._common import JsonFlag, fail, print_json
+
+
+def status(
+    as_json: JsonFlag = False,
+    watch: Annotated[
+        float | None,
+        typer.Option("--watch", min=0.2, help="Refresh every SECONDS until Ctrl-C."),
+    ] = None,
+) -> None:
+    """Per GPU: total, used (NVML), claimed, free budget, and every claim."""
+    from memgov import _status
+
+    try:
+        if watch is None:
+            data = _status.status()
+            if as_json:
+                print_json(data)
+            else:
+                from memgov.cli.render import console, status_table
+
+                console().print(status_table(data))
+                if not data["devices"]:
+                    typer.echo(_no_gpu_hint())
+            return
+        _watch(watch, as_json)
+    except MemgovError as exc:
+        raise fail(exc) from None
+
+
+def _watch(seconds: float, as_json: bool) -> None:
+    from rich.live import Live
+
+    from memgov import _status
+    from memgov.cli.render import status_table
+
+    try:
+        if as_json:
+            while True:
+                typer.echo(json.dumps(_status.status(), sort_keys=True))
+                time.sleep(seconds)
+        with Live(status_table(_status.status()), auto_refresh=False) as live:
+            while True:
+                time.sleep(seconds)
+                live.update(status_table(_status.status()), refresh=True)
+    except KeyboardInterrupt:
+        return
+
+
+def gc(as_json: JsonFlag = False) -> None:
+    """Remove the records of dead holders and say what was removed or skipped. Run by root, it is
+    also the set-up of a ledger shared by several users: it makes every device's folders."""
+    import os
+
+    from memgov import _status
+
+    try:
+        snaps = _status.snapshots(clean=True, set_up=os.geteuid() == 0)
+    except MemgovError as exc:
+        raise fail(exc) from None
+    removed = [r for s in snaps for r in s.removed]
+    problems = [p for s in snaps for p in s.problems]
+    if as_json:
+        print_json({"removed": removed, "skipped": problems})
+        return
+    for line in removed:
+        typer.echo(f"removed {line}")
+    for line in problems:
+        typer.echo(f"skipped {line}")
+    typer.echo(f"{len(removed)} removed, {len(problems)} skipped")
+
+
+def devices(as_json: JsonFlag = False) -> None:
+    """The GPUs memgov sees (NVML, or simulated with MEMGOV_DEVICES)."""
+    from memgov._devices import devices as list_devices
+    from memgov._status import device_dict
+
+    try:
+        found = [device_dict(d) for d in list_devices()]
+    except MemgovError as exc:
+        raise fail(exc) from None
+    if as_json:
+        print_json({"devices": found})
+        return
+    from memgov.cli.render import console, devices_table
+
+    console().print(devices_table(found))
+    if not found:
+        typer.echo(_no_gpu_hint())
+
+
+def _no_gpu_hint() -> str:
+    from memgov._devices import no_gpu_hint
+
+    return no_gpu_hint()
