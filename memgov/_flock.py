@@ -154,7 +154,26 @@ def pid_running(pid: int) -> bool:
 
 
 def trusted_owner(uid: int) -> bool:
-    return uid in (0, os.geteuid())
+    return uid in (0, os.geteuid()) or uid == _overflow_uid()
+
+
+@functools.cache
+def _overflow_uid() -> int | None:
+    """The uid that root's files show inside a user namespace that does not map the host's root
+    (docker --userns-remap): the kernel's overflow uid. None in the initial namespace.
+
+    Inside such a namespace memgov cannot tell the host's root from other unmapped users, so it
+    trusts that uid: the bind-mounted ledger is then what the host's admin set up
+    (docs/ledger.md, "Containers")."""
+    try:
+        with open("/proc/self/uid_map", encoding="ascii") as f:
+            first = f.read().split()
+        if first[:3] == ["0", "0", "4294967295"]:
+            return None
+        with open("/proc/sys/kernel/overflowuid", encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def untrusted(path: Path, uid: int, what: str) -> LedgerError:

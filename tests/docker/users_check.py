@@ -49,6 +49,12 @@ def run(image: str, base: Path, userns_host: str | None) -> dict[str, Any]:
     for folder in (base, stage):
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o1777)  # every container's user must reach them, as on a shared /tmp
+    # The admin set-up of a ledger shared by several users (docs/ledger.md): root makes it and
+    # runs `memgov gc` once, which creates every device's folders with the modes users need.
+    ledger.mkdir(mode=0o755, exist_ok=True)
+    env = {**os.environ, "MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": DEVICES}
+    subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True,
+                   capture_output=True, text=True, timeout=60)
     holders: list[tuple[str, str | None, list[str]]] = [
         ("root", None, []),
         ("uid1001", None, ["--user", "1001:1001"]),
