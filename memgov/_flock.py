@@ -166,11 +166,13 @@ def _overflow_uid() -> int | None:
     trusts that uid: the bind-mounted ledger is then what the host's admin set up
     (docs/ledger.md, "Containers")."""
     try:
-        with open("/proc/self/uid_map", encoding="ascii") as f:
-            first = f.read().split()
+        # Bytes, decoded by the built-in fast path: this can run while the interpreter is short
+        # of codecs (a user that cannot read the encodings package, interpreter exit).
+        with open("/proc/self/uid_map", "rb") as f:
+            first = f.read().decode().split()
         if first[:3] == ["0", "0", "4294967295"]:
             return None
-        with open("/proc/sys/kernel/overflowuid", encoding="ascii") as f:
+        with open("/proc/sys/kernel/overflowuid", "rb") as f:
             return int(f.read().strip())
     except (OSError, ValueError, IndexError):
         return None
