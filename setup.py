@@ -23,19 +23,21 @@ tests/auto/test_install.py checks both in fresh virtual environments.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 PTH_NAME = "memgov-autoenable.pth"
-# Keep the variable names in step with memgov._autoenable.TRIGGERS (a test compares them).
-PTH_LINE = (
-    "import os; any(k.startswith(('MEMGOV_CLAIM', 'CUDA_DEVICE_MEMORY_LIMIT', "
-    "'ALIYUN_COM_GPU_MEM_CONTAINER', 'GPU_PORTION', 'NVIDIA_GPU_MEMORY_', "
-    "'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', 'SLURM_SHARDS_ON_NODE')) for k in os.environ) and "
-    "__import__('memgov._autoenable')._autoenable.start()\n"
-)
+HERE = Path(__file__).resolve().parent
+# The line comes from memgov's settings table (the variables that wake auto-enable), imported
+# from this source tree: memgov/__init__.py and memgov/_settings.py load only the standard
+# library and memgov's errors and sizes.
+sys.path.insert(0, str(HERE))
+from memgov._settings import pth_line  # noqa: E402
+
+PTH_LINE = pth_line()
 
 
 class build_py_with_pth(build_py):
@@ -56,7 +58,6 @@ class build_py_with_pth(build_py):
         return outputs
 
 
-HERE = Path(__file__).resolve().parent
 ADAPTERS = {f"memgov_{p.name}": f"adapters/{p.name}" for p in sorted(HERE.glob("adapters/*/"))
             if (p / "__init__.py").is_file()}
 EXPERIMENTS = {f"memgov.experiments.{p.parent.name}": f"experiments/{p.parent.name}"

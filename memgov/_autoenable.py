@@ -25,26 +25,13 @@ if TYPE_CHECKING:
     from memgov._devices import Device
 
 PTH_NAME = "memgov-autoenable.pth"
-TRIGGERS = (
-    "MEMGOV_CLAIM",
-    "CUDA_DEVICE_MEMORY_LIMIT",
-    "ALIYUN_COM_GPU_MEM_CONTAINER",
-    "GPU_PORTION",
-    "NVIDIA_GPU_MEMORY_",
-    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-    "SLURM_SHARDS_ON_NODE",
-)
-"""Variable-name prefixes that wake auto-enable (setup.py's .pth line checks the same)."""
+"""Its line (setup.py writes it) is memgov._settings.pth_line(): it wakes auto-enable when one of
+memgov._settings.TRIGGERS is set (MEMGOV_CLAIM or a GPU scheduler's budget variable)."""
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 """Imports that trigger the claim: the adapters' ``module`` names. Fixed here rather than read
 from the entry points, whose discovery costs 27-29 ms (docs/RESULTS.md), too much for every
 interpreter start."""
-
-CLAIM_ACCEPTED = (
-    "accepted a size (e.g. 2GiB, 512MiB, 25%), 'growth' (no cap, no greedy preallocation), "
-    "'auto' (a GPU scheduler's budget if there is one, else growth) or 'off'"
-)
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"started": False, "fired": False}
@@ -54,6 +41,8 @@ outcome: dict[str, Any] = {}
 
 
 def triggered(environ: Any = None) -> bool:
+    from memgov._settings import TRIGGERS
+
     env = os.environ if environ is None else environ
     return any(key.startswith(TRIGGERS) for key in env)
 
@@ -74,11 +63,12 @@ def start() -> None:
 
 
 class Settings:
-    """The auto-mode variables, checked (a plain class: dataclasses imports inspect, slow)."""
+    """The settings auto mode acts on, parsed by memgov._settings (a plain class: dataclasses
+    imports inspect, slow)."""
 
     def __init__(
         self,
-        claim: str | None,
+        claim: Any,
         device: str | None,
         wait: float | None,
         strict: bool,
@@ -86,63 +76,40 @@ class Settings:
         threads: Any,
     ) -> None:
         self.claim = claim
-        """None (unset: scheduler budgets decide), "growth", "auto", "off" or a size string."""
+        """None (unset: scheduler budgets decide), "growth", "auto", "off" or a checked
+        memgov._sizes.Size (named MEMGOV_CLAIM in its errors)."""
         self.device = device
         self.wait = wait
         self.strict = strict
         self.quiet = quiet
         self.threads = threads
-        """MEMGOV_THREADS parsed (memgov._threads.Setting)."""
+        """MEMGOV_THREADS parsed (memgov._settings.Threads)."""
 
 
 def strict_mode() -> bool:
     """MEMGOV_STRICT; garbage in it warns (not strict: auto mode must not crash the program)."""
-    from memgov import _config
+    from memgov import _settings
 
     try:
-        return _config.flag("MEMGOV_STRICT")
+        return bool(_settings.get("MEMGOV_STRICT"))
     except ValueError as exc:
         _warn(str(exc))
         return False
 
 
-def read_settings() -> Settings:
-    """Every auto-mode variable, checked; raises ConfigError naming the variable and the forms."""
-    from memgov import _config, _threads
-    from memgov._errors import ConfigError
-    from memgov._sizes import parse_size
-
-    claim = os.environ.get("MEMGOV_CLAIM", "").strip() or None
-    if claim is not None and claim.lower() in ("growth", "auto", "off"):
-        claim = claim.lower()
-    elif claim is not None:
-        try:
-            parse_size(claim, total=2**62, what="MEMGOV_CLAIM")  # syntax only; claim() resolves
-        except ValueError:
-            raise ConfigError(f"MEMGOV_CLAIM={claim!r}: {CLAIM_ACCEPTED}") from None
-    wait = parse_wait(os.environ.get("MEMGOV_WAIT", ""), "MEMGOV_WAIT")
-    _config.ledger_dir()  # MEMGOV_DIR: an absolute path
-    device = os.environ.get("MEMGOV_DEVICE", "").strip() or None
-    return Settings(claim, device, wait, strict_mode(), _config.flag("MEMGOV_QUIET"),
-                    _threads.setting())
-
-
-def parse_wait(raw: str, what: str) -> float | None:
+def read_settings(strict: bool) -> Settings:
+    """The settings, after checking every user setting in the table, those this run would not
+    use too (a typo shows now, not on the day the setting matters); raises ConfigError naming
+    each variable memgov cannot use and the forms it accepts."""
+    from memgov import _settings
     from memgov._errors import ConfigError
 
-    text = raw.strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise ConfigError(
-            f"{what}={raw!r}: accepted seconds to queue for the budget (e.g. 60), or 0 to fail "
-            "at once when it does not fit"
-        )
-    return value or None
+    problems = _settings.problems(skip=("MEMGOV_STRICT",))  # strict_mode() reported it
+    if problems:
+        raise ConfigError("; ".join(problems))
+    get = _settings.get
+    return Settings(get("MEMGOV_CLAIM"), get("MEMGOV_DEVICE"), get("MEMGOV_WAIT"), strict,
+                    get("MEMGOV_QUIET"), get("MEMGOV_THREADS"))
 
 
 def auto_size(device: Device) -> tuple[int, str] | None:
@@ -167,7 +134,7 @@ def _on_import(module: ModuleType) -> None:
     strict = strict_mode()
     outcome["strict"] = strict
     try:
-        _govern(module.__name__)
+        _govern(module.__name__, strict)
     except Exception as exc:
         from memgov._errors import MemgovError
 
@@ -180,13 +147,13 @@ def _on_import(module: ModuleType) -> None:
         _warn(f"{detail}; continuing without a memgov budget (MEMGOV_STRICT=1 makes this an error)")
 
 
-def _govern(framework: str) -> None:
+def _govern(framework: str, strict: bool) -> None:
     from memgov import _claim, _devices
 
     if _claim.current() is not None:
         outcome["mode"] = "explicit"  # the program called memgov.claim() itself, first
         return
-    settings = read_settings()
+    settings = read_settings(strict)
     outcome["settings"] = settings
     holder = os.environ.get(_claim.HOLDER_ENV, "")
     if holder and holder_alive(holder):
@@ -239,7 +206,7 @@ def _growth(settings: Settings, why: str, quiet: bool) -> None:
 
     reports: dict[str, str] = {}
     outcome.update(mode=outcome.get("mode", "growth"), source=why, reports=reports)
-    threads = _threads.govern(inherited=outcome.get("mode") == "child")
+    threads = _threads.govern(settings.threads, inherited=outcome.get("mode") == "child")
     line = _threads.report(threads)
     if line:
         reports["threads"] = line

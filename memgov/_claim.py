@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import sys
 import time
@@ -11,12 +10,12 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _adapters, _config, _devices, _enforce, _threads
-from memgov._errors import BudgetExceeded, LockTimeout, MemgovError
+from memgov import _adapters, _config, _devices, _enforce, _settings, _threads
+from memgov._errors import BudgetExceeded, ConfigError, LockTimeout, MemgovError
 from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
 from memgov._parse import printable
 from memgov._records import Held
-from memgov._sizes import format_size, parse_size
+from memgov._sizes import Size, format_size
 from memgov._wake import Waker
 
 HOLDER_ENV = "MEMGOV_HOLDER"
@@ -99,7 +98,7 @@ def current() -> Claim | None:
 
 
 def claim(
-    size: int | str,
+    size: int | str | Size,
     *,
     device: int | str | None = None,
     wait: float | None = None,
@@ -117,9 +116,10 @@ def claim(
     ``Claim.mode_reason`` say which and why.
     Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
     """
-    wait_s = _check_wait(wait)
+    request = Size.of(size, "claim size")  # a Size from a setting keeps its variable's name
+    wait_s = _settings.wait_seconds(wait, "wait")
     label = _check_name(name)
-    _threads.setting()  # every setting is checked before admission: an error must hold nothing
+    chosen_threads = _threads.setting()  # checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
     if _current is not None:
         # One claim per process: a holder that waits for more could deadlock with another.
@@ -139,11 +139,11 @@ def claim(
             )
         _claiming["now"] = mark  # a mark whose attempt ended without clearing it
     try:
-        result, touched, chosen = _claim_now(size, device, wait_s, label, compute_pct)
+        result, touched, chosen = _claim_now(request, device, wait_s, label, compute_pct)
     finally:
         del attempt  # ends the mark (the weak reference dies with it)
     try:
-        threads = _threads.govern(holder=f"{chosen.uuid}/{result.record}")
+        threads = _threads.govern(chosen_threads, holder=f"{chosen.uuid}/{result.record}")
     except BaseException:
         try:
             result.release()
@@ -180,7 +180,7 @@ def _unmark(mark: weakref.ref[_Attempt]) -> None:
 
 
 def _claim_now(
-    size: int | str,
+    size: Size,
     device: int | str | None,
     wait_s: float | None,
     label: str,
@@ -398,15 +398,15 @@ def _capacity(device: _devices.Device) -> int:
     return max(0, device.total - _config.reserve(device.total, device.simulated))
 
 
-def _sizes_on(size: int | str, candidates: list[_devices.Device]) -> dict[str, int]:
+def _sizes_on(size: Size, candidates: list[_devices.Device]) -> dict[str, int]:
     """Device UUID -> the request in bytes, for each candidate device that could ever hold it."""
     sizes: dict[str, int] = {}
     error: ValueError | None = None
     for device in candidates:
         try:
-            sizes[device.uuid] = parse_size(size, total=device.total, what="claim size")
+            sizes[device.uuid] = size.on(device.total)
         except ValueError as exc:  # device="auto" skips a GPU too small for it, unless all are
-            error = error or exc
+            error = error or ConfigError(str(exc))
     if error is not None and not sizes:
         raise error
     return sizes
@@ -454,16 +454,6 @@ def _refusal(
         holders=holders,
         queued_ahead=ahead,
     )
-
-
-def _check_wait(wait: object) -> float | None:
-    if wait is None:
-        return None
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait):
-        raise ValueError(f"wait={wait!r}: accepted None (fail at once) or seconds >= 0")
-    if wait < 0:
-        raise ValueError(f"wait={wait!r}: accepted None (fail at once) or seconds >= 0")
-    return float(wait) if wait > 0 else None
 
 
 def _check_name(name: object) -> str:

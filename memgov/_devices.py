@@ -10,16 +10,10 @@ import os
 import re
 from dataclasses import dataclass
 
-from memgov import _nvml
+from memgov import _nvml, _settings
 from memgov._errors import ConfigError, NoDeviceError
-from memgov._sizes import parse_size
 
-_SIM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-SIM_FORMAT = (
-    'MEMGOV_DEVICES: accepted a comma-separated list of NAME:TOTAL[:USED], e.g. '
-    '"sim0:16GiB,sim1:80GiB:2GiB" (NAME of letters, digits, "_", "-", "."; USED is memory taken '
-    "by processes outside memgov)"
-)
+SIM_FORMAT = _settings.SIM_FORMAT
 
 
 @dataclass(frozen=True)
@@ -39,29 +33,17 @@ class Device:
 
 
 def simulated_spec() -> str | None:
+    """MEMGOV_DEVICES as set (unchecked: :func:`simulated_devices` checks it), or None."""
     raw = os.environ.get("MEMGOV_DEVICES")
     return raw if raw and raw.strip() else None
 
 
 def simulated_devices(spec: str) -> list[Device]:
     """The devices a MEMGOV_DEVICES value describes (pack also builds its own simulated GPU)."""
-    found: list[Device] = []
-    for position, item in enumerate(spec.split(",")):
-        parts = [p.strip() for p in item.split(":")]
-        if len(parts) not in (2, 3) or not _SIM_NAME.match(parts[0]):
-            raise ConfigError(f"MEMGOV_DEVICES item {item.strip()!r} is not valid; {SIM_FORMAT}")
-        if any(d.uuid == parts[0] for d in found):
-            raise ConfigError(f"MEMGOV_DEVICES names {parts[0]!r} twice; {SIM_FORMAT}")
-        try:
-            total = parse_size(parts[1], what=f"MEMGOV_DEVICES {parts[0]} total")
-            used = 0
-            if len(parts) == 3 and parts[2] not in ("0", "0B"):
-                used = parse_size(parts[2], total=total, what=f"MEMGOV_DEVICES {parts[0]} used")
-        except ValueError as exc:
-            raise ConfigError(f"{exc}; {SIM_FORMAT}") from None
-        label = f"simulated {parts[0]}"
-        found.append(Device(position, parts[0], label, total, used, True, position))
-    return found
+    return [
+        Device(position, name, f"simulated {name}", total, used, True, position)
+        for position, (name, total, used) in enumerate(_settings.simulated(spec))
+    ]
 
 
 def _visible_order(nvml_devices: list[_nvml.NvmlDevice]) -> list[_nvml.NvmlDevice]:

@@ -17,20 +17,17 @@ from memgov._errors import MemgovError
 
 FRAMEWORK_DISTS = ("torch", "tensorflow", "tensorflow-cpu", "jax", "jaxlib")
 ENV_SHOWN = (
-    "MEMGOV_CLAIM", "MEMGOV_DEVICE", "MEMGOV_WAIT", "MEMGOV_DIR", "MEMGOV_STRICT",
-    "MEMGOV_THREADS", "MEMGOV_THREADS_SET", "MEMGOV_SHARD_SIZE", "MEMGOV_DEVICES",
-    "MEMGOV_HOLDER", "MEMGOV_QUIET",
     "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE",
     "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OMP_NUM_THREADS",
-    "CUDA_MPS_PIPE_DIRECTORY", "MEMGOV_MPS_CLIENTS", "MEMGOV_MPS_POLICY", "MEMGOV_CONTEXTS",
-    "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
+    "CUDA_MPS_PIPE_DIRECTORY", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
 )  # fmt: skip
+"""Other programs' variables doctor shows beside memgov's own (every row of the settings table)."""
 PRIVATE_FS = ("overlay", "tmpfs", "aufs", "fuse-overlayfs")
 """File systems of a container's own root or scratch space: a ledger there is the container's."""
 
 
 def diagnose() -> dict[str, Any]:
-    from memgov import __version__, _autoenable
+    from memgov import __version__, _autoenable, _settings
 
     devices, device_problem = _devices()
     first = next((d for d in devices if d.get("visible_index") is not None), None)
@@ -49,7 +46,9 @@ def diagnose() -> dict[str, Any]:
         "budget": _budget(first),
         "ledger": ledger_sharing(),
         "threads": _threads(),
-        "environment": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ},
+        "settings": _settings.report(),
+        "environment": {k: os.environ[k] for k in (*_settings.names(), *ENV_SHOWN)
+                        if k in os.environ},
     }
 
 
@@ -121,7 +120,7 @@ def _mps() -> dict[str, Any]:
 
 def _budget(device: dict[str, Any] | None) -> dict[str, Any]:
     """Where auto mode would take this process's budget from."""
-    from memgov import _schedulers
+    from memgov import _schedulers, _settings
 
     raw = os.environ.get("MEMGOV_CLAIM", "").strip()
     found: dict[str, Any] = {"MEMGOV_CLAIM": raw or None, "scheduler": [], "problems": []}
@@ -135,11 +134,17 @@ def _budget(device: dict[str, Any] | None) -> dict[str, Any]:
         chosen = reading.chosen
     else:
         chosen = None
-    if raw.lower() == "off":
+    try:
+        setting = _settings.get("MEMGOV_CLAIM")
+    except MemgovError as exc:
+        setting = exc
+    if isinstance(setting, MemgovError):
+        found["decision"] = f"{setting} (auto mode warns and governs nothing; strict mode fails)"
+    elif setting == "off":
         found["decision"] = "MEMGOV_CLAIM=off: auto-enable does nothing"
-    elif raw and raw.lower() not in ("auto", "growth"):
+    elif setting is not None and setting not in ("auto", "growth"):
         found["decision"] = f"MEMGOV_CLAIM={raw}: claimed at the first GPU framework import"
-    elif raw.lower() == "growth":
+    elif setting == "growth":
         found["decision"] = "MEMGOV_CLAIM=growth: no claim, frameworks only stop preallocating"
     elif chosen is not None:
         found["decision"] = f"budget {chosen.bytes} bytes from {chosen.source}" + (

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from memgov import _settings
 from memgov._devices import Device
 from memgov._errors import ConfigError
 
@@ -68,12 +69,7 @@ def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
 
     Cheap checks first: on simulated devices, or with CUDA already up, no MPS program is run.
     """
-    setting = os.environ.get("MEMGOV_MPS", "").strip().lower()
-    if setting not in ("", "auto", "off"):
-        raise ConfigError(
-            f"MEMGOV_MPS={os.environ['MEMGOV_MPS']!r}: accepted auto (default: hard mode when an "
-            "MPS daemon is reachable) or off (always soft)"
-        )
+    setting = _settings.get("MEMGOV_MPS")
     if all(d.simulated for d in candidates):
         return Plan(False, "simulated device: no driver to enforce a limit")
     if setting == "off":

@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgov import _config
+from memgov import _config, _settings
 from memgov._errors import MemgovError
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -36,9 +36,8 @@ PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 MAX_DAEMONS = 16
 """memgov's daemons per host at most (pipe folders looked for on every claim; lstat each)."""
-DEFAULT_CLIENTS = 48
-"""Clients one MPS server admits per GPU: 48 measured on the H200 (Volta and later; 16 before)."""
-POLICIES = ("fill", "spread")
+DEFAULT_CLIENTS = _settings.DEFAULT_MPS_CLIENTS
+POLICIES = _settings.MPS_POLICIES
 
 
 class MpsError(MemgovError):
@@ -185,27 +184,15 @@ def server_uids(pipe: Path) -> dict[int, int | None]:
 
 def client_limit() -> int:
     """Clients one MPS server (one daemon) admits per GPU: MEMGOV_MPS_CLIENTS, default 48."""
-    raw = os.environ.get("MEMGOV_MPS_CLIENTS", "").strip()
-    if not raw:
-        return DEFAULT_CLIENTS
-    if not raw.isdigit() or int(raw) < 1:
-        raise MpsError(
-            f"MEMGOV_MPS_CLIENTS={raw!r}: accepted a whole number >= 1 (MPS admits 48 clients per "
-            "GPU on Volta and later, 16 before)"
-        )
-    return int(raw)
+    limit: int = _settings.get("MEMGOV_MPS_CLIENTS")
+    return limit
 
 
 def policy() -> str:
     """Which daemon a hard claim joins (MEMGOV_MPS_POLICY): ``fill`` the lowest-numbered one
     with room (default: the fewest servers busy), or ``spread`` the one with the fewest clients."""
-    raw = os.environ.get("MEMGOV_MPS_POLICY", "").strip().lower() or "fill"
-    if raw not in POLICIES:
-        raise MpsError(
-            f"MEMGOV_MPS_POLICY={os.environ['MEMGOV_MPS_POLICY']!r}: accepted fill (the "
-            "lowest-numbered daemon with room, default) or spread (the one with fewest clients)"
-        )
-    return raw
+    chosen: str = _settings.get("MEMGOV_MPS_POLICY")
+    return chosen
 
 
 def daemons_for(clients: int) -> int:

@@ -21,22 +21,14 @@ def command_env(
     threads: int | None,
     environ: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment CMD gets; raises ConfigError for options memgov cannot use."""
-    from memgov import _autoenable
-    from memgov._sizes import parse_size
+    """The environment CMD gets; raises ConfigError for options memgov cannot use (checked by
+    the rules of the variables they become, named as options)."""
+    from memgov import _settings
 
     env = dict(os.environ if environ is None else environ)
-    value = claim.strip()
-    if value.lower() in ("growth", "auto", "off"):
-        value = value.lower()
-    else:
-        try:
-            parse_size(value, total=2**62, what="--claim")
-        except ValueError:
-            raise ConfigError(f"--claim {claim!r}: {_autoenable.CLAIM_ACCEPTED}") from None
-    if wait is not None and not 0 <= wait < float("inf"):
-        raise ConfigError(f"--wait {wait!r}: accepted seconds >= 0")
-    if threads is not None and threads < 1:
+    value = str(_settings.claim_setting(claim, "--claim"))
+    _settings.wait_seconds(wait, "--wait")
+    if threads is not None and threads < 1:  # an int option: MEMGOV_THREADS's other forms
         raise ConfigError(f"--threads {threads!r}: accepted a whole number of CPU threads >= 1")
     if device is not None:
         # Checked here, against the GPUs CMD will see (same environment): a device that matches

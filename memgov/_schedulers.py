@@ -35,7 +35,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from memgov._sizes import format_size, parse_size
+from memgov import _settings
+from memgov._sizes import format_size
 
 MARGIN_FRACTION = 0.05
 MARGIN_MIN = 64 * 2**20
@@ -248,9 +249,6 @@ def _slurm(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget |
             f"Slurm {name}={raw!r} gives a number of shards, but how much GPU memory one shard "
             f"is, is a site setting: set {size_name} (e.g. {size_name}=4GiB) or MEMGOV_CLAIM"
         )
-    try:
-        shard = parse_size(size_raw, total=total, what=size_name)
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
+    shard = _settings.get(size_name, env).on(total)  # ConfigError (a ValueError) names it
     source = f"Slurm {name}={raw!r} x {size_name}={size_raw!r}"
     return _make(int(raw) * shard, source, name, False)

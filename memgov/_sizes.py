@@ -36,21 +36,65 @@ def parse_size(value: object, *, total: int | None = None, what: str = "size") -
     ``total`` is the device's memory: it resolves percentages and bounds the result. ``what`` names
     the value in error messages (e.g. "MEMGOV_CLAIM").
     """
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"{what}: {value!r} is not a size; {ACCEPTED}")
-    if isinstance(value, str) and len(value) > 64:
-        raise ValueError(f"{what}: {value[:20]!r}... is not a size (too long); {ACCEPTED}")
-    size = value if isinstance(value, int) else _parse_text(value, total, what)
+    return Size(value, what).on(total)
+
+
+class Size:
+    """A size as asked for, checked once: a number of bytes, or a percentage of a device that
+    :meth:`on` resolves for each device. ``what`` (a variable or argument name) stays with it, so
+    an error found later, on a device too small, still names where the size came from."""
+
+    __slots__ = ("bytes", "percent", "value", "what")
+
+    def __init__(self, value: object, what: str = "size") -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"{what}: {value!r} is not a size; {ACCEPTED}")
+        if isinstance(value, str) and len(value) > 64:
+            raise ValueError(f"{what}: {value[:20]!r}... is not a size (too long); {ACCEPTED}")
+        self.value: int | str = value
+        self.what = what
+        self.percent: float | None = None
+        self.bytes: int | None = None
+        if isinstance(value, str):
+            self.percent = _percent(value, what)
+        if self.percent is None:
+            self.bytes = value if isinstance(value, int) else _parse_text(value, what)
+            _bounded(self.bytes, value, what)
+
+    @classmethod
+    def of(cls, value: object, what: str = "size") -> Size:
+        """``value`` itself if it is already a checked Size, else ``Size(value, what)``."""
+        return value if isinstance(value, Size) else cls(value, what)
+
+    def on(self, total: int | None) -> int:
+        """Bytes on a device of ``total`` bytes (None: no device known, percentages refused)."""
+        value, what = self.value, self.what
+        size = self.bytes
+        if size is None:
+            if total is None:
+                raise ValueError(f"{what}: {value!r} is a percentage, but no device size is "
+                                 "known yet")
+            size = int(total * (self.percent or 0) / 100)
+            _bounded(size, value, what)
+        if total is not None and size > total:
+            raise ValueError(
+                f"{what}: {value!r} ({format_size(size)}) is larger than the device "
+                f"({format_size(total)}); accepted at most the device's size or a percentage of it"
+            )
+        return size
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __repr__(self) -> str:
+        return f"Size({self.value!r}, what={self.what!r})"
+
+
+def _bounded(size: int, value: object, what: str) -> None:
     if size > MAX_BYTES:
         raise ValueError(f"{what}: {_short(value)} is larger than any device (at most 2**62 bytes)")
     if size <= 0:
         raise ValueError(f"{what}: {_short(value)} must be more than 0 bytes; {ACCEPTED}")
-    if total is not None and size > total:
-        raise ValueError(
-            f"{what}: {value!r} ({format_size(size)}) is larger than the device "
-            f"({format_size(total)})"
-        )
-    return size
 
 
 MAX_BYTES = 2**62
@@ -64,15 +108,18 @@ def _short(value: object) -> str:
     return repr(value)
 
 
-def _parse_text(text: str, total: int | None, what: str) -> int:
+def _percent(text: str, what: str) -> float | None:
+    """The percentage ``text`` asks for, or None when it is not a percentage."""
     percent = _PERCENT.match(text)
-    if percent:
-        pct = float(percent["num"])
-        if not 0 < pct <= 100:
-            raise ValueError(f"{what}: {text!r} must be a percentage in (0, 100]")
-        if total is None:
-            raise ValueError(f"{what}: {text!r} is a percentage, but no device size is known yet")
-        return int(total * pct / 100)
+    if not percent:
+        return None
+    pct = float(percent["num"])
+    if not 0 < pct <= 100:
+        raise ValueError(f"{what}: {text!r} must be a percentage in (0, 100]")
+    return pct
+
+
+def _parse_text(text: str, what: str) -> int:
     match = _SIZE.match(text)
     unit = match["unit"].lower() if match else None
     if not match or unit not in _UNITS:

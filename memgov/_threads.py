@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from memgov import _cpus, _cpushare
+from memgov import _cpus, _cpushare, _settings
 from memgov._errors import ConfigError, LedgerError
 
 ENV_VARS = (
@@ -52,35 +52,17 @@ MARK_ENV = "MEMGOV_THREADS_SET"
 """The value memgov itself wrote into ENV_VARS: a child that inherits them knows they are
 memgov's (a share to re-decide), not the user's (a choice to keep)."""
 SETTING_ENV = "MEMGOV_THREADS"
-ACCEPTED = (
-    "accepted auto (default: a share of the usable cores, followed as governed processes come "
-    "and go), once (that share, computed once at start), off (memgov leaves threads alone) or a "
-    "whole number of CPU threads >= 1"
-)
 FOLLOW_INTERVAL_S = 1.0
 """How often a governed process re-counts its neighbours (a scan of a few small files)."""
 
-
-@dataclass(frozen=True)
-class Setting:
-    """MEMGOV_THREADS, parsed."""
-
-    mode: str
-    """"auto" (followed share), "once" (share at start), "off", or "fixed"."""
-    count: int | None = None
+Setting = _settings.Threads
+"""MEMGOV_THREADS, parsed (by memgov/_settings.py)."""
 
 
-def setting(raw: str | None = None) -> Setting:
-    """MEMGOV_THREADS (or ``raw``); raises ConfigError naming the variable and what it accepts."""
-    text = (os.environ.get(SETTING_ENV, "") if raw is None else raw).strip()
-    lowered = text.lower()
-    if lowered in ("", "auto"):
-        return Setting("auto")
-    if lowered in ("once", "off"):
-        return Setting(lowered)
-    if text.isdigit() and int(text) >= 1:
-        return Setting("fixed", int(text))
-    raise ConfigError(f"{SETTING_ENV}={text!r}: {ACCEPTED}")
+def setting() -> Setting:
+    """MEMGOV_THREADS; raises ConfigError naming the variable and what it accepts."""
+    chosen: Setting = _settings.get(SETTING_ENV)
+    return chosen
 
 
 def user_env() -> tuple[str, int] | None:
@@ -121,11 +103,10 @@ def current() -> Budget | None:
     return budget if isinstance(budget, Budget) else None
 
 
-def govern(holder: str = "", inherited: bool = False) -> Budget:
-    """Decide this process's threads, register it among the governed, set the thread variables
-    and start following the share. Idempotent: a second claim in one process reuses the first
-    decision. Raises ConfigError for a bad MEMGOV_THREADS (callers check it before admission)."""
-    chosen = setting()
+def govern(chosen: Setting, holder: str = "", inherited: bool = False) -> Budget:
+    """Decide this process's threads (``chosen``: MEMGOV_THREADS, parsed by the caller before
+    admission), register it among the governed, set the thread variables and start following
+    the share. Idempotent: a second claim in one process reuses the first decision."""
     with _lock:
         done = current()
         if done is not None:

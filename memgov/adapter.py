@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from memgov._sizes import format_size, parse_size
 
@@ -29,6 +29,7 @@ __all__ = [
     "format_size",
     "own_device_memory",
     "parse_size",
+    "setting",
 ]
 
 GROUP = "memgov.adapters"
@@ -98,6 +99,16 @@ def own_device_memory(device_uuid: str) -> int | None:
     from memgov import _nvml  # lazy: NVML is initialised on first use, never at import
 
     return (_nvml.processes(device_uuid) or {}).get(os.getpid())
+
+
+def setting(name: str) -> Any:
+    """The parsed value of a MEMGOV_* setting (its row in memgov's settings table, e.g.
+    MEMGOV_TORCH_MARGIN; None when unset); raises memgov.ConfigError naming the variable and what
+    it accepts. An adapter's own variable gets a row there, so docs and ``memgov doctor`` list it.
+    """
+    from memgov import _settings
+
+    return _settings.get(name)
 
 
 # -- The CPU thread budget, for adapters whose framework sizes its own thread pools -------------

@@ -20,7 +20,7 @@ from memgov.adapter import (
     imported_before_claim,
     on_threads_change,
     own_device_memory,
-    parse_size,
+    setting,
     threads_now,
 )
 
@@ -180,8 +180,8 @@ _PLAUSIBLE = (64 * 2**20, 2 * 2**30)
 
 
 def _margin() -> int:
-    raw = os.environ.get("MEMGOV_TORCH_MARGIN", "").strip()
-    return parse_size(raw, what="MEMGOV_TORCH_MARGIN") if raw else DEFAULT_MARGIN
+    margin: int | None = setting("MEMGOV_TORCH_MARGIN")  # bytes, checked by memgov's table
+    return DEFAULT_MARGIN if margin is None else margin
 
 
 def _explain_out_of_memory(torch: Any) -> None:

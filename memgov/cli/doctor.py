@@ -81,6 +81,12 @@ def render(report: dict[str, Any]) -> list[str]:
             + (p["why"] or p["source"])
             + (f"; claim {p['claim']}" if p["claim"] else "")
         )
+    settings = report["settings"]
+    lines.extend(f"setting problem: {row['problem']}" for row in settings if row["problem"])
+    unset = [row["name"] for row in settings
+             if row["source"] == "default" and not row["internal"]]
+    lines.append(f"settings at their defaults: {', '.join(unset) or 'none'} "
+                 "(docs/auto-enable.md lists them)")
     for key, value in report["environment"].items():
         lines.append(f"env {key}={value}")
     return lines

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memgov import _settings, _threads
 from memgov._errors import ConfigError
 from memgov._sizes import parse_size
 from memgov.pack.runners import DOCKER_IMAGE, RUNNERS
@@ -40,13 +41,10 @@ slack."""
 DEFAULT_CLAIM_OTHER = GiB
 MAX_JOBS = 1024
 
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-"""The same names as memgov._threads.ENV_VARS (a test keeps them in step)."""
-GOVERNANCE_VARS = ("MEMGOV_CLAIM", "MEMGOV_THREADS", "MEMGOV_WAIT", "MEMGOV_DEVICE",
-                   "MEMGOV_STRICT", "MEMGOV_QUIET", "MEMGOV_HOLDER", "MEMGOV_MPS",
-                   "MEMGOV_MPS_LIMIT", "MEMGOV_THREADS_SET")
-"""Set by pack per mode; never inherited from pack's own environment."""
+THREAD_VARS = _threads.ENV_VARS
+GOVERNANCE_VARS = _settings.names(job=True)
+"""The settings decided for each governed process (memgov's settings table): pack sets them per
+mode, never passing on its own environment's."""
 FRAMEWORK_DEFAULT_VARS = (
     *THREAD_VARS, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
     "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
@@ -54,10 +52,9 @@ FRAMEWORK_DEFAULT_VARS = (
     "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
 )
 """Removed in greedy mode, so the frameworks really run at their defaults."""
-BUDGET_PREFIXES = ("MEMGOV_CLAIM", "CUDA_DEVICE_MEMORY_LIMIT", "ALIYUN_COM_GPU_MEM_CONTAINER",
-                   "GPU_PORTION", "NVIDIA_GPU_MEMORY_", "CUDA_MPS_", "SLURM_SHARDS_ON_NODE")
-"""Variables that wake auto-enable (memgov._autoenable.TRIGGERS) or steer MPS: greedy drops them
-all; the other modes drop CUDA_MPS_* (pack decides MPS itself)."""
+BUDGET_PREFIXES = (*_settings.TRIGGERS, "CUDA_MPS_")
+"""Variables that wake auto-enable or steer MPS: greedy drops them all; the other modes drop
+CUDA_MPS_* (pack decides MPS itself)."""
 
 
 @dataclass
@@ -131,7 +128,7 @@ class PackConfig:
                               "accepted with it: --mps auto or off")
         if self.device == "cpu" and self.mps == "on":
             raise ConfigError("--mps on needs a GPU; with --device cpu accepted: --mps auto/off")
-        if self.device == "gpu" and os.environ.get("MEMGOV_DEVICES", "").strip():
+        if self.device == "gpu" and _settings.is_set("MEMGOV_DEVICES"):
             raise ConfigError("MEMGOV_DEVICES simulates GPUs, but --device gpu needs real ones: "
                               "unset MEMGOV_DEVICES, or pack on CPU with --device cpu")
         if self.rogue is not None:
@@ -140,9 +137,9 @@ class PackConfig:
             if not 1 <= count <= largest or mib < 1:
                 raise ConfigError(f"--rogue {count}:{mib}: accepted K:MIB with 1 <= K <= {largest}"
                                   " jobs and MIB >= 1")
-        for name, seconds in (("--timeout", self.timeout), ("--wait", self.wait)):
-            if seconds is not None and not seconds > 0:
-                raise ConfigError(f"{name} {seconds}: accepted seconds > 0")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ConfigError(f"--timeout {self.timeout}: accepted seconds > 0")
+        _settings.wait_seconds(self.wait, "--wait")  # the rule of MEMGOV_WAIT, which it sets
         if self.baseline_args and self.baseline == "none":
             raise ConfigError("--baseline-args needs --baseline naive")
         if self.runner != "docker":  # docker jobs run the image's python

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from memgov import _settings
 from memgov._errors import ConfigError
 from memgov._sizes import format_size, parse_size
 
@@ -91,7 +92,8 @@ def build(
     here, so it is never submitted: Ray would otherwise round it to whole GPUs.
     """
     capacity = _pick_type(gpu, known, budget)
-    request = Request(_budget_bytes(budget, capacity), capacity, _wait(wait))
+    seconds = _settings.wait_seconds(wait, "wait")
+    request = Request(_budget_bytes(budget, capacity), capacity, seconds)
     if request.budget_mib > capacity:
         where = f"GPUs of {capacity} MiB" if gpu is not None else "any GPU of the cluster"
         raise ConfigError(
@@ -153,19 +155,6 @@ def _pick_type(gpu: int | str | None, known: list[int] | None, budget: int | str
 
 def _listing(known: list[int]) -> str:
     return ", ".join(f"{c} MiB ({type_resource(c)})" for c in sorted(known))
-
-
-def _wait(wait: object) -> float | None:
-    if wait is None:
-        return None
-    if (
-        isinstance(wait, bool)
-        or not isinstance(wait, (int, float))
-        or not wait >= 0
-        or not math.isfinite(wait)
-    ):
-        raise ConfigError(f"wait={wait!r}: accepted None (fail at once) or seconds >= 0")
-    return float(wait) or None
 
 
 def cluster_types(resources: dict[str, float]) -> list[int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memgov import _autoenable
+from memgov import _autoenable, _settings
 
 REPO = Path(__file__).resolve().parents[2]
 DISTRIBUTION = "memgov-gpu"
@@ -57,7 +57,8 @@ def test_pth_installed_runs_and_is_removed(venv, editable):
     assert pth.is_file()
     line = pth.read_text()
     assert line.startswith("import os;") and line.count("\n") == 1
-    assert set(re.findall(r"'([A-Z_]+)'", line)) == set(_autoenable.TRIGGERS)
+    assert line == _settings.pth_line()  # built from the settings table
+    assert set(re.findall(r"'([A-Z_]+)'", line)) == set(_settings.TRIGGERS)
     # The .pth wakes auto-enable (its import hooks only: nothing else is imported).
     assert started(venv) == "{'started': True, 'fired': False}"
     pip(venv, "uninstall", "-y", DISTRIBUTION)

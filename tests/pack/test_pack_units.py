@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memgov import _autoenable, _threads
+from memgov import _autoenable, _settings
 from memgov._errors import LedgerError
 from memgov.pack import config, history, manifest, stats
 from memgov.pack.jobs import classify
@@ -127,9 +127,12 @@ def test_claim_auto_uses_recorded_peaks(tmp_path: Path) -> None:
 
 
 # -- job environments --------------------------------------------------------------------------
-def test_thread_and_trigger_names_match_the_core() -> None:
-    assert config.THREAD_VARS == _threads.ENV_VARS
-    assert all(t.startswith(config.BUDGET_PREFIXES) for t in _autoenable.TRIGGERS)
+def test_jobs_never_inherit_a_job_setting_of_packs_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every setting the table marks as decided per job, whatever rows it gains later."""
+    for name in _settings.names(job=True):
+        monkeypatch.setenv(name, "1")
+    for mode in config.MODES:
+        assert not set(_settings.names(job=True)) & set(config.base_env(mode))
 
 
 def test_greedy_jobs_get_framework_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
