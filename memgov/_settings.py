@@ -168,10 +168,12 @@ def _reserve(value: str, what: str) -> Size | int:
 
 
 def _bytes(value: str, what: str) -> int:
-    try:
-        return _size(value, what).on(None)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    """A size with no device to be a percentage of."""
+    size = _size(value, what)
+    if size.bytes is None:
+        raise ConfigError(f"{named(what, value)}: accepted a size (e.g. 160MiB, or bytes), not "
+                          "a percentage")
+    return size.bytes
 
 
 def _whole(accepted: str, off: bool = False) -> Callable[[str, str], int]:
@@ -273,8 +275,8 @@ TABLE: tuple[Row, ...] = (
         "kept out of every device's budget (driver growth, fragmentation)", _reserve),
     Row("MEMGOV_CONTEXTS", "whole number >= 1, `off`",
         f"{DEFAULT_CONTEXTS} on a real GPU, no limit on a simulated one",
-        "claims without MPS admitted per GPU (CUDA contexts; past about 76 CUDA fails with "
-        "'out of memory' while memory is free)",
+        "claims without MPS admitted per GPU: each is a CUDA context, and the H200 refused new "
+        "contexts at 76 and at 104 with most memory free (docs/hard-limits.md)",
         _whole(f"accepted a whole number >= 1 (claims without MPS per GPU; default "
                f"{DEFAULT_CONTEXTS} on a real GPU) or off", off=True)),
     Row("MEMGOV_MPS_CLIENTS", "whole number >= 1", f"{DEFAULT_MPS_CLIENTS}",
@@ -292,13 +294,13 @@ TABLE: tuple[Row, ...] = (
     Row("MEMGOV_TORCH_MARGIN", "a size (`160MiB`, bytes)", "160 MiB",
         "torch adapter: room kept below the budget for what CUDA libraries take after start-up",
         _bytes),
-    Row("MEMGOV_HOLDER", "set by memgov", "unset",
+    Row("MEMGOV_HOLDER", "set by memgov, not by users", "unset",
         "`<gpu uuid>/<record>` of the claim a governed parent holds: its children claim nothing",
         _text, job=True, internal=True),
-    Row("MEMGOV_THREADS_SET", "set by memgov", "unset",
+    Row("MEMGOV_THREADS_SET", "set by memgov, not by users", "unset",
         "the thread count memgov wrote into OMP_NUM_THREADS and the like (not the user's choice)",
         _text, job=True, internal=True),
-    Row("MEMGOV_MPS_LIMIT", "set by memgov", "unset",
+    Row("MEMGOV_MPS_LIMIT", "set by memgov, not by users", "unset",
         "the MPS pinned limit memgov set (a child may replace it, never one set by someone else)",
         _text, job=True, internal=True),
 )
@@ -372,8 +374,7 @@ def markdown() -> str:
     """The settings table of docs/auto-enable.md."""
     lines = ["| variable | accepted | default | meaning |", "|---|---|---|---|"]
     for row in TABLE:
-        meaning = ("set by memgov, not by users: " if row.internal else "") + row.meaning
-        lines.append(f"| `{row.name}` | {row.accepted} | {row.default} | {meaning} |")
+        lines.append(f"| `{row.name}` | {row.accepted} | {row.default} | {row.meaning} |")
     return "\n".join(lines) + "\n"
 
 

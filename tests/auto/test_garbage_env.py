@@ -1,4 +1,5 @@
-"""Garbage in every variable auto mode reads: one warning line (auto) or a clear error (strict)."""
+"""Garbage in every variable auto mode reads (every row of memgov's settings table and every GPU
+scheduler variable): one warning line naming it (auto) or a ConfigError naming it (strict)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ GARBAGE = [
     ("MEMGOV_QUIET", "maybe", "MEMGOV_QUIET='maybe': accepted 1/true/yes/on"),
     ("MEMGOV_DEVICES", "sim0", "MEMGOV_DEVICES item 'sim0' is not valid; MEMGOV_DEVICES: accepted"),
     ("MEMGOV_RESERVE", "plenty", "MEMGOV_RESERVE: cannot read 'plenty' as a size; accepted"),
+    ("MEMGOV_CLAIM", "999TiB", "MEMGOV_CLAIM: '999TiB' (1022976.00 GiB) is larger than the device "
+     "(16.00 GiB); accepted at most the device's size"),
+    # Settings this run would not use are checked too (a typo shows before the day it matters).
+    ("MEMGOV_CONTEXTS", "0", "MEMGOV_CONTEXTS='0': accepted a whole number >= 1"),
+    ("MEMGOV_MPS", "on", "MEMGOV_MPS='on': accepted auto"),
+    ("MEMGOV_MPS_CLIENTS", "-3", "MEMGOV_MPS_CLIENTS='-3': accepted a whole number >= 1"),
+    ("MEMGOV_MPS_POLICY", "random", "MEMGOV_MPS_POLICY='random': accepted fill"),
+    ("MEMGOV_SHARD_SIZE", "big", "MEMGOV_SHARD_SIZE: cannot read 'big' as a size; accepted"),
+    ("MEMGOV_TORCH_MARGIN", "10%", "MEMGOV_TORCH_MARGIN='10%': accepted a size"),
     ("CUDA_DEVICE_MEMORY_LIMIT", "4 gigs", "HAMi CUDA_DEVICE_MEMORY_LIMIT='4 gigs': accepted"),
     ("CUDA_DEVICE_MEMORY_LIMIT_0", "-1", "HAMi CUDA_DEVICE_MEMORY_LIMIT_0='-1': accepted"),
     ("ALIYUN_COM_GPU_MEM_CONTAINER", "half", "ALIYUN_COM_GPU_MEM_CONTAINER='half': accepted"),
@@ -28,6 +38,13 @@ GARBAGE = [
 SCHEDULER = ("CUDA_", "ALIYUN", "GPU_", "NVIDIA_GPU_", "SLURM")
 
 PROGRAM = "import jax\nprint('survived')"
+
+
+def test_every_user_setting_of_the_table_is_tried() -> None:
+    from memgov import _settings
+
+    tried = {var for var, _, _ in GARBAGE} | {"MEMGOV_STRICT"}  # its own test, below
+    assert set(_settings.names(internal=False)) <= tried
 
 
 def prepared(env: dict[str, str], var: str, value: str) -> dict[str, str]:
@@ -54,7 +71,7 @@ def test_strict_mode_raises_a_clear_error(env, py, var, value, message):
     assert result.returncode != 0
     assert "survived" not in result.stdout
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("memgov._errors."), result.stderr[-3000:]
+    assert last.startswith("memgov._errors.ConfigError: "), result.stderr[-3000:]
     assert message in last
 
 
