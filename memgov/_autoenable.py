@@ -104,12 +104,11 @@ def read_settings(strict: bool) -> Settings:
     from memgov import _settings
     from memgov._errors import ConfigError
 
-    problems = _settings.problems(skip=("MEMGOV_STRICT",))  # strict_mode() reported it
+    values, problems = _settings.read_all(skip=("MEMGOV_STRICT",))  # strict_mode() read it
     if problems:
         raise ConfigError("; ".join(problems))
-    get = _settings.get
-    return Settings(get("MEMGOV_CLAIM"), get("MEMGOV_DEVICE"), get("MEMGOV_WAIT"), strict,
-                    get("MEMGOV_QUIET"), get("MEMGOV_THREADS"))
+    return Settings(values["MEMGOV_CLAIM"], values["MEMGOV_DEVICE"], values["MEMGOV_WAIT"],
+                    strict, values["MEMGOV_QUIET"], values["MEMGOV_THREADS"])
 
 
 def auto_size(device: Device) -> tuple[int, str] | None:

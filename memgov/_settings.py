@@ -331,17 +331,24 @@ def names(*, job: bool | None = None, internal: bool | None = None) -> tuple[str
     )
 
 
-def problems(skip: tuple[str, ...] = ()) -> list[str]:
-    """What is wrong with every user setting in the environment (empty: all can be used)."""
+def read_all(skip: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[str]]:
+    """Every user setting parsed in one pass: (name -> value for those that parse, the errors of
+    those that do not). Auto-enable acts on these values, so each is parsed once."""
+    values: dict[str, Any] = {}
     found: list[str] = []
     for row in TABLE:
         if row.internal or row.name in skip:
             continue
         try:
-            get(row.name)
+            values[row.name] = get(row.name)
         except ConfigError as exc:
             found.append(str(exc))
-    return found
+    return values, found
+
+
+def problems(skip: tuple[str, ...] = ()) -> list[str]:
+    """What is wrong with every user setting in the environment (empty: all can be used)."""
+    return read_all(skip)[1]
 
 
 def report() -> list[dict[str, Any]]:

@@ -59,9 +59,9 @@ def test_a_gpu_type_by_marker_name_and_the_cluster_types() -> None:
         ("1GiB", None, [], None, "declares memgov GPU resources"),
         ("1GiB", None, [16384, 81920], None, "several GPU types"),
         ("1GiB", "40GiB", [16384], None, "no node of this cluster declares"),
-        ("1GiB", "16GiB", None, -1, "accepted None"),
-        ("1GiB", "16GiB", None, float("nan"), "accepted None"),
-        ("1GiB", "16GiB", None, True, "accepted None"),
+        ("1GiB", "16GiB", None, -1, "accepted seconds >= 0"),
+        ("1GiB", "16GiB", None, float("nan"), "accepted seconds >= 0"),
+        ("1GiB", "16GiB", None, True, "accepted seconds >= 0"),
     ],
 )
 def test_bad_requests_say_what_is_accepted(
