@@ -9,8 +9,15 @@ from memgov import _settings
 from memgov._errors import ConfigError
 from memgov._settings import DEFAULT_CONTEXTS, DEFAULT_DIR, DEFAULT_RESERVE_REAL
 
-__all__ = ["DEFAULT_CONTEXTS", "DEFAULT_DIR", "DEFAULT_RESERVE_REAL", "LOCK_TIMEOUT_S",
-           "context_limit", "ledger_dir", "reserve"]
+__all__ = [
+    "DEFAULT_CONTEXTS",
+    "DEFAULT_DIR",
+    "DEFAULT_RESERVE_REAL",
+    "LOCK_TIMEOUT_S",
+    "context_limit",
+    "ledger_dir",
+    "reserve",
+]
 
 LOCK_TIMEOUT_S = 30.0
 """Longest wait for a device's admission lock; only a stopped (SIGSTOP) process holds it so long."""

@@ -55,7 +55,7 @@ THREADS_ACCEPTED = (
 )
 FLAG_ACCEPTED = "accepted 1/true/yes/on or 0/false/no/off"
 SIM_FORMAT = (
-    'MEMGOV_DEVICES: accepted a comma-separated list of NAME:TOTAL[:USED], e.g. '
+    "MEMGOV_DEVICES: accepted a comma-separated list of NAME:TOTAL[:USED], e.g. "
     '"sim0:16GiB,sim1:80GiB:2GiB" (NAME of letters, digits, "_", "-", "."; USED is memory taken '
     "by processes outside memgov)"
 )
@@ -77,6 +77,7 @@ def named(what: str, value: object) -> str:
 
 
 # -- parsers: (value, name) -> the value, or ConfigError naming it and what is accepted ----------
+
 
 @dataclass(frozen=True)
 class Threads:
@@ -171,8 +172,9 @@ def _bytes(value: str, what: str) -> int:
     """A size with no device to be a percentage of."""
     size = _size(value, what)
     if size.bytes is None:
-        raise ConfigError(f"{named(what, value)}: accepted a size (e.g. 160MiB, or bytes), not "
-                          "a percentage")
+        raise ConfigError(
+            f"{named(what, value)}: accepted a size (e.g. 160MiB, or bytes), not a percentage"
+        )
     return size.bytes
 
 
@@ -220,6 +222,7 @@ def simulated(value: str, what: str = "MEMGOV_DEVICES") -> list[tuple[str, int, 
 
 # -- the table ----------------------------------------------------------------------------------
 
+
 class Row(NamedTuple):
     name: str
     accepted: str
@@ -241,6 +244,8 @@ class Row(NamedTuple):
         return self.name == "MEMGOV_CLAIM"
 
 
+# One row, one block: the table reads as a table.
+# fmt: off
 _SIZE_FORMS = "a size (`2GiB`, `512MiB`, bytes) or a percentage of each device (`25%`)"
 TABLE: tuple[Row, ...] = (
     Row("MEMGOV_CLAIM", "a size (`2GiB`, `512MiB`, `25%`, bytes), `growth`, `auto`, `off`",
@@ -304,6 +309,7 @@ TABLE: tuple[Row, ...] = (
         "the MPS pinned limit memgov set (a child may replace it, never one set by someone else)",
         _text, job=True, internal=True),
 )
+# fmt: on
 ROWS = {row.name: row for row in TABLE}
 TRIGGERS = (*(row.name for row in TABLE if row.wakes), *SCHEDULER_TRIGGERS)
 """Variable-name prefixes that wake auto-enable: the .pth line (:func:`pth_line`) checks them."""
@@ -326,7 +332,8 @@ def is_set(name: str) -> bool:
 def names(*, job: bool | None = None, internal: bool | None = None) -> tuple[str, ...]:
     """The table's variable names, optionally only those decided per job / set by memgov."""
     return tuple(
-        r.name for r in TABLE
+        r.name
+        for r in TABLE
         if (job is None or r.job == job) and (internal is None or r.internal == internal)
     )
 
@@ -362,19 +369,26 @@ def report() -> list[dict[str, Any]]:
                 get(row.name)
             except ConfigError as exc:
                 problem = str(exc)
-        found.append({
-            "name": row.name, "value": raw,
-            "source": "environment" if raw is not None and raw.strip() else "default",
-            "default": row.default, "internal": row.internal, "problem": problem,
-        })
+        found.append(
+            {
+                "name": row.name,
+                "value": raw,
+                "source": "environment" if raw is not None and raw.strip() else "default",
+                "default": row.default,
+                "internal": row.internal,
+                "problem": problem,
+            }
+        )
     return found
 
 
 def pth_line() -> str:
     """The line of memgov-autoenable.pth: imports memgov only when a trigger is set."""
     prefixes = ", ".join(repr(name) for name in TRIGGERS)
-    return (f"import os; any(k.startswith(({prefixes})) for k in os.environ) and "
-            "__import__('memgov._autoenable')._autoenable.start()\n")
+    return (
+        f"import os; any(k.startswith(({prefixes})) for k in os.environ) and "
+        "__import__('memgov._autoenable')._autoenable.start()\n"
+    )
 
 
 def markdown() -> str:

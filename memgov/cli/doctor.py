@@ -83,10 +83,10 @@ def render(report: dict[str, Any]) -> list[str]:
         )
     settings = report["settings"]
     lines.extend(f"setting problem: {row['problem']}" for row in settings if row["problem"])
-    unset = [row["name"] for row in settings
-             if row["source"] == "default" and not row["internal"]]
-    lines.append(f"settings at their defaults: {', '.join(unset) or 'none'} "
-                 "(docs/auto-enable.md lists them)")
+    unset = [row["name"] for row in settings if row["source"] == "default" and not row["internal"]]
+    lines.append(
+        f"settings at their defaults: {', '.join(unset) or 'none'} (docs/auto-enable.md lists them)"
+    )
     for key, value in report["environment"].items():
         lines.append(f"env {key}={value}")
     return lines

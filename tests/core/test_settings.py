@@ -42,7 +42,7 @@ GARBAGE = {
 def test_the_docs_show_the_table() -> None:
     text = DOC.read_text()
     assert BEGIN in text and END in text, "docs/auto-enable.md lost its settings-table markers"
-    shown = text[text.index(BEGIN) + len(BEGIN):text.index(END)]
+    shown = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
     assert shown == _settings.markdown(), (
         "docs/auto-enable.md's settings table differs from memgov/_settings.py: paste the output "
         "of `python -m memgov._settings` between the markers"
@@ -50,8 +50,9 @@ def test_the_docs_show_the_table() -> None:
 
 
 def test_python_m_prints_the_table() -> None:
-    result = subprocess.run([sys.executable, "-m", "memgov._settings"], capture_output=True,
-                            text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "memgov._settings"], capture_output=True, text=True, check=True
+    )
     assert result.stdout == _settings.markdown()
 
 
@@ -112,8 +113,11 @@ def test_a_size_from_a_setting_keeps_its_name_past_parsing(monkeypatch: pytest.M
     that error names MEMGOV_CLAIM too (it used to speak of a "claim size")."""
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:16GiB")
     monkeypatch.setenv("MEMGOV_CLAIM", "999TiB")
-    with pytest.raises(memgov.ConfigError, match=r"^MEMGOV_CLAIM: '999TiB' .* larger than the "
-                                                 r"device .*; accepted at most"):
+    with pytest.raises(
+        memgov.ConfigError,
+        match=r"^MEMGOV_CLAIM: '999TiB' .* larger than the "
+        r"device .*; accepted at most",
+    ):
         memgov.claim(_settings.get("MEMGOV_CLAIM"))
     assert memgov.current() is None
 
@@ -150,5 +154,6 @@ def test_doctor_lists_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rows["MEMGOV_MPS_POLICY"]["problem"].startswith("MEMGOV_MPS_POLICY='random': accepted")
     lines = render(report)
     assert "setting problem: MEMGOV_MPS_POLICY='random': accepted fill" in "\n".join(lines)
-    assert any(line.startswith("settings at their defaults: ") and "MEMGOV_WAIT" in line
-               for line in lines)
+    assert any(
+        line.startswith("settings at their defaults: ") and "MEMGOV_WAIT" in line for line in lines
+    )
