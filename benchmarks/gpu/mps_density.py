@@ -608,6 +608,9 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
         "clients_per_daemon_at_once": at_once_per_daemon(jobs),
         "ready_s": _dist([j["ready_s"] for j in jobs if j.get("ready_s") is not None]),
         "admission": admissions(jobs),
+        "ready_parts_s": {part: _dist([j["ready_parts_s"][part] for j in jobs
+                                       if (j.get("ready_parts_s") or {}).get(part) is not None])
+                          for part in ("interpreter", "data", "framework")},
         "ok_job_epochs": len(ok),
         "rogue": [{k: j.get(k) for k in ("label", "status", "reason", "footprint_mib",
                                          "claim_mib", "claim_mode")} |
@@ -705,6 +708,9 @@ def table(results: dict[str, Any]) -> str:
                     f"{(adm.get('lock_wait_s') or {}).get('max')} s, held max "
                     f"{adm.get('lock_held_max_ms')} ms, NVML max "
                     f"{(adm.get('nvml_s') or {}).get('max')} s")
+        parts = f.get("ready_parts_s") or {}
+        rows.append(f"{'':10} start-up medians: " + ", ".join(
+            f"{k} {(v or {}).get('median')} s" for k, v in parts.items()))
     servers = results["steps"].get("servers") or {}
     if servers.get("clients"):
         rows.append("server start: daemons " + json.dumps(servers.get("daemon_start_s")) + "; "

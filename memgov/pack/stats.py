@@ -76,6 +76,7 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
         # the start-up a packed job pays, governed admission included.
         "ready_s": (_round(float(start["t"]) - job.started)
                     if "t" in start and job.started is not None else None),
+        "ready_parts_s": start.get("startup_s"),  # the trainer's own split of it, if it gives one
         "ended_s": _round(job.ended),
         "stdout_garbage_lines": job.garbage,
         "stderr_tail": list(job.tail)[-STDERR_LINES:] if status != "ok" else [],

@@ -57,6 +57,7 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
         assert job["epochs_done"] == 1 and len(job["epoch_s"]) == 1 and job["samples"] == 256
         # Its start-up: launch to the trainer's "start" report, before its first epoch began.
         assert 0 < job["ready_s"] <= job["epoch_spans"][0][0] - job["started_s"] + 0.01
+        assert set(job["ready_parts_s"]) == {"interpreter", "data", "framework"}
         # The job really was governed: the ledger held its claim, matched by PID.
         assert job["claim_mib"] == 1024 and job["claim_mode"] == "soft"
         assert job["uss_mib"] and job["rss_mib"] >= job["uss_mib"]
