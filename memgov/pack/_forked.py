@@ -25,7 +25,6 @@ import contextlib
 import importlib
 import io
 import os
-import runpy
 import signal
 import sys
 from collections.abc import Callable
@@ -35,6 +34,7 @@ RESTORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal
             signal.SIGPIPE, signal.SIGCHLD, signal.SIGXFSZ)
 """Handlers recorded at the zygote's start (Python's own: SIGINT raises KeyboardInterrupt,
 SIGPIPE and SIGXFSZ ignored) and put back in each child."""
+PR_SET_NAME = 15
 
 
 def become_job(argv: list[str], env: dict[str, str], cwd: str, cpus: list[int], umask: int,
@@ -60,6 +60,7 @@ def become_job(argv: list[str], env: dict[str, str], cwd: str, cpus: list[int], 
     _std_streams(bool(env.get("PYTHONUNBUFFERED", "").strip()))
     _reseed()
     script = os.path.abspath(argv[1])
+    _name_process(os.path.basename(script))
     sys.argv = list(argv[1:])
     sys.orig_argv = list(argv)
     sys.path[0] = os.path.dirname(script)
@@ -75,6 +76,16 @@ def become_job(argv: list[str], env: dict[str, str], cwd: str, cpus: list[int], 
     return _run(script)
 
 
+def _name_process(name: str) -> None:
+    """The kernel's name of the process (``ps -o comm``, top, /proc/PID/comm): the script's, not
+    the zygote's (its argv, ``ps -o args``, stays the zygote's: a fork cannot change it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
 def _std_streams(unbuffered: bool) -> None:
     """New sys.stdin/stdout/stderr over descriptors 0-2, as a fresh interpreter makes them."""
     streams: dict[str, io.TextIOWrapper] = {}
@@ -83,17 +94,20 @@ def _std_streams(unbuffered: bool) -> None:
         encoding = getattr(old, "encoding", None) or "utf-8"
         errors = getattr(old, "errors", None) or "strict"
         if fd == 0:
-            streams[name] = io.TextIOWrapper(io.open(0, "rb", closefd=False), encoding, errors)
+            source = open(0, "rb", closefd=False)  # noqa: SIM115 (sys.stdin from now on)
+            streams[name] = io.TextIOWrapper(source, encoding, errors)
             continue
         with contextlib.suppress(Exception):
             old.flush()
         interactive = os.isatty(fd)
-        raw: Any = io.open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
+        raw: Any = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
         streams[name] = io.TextIOWrapper(
             raw, encoding, errors, line_buffering=interactive or fd == 2,
             write_through=unbuffered)
     sys.stdin, sys.stdout, sys.stderr = streams["stdin"], streams["stdout"], streams["stderr"]
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    # What the interpreter set at start-up, for code that restores the originals.
+    for name, stream in streams.items():
+        setattr(sys, f"__{name}__", stream)
 
 
 def _reseed() -> None:
@@ -127,7 +141,7 @@ def _arm_autoenable() -> None:
         for done in preloaded:
             _autoenable._on_import(sys.modules[done])
 
-    def hooked_import(name: str, globals: Any = None, locals: Any = None,  # noqa: A002
+    def hooked_import(name: str, globals: Any = None, locals: Any = None,
                       fromlist: Any = (), level: int = 0) -> Any:
         if level == 0:
             fire(name)
@@ -139,12 +153,24 @@ def _arm_autoenable() -> None:
         return original_import_module(name, package)
 
     builtins.__import__ = hooked_import
-    importlib.import_module = hooked_import_module  # type: ignore[assignment]
+    importlib.import_module = hooked_import_module
 
 
 def _run(script: str) -> int:
+    """Run ``script`` as ``__main__`` the way ``python SCRIPT`` does (runpy.run_path would set
+    sys.argv[0] to the path it is given, and restore the zygote's ``__main__`` afterwards)."""
+    import importlib.machinery
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
     try:
-        runpy.run_path(script, run_name="__main__")
+        with io.open_code(script) as source:
+            code = compile(source.read(), script, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:

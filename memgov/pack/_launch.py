@@ -21,6 +21,7 @@ If this launcher is SIGKILLed, the zygote sees its connection close and SIGKILLs
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -39,10 +40,8 @@ _child: list[int] = []
 
 def _forward(signum: int, _frame: object) -> None:
     if _child:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(_child[0], signum)
-        except (ProcessLookupError, PermissionError):
-            pass
         return
     # No job yet (the zygote is still importing the framework, or forking): end here, as a plain
     # process that had not yet installed a handler would; the zygote kills a child it forks
@@ -54,10 +53,8 @@ def _die_of(signum: int) -> None:
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signum, signal.SIG_DFL)
-    try:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGSEGV/SIGABRT: no core of ours
-    except (ValueError, OSError):
-        pass
+    with contextlib.suppress(ValueError, OSError):  # SIGSEGV/SIGABRT: no core of ours
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)  # a signal whose default action is to be ignored
@@ -130,10 +127,8 @@ def main(argv: list[str]) -> None:
             _fail(rest)
         else:  # EOF: the zygote ended (killed) before it reported the job's end
             if _child:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(_child[0], signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
                 _fail(f"the zygote ended while the job ran (pid {_child[0]}); the job was "
                       "killed with it")
             _fail("the zygote ended before it started the job; the job did not start")

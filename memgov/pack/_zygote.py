@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--status", required=True)
     args = parser.parse_args(argv)
-    startup = {sig: signal.getsignal(sig) for sig in _forked.RESTORED}
+    startup: dict[int, Any] = {sig: signal.getsignal(sig) for sig in _forked.RESTORED}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(args.socket)
     listener.listen(4096)

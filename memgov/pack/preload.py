@@ -39,6 +39,8 @@ ZYGOTE_START_S = 60.0
 """How long the zygote may take to bind its socket (an interpreter start and memgov's import,
 well under a second; long only on a machine starting 140 other processes)."""
 STOP_S = 5.0
+SOCKET_PATH_MAX = 100
+"""A UNIX socket's path holds at most 107 bytes (sun_path)."""
 FRAMEWORK_MODULES = {"torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
 AUTOENABLE_PREFIXES = ("MEMGOV_CLAIM", "CUDA_DEVICE_MEMORY_LIMIT", "ALIYUN_COM_GPU_MEM_CONTAINER",
                        "GPU_PORTION", "NVIDIA_GPU_MEMORY_", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
@@ -97,6 +99,9 @@ class PreloadRunner(Runner):
             return None
         self._python = python
         self._dir = Path(tempfile.mkdtemp(prefix="memgov-preload-"))  # 0700: ours alone
+        if len(str(self._dir / "zygote.sock")) > SOCKET_PATH_MAX:  # a long TMPDIR
+            self._dir.rmdir()
+            self._dir = Path(tempfile.mkdtemp(prefix="memgov-preload-", dir="/tmp"))
         (self._dir / "pids").mkdir()
         env = {k: v for k, v in base_env.items() if not k.startswith(AUTOENABLE_PREFIXES)}
         log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 (the zygote holds it)
@@ -171,10 +176,15 @@ class PreloadRunner(Runner):
         """Stop the zygote (every job of the run has ended) and remove its folder."""
         report: dict[str, Any] = {"name": self.name, "framework_module": self.module}
         if self._zygote is not None:
-            with contextlib.suppress(psutil.Error):
-                info = psutil.Process(self._zygote.pid).memory_full_info()
-                report["zygote_rss_mib"] = round(info.rss / 2**20, 1)
-                report["zygote_uss_mib"] = round(info.uss / 2**20, 1)
+            ended = self._zygote.poll()
+            if ended is not None:  # before pack stopped it: its running jobs failed with it
+                report["zygote_ended"] = (f"killed by signal {-ended}" if ended < 0
+                                          else f"exit status {ended}")
+            else:
+                with contextlib.suppress(psutil.Error):
+                    info = psutil.Process(self._zygote.pid).memory_full_info()
+                    report["zygote_rss_mib"] = round(info.rss / 2**20, 1)
+                    report["zygote_uss_mib"] = round(info.uss / 2**20, 1)
             self._stop_zygote()
             report.update(self._status())
         if self._failed is not None:
