@@ -81,7 +81,8 @@ def main() -> None:
     result = {"n": args.n, "cores": len(os.sched_getaffinity(0)), "runs": runs,
               "python": sys.version.split()[0]}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    lines = [f"{args.n} tiny CPU torch jobs at once (memgov pack --device cpu), "
+    lines = ["$ python " + " ".join(sys.argv),
+             f"{args.n} tiny CPU torch jobs at once (memgov pack --device cpu), "
              f"{result['cores']} cores, shared machine",
              "runner   ok  USS/job MiB (median; min-max)  RSS/job MiB (median)  "
              "start-up s (median; max)  pack wall s  CPU s  zygote USS MiB  load avg before",

@@ -52,8 +52,11 @@ def become_job(argv: list[str], env: dict[str, str], cwd: str, cpus: list[int], 
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     os.umask(umask)
     os.chdir(cwd)
+    # os.environb keeps its own copy: clear both, then set both (each sets the C environment).
+    os.environb.clear()
     os.environ.clear()
     os.environ.update(env)
+    os.environb.update((os.fsencode(k), os.fsencode(v)) for k, v in env.items())
     if cpus:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpus)
