@@ -72,6 +72,7 @@ class Zygote:
         self.selector = selectors.DefaultSelector()
         self.stopping = False
         self.forked = 0
+        self.why = "the zygote stopped"
         self._pid = os.getpid()
 
     def serve(self) -> Request | None:
@@ -93,8 +94,9 @@ class Zygote:
                 self._shutdown()
         return None
 
-    def _stop(self, _signum: int, _frame: object) -> None:
+    def _stop(self, signum: int, _frame: object) -> None:
         self.stopping = True
+        self.why = f"the zygote got {signal.Signals(signum).name}"
 
     def _handle(self, what: Any) -> Request | None:
         if what == "accept":
@@ -102,6 +104,7 @@ class Zygote:
         if what == "parent":
             if not os.read(0, 4096):
                 self.stopping = True
+                self.why = "pack ended (the zygote's stdin closed)"
                 self.selector.unregister(0)
             return None
         kind, pid = what
@@ -200,10 +203,17 @@ class Zygote:
         child.conn = None
 
     def _shutdown(self) -> None:
+        """Kill what is still running (pack stops the zygote after its jobs have ended) and tell
+        those jobs' launchers why."""
         for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         for child in list(self.children.values()):
+            if child.conn is not None:
+                with contextlib.suppress(OSError):
+                    child.conn.sendall(f"error {self.why} while the job ran (pid {child.pid}); "
+                                       "the job was killed\n".encode())
+                self._drop_conn(child)
             self._reap(child)
         self.listener.close()
 
@@ -271,25 +281,25 @@ def preload(framework: str) -> dict[str, Any]:
     status["thread_names"] = _thread_names()
     gc.collect()
     gc.freeze()
-    survivors = _probe_fork()
+    survivors, names = _probe_fork()
     status["threads_through_fork"] = survivors
     if survivors > 1:
-        names = ", ".join(status["thread_names"]) or "unnamed"
         status["spawn_reason"] = (
-            f"{framework} leaves {survivors - 1} thread(s) running through fork ({names}); "
-            "forking a multi-threaded process is unsafe")
+            f"{framework} leaves {survivors - 1} thread(s) running through fork "
+            f"({', '.join(names) or 'unnamed'}); forking a multi-threaded process is unsafe")
     return status
 
 
-def _probe_fork() -> int:
-    """Threads left in this process right after a fork: libraries that stop their threads in a
-    pre-fork handler (OpenBLAS) drop out, any other thread would run on through every fork."""
+def _probe_fork() -> tuple[int, list[str]]:
+    """Threads left in this process right after a fork, and the others' names: libraries that
+    stop their threads in a pre-fork handler (OpenBLAS) drop out, any other thread would run on
+    through every fork."""
     pid = os.fork()
     if pid == 0:
         os._exit(0)
-    after = _task_count()
+    after, names = _task_count(), _thread_names()
     os.waitpid(pid, 0)
-    return after
+    return after, names
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -185,6 +185,20 @@ def test_a_dead_zygote_fails_its_jobs_with_a_reason(jobs: Jobs) -> None:
     assert summary is not None and summary["zygote_ended"] == "killed by signal 9"
 
 
+def test_the_zygote_ends_with_pack_and_takes_its_jobs(jobs: Jobs) -> None:
+    # pack SIGKILLed: the zygote's stdin (pack's pipe) closes; it ends and kills what it forked.
+    proc, info = jobs.start("job-00", 60)
+    zygote = jobs.runner._zygote
+    assert zygote is not None and zygote.stdin is not None
+    zygote.stdin.close()
+    assert zygote.wait(10) == 0
+    assert proc.wait(10) == 70
+    assert proc.stderr is not None
+    said = proc.stderr.read()
+    assert "pack ended (the zygote's stdin closed) while the job ran" in said, said
+    assert _gone(info["pid"]), "a job outlived the zygote that pack's death ended"
+
+
 def test_other_commands_are_spawned_with_a_note(tmp_path: Path) -> None:
     runner = PreloadRunner("torch")
     for argv in (["sh", "-c", "true"], [sys.executable, "-u", "train.py"],
