@@ -195,7 +195,7 @@ def prepare(cfg: PackConfig) -> Context:
         contexts = _config.context_limit(simulated=False)
     runner = runners.make(cfg.runner, image=cfg.image, ledger=ledger,
                           gpu=None if device is None or cpu else device.uuid,
-                          mps_pipe=_mps_pipe() if mps else None)
+                          mps_pipe=_mps_pipe() if mps else None, framework=cfg.framework)
     runner.check()
     plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
     if cpu:

@@ -55,6 +55,9 @@ def complete_run(
             "monitor": sampler.summary(),
         }
     )
+    runner = ctx.runner.summary()
+    if runner is not None:
+        record["runner"] = runner
     free_before = (
         None
         if sampler.device_total is None or sampler.device_used_before is None
