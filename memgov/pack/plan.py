@@ -97,9 +97,11 @@ class Context:
 
     @property
     def host_history_key(self) -> str:
-        """Host USS differs with the device (CUDA libraries) and the mode (a greedy JAX job holds
-        several GiB more than a governed one), so each pair keeps its own peaks."""
-        return f"{self.history_key}-host-{'cpu' if self.cpu else 'gpu'}-{self.cfg.mode}"
+        """Host USS differs with the device (CUDA libraries), the mode (a greedy JAX job holds
+        several GiB more than a governed one) and the runner (a job forked by ``preload`` shares
+        its framework's pages with the zygote), so each keeps its own peaks."""
+        runner = "" if self.cfg.runner == "process" else f"-{self.cfg.runner}"
+        return f"{self.history_key}-host-{'cpu' if self.cpu else 'gpu'}-{self.cfg.mode}{runner}"
 
     def base_env(self, mode: str) -> dict[str, str]:
         return base_env(mode)
