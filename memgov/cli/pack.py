@@ -153,6 +153,10 @@ def _summary(report: dict[str, Any]) -> None:
         console.print(f"[red]failed[/red] {escape(line)}", highlight=False)
     for note in report.get("notes") or []:
         console.print(f"note: {note}", highlight=False, markup=False)
+    for run in report.get("runs") or []:
+        if run.get("connections"):
+            console.print(f"note: {run['label']}: {run['connections']}", highlight=False,
+                          markup=False)
     files = report.get("files", {})
     console.print(f"report: {files.get('json')}  csv: {files.get('csv')}  "
                   f"plot: {files.get('plot') or files.get('plot_error')}", highlight=False)
