@@ -2,8 +2,10 @@
 
     python benchmarks/gpu/mps_density.py --out $OUT [--budget 500] [--only STEP,...] [--dry-run]
 
-Steps, most important first (a step that would not fit in what is left of --budget is skipped
-and listed as such; ONLY/--only runs the named ones, e.g. in a second call):
+Steps (by default env, servers, mps48, mps96, mps140, nomps48, nomps96: the table of
+docs/hard-limits.md; a step that would not fit in what is left of --budget is skipped and listed
+as such; ONLY/--only runs the named ones). Every pack step runs with --pack-args (default
+"--runner preload", PACK_ARGS; "" for spawned jobs):
 
   env       GPU, driver, cores, host memory, control program
   servers   `memgov mps start --daemons 3`: start-up time of each control daemon; per daemon the
@@ -65,9 +67,11 @@ MIB = 2**20
 LOW_MEMORY = 10 * GIB
 STEPS = ("env", "servers", "mps48", "mps96", "mps140", "nomps48", "nomps96", "nomps140q",
          "mps48x2", "nomps140", "wall", "hostmem")
+DEFAULT_STEPS = ("env", "servers", "mps48", "mps96", "mps140", "nomps48", "nomps96")
+"""The table of docs/hard-limits.md in one call (~330 s on the H200); the rest with --only."""
 # What each step needs at most (s); a step starts only when this much of the budget is left.
-NEEDS = {"env": 15, "servers": 40, "mps48": 70, "mps96": 85, "mps140": 110, "mps48x2": 70,
-         "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 90, "nomps96": 110,
+NEEDS = {"env": 15, "servers": 10, "mps48": 70, "mps96": 100, "mps140": 170, "mps48x2": 70,
+         "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 70, "nomps96": 110,
          "nomps140q": 130}
 # Starting 96-140 torch processes on 16 cores takes 35-65 s before the last one trains (measured
 # on the H200): a call that runs one big step gives it more, e.g. MPS_DENSITY_NEEDS="mps140=300".
@@ -748,13 +752,13 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=500.0, help="seconds for every step")
     parser.add_argument("--only", default=os.environ.get("ONLY", ""),
                         help="comma- or space-separated steps (default all, in order)")
-    parser.add_argument("--pack-args", default=os.environ.get("PACK_ARGS", ""),
+    parser.add_argument("--pack-args", default=os.environ.get("PACK_ARGS", "--runner preload"),
                         help="more `memgov pack` options for every pack step, e.g. "
                         "'--runner preload'")
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: tiny CPU packs and a stand-in control program")
     args = parser.parse_args()
-    wanted = [s for s in args.only.replace(",", " ").split() if s] or list(STEPS)
+    wanted = [s for s in args.only.replace(",", " ").split() if s] or list(DEFAULT_STEPS)
     unknown = [s for s in wanted if s not in STEPS]
     if unknown:
         parser.error(f"unknown step(s) {unknown}; accepted: {', '.join(STEPS)}")
