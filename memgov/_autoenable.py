@@ -183,6 +183,8 @@ def _govern(framework: str, strict: bool) -> None:
     outcome.update(mode="claim", source=source, claim=str(held), reports=held.reports)
     if not settings.quiet:
         _say(f"{held} [{source}; at import {framework}]")
+        if held.admission_s >= SLOW_ADMISSION_S and "admission" in held.reports:
+            _say(held.reports["admission"])  # where a slow start went; quick ones stay quiet
         _print_reports(held.reports)
 
 
@@ -222,6 +224,10 @@ def _growth(settings: Settings, why: str, quiet: bool) -> None:
     if not quiet:
         _say(f"growth only, no budget claimed ({why})")
         _print_reports(reports)
+
+
+SLOW_ADMISSION_S = 0.5
+"""Auto-enable prints the admission line (lock wait, NVML time) of claims at least this slow."""
 
 
 def _print_reports(reports: dict[str, str]) -> None:

@@ -55,6 +55,8 @@ class Claim:
     """Why the claim is soft (e.g. CUDA already initialised), or which MPS daemon makes it hard."""
     compute: int | None = None
     """Percent of the GPU's SMs asked for with ``compute=``; applied in hard mode only."""
+    admission_s: float = 0.0
+    """Seconds from the request to the written record (``reports["admission"]`` says where)."""
     _ledger: DeviceLedger | None = field(default=None, repr=False)
     _held: Held | None = field(default=None, repr=False)
     _restore: dict[str, str | None] = field(default_factory=dict, repr=False)
@@ -193,9 +195,10 @@ def _claim_now(
     # The mode goes into the record, so it is decided before admission writes one.
     plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
     modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
+    timing = AdmissionTiming()
     ledger, held, payload = _admit(
         [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct,
-        plan.daemons,
+        plan.daemons, timing,
     )
     chosen = ledger.device
     # Everything from here to the return can still fail (an adapter's configure_env, the
@@ -204,6 +207,8 @@ def _claim_now(
     touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
     try:
         result = _settle(ledger, held, payload, plan, label, compute_pct)
+        result.admission_s = timing.seconds()
+        result.reports["admission"] = timing.report()
         _current = result
         os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
     except BaseException:
@@ -258,6 +263,26 @@ def _settle(
     return result
 
 
+@dataclass
+class AdmissionTiming:
+    """Where a claim's admission spent its time (its report line), so a slow start is explained."""
+
+    started: float = field(default_factory=time.monotonic)
+    tries: int = 0
+    lock_wait_s: float = 0.0
+    lock_held_max_s: float = 0.0
+    nvml_s: float = 0.0
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def report(self) -> str:
+        total = self.seconds()
+        return (f"admission: {total:.3f} s; {self.tries} look(s) under the admission lock, "
+                f"waited {self.lock_wait_s:.3f} s for it, held it at most "
+                f"{self.lock_held_max_s * 1000:.1f} ms; NVML {self.nvml_s:.3f} s, outside the lock")
+
+
 HEAD_POLL_S = 0.02
 """Longest sleep of the first waiter between checks that its request fits: a removal in the
 device's folders wakes it at once (_wake); a holder killed by a signal removes nothing, so this
@@ -276,6 +301,7 @@ def _admit(
     modes: dict[str, tuple[str, str]] | None = None,
     compute: int | None = None,
     daemons: tuple[int, ...] = (),
+    timing: AdmissionTiming | None = None,
 ) -> tuple[DeviceLedger, Held, dict[str, Any]]:
     """Wait for (or refuse) room on one of ``ledgers``; write the claim record there.
 
@@ -283,6 +309,8 @@ def _admit(
     (recorded as ``mps_daemon``), else the one server's limit applies. A claim without MPS needs
     a CUDA context the device will still create (MEMGOV_CONTEXTS).
     """
+
+    clock = timing or AdmissionTiming()
 
     def payload_for(kind: str, ledger: DeviceLedger, daemon: int | None = None
                     ) -> dict[str, Any]:
@@ -307,17 +335,26 @@ def _admit(
     ) -> tuple[Held, dict[str, Any]] | Refusal:
         """One admission under the device's lock: the admitted record, or why not."""
         uuid = ledger.device.uuid
+        reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
+        asked = time.monotonic()
         with ledger.locked(timeout):
-            snap = ledger.scan()
-            ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
-            mode = (modes or {}).get(uuid, ("soft", ""))[0]
-            # Each hard claim is one client of an MPS server, which admits only so many; each
-            # other claim is one CUDA context, of which the device creates only so many: past
-            # that, wait or be refused like a budget that does not fit.
-            daemon, blocked = slot(snap, mode)
-            if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
-                payload = payload_for("claim", ledger, daemon)
-                return ledger.add("claims", payload), payload
+            got = time.monotonic()
+            try:
+                snap = ledger.scan(reading=reading)
+                ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
+                mode = (modes or {}).get(uuid, ("soft", ""))[0]
+                # Each hard claim is one client of an MPS server, which admits only so many;
+                # each other claim is one CUDA context, of which the device creates only so
+                # many: past that, wait or be refused like a budget that does not fit.
+                daemon, blocked = slot(snap, mode)
+                if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
+                    payload = payload_for("claim", ledger, daemon)
+                    return ledger.add("claims", payload), payload
+            finally:
+                clock.tries += 1
+                clock.nvml_s += reading.seconds
+                clock.lock_wait_s += got - asked
+                clock.lock_held_max_s = max(clock.lock_held_max_s, time.monotonic() - got)
         return (snap, ahead, sizes[uuid] > snap.capacity, blocked)
 
     if wait_s is None:

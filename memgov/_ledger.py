@@ -4,10 +4,15 @@
     $MEMGOV_DIR/v1/<gpu-uuid>/claims/*.json    one record per live claim, flock-held by its holder
     $MEMGOV_DIR/v1/<gpu-uuid>/queue/*.json     one record per waiting claimer, in arrival order
 
-Admission is the only read-modify-write and runs entirely under the admission lock: scan the live
-records, read NVML, decide, write the new record. Releases need no lock: removing a record only
-frees room, and a concurrent admission that still sees it is merely conservative. Liveness comes
-from each record's own flock (see _records), so a dead holder's budget is free at the next scan.
+Admission is the only read-modify-write of the records and runs under the admission lock: scan
+the live records, decide, write the new record. NVML is read just before the lock is taken
+(:meth:`DeviceLedger.read`), not under it: its figures describe processes outside the lock's
+reach anyway, and while many processes create CUDA contexts an NVML query can take seconds,
+which would serialise every claimer behind it. A reading taken earlier can only count a holder
+that released since then as still using memory: conservative. Releases need no lock: removing a
+record only frees room, and a concurrent admission that still sees it is merely conservative.
+Liveness comes from each record's own flock (see _records), so a dead holder's budget is free at
+the next scan.
 """
 
 from __future__ import annotations
@@ -33,6 +38,16 @@ VERSION_DIR = "v1"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 STALE_TMP_S = 60.0
 """A temporary record older than this with no lock is debris of a dead writer."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What NVML says of a device at one moment: its memory use and the processes on it."""
+
+    device: Device
+    processes: dict[int, int | None] | None
+    seconds: float
+    """How long the queries took (they run outside the admission lock)."""
 
 
 @dataclass(frozen=True)
@@ -202,13 +217,25 @@ class DeviceLedger:
         return AdmissionLock(self.path / "admission.lock", limit, may_create=mine)
 
     # -- reading -------------------------------------------------------------------------------
-    def scan(self, clean: bool = True, queue: bool = True) -> Snapshot:
+    def read(self) -> Reading:
+        """NVML's view of the device now; admission takes it before the lock (module doc)."""
+        start = time.monotonic()
+        if self.device.simulated:
+            return Reading(self.device, None, 0.0)
+        device = refresh(self.device)
+        processes = _nvml.processes(device.uuid)
+        return Reading(device, processes, time.monotonic() - start)
+
+    def scan(self, clean: bool = True, queue: bool = True, reading: Reading | None = None
+             ) -> Snapshot:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
         ``clean`` removes dead holders' files where this user may; ``queue=False`` skips the
-        queue (a refusal's message needs only the claims).
+        queue (a refusal's message needs only the claims). ``reading``: NVML's view taken just
+        before the lock (:meth:`read`); None reads it now.
         """
-        device = refresh(self.device)
+        reading = reading or self.read()
+        device = reading.device
         problems: list[str] = []
         removed: list[str] = []
         unknown: list[str] = []
@@ -260,7 +287,7 @@ class DeviceLedger:
             split = attribute(
                 device.used,
                 (Holder(c.record, c.bytes, c.pid, c.pidns) for c in claims),
-                _nvml.processes(device.uuid),
+                reading.processes,
             )
         return Snapshot(
             device=device,
@@ -275,8 +302,9 @@ class DeviceLedger:
         )
 
     def snapshot(self) -> Snapshot:
+        reading = self.read()
         with self.locked():
-            return self.scan()
+            return self.scan(reading=reading)
 
     # -- writing -------------------------------------------------------------------------------
     def add(self, section: str, payload: dict[str, Any]) -> _records.Held:

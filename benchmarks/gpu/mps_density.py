@@ -2,8 +2,10 @@
 
     python benchmarks/gpu/mps_density.py --out $OUT [--budget 500] [--only STEP,...] [--dry-run]
 
-Steps, most important first (a step that would not fit in what is left of --budget is skipped
-and listed as such; ONLY/--only runs the named ones, e.g. in a second call):
+Steps (by default env, servers, mps48, mps96, mps140, nomps48, nomps96: the table of
+docs/hard-limits.md; a step that would not fit in what is left of --budget is skipped and listed
+as such; ONLY/--only runs the named ones). Every pack step runs with --pack-args (default
+"--runner preload", PACK_ARGS; "" for spawned jobs):
 
   env       GPU, driver, cores, host memory, control program
   servers   `memgov mps start --daemons 3`: start-up time of each control daemon; per daemon the
@@ -18,6 +20,8 @@ and listed as such; ONLY/--only runs the named ones, e.g. in a second call):
   nomps140  140 jobs without MPS, MEMGOV_CONTEXTS=off: how many contexts start, and the rest
             reported with reason `contexts`
   nomps48   48 jobs without MPS (time-slicing)
+  nomps96   96 jobs without MPS at pack's default context limit (72): the rest wait, reason
+            `contexts`
   wall      bare CUDA contexts (ctypes, no framework), 200 at once, until the GPU refuses: by
             default, with CUDA_DEVICE_MAX_CONNECTIONS=1, and holding no memory (if time is
             left); NVML and BAR1 memory at the wall
@@ -42,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -60,11 +65,14 @@ MNIST = ROOT / "experiments" / "mnist"
 GIB = 2**30
 MIB = 2**20
 LOW_MEMORY = 10 * GIB
-STEPS = ("env", "servers", "mps48", "mps96", "mps140", "mps48x2", "nomps140", "nomps48",
-         "wall", "hostmem", "nomps140q")
+STEPS = ("env", "servers", "mps48", "mps96", "mps140", "nomps48", "nomps96", "nomps140q",
+         "mps48x2", "nomps140", "wall", "hostmem")
+DEFAULT_STEPS = ("env", "servers", "mps48", "mps96", "mps140", "nomps48", "nomps96")
+"""The table of docs/hard-limits.md in one call (~330 s on the H200); the rest with --only."""
 # What each step needs at most (s); a step starts only when this much of the budget is left.
-NEEDS = {"env": 15, "servers": 40, "mps48": 70, "mps96": 85, "mps140": 110, "mps48x2": 70,
-         "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 90, "nomps140q": 130}
+NEEDS = {"env": 15, "servers": 10, "mps48": 70, "mps96": 100, "mps140": 170, "mps48x2": 70,
+         "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 70, "nomps96": 110,
+         "nomps140q": 130}
 # Starting 96-140 torch processes on 16 cores takes 35-65 s before the last one trains (measured
 # on the H200): a call that runs one big step gives it more, e.g. MPS_DENSITY_NEEDS="mps140=300".
 for _item in os.environ.get("MPS_DENSITY_NEEDS", "").replace(",", " ").split():
@@ -260,6 +268,7 @@ class Bench:
         self.budget = budget
         self.dry = dry
         self.work = work
+        self.pack_args: list[str] = []
         self.t0 = time.monotonic()
         self.nvml = None if dry else _nvml()
         self.results: dict[str, Any] = {"budget_s": budget, "dry_run": dry, "steps": {},
@@ -396,8 +405,8 @@ class Bench:
         return result
 
     def pack_step(self, n: int, *, mps: bool, limit: float, extra: list[str] | None = None,
-                  env: dict[str, str] | None = None, barrier_s: float | None = None
-                  ) -> dict[str, Any]:
+                  env: dict[str, str] | None = None, barrier_s: float | None = None,
+                  barrier_n: int | None = None) -> dict[str, Any]:
         # The barrier waits for every job's start-up, which grows with the step's time.
         barrier_s = barrier_s if barrier_s is not None else max(40.0, limit / 2)
         name = f"pack-{n}-{time.monotonic_ns()}"
@@ -405,10 +414,12 @@ class Bench:
         size = n if not self.dry else min(n, 4)
         args = ["--n", str(size), "--no-solo", "--no-progress", "--out", str(out),
                 "--timeout", str(int(limit - 25 if not self.dry else 60)),
-                "--mps", "on" if mps and not self.dry else "off", *(extra or [])]
+                "--mps", "on" if mps and not self.dry else "off", *self.pack_args,
+                *(extra or [])]
         train = ["--epochs", str(EPOCHS), "--", "--limit", str(LIMIT if not self.dry else 256),
                  "--eval-limit", "64", "--barrier", str(self.work / f"{name}-barrier"),
-                 "--barrier-n", str(size), "--barrier-timeout", f"{barrier_s:g}"]
+                 "--barrier-n", str(min(size, barrier_n or size)),
+                 "--barrier-timeout", f"{barrier_s:g}"]
         if self.dry:
             args += ["--device", "cpu"]
         argv = [sys.executable, "-m", "memgov", "pack", *args, str(MNIST), *train]
@@ -559,6 +570,14 @@ def _quantiles(values: list[float]) -> dict[str, float] | None:
     return {"first": values[0], "median": round(statistics.median(values), 2), "last": values[-1]}
 
 
+def _dist(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"median": round(statistics.median(ordered), 3),
+            "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 3), "max": round(ordered[-1], 3)}
+
+
 # -- figures of one pack report ------------------------------------------------------------------
 def figures(report: dict[str, Any]) -> dict[str, Any]:
     jobs = report.get("jobs") or []
@@ -591,6 +610,12 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
         "device_peak_used_mib": report.get("device_peak_used_mib"),
         "host_gate": report.get("host_gate"), "capacity": report.get("capacity"),
         "mps": report.get("mps"), "clients_per_daemon": daemons,
+        "clients_per_daemon_at_once": at_once_per_daemon(jobs),
+        "ready_s": _dist([j["ready_s"] for j in jobs if j.get("ready_s") is not None]),
+        "admission": admissions(jobs),
+        "ready_parts_s": {part: _dist([j["ready_parts_s"][part] for j in jobs
+                                       if (j.get("ready_parts_s") or {}).get(part) is not None])
+                          for part in ("interpreter", "data", "framework")},
         "ok_job_epochs": len(ok),
         "rogue": [{k: j.get(k) for k in ("label", "status", "reason", "footprint_mib",
                                          "claim_mib", "claim_mode")} |
@@ -599,6 +624,45 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
                            {"detail": (j.get("detail") or "")[:300]}
                            for j in jobs if j["status"] != "ok" and not j.get("rogue_mib")][:5],
     }
+
+
+def at_once_per_daemon(jobs: list[dict[str, Any]]) -> dict[str, int]:
+    """Most jobs alive at the same moment per MPS daemon (``clients_per_daemon`` counts every
+    job that ever joined one: jobs that ended free their slot for later ones)."""
+    events = []
+    for j in jobs:
+        if j.get("mps_daemon") is not None and j.get("started_s") is not None:
+            events += [(j["started_s"], 1, str(j["mps_daemon"])),
+                       (j["ended_s"] if j.get("ended_s") is not None else 1e18, -1,
+                        str(j["mps_daemon"]))]
+    now: dict[str, int] = {}
+    most: dict[str, int] = {}
+    for _, step, daemon in sorted(events, key=lambda e: (e[0], e[1])):  # ends first on a tie
+        now[daemon] = now.get(daemon, 0) + step
+        most[daemon] = max(most.get(daemon, 0), now[daemon])
+    return most
+
+
+ADMISSION = re.compile(r"memgov: admission: ([0-9.]+) s; (\d+) look\(s\) under the admission "
+                       r"lock, waited ([0-9.]+) s for it, held it at most ([0-9.]+) ms; "
+                       r"NVML ([0-9.]+) s")
+
+
+def admissions(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The admission lines of slow claims (>= 0.5 s; quicker ones print none) in the job logs."""
+    found = []
+    for j in jobs:
+        try:
+            text = Path(j["log"]).read_text(errors="replace") if j.get("log") else ""
+        except OSError:
+            continue
+        found += [tuple(float(x) for x in m.groups()) for m in ADMISSION.finditer(text)]
+    if not found:
+        return {"slow": 0}
+    return {"slow": len(found), "total_s": _dist([f[0] for f in found]),
+            "lock_wait_s": _dist([f[2] for f in found]),
+            "lock_held_max_ms": max(f[3] for f in found),
+            "nvml_s": _dist([f[4] for f in found])}
 
 
 def busy_rate(jobs: list[dict[str, Any]], share: float) -> dict[str, Any] | None:
@@ -625,7 +689,7 @@ def busy_rate(jobs: list[dict[str, Any]], share: float) -> dict[str, Any] | None
 
 # -- the table -----------------------------------------------------------------------------------
 def table(results: dict[str, Any]) -> str:
-    rows = ["step       ok/n     trained at-once held_by      daemons        claim  foot(max) "
+    rows = ["step       ok/n     trained at-once held_by      daemons@once   claim  foot(max) "
             "epoch_s  agg/s(90%)  agg/s(pack)  USS/job  min_avail  reasons"]
     for name, step in results["steps"].items():
         f = step.get("figures")
@@ -633,7 +697,8 @@ def table(results: dict[str, Any]) -> str:
             continue
         busy = f["rate_while_90pct_trained"] or {}
         mps = f.get("mps") or {}
-        spread = json.dumps(f["clients_per_daemon"]) if mps.get("used") else "-"
+        spread = (json.dumps(f.get("clients_per_daemon_at_once") or f["clients_per_daemon"])
+                  if mps.get("used") else "-")
         rows.append(
             f"{name:10} {f['ok']}/{f['n']:<5} {f['trained']:>7} {f['parallel']!s:>7} "
             f"{f['parallel_held_by']!s:12} {spread:14} "
@@ -642,6 +707,15 @@ def table(results: dict[str, Any]) -> str:
             f"{f['epoch_s']!s:>7} {busy.get('median')!s:>11} {f['aggregate_samples_per_s']!s:>12} "
             f"{f['uss_per_job_mib']!s:>8} {step['watch']['min_available_mib']!s:>9}  "
             f"{f['reasons']}")
+        ready, adm = f.get("ready_s") or {}, f.get("admission") or {}
+        rows.append(f"{'':10} start-up s median {ready.get('median')} p90 {ready.get('p90')} "
+                    f"max {ready.get('max')}; slow admissions {adm.get('slow')}, lock wait max "
+                    f"{(adm.get('lock_wait_s') or {}).get('max')} s, held max "
+                    f"{adm.get('lock_held_max_ms')} ms, NVML max "
+                    f"{(adm.get('nvml_s') or {}).get('max')} s")
+        parts = f.get("ready_parts_s") or {}
+        rows.append(f"{'':10} start-up medians: " + ", ".join(
+            f"{k} {(v or {}).get('median')} s" for k, v in parts.items()))
     servers = results["steps"].get("servers") or {}
     if servers.get("clients"):
         rows.append("server start: daemons " + json.dumps(servers.get("daemon_start_s")) + "; "
@@ -678,29 +752,38 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=500.0, help="seconds for every step")
     parser.add_argument("--only", default=os.environ.get("ONLY", ""),
                         help="comma- or space-separated steps (default all, in order)")
+    parser.add_argument("--pack-args", default=os.environ.get("PACK_ARGS", "--runner preload"),
+                        help="more `memgov pack` options for every pack step, e.g. "
+                        "'--runner preload'")
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: tiny CPU packs and a stand-in control program")
     args = parser.parse_args()
-    wanted = [s for s in args.only.replace(",", " ").split() if s] or list(STEPS)
+    wanted = [s for s in args.only.replace(",", " ").split() if s] or list(DEFAULT_STEPS)
     unknown = [s for s in wanted if s not in STEPS]
     if unknown:
         parser.error(f"unknown step(s) {unknown}; accepted: {', '.join(STEPS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="mg-dens-", dir="/tmp"))  # short: socket paths
     bench = Bench(args.out, args.budget, args.dry_run, work)
+    bench.pack_args = args.pack_args.split()
+    bench.results["pack_args"] = bench.pack_args
     spread = {"MEMGOV_MPS_POLICY": "spread"}
     actions = {
         "env": bench.env_step,
         "servers": bench.servers_step,
         "mps48": lambda: bench.pack_step(48, mps=True, limit=NEEDS["mps48"]),
         "mps96": lambda: bench.pack_step(96, mps=True, limit=NEEDS["mps96"]),
+        # Claims of 1,000 MiB (the job's footprint is 886 MiB): 140 of pack's automatic
+        # 1,039 MiB (footprint x 1.10 + 64 MiB) do not fit the card's 142,826 MiB of budget.
         "mps140": lambda: bench.pack_step(140, mps=True, limit=NEEDS["mps140"],
-                                          extra=["--rogue", "1:4096"]),
+                                          extra=["--rogue", "1:4096", "--claim", "1000MiB"]),
         "mps48x2": lambda: bench.pack_step(48, mps=True, limit=NEEDS["mps48x2"],
                                            extra=["--mps-daemons", "2"], env=spread),
         "nomps140": lambda: bench.pack_step(140, mps=False, limit=NEEDS["nomps140"],
                                             env={"MEMGOV_CONTEXTS": "off"}, barrier_s=20),
         "nomps48": lambda: bench.pack_step(48, mps=False, limit=NEEDS["nomps48"]),
+        # 72 at once (MEMGOV_CONTEXTS), so the barrier waits for 72; the rest pass it at once.
+        "nomps96": lambda: bench.pack_step(96, mps=False, limit=NEEDS["nomps96"], barrier_n=72),
         "wall": bench.wall_step,
         "hostmem": bench.hostmem_step,
         "nomps140q": lambda: bench.pack_step(140, mps=False, limit=NEEDS["nomps140q"],

@@ -132,6 +132,16 @@ def _barrier(folder: str, n: int, timeout: float) -> tuple[int, float]:
         time.sleep(0.05)
 
 
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), or None elsewhere."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            return round(float(uptime.read().split()[0]) - started, 3)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main(framework: str, build: Callable[[argparse.Namespace], Trainer]) -> NoReturn:
     """Entry point of a trainer script: ``build`` imports the framework and picks the device."""
     args = parse_args(framework)
@@ -141,11 +151,13 @@ def main(framework: str, build: Callable[[argparse.Namespace], Trainer]) -> NoRe
 
 def _train(framework: str, args: argparse.Namespace, build: Callable[..., Trainer]) -> None:
     # Data first: a bad --data fails in milliseconds instead of after a framework import.
+    entered = time.perf_counter()
+    age = _process_age_s()
     expected = None if args.data_sha256.lower() == "skip" else args.data_sha256
     x_train, y_train, x_test, y_test = mnist_data.load(args.data, expected)
     x_train, y_train = x_train[: args.limit], y_train[: args.limit]
     x_test, y_test = x_test[: args.eval_limit], y_test[: args.eval_limit]
-
+    loaded = time.perf_counter()
     trainer = build(args)
     report.emit(
         "start",
@@ -155,6 +167,10 @@ def _train(framework: str, args: argparse.Namespace, build: Callable[..., Traine
         batch=args.batch,
         epochs=args.epochs,
         train_samples=len(x_train),
+        # Where start-up went: the interpreter until this script ran (site hooks included),
+        # the data, then the framework's import, its device and the model.
+        startup_s={"interpreter": age, "data": round(loaded - entered, 3),
+                   "framework": round(time.perf_counter() - loaded, 3)},
     )
     if args.barrier:
         seen, waited = _barrier(args.barrier, args.barrier_n, args.barrier_timeout)

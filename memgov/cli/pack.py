@@ -46,8 +46,10 @@ def pack(
     epochs: Annotated[int | None, typer.Option(help="Epochs per job (manifest default).")
                       ] = None,
     batch: Annotated[int | None, typer.Option(help="Batch size (manifest default).")] = None,
-    runner: Annotated[str, typer.Option(help="process, namespace (own PID namespace; root) "
-                                             "or docker.")] = "process",
+    runner: Annotated[str, typer.Option(help="process, namespace (own PID namespace; root), "
+                                             "docker, or preload (jobs forked from one process "
+                                             "that imported the framework once: less host "
+                                             "memory and start-up CPU per job).")] = "process",
     image: Annotated[str, typer.Option(help="Image for --runner docker (examples/docker).")
                      ] = "memgov-mnist",
     sweep: Annotated[str | None, typer.Option(
@@ -151,6 +153,10 @@ def _summary(report: dict[str, Any]) -> None:
         console.print(f"[red]failed[/red] {escape(line)}", highlight=False)
     for note in report.get("notes") or []:
         console.print(f"note: {note}", highlight=False, markup=False)
+    for run in report.get("runs") or []:
+        if run.get("connections"):
+            console.print(f"note: {run['label']}: {run['connections']}", highlight=False,
+                          markup=False)
     files = report.get("files", {})
     console.print(f"report: {files.get('json')}  csv: {files.get('csv')}  "
                   f"plot: {files.get('plot') or files.get('plot_error')}", highlight=False)

@@ -102,6 +102,9 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     if ctx.simulated is not None and ctx.device is not None and plan.mode != "greedy":
         env["MEMGOV_DEVICE"] = ctx.device.uuid  # the simulated GPU pack watches (--gpu)
     base = ctx.base_env(plan.mode)
+    connections = one_connection(ctx, concurrent, base)
+    if connections:
+        env[CONNECTIONS_VAR] = "1"
     jobs = [Job(JobSpec(i, f"job-{i:02d}", ctx.argv(plan, i), env, plan.rogue_mib(i)))
             for i in range(plan.n)]
     log_dir = ctx.out / "logs" / plan.label
@@ -174,8 +177,29 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     if ctx.host_gate is not None:
         record["host_gate"] = ctx.host_gate.summary()
         ctx.host_gate.reset()
+    if connections:
+        record["connections"] = connections
     observer.run_ended(plan, record)
     return record, stop
+
+
+CONNECTIONS_VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
+CONNECTIONS_FROM = 72
+"""Jobs at once above which pack gives each job one hardware connection. Each CUDA context, and
+each MPS client, takes 8 connections (work queues) from the GPU's pool by default; on an H200 the
+pool ran out at 101 bare contexts without MPS and at ~122 MPS clients over three servers, with
+"CUDA error: out of memory" at start-up and most memory free (docs/hard-limits.md). A trainer
+that launches on one stream needs one connection (a job with several streams would lose their
+concurrency: the user's own setting wins)."""
+
+
+def one_connection(ctx: Context, concurrent: int, base: dict[str, str]) -> str | None:
+    """Why this run's jobs get CUDA_DEVICE_MAX_CONNECTIONS=1, or None when they do not."""
+    if ctx.cpu or concurrent <= CONNECTIONS_FROM or CONNECTIONS_VAR in base:
+        return None
+    return (f"{CONNECTIONS_VAR}=1 for every job: {concurrent} jobs at once take more than the "
+            f"GPU's pool of hardware connections at the default 8 per context or MPS client "
+            f"(over {CONNECTIONS_FROM} jobs at once; set {CONNECTIONS_VAR} yourself to choose)")
 
 
 def _sweep_ledger(ctx: Context) -> list[str]:

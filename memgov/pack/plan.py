@@ -97,9 +97,11 @@ class Context:
 
     @property
     def host_history_key(self) -> str:
-        """Host USS differs with the device (CUDA libraries) and the mode (a greedy JAX job holds
-        several GiB more than a governed one), so each pair keeps its own peaks."""
-        return f"{self.history_key}-host-{'cpu' if self.cpu else 'gpu'}-{self.cfg.mode}"
+        """Host USS differs with the device (CUDA libraries), the mode (a greedy JAX job holds
+        several GiB more than a governed one) and the runner (a job forked by ``preload`` shares
+        its framework's pages with the zygote), so each keeps its own peaks."""
+        runner = "" if self.cfg.runner == "process" else f"-{self.cfg.runner}"
+        return f"{self.history_key}-host-{'cpu' if self.cpu else 'gpu'}-{self.cfg.mode}{runner}"
 
     def base_env(self, mode: str) -> dict[str, str]:
         return base_env(mode)
@@ -195,7 +197,7 @@ def prepare(cfg: PackConfig) -> Context:
         contexts = _config.context_limit(simulated=False)
     runner = runners.make(cfg.runner, image=cfg.image, ledger=ledger,
                           gpu=None if device is None or cpu else device.uuid,
-                          mps_pipe=_mps_pipe() if mps else None)
+                          mps_pipe=_mps_pipe() if mps else None, framework=cfg.framework)
     runner.check()
     plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
     if cpu:

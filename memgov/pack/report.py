@@ -170,6 +170,8 @@ def table(report: dict[str, Any]) -> Any:
         ("claim MiB", lambda r: _num(r["claim_mib"])),
         ("footprint MiB (median)", lambda r: _num(r["footprint_mib"])),
         ("footprint MiB (max)", lambda r: _num(r["footprint_max_mib"])),
+        ("start-up s (median)", lambda r: _num(r.get("ready_s"), 1)),
+        ("start-up s (max)", lambda r: _num(r.get("ready_s_max"), 1)),
         ("epoch s (median)", lambda r: _num(r["epoch_s"], 2)),
         ("samples/s, all jobs", lambda r: _num(r["aggregate_samples_per_s"], 0)),
         ("  over whole span", lambda r: _num(r["aggregate_samples_per_s_span"], 0)),

@@ -55,6 +55,9 @@ def complete_run(
             "monitor": sampler.summary(),
         }
     )
+    runner = ctx.runner.summary()
+    if runner is not None:
+        record["runner"] = runner
     free_before = (
         None
         if sampler.device_total is None or sampler.device_used_before is None
@@ -123,10 +126,12 @@ class Results:
             self.report["history"] = {"key": ctx.history_key, "error": str(exc)}
 
     def _record_host(self, record: dict[str, Any]) -> None:
+        # A job that trained a whole epoch has reached its size, even if it was stopped later
+        # (--timeout): leaving it out left the next pack with the 2 GiB default per job.
         peaks = [
             int(j["uss_mib"] * 2**20)
             for j in record["jobs"]
-            if j["status"] == "ok" and not j["rogue_mib"] and j["uss_mib"]
+            if (j["status"] == "ok" or j["epochs_done"]) and not j["rogue_mib"] and j["uss_mib"]
         ]
         with contextlib.suppress(MemgovError):  # a sizing aid: never fail a finished pack
             history.record(self.ctx.host_history_key, peaks, n=len(record["jobs"]))

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from memgov._errors import ConfigError
 
-RUNNERS = ("process", "namespace", "docker")
+RUNNERS = ("process", "namespace", "docker", "preload")
 DOCKER_IMAGE = "memgov-mnist"
 DOCKER_WORKDIR = "/experiment"
 INSPECT_EVERY_S = 1.0
@@ -84,6 +84,10 @@ class Runner:
     def cleanup(self) -> list[str]:
         """After a run: remove what the runner left behind; return what was removed."""
         return []
+
+    def summary(self) -> dict[str, object] | None:
+        """What the runner itself did in the run that just ended (after cleanup), or None."""
+        return None
 
 
 class NamespaceRunner(Runner):
@@ -270,9 +274,14 @@ def _docker(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 def make(name: str, *, image: str = DOCKER_IMAGE, ledger: Path | None = None,
-         gpu: str | None = None, mps_pipe: Path | None = None) -> Runner:
+         gpu: str | None = None, mps_pipe: Path | None = None, framework: str = "torch"
+         ) -> Runner:
     if name == "process":
         return Runner()
+    if name == "preload":
+        from memgov.pack.preload import PreloadRunner
+
+        return PreloadRunner(framework)
     if name == "namespace":
         return NamespaceRunner()
     if name == "docker":

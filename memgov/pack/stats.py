@@ -72,6 +72,11 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
         "claim_mode": sample.claim_mode,
         "mps_daemon": sample.mps_daemon,
         "started_s": _round(job.started),
+        # Launch to the trainer's "start" report (framework imported, CUDA up, model built):
+        # the start-up a packed job pays, governed admission included.
+        "ready_s": (_round(float(start["t"]) - job.started)
+                    if "t" in start and job.started is not None else None),
+        "ready_parts_s": start.get("startup_s"),  # the trainer's own split of it, if it gives one
         "ended_s": _round(job.ended),
         "stdout_garbage_lines": job.garbage,
         "stderr_tail": list(job.tail)[-STDERR_LINES:] if status != "ok" else [],
@@ -120,6 +125,7 @@ def run_record(jobs: list[dict[str, Any]], *, all_at_once: bool) -> dict[str, An
     epoch = [j["steady_epoch_s"] for j in basis if j["steady_epoch_s"] is not None]
     uss = [j["uss_mib"] for j in basis if j["uss_mib"] is not None]
     rss = [j["rss_mib"] for j in basis if j["rss_mib"] is not None]
+    ready = [j["ready_s"] for j in jobs if j.get("ready_s") is not None]
     return {
         "n": len(jobs),
         "ok": len(ok),
@@ -130,6 +136,8 @@ def run_record(jobs: list[dict[str, Any]], *, all_at_once: bool) -> dict[str, An
         "epoch_s": _median(epoch),
         "epoch_s_max": max(epoch) if epoch else None,
         "uss_per_job_mib": _median(uss),
+        "ready_s": _median(ready),
+        "ready_s_max": max(ready) if ready else None,
         "rss_per_job_mib": _median(rss),
         "samples": sum(j["samples"] for j in jobs),
         **aggregate(jobs, all_at_once),

@@ -39,6 +39,7 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
     assert (data["n"], data["ok"], data["failed"]) == (2, 2, 0)
     assert data["footprint_mib"] is None and data["device_peak_used_mib"] is None  # no NVML
     assert data["epoch_s"] > 0 and data["aggregate_samples_per_s"] > 0
+    assert 0 < data["ready_s"] <= data["ready_s_max"]
     assert data["interrupted"] is False and data["mps"]["used"] is False
     assert data["claim"]["mib"] == 1024 and "no measured peaks" in data["claim"]["source"]
     assert [r["role"] for r in data["runs"]] == ["solo", "main"]
@@ -54,6 +55,9 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
     for job in data["jobs"]:
         assert job["status"] == "ok" and job["reason"] is None and job["exit_code"] == 0
         assert job["epochs_done"] == 1 and len(job["epoch_s"]) == 1 and job["samples"] == 256
+        # Its start-up: launch to the trainer's "start" report, before its first epoch began.
+        assert 0 < job["ready_s"] <= job["epoch_spans"][0][0] - job["started_s"] + 0.01
+        assert set(job["ready_parts_s"]) == {"interpreter", "data", "framework"}
         # The job really was governed: the ledger held its claim, matched by PID.
         assert job["claim_mib"] == 1024 and job["claim_mode"] == "soft"
         assert job["uss_mib"] and job["rss_mib"] >= job["uss_mib"]

@@ -117,3 +117,16 @@ def test_jobs_past_the_context_limit_queue_with_wait(tmp_path: Path,
     first, second = sorted(data["jobs"], key=lambda j: j["epoch_spans"][0][0])
     # One context at a time: the second job trained only after the first had ended.
     assert second["epoch_spans"][0][0] >= first["epoch_spans"][-1][1]
+
+
+def test_many_jobs_at_once_get_one_hardware_connection_each() -> None:
+    from types import SimpleNamespace
+
+    from memgov.pack import engine
+
+    gpu, cpu = SimpleNamespace(cpu=False), SimpleNamespace(cpu=True)
+    assert engine.one_connection(gpu, 72, {}) is None  # below the default wall: left alone
+    why = engine.one_connection(gpu, 140, {})
+    assert why and why.startswith("CUDA_DEVICE_MAX_CONNECTIONS=1") and "140 jobs at once" in why
+    assert engine.one_connection(gpu, 140, {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}) is None  # user's
+    assert engine.one_connection(cpu, 140, {}) is None  # no GPU, no connections

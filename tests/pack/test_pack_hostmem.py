@@ -78,3 +78,21 @@ def test_a_job_that_can_never_fit_is_refused_with_the_reason(tmp_path: Path) -> 
         assert "not started: host memory" in job["detail"]
         assert "65536.00 GiB (--host-per-job)" in job["detail"]
     assert data["host_gate"]["refused"] == 2
+
+
+def test_a_job_stopped_after_an_epoch_still_sizes_the_next_pack(
+    tmp_path: Path, private_ledger: Path
+) -> None:
+    # Stopped by --timeout in its second epoch or later: its host size is known (a whole epoch
+    # ran), so the history keeps it and the next pack does not fall back to the 2 GiB default.
+    out = tmp_path / "out"
+    done = run_pack("--n", "1", "--device", "cpu", "--no-solo", "--timeout", "30",
+                    "--no-progress", str(MNIST), "--epochs", "100000", "--out", str(out), *TINY,
+                    timeout=150)
+    data = report(out)
+    job = data["jobs"][0]
+    assert (job["status"], job["reason"]) == ("failed", "timeout"), done.stderr
+    assert job["epochs_done"] >= 1 and job["uss_mib"]
+    hosts = list((private_ledger / "v1" / "_history").glob("*-host-cpu-*.json"))
+    assert len(hosts) == 1, hosts
+    assert str(int(job["uss_mib"] * 2**20)) in hosts[0].read_text()

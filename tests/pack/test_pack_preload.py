@@ -1,0 +1,247 @@
+"""`--runner preload`: jobs forked from a zygote that imported torch once (memgov/pack/preload.py).
+
+Real processes throughout: a real zygote importing real torch, real launchers, real signals. The
+runner-level tests drive :class:`PreloadRunner` the way pack's jobs.py does (Popen of what
+``launch`` returns, in a new session); the pack-level ones run ``memgov pack`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from memgov.pack.preload import PreloadRunner
+from tests.pack._util import MNIST, TINY, report, run_pack
+
+PROBE = """\
+import json, os, sys, time
+import torch  # never `import memgov`: auto-enable alone must govern this job
+
+def private_kib():
+    total = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total
+
+torch.ones(8).sum()
+auto = sys.modules.get("memgov._autoenable")
+budget = sys.modules["memgov._threads"].current() if auto else None
+claims = []
+for folder, _dirs, files in os.walk(os.environ.get("MEMGOV_DIR", "/nonexistent")):
+    if os.path.basename(folder) == "claims":
+        claims += [json.load(open(os.path.join(folder, f))) for f in files]
+print(json.dumps({"pid": os.getpid(), "private_kib": private_kib(),
+                  "mode": auto.outcome.get("mode") if auto else None,
+                  "claim_pids": [c.get("pid") for c in claims],
+                  "threads": torch.get_num_threads(), "budget": budget and budget.threads,
+                  "argv": sys.argv}), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def short_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short TMPDIR (the zygote's socket path must fit 107 bytes), whose path also names every
+    process of the preload runner (zygote, launchers, forked jobs): the stray check finds them."""
+    folder = Path(tempfile.mkdtemp(prefix="mgz", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR in this process too
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ours(folder: Path) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info.get("cmdline") or []
+        if proc.info.get("status") != psutil.STATUS_ZOMBIE and any(str(folder) in a
+                                                                    for a in cmdline):
+            found.append(proc.pid)
+    return found
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class Jobs:
+    """Start jobs through a runner as pack's jobs.py does."""
+
+    def __init__(self, runner: PreloadRunner, cwd: Path, env: dict[str, str]) -> None:
+        self.runner, self.cwd, self.env = runner, cwd, env
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, label: str, seconds: float) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+        argv, env, _ = self.runner.launch([sys.executable, "probe.py", str(seconds)], self.env,
+                                          self.cwd, label, dict(os.environ))
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        return proc, json.loads(line)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+@pytest.fixture
+def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
+    (tmp_path / "probe.py").write_text(PROBE)
+    ledger = tmp_path / "ledger"
+    env = {"MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": "sim0:16GiB", "MEMGOV_CLAIM": "1GiB",
+           "MEMGOV_STRICT": "1", "PYTHONUNBUFFERED": "1"}
+    runner = PreloadRunner("torch")
+    started = Jobs(runner, tmp_path, env)
+    try:
+        yield started
+    finally:
+        started.close()
+        runner.cleanup()
+        assert _ours(short_tmp) == [], "processes of the preload runner left after cleanup()"
+        assert not any(short_tmp.glob("memgov-preload-*")), "zygote folder left behind"
+
+
+def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) -> None:
+    proc, forked = jobs.start("job-00", 30)
+    spawned_run = subprocess.run([sys.executable, "probe.py", "0"], cwd=jobs.cwd,
+                                 env={**os.environ, **jobs.env}, capture_output=True, text=True,
+                                 timeout=120, check=True)
+    spawned = json.loads(spawned_run.stdout)
+    # The child is the job: its own PID (not the launcher's), its argv, governed by MEMGOV_CLAIM
+    # with a claim record on the ledger under its PID, exactly as the spawned job.
+    assert forked["pid"] != proc.pid
+    assert forked["argv"] == ["probe.py", "30"]
+    assert forked["mode"] == spawned["mode"] == "claim"
+    assert forked["pid"] in forked["claim_pids"]
+    assert spawned["pid"] in spawned["claim_pids"]
+    # Each has its CPU share applied to torch (the shares differ: the second saw the first).
+    assert forked["threads"] == forked["budget"] and spawned["threads"] == spawned["budget"]
+    # Copy-on-write: torch's imported pages stay the zygote's; the spawned job has its own.
+    assert forked["private_kib"] < spawned["private_kib"] / 2, (forked, spawned)
+    assert spawned["private_kib"] - forked["private_kib"] > 64 * 1024, (forked, spawned)
+    # pack measures the launcher and the forked job (NVML, USS).
+    assert jobs.runner.host_pids(proc.pid) == [proc.pid, forked["pid"]]
+
+
+def test_signals_reach_the_job_and_a_killed_launcher_takes_its_job(jobs: Jobs) -> None:
+    term, term_info = jobs.start("job-00", 60)
+    killed, killed_info = jobs.start("job-01", 60)
+    # pack's stop: SIGTERM to the launcher's group, forwarded; the launcher dies of it too.
+    jobs.runner.stop(term.pid, None, signal.SIGTERM)
+    assert term.wait(10) == -signal.SIGTERM
+    assert jobs.runner.decode_exit(term.returncode) == (None, signal.SIGTERM)
+    assert _gone(term_info["pid"])
+    # A launcher SIGKILLed on its own (no forwarding): the zygote kills its job.
+    os.kill(killed.pid, signal.SIGKILL)
+    assert killed.wait(10) == -signal.SIGKILL
+    assert _gone(killed_info["pid"]), "the job of a SIGKILLed launcher still runs"
+
+
+def test_a_dead_zygote_fails_its_jobs_with_a_reason(jobs: Jobs) -> None:
+    proc, info = jobs.start("job-00", 60)
+    zygote = jobs.runner._zygote
+    assert zygote is not None
+    os.kill(zygote.pid, signal.SIGKILL)
+    assert proc.wait(10) == 70
+    assert proc.stderr is not None
+    said = proc.stderr.read()
+    assert "the zygote ended while the job ran" in said, said
+    assert _gone(info["pid"]), "the job outlived its zygote"
+    # A job started after that fails at once, saying why.
+    argv, env, _ = jobs.runner.launch([sys.executable, "probe.py", "0"], jobs.env, jobs.cwd,
+                                      "job-01", dict(os.environ))
+    late = subprocess.run(argv, cwd=jobs.cwd, env=env, capture_output=True, text=True, timeout=30)
+    assert late.returncode == 70 and "no zygote answers" in late.stderr, late.stderr
+    jobs.runner.cleanup()
+    summary = jobs.runner.summary()
+    assert summary is not None and summary["zygote_ended"] == "killed by signal 9"
+
+
+def test_the_zygote_ends_with_pack_and_takes_its_jobs(jobs: Jobs) -> None:
+    # pack SIGKILLed: the zygote's stdin (pack's pipe) closes; it ends and kills what it forked.
+    proc, info = jobs.start("job-00", 60)
+    zygote = jobs.runner._zygote
+    assert zygote is not None and zygote.stdin is not None
+    zygote.stdin.close()
+    assert zygote.wait(10) == 0
+    assert proc.wait(10) == 70
+    assert proc.stderr is not None
+    said = proc.stderr.read()
+    assert "pack ended (the zygote's stdin closed) while the job ran" in said, said
+    assert _gone(info["pid"]), "a job outlived the zygote that pack's death ended"
+
+
+def test_other_commands_are_spawned_with_a_note(tmp_path: Path) -> None:
+    runner = PreloadRunner("torch")
+    for argv in (["sh", "-c", "true"], [sys.executable, "-u", "train.py"],
+                 [sys.executable, "missing.py"]):
+        wrapped, _env, _ = runner.launch(argv, {}, tmp_path, "job-00", {})
+        assert wrapped == argv
+    runner.cleanup()
+    summary = runner.summary()
+    assert summary is not None and len(summary["notes"]) == 3
+    assert "zygote_forked" not in summary  # no zygote was started for them
+
+
+def _fields(run: dict[str, Any]) -> set[str]:
+    return set(run["jobs"][0]) | {f"run.{k}" for k in run if k != "runner"}
+
+
+def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
+                                                           short_tmp: Path) -> None:
+    common = ["--device", "cpu", "--no-solo", "--epochs", "1", "--no-progress", str(MNIST)]
+    done = run_pack("--n", "3", "--runner", "preload", "--out", str(tmp_path / "p"), *common,
+                    *TINY)
+    assert done.returncode == 0, done.stderr
+    assert _ours(short_tmp) == [], "zygote, launcher or job left running after pack"
+    plain = run_pack("--n", "1", "--out", str(tmp_path / "s"), *common, *TINY)
+    assert plain.returncode == 0, plain.stderr
+    forked, spawned = report(tmp_path / "p")["runs"][0], report(tmp_path / "s")["runs"][0]
+    assert _fields(forked) == _fields(spawned)
+    assert [j["status"] for j in forked["jobs"]] == ["ok"] * 3
+    for job in forked["jobs"]:
+        # The reported PID is the forked child's, and pack measured it beside its launcher.
+        assert job["pid"] != job["host_pid"]
+        assert job["pid"] in job["measured_host_pids"]
+        assert job["claim_mib"] == spawned["jobs"][0]["claim_mib"]
+    assert forked["runner"]["zygote_forked"] == 3
+    assert forked["runner"]["zygote_threads_through_fork"] == 1
+
+
+def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path,
+                                                          short_tmp: Path) -> None:
+    done = run_pack("--n", "2", "--runner", "preload", "--device", "cpu", "--no-solo",
+                    "--epochs", "1000", "--timeout", "4", "--no-progress",
+                    "--out", str(tmp_path / "p"), str(MNIST), *TINY)
+    assert done.returncode == 1, done.stderr
+    assert _ours(short_tmp) == []
+    for job in report(tmp_path / "p")["runs"][0]["jobs"]:
+        assert (job["status"], job["reason"], job["signal"]) == ("failed", "timeout", 15), job
