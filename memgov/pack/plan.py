@@ -192,6 +192,9 @@ def prepare(cfg: PackConfig) -> Context:
         simulated = f"sim0:{total // 2**20}MiB"
         device = _devices.simulated_devices(simulated)[0]
     mps, reason, limit = _mps_choice(cfg, cpu)
+    claim_bytes, claim_source = _fit_to_device(
+        cfg, history.key(man.name, cfg.framework, batch or 0), device, claim_bytes, claim_source,
+        max(sizes), mps)
     contexts = None
     if device is not None and not device.simulated and not cpu:
         contexts = _config.context_limit(simulated=False)
@@ -263,6 +266,39 @@ def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
     size = DEFAULT_CLAIM.get(cfg.framework, DEFAULT_CLAIM_OTHER)
     return size, (f"default for {cfg.framework} ({format_size(size)}): no measured peaks for "
                   f"{key} yet (a pack on a GPU records them)")
+
+
+MPS_SERVER_ALLOWANCE = 128 * 2**20
+"""GPU memory kept aside per MPS server pack will start (each held 66 MiB on the H200)."""
+
+
+def _fit_to_device(cfg: PackConfig, key: str, device: Device | None, claim: int | None,
+                   source: str | None, n: int, mps: bool) -> tuple[int | None, str | None]:
+    """An automatic claim made smaller so ``n`` jobs fit the device's free budget at once, when
+    the recorded footprints allow it (at least the largest of them + 64 MiB); otherwise as is.
+
+    The automatic size is the largest footprint x 1.10 + 64 MiB; 140 such claims of an MNIST
+    job (886 MiB) did not fit an H200, while 140 of its footprints did.
+    """
+    if (claim is None or device is None or cfg.claim.strip().lower() != "auto"
+            or cfg.mode != "claim"):
+        return claim, source
+    peaks = history.read(key)
+    if not peaks:
+        return claim, source
+    from memgov import _mpsctl
+    from memgov._ledger import DeviceLedger
+
+    free = DeviceLedger(device).snapshot().free
+    if mps:
+        free -= _mpsctl.daemons_for(n) * MPS_SERVER_ALLOWANCE
+    share = max(0, free // max(n, 1)) // 2**20 * 2**20
+    floor = max(p["bytes"] for p in peaks) + history.MARGIN_BYTES
+    if claim * n <= free or share < floor:
+        return claim, source
+    return share, (f"{source}, made {format_size(share)} so that {n} jobs fit the "
+                   f"{format_size(free)} free on the GPU at once (the largest recorded footprint "
+                   f"+ {format_size(history.MARGIN_BYTES)} is {format_size(floor)})")
 
 
 def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:

@@ -130,3 +130,28 @@ def test_many_jobs_at_once_get_one_hardware_connection_each() -> None:
     assert why and why.startswith("CUDA_DEVICE_MAX_CONNECTIONS=1") and "140 jobs at once" in why
     assert engine.one_connection(gpu, 140, {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}) is None  # user's
     assert engine.one_connection(cpu, 140, {}) is None  # no GPU, no connections
+
+
+def test_an_automatic_claim_shrinks_so_every_job_fits_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memgov.pack import history
+
+    # Footprints of 1,000 MiB recorded: the automatic claim is 1,164 MiB, and 8 of them do not
+    # fit a 9 GiB GPU; 8 x 1,152 MiB do, and 1,152 MiB is still over 1,000 + 64 MiB.
+    history.record(history.key("mnist", "torch", 32), [1000 * 2**20])
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:9GiB")
+    monkeypatch.setenv("MEMGOV_RESERVE", "0")
+    out = tmp_path / "out"
+    done = run_pack("--n", "8", "--device", "cpu", "--no-solo", "--no-progress", "--batch", "32",
+                    str(MNIST), "--epochs", "1", "--out", str(out), *TINY, timeout=300)
+    assert done.returncode == 0, done.stderr
+    data = report(out)
+    assert data["claim"]["mib"] == 1152 and "so that 8 jobs fit" in data["claim"]["source"]
+    assert (data["ok"], data["failed"]) == (8, 0)
+    # Where the footprints do not allow it (here: 2 jobs fit anyway), the claim stays as is.
+    out2 = tmp_path / "out2"
+    done = run_pack("--n", "2", "--device", "cpu", "--no-solo", "--no-progress", "--batch", "32",
+                    str(MNIST), "--epochs", "1", "--out", str(out2), *TINY, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert report(out2)["claim"]["mib"] == 1164
