@@ -17,16 +17,40 @@ import numpy as np
 import report
 
 RHO, EPS, LR = 0.95, 1e-7, 1.0  # Keras' Adadelta defaults, lr as in the Keras example
-# Steps per upload. Handing each batch to the jitted step as a numpy array copies it to the device
-# synchronously, so host and GPU never overlap: on an H200 the per-step loop ran 42,141 samples/s
-# and the same step on batches already on the device 82,189 (benchmarks/gpu/jax_trainer_probe.py,
-# docs/RESULTS.md). Stacking CHUNK batches into one upload and running them with one lax.scan
-# keeps batches on the host, shuffled per epoch, at one transfer and one dispatch per CHUNK steps.
+# Steps per upload, at most. Handing each batch to the jitted step as a numpy array copies it to
+# the device synchronously, so host and GPU never overlap: on an H200 the per-step loop ran
+# 42,141 samples/s and the same step on batches already on the device 82,189
+# (benchmarks/gpu/jax_trainer_probe.py, docs/RESULTS.md). Stacking up to CHUNK batches into one
+# upload and running them with one lax.scan keeps batches on the host, shuffled per epoch, at
+# one transfer and one dispatch per chunk.
 CHUNK = 64
+
+
+def chunk_length(steps: int, most: int | None = None) -> int:
+    """Steps per scan for an epoch of ``steps`` full batches: chunks as even as possible, so the
+    padded last chunk wastes less than one step per chunk (400 steps: 7 chunks of 58, 6 steps
+    padded) instead of up to ``most - 1`` (400 steps in chunks of 64: 48 wasted, 12 %)."""
+    most = most or CHUNK
+    if steps < 1:
+        return 1
+    chunks = -(-steps // most)
+    return -(-steps // chunks)
+
+
+_CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "cache_hits",
+                 "/jax/compilation_cache/cache_misses": "cache_misses"}
+_cache_counts = {"cache_hits": 0, "cache_misses": 0}
+
+
+def _count_cache_event(event: str, **_kwargs: Any) -> None:
+    name = _CACHE_EVENTS.get(event)
+    if name is not None:
+        _cache_counts[name] += 1
 
 
 class JaxTrainer:
     channels_last = True
+    raw_images = True  # uint8 batches, scaled on the device (a quarter of the bytes to copy)
 
     def __init__(self, args: argparse.Namespace) -> None:
         if args.device == "cpu":
@@ -36,6 +60,8 @@ class JaxTrainer:
         import jax.numpy as jnp
 
         self.jax, self.jnp = jax, jnp
+        # Persistent-cache hits and misses (a packer's shared cache), for the start report.
+        jax.monitoring.register_event_listener(_count_cache_event)
         if args.device == "gpu":
             try:
                 self.dev = jax.devices("gpu")[0]
@@ -51,9 +77,39 @@ class JaxTrainer:
         zeros = functools.partial(jax.tree_util.tree_map, jnp.zeros_like)
         self.opt_state = (zeros(self.params), zeros(self.params))  # E[g^2], E[dx^2]
         self.key = jax.device_put(key, self.dev)
-        self._step = jax.jit(functools.partial(_train_step, jax), donate_argnums=(0, 1, 2, 3))
-        self._chunk = jax.jit(functools.partial(_train_chunk, jax), donate_argnums=(0, 1, 2, 3))
-        self._predict = jax.jit(lambda p, x: jnp.argmax(_forward(jax, p, x, None), axis=-1))
+        self.chunk = CHUNK
+        self.batch: int | None = None
+        self._step: Any = jax.jit(functools.partial(_train_step, jax), donate_argnums=(0, 1, 2, 3))
+        self._chunk: Any = jax.jit(
+            functools.partial(_train_chunk, jax), donate_argnums=(0, 1, 2, 3))
+        self._predict: Any = jax.jit(lambda p, x: jnp.argmax(_forward(jax, p, x, None), axis=-1))
+
+    def prepare(self, train_samples: int, batch: int) -> dict[str, Any]:
+        """Compile, before the start report, the three programs an epoch and the evaluation
+        run (the chunk scan, the step for a short last batch, the prediction on one padded
+        batch), so epoch 1 is training only and a packer's persistent compilation cache holds
+        them once this job has reported "start". Returns the seconds and cache hits/misses."""
+        import time
+
+        jnp = self.jnp
+        t0 = time.perf_counter()
+        full, short = divmod(train_samples, batch)
+        self.chunk, self.batch = chunk_length(full), batch
+        sums = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+        state = (self.params, self.opt_state, self.key, sums)
+        image = (28, 28, 1)
+        xs = np.zeros((self.chunk, batch, *image), np.uint8)
+        ys = np.zeros((self.chunk, batch), np.int32)
+        # AOT: lower + compile; the compiled programs replace the jitted functions (same
+        # donation), so nothing compiles again during the run.
+        self._chunk = self._chunk.lower(*state, xs, ys, np.zeros(self.chunk, bool)).compile()
+        if short:
+            x1, y1 = np.zeros((short, *image), np.uint8), np.zeros(short, np.int32)
+            self._step = self._step.lower(*state, x1, y1).compile()
+        self._predict = self._predict.lower(
+            self.params, np.zeros((batch, *image), np.uint8)).compile()
+        return {"compile_s": round(time.perf_counter() - t0, 3), "chunk": self.chunk,
+                **_cache_counts}
 
     def train_epoch(self, batches: harness.Batches) -> tuple[float, float]:
         jnp = self.jnp
@@ -69,7 +125,7 @@ class JaxTrainer:
                 state, sums = self._one_step(state, sums, xb, yb)
                 continue
             pending.append((xb, yb))
-            if len(pending) == CHUNK:
+            if len(pending) == self.chunk:
                 state, sums = self._run_chunk(state, sums, pending)
                 pending = []
         if pending:
@@ -83,25 +139,27 @@ class JaxTrainer:
         return tuple(new_state), sums
 
     def _run_chunk(self, state: Any, sums: Any, pending: list) -> Any:
-        """Run up to CHUNK equal-sized batches as one upload and one scan.
+        """Run up to ``self.chunk`` equal-sized batches as one upload and one scan.
 
-        A chunk is always padded to CHUNK steps, so the scan compiles once; padded steps are
-        marked invalid and leave every state untouched (their compute is wasted, at most
-        CHUNK - 1 steps an epoch).
+        A chunk is always padded to ``self.chunk`` steps, so the scan compiles once; padded
+        steps are marked invalid and leave every state untouched (their compute is wasted:
+        fewer steps than there are chunks in an epoch, see :func:`chunk_length`).
         """
-        xs = np.stack([x for x, _ in pending])
-        ys = np.stack([y for _, y in pending]).astype(np.int32)
-        valid = np.zeros(CHUNK, dtype=bool)
+        size = self.chunk
+        xs = np.zeros((size, *pending[0][0].shape), pending[0][0].dtype)
+        ys = np.zeros((size, len(pending[0][1])), np.int32)
+        for i, (xb, yb) in enumerate(pending):  # one copy into the upload buffer, no stack
+            xs[i], ys[i] = xb, yb
+        valid = np.zeros(size, dtype=bool)
         valid[: len(pending)] = True
-        if len(pending) < CHUNK:
-            pad = CHUNK - len(pending)
-            xs = np.concatenate([xs, np.zeros((pad, *xs.shape[1:]), xs.dtype)])
-            ys = np.concatenate([ys, np.zeros((pad, *ys.shape[1:]), ys.dtype)])
         *new_state, sums = self._chunk(*state, sums, xs, ys, valid)
         return tuple(new_state), sums
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(self._predict(self.params, x))
+        n = len(x)
+        if self.batch is not None and n < self.batch:  # one compiled shape: pad the last batch
+            x = np.concatenate([x, np.zeros((self.batch - n, *x.shape[1:]), x.dtype)])
+        return np.asarray(self._predict(self.params, x))[:n]
 
     def hog(self, mib: int) -> object:
         held = self.jnp.ones((mib << 20,), dtype=self.jnp.uint8, device=self.dev)
@@ -137,8 +195,11 @@ def _init_params(jax: Any, key: Any) -> dict[str, Any]:
 
 
 def _forward(jax: Any, params: dict[str, Any], x: Any, key: Any) -> Any:
-    """Logits for NHWC images; dropout only when a PRNG ``key`` is given (training)."""
+    """Logits for NHWC images (uint8 0-255, scaled here, or float 0-1); dropout only when a PRNG
+    ``key`` is given (training)."""
     jnp = jax.numpy
+    if x.dtype == jnp.uint8:
+        x = x.astype(jnp.float32) / 255.0
 
     def conv(x: Any, p: dict[str, Any]) -> Any:
         y = jax.lax.conv_general_dilated(x, p["w"], (1, 1), "VALID", dimension_numbers=_DIMS)
