@@ -1,6 +1,6 @@
-"""The JAX trainer's chunked epoch (one upload and one lax.scan per chunk of uint8 batches scaled
-on the device, padded chunks, a short last batch on its own) trains exactly as the textbook
-per-step loop on float batches scaled on the host; compiled ahead (prepare) it trains the same."""
+"""The JAX trainer's chunked epoch (one upload per chunk of uint8 batches scaled on the device, a
+step per batch indexed on the device, a short last batch on its own) trains exactly as the
+textbook per-step loop on float batches scaled on the host; compiled ahead (prepare), the same."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_chunked_epoch_equals_per_step_loop(  # type: ignore[no-untyped-def]
     chunked = train_jax.JaxTrainer(args)
     if prepared:
         info = chunked.prepare(n_samples, 8)
-        assert info["chunk"] == train_jax.chunk_length(n_samples // 8)
+        assert info["compile_s"] >= 0
     loss_c, acc_c = chunked.train_epoch(iter(epoch_batches(raw=True)))
 
     reference = train_jax.JaxTrainer(args)  # same seed: same initial parameters and key
@@ -73,16 +73,6 @@ def test_chunked_epoch_equals_per_step_loop(  # type: ignore[no-untyped-def]
     np.testing.assert_array_equal(np.asarray(chunked.key), np.asarray(state[2]))
 
 
-def test_chunk_length_is_even_and_wastes_less_than_a_step_per_chunk(train_jax) -> None:  # type: ignore[no-untyped-def]
-    assert train_jax.chunk_length(400) == 58  # 7 chunks, 6 padded steps (64 would pad 48)
-    assert train_jax.chunk_length(1875) == 63  # full MNIST at batch 32: 30 chunks, 15 padded
-    assert train_jax.chunk_length(64) == 64 and train_jax.chunk_length(10) == 10
-    for steps in range(1, 300):
-        size = train_jax.chunk_length(steps)
-        chunks = -(-steps // size)
-        assert size <= train_jax.CHUNK and chunks * size - steps < chunks
-
-
 def test_prepared_prediction_pads_the_last_batch(train_jax) -> None:  # type: ignore[no-untyped-def]
     import mnist_data
 
@@ -90,7 +80,7 @@ def test_prepared_prediction_pads_the_last_batch(train_jax) -> None:  # type: ig
     args = argparse.Namespace(device="cpu", seed=0)
     plain, prepared = train_jax.JaxTrainer(args), train_jax.JaxTrainer(args)
     info = prepared.prepare(64, 16)
-    assert info["compile_s"] >= 0 and info["chunk"] == 4
+    assert info["compile_s"] >= 0
     raw = next(mnist_data.batches(x[:11], y[:11], 16, None, True, raw=True))[0]
     floats = next(mnist_data.batches(x[:11], y[:11], 16, None, True))[0]
     got = prepared.predict(raw)  # 11 images through the program compiled for 16
