@@ -564,7 +564,7 @@ def pack_rates(rep: dict[str, Any]) -> dict[str, Any]:
     result = aggregate(per_job, -before)
     result["warm_up"] = warm or None
     result["prepared"] = [j.get("prepared") for j in jobs][:3]
-    result["start_s_median_note"] = "from the run's start, after the warm-up job"
+    result["start_s_median_note"] = "from the warm-up job's launch (warm-up seconds included)"
     return result
 
 
