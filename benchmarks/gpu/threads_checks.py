@@ -1,9 +1,14 @@
 """Every governed process gets its share of the CPU: the GPU checks (25 plain scripts, pack).
 
-One call per framework, each under 9 minutes:
-    python3 benchmarks/gpu/threads_checks.py torch --out "$OUT"
-    python3 benchmarks/gpu/threads_checks.py jax --out "$OUT"
-    python3 benchmarks/gpu/threads_checks.py torch --cpu --n 3 --out /tmp/x   (script check, CPU)
+Runs long enough that training, not start-up, dominates (JAX: 25 processes compiling at once
+on 16 cores took 28-39 s before their first epoch ended, then ~1 s per 400 steps; runs of 8 x 400
+steps compared start-up costs). Each condition takes about 1.5 minutes on an H200 host, so the
+conditions are split over calls with --only, each keeping the pairs it compares:
+    python3 benchmarks/gpu/threads_checks.py jax --only memgov_mps,hand_mps,memgov,hand --out "$OUT"
+    python3 benchmarks/gpu/threads_checks.py jax \
+        --only hand_mps,pack,memgov_mps_stagger,hand_mps_stagger --out "$OUT"
+    python3 benchmarks/gpu/threads_checks.py torch --only hand_mps,pack --out "$OUT"
+    python3 benchmarks/gpu/threads_checks.py jax --cpu --n 3 --out /tmp/x   (script check, CPU)
 
 25 copies of a plain script (benchmarks/plain_<framework>_mnist.py: never imports memgov, sets no
 threads) per condition, all in this one call:
@@ -21,9 +26,13 @@ fit: each preallocates 75 % of the card).
 
 Rates, on pack's bases (memgov/pack/stats.py) so pack and the plain scripts compare: "all ran" =
 samples/s from the latest first-epoch start to the earliest last-epoch end; "span" = all samples
-/ (last epoch end - first epoch start). Also "all ran steady" (first epochs, which hold CUDA/cuDNN
-set-up and XLA compilation, left out) and "launch span" (from the first job's launch).
-Raw per-job JSON and a summary go to OUT/threads_<fw>.json.
+/ (last epoch end - first epoch start). Also "all ran steady" (the same window over the epochs
+after each job's first, which hold CUDA/cuDNN set-up and, in the plain JAX script, XLA
+compilation) and "launch span" (all samples / (last epoch end - first launch): start-up
+included; for pack from its warm-up job's launch). pack's rates are computed here from its
+report's epoch spans, on the same code as the plain scripts'. A window that never opened (no
+moment when every job was in it) is null with a note saying so.
+Raw per-job JSON and a summary go to OUT/threads_<fw>[_<tag>].json.
 """
 
 from __future__ import annotations
@@ -72,12 +81,15 @@ def main() -> int:
         action="store_true",
         help="check the script on a CPU machine: jobs on CPU, simulated GPU, no MPS",
     )
-    p.add_argument("--job-timeout", type=float, default=150.0)
+    p.add_argument("--job-timeout", type=float, default=170.0)
+    p.add_argument("--tag", default="", help="added to the output file's name")
     p.add_argument("--budget", type=float, default=530.0, help="seconds for the whole call")
     args = p.parse_args()
     fw = args.framework
-    epochs = args.epochs or (3 if fw == "torch" else 5)
-    steps = args.steps or 400
+    # Sized on the H200 figures of 2026-11-23 (25 jobs under MPS): torch ~1.7 s and JAX ~1 s
+    # per 400-500 steps once started, so ~30-40 s of training after 10-40 s of start-up.
+    epochs = args.epochs or (20 if fw == "torch" else 10)
+    steps = args.steps or (500 if fw == "torch" else 1280)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="memgov-threads-"))
@@ -125,11 +137,15 @@ def main() -> int:
         stop_hand_mps(hand_daemon)
         stop_memgov_mps(base_env(work, args.cpu))
         report["summary"] = summary(report["conditions"])
-        dest = out / f"threads_{fw}{'_cpu' if args.cpu else ''}.json"
+        tag = f"_{args.tag}" if args.tag else ""
+        dest = out / f"threads_{fw}{'_cpu' if args.cpu else ''}{tag}.json"
         dest.write_text(json.dumps(report, indent=1, default=str))
         shutil.rmtree(work, ignore_errors=True)
     print("\n== summary (" + dest.name + ")")
-    print(f"{'condition':22} {'ok':>6} {'all ran /s':>12} {'span /s':>12} {'epoch s':>8}  threads")
+    print(
+        f"{'condition':22} {'ok':>6} {'all ran /s':>12} {'span /s':>12} {'steady /s':>12} "
+        f"{'launch /s':>12} {'epoch s':>8}  threads"
+    )
     for name, r in report["conditions"].items():
         if "skipped" in r:
             print(f"{name:22} skipped: {r['skipped']}")
@@ -137,6 +153,8 @@ def main() -> int:
         print(
             f"{name:22} {str(r.get('ok')) + '/' + str(r.get('n')):>6} "
             f"{r.get('samples_per_s_all_ran')!s:>12} {r.get('samples_per_s_span')!s:>12} "
+            f"{r.get('samples_per_s_all_ran_steady')!s:>12} "
+            f"{r.get('samples_per_s_launch_span')!s:>12} "
             f"{r.get('steady_epoch_s_median')!s:>8}  {r.get('framework_threads_seen')}"
         )
     for key, value in report["summary"].items():
@@ -394,7 +412,10 @@ def run_condition(
 
 def aggregate(jobs: list[dict[str, Any]], launch: float) -> dict[str, Any]:
     """The same two figures as `memgov pack` (memgov/pack/stats.py), so pack and the plain
-    scripts compare on one basis, plus a steady window and a span from the launch."""
+    scripts compare on one basis, plus a steady window and a span from the launch.
+
+    Every job's epochs count, also those of a job that failed later (its JSON is written after
+    each epoch): a window is computed whenever every job reported the epochs it needs."""
     epochs = [e for j in jobs for e in j["epochs"]]
     ok = sum(1 for j in jobs if j["ok"])
     result: dict[str, Any] = {"ok": ok, "n": len(jobs)}
@@ -407,16 +428,25 @@ def aggregate(jobs: list[dict[str, Any]], launch: float) -> dict[str, Any]:
     result["samples_per_s_span"] = round(total / (end - first), 1) if end > first else None
     # Also from the first launch: interpreter and framework start-up included.
     result["samples_per_s_launch_span"] = round(total / (end - launch), 1)
+    result["launch_span_s"] = round(end - launch, 2)
     every = [j["epochs"] for j in jobs]
     steady = [[e for e in js if e["epoch"] >= 1] for js in every]
-    if ok == len(jobs):
+    result["first_epoch_s_median"] = round(
+        statistics.median(js[0]["seconds"] for js in every if js), 3)
+    result["start_s_median"] = round(
+        statistics.median(js[0]["t0"] - launch for js in every if js), 3)
+    if all(every):
         # pack's "while all ran": latest first-epoch start to earliest last-epoch end.
         result.update(_window(every, "all_ran"))
-        # Without first epochs (CUDA/cuDNN set-up, XLA compilation).
-        if all(steady):
-            result.update(_window(steady, "all_ran_steady"))
-            secs = [e["seconds"] for js in steady for e in js]
-            result["steady_epoch_s_median"] = round(statistics.median(secs), 3)
+    else:
+        result["all_ran_note"] = "some job reported no epoch"
+    # Without first epochs (CUDA/cuDNN set-up, XLA compilation).
+    if all(steady):
+        result.update(_window(steady, "all_ran_steady"))
+        secs = [e["seconds"] for js in steady for e in js]
+        result["steady_epoch_s_median"] = round(statistics.median(secs), 3)
+    else:
+        result["all_ran_steady_note"] = "some job reported fewer than two epochs"
     threads = [e.get("framework_threads") for e in epochs if e.get("framework_threads")]
     if threads:
         result["framework_threads_seen"] = sorted(set(threads))
@@ -428,7 +458,12 @@ def _window(per_job: list[list[dict[str, Any]]], name: str) -> dict[str, Any]:
     lo = max(js[0]["t0"] for js in per_job)
     hi = min(js[-1]["t1"] for js in per_job)
     if hi <= lo:
-        return {f"samples_per_s_{name}": None, f"{name}_window_s": 0.0}
+        return {
+            f"samples_per_s_{name}": None,
+            f"{name}_window_s": 0.0,
+            f"{name}_note": f"never open: the last job entered at {lo - hi:.2f} s after the "
+            "first one left (jobs did not all run at once)",
+        }
     inside = sum(e["samples"] * _overlap(e, lo, hi) for js in per_job for e in js)
     return {
         f"samples_per_s_{name}": round(inside / (hi - lo), 1),
@@ -498,13 +533,39 @@ def run_pack(
         "what": " ".join(cmd[2:]),
         "rc": r.returncode,
         "wall_s": round(time.time() - t0, 1),
-        "samples_per_s_all_ran": rep.get("aggregate_samples_per_s"),
-        "samples_per_s_span": rep.get("aggregate_samples_per_s_span"),
+        **pack_rates(rep),
+        "pack_reported": {
+            "aggregate_samples_per_s": rep.get("aggregate_samples_per_s"),
+            "aggregate_samples_per_s_span": rep.get("aggregate_samples_per_s_span"),
+        },
         **{k: rep.get(k) for k in keep},
         "stdout_tail": r.stdout.splitlines()[-25:],
         "stderr_tail": r.stderr.splitlines()[-10:],
         "report": rep,
     }
+
+
+def pack_rates(rep: dict[str, Any]) -> dict[str, Any]:
+    """pack's main run on this script's bases, from its report's epoch spans ([start, end,
+    samples], seconds from the run's start, which comes right after the warm-up job)."""
+    jobs = rep.get("jobs") or []
+    if not jobs:
+        return {}
+    warm = rep.get("warm_up") or {}
+    before = float(warm.get("stopped_s") or 0.0)  # the warm-up ran before the run's clock
+    per_job = []
+    for j in jobs:
+        spans = j.get("epoch_spans") or []
+        epochs = [
+            {"epoch": k, "t0": a, "t1": b, "samples": n, "seconds": b - a}
+            for k, (a, b, n) in enumerate(spans)
+        ]
+        per_job.append({"ok": j.get("status") == "ok", "epochs": epochs})
+    result = aggregate(per_job, -before)
+    result["warm_up"] = warm or None
+    result["prepared"] = [j.get("prepared") for j in jobs][:3]
+    result["start_s_median_note"] = "from the warm-up job's launch (warm-up seconds included)"
+    return result
 
 
 # -- summary ------------------------------------------------------------------------------------
@@ -545,8 +606,12 @@ def summary(conds: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def line(name: str, r: dict[str, Any]) -> str:
     return (
         f"--- {name}: ok {r.get('ok')}/{r.get('n')}, all ran {r.get('samples_per_s_all_ran')}"
-        f" samples/s, span {r.get('samples_per_s_span')} samples/s, steady epoch "
-        f"{r.get('steady_epoch_s_median')} s, threads {r.get('framework_threads_seen')}"
+        f" samples/s, span {r.get('samples_per_s_span')}, steady "
+        f"{r.get('samples_per_s_all_ran_steady')}, launch span "
+        f"{r.get('samples_per_s_launch_span')}; windows {r.get('all_ran_window_s')} / "
+        f"{r.get('all_ran_steady_window_s')} s; start {r.get('start_s_median')} s, first epoch "
+        f"{r.get('first_epoch_s_median')} s, steady epoch {r.get('steady_epoch_s_median')} s "
+        f"(medians), threads {r.get('framework_threads_seen')}"
     )
 
 

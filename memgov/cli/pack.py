@@ -86,6 +86,10 @@ def pack(
     host_per_job: Annotated[str, typer.Option(
         help="Host memory one job needs: SIZE, auto (recorded peaks; 2GiB before any) or off. "
              "A job starts only when the host can hold it; others wait.")] = "auto",
+    compile_cache: Annotated[str, typer.Option(
+        help="JAX: one compilation cache for the jobs, warmed by one job before the others "
+             "start: auto (a folder in the report folder), off, or a folder of your own.")
+    ] = "auto",
     python: Annotated[str | None, typer.Option(help="Interpreter for {python} in the manifest.")
                       ] = None,
     progress: Annotated[bool, typer.Option(help="Live progress on stderr.")] = True,
@@ -103,6 +107,7 @@ def pack(
             gpu=gpu, threads=_threads(threads), parallel=parallel, baseline=baseline,
             baseline_args=shlex.split(baseline_args), solo=solo, timeout=timeout, wait=wait,
             pin=pin, history=history, host_per_job=host_per_job, python=python or sys.executable,
+            compile_cache=compile_cache,
             trainer_args=list(trainer_args or []),
             sweep=config.parse_sweep(sweep) if sweep is not None else None,
             rogue=config.parse_rogue(rogue) if rogue is not None else None,

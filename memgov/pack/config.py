@@ -90,6 +90,9 @@ class PackConfig:
     history: bool = True
     host_per_job: str = "auto"
     """Host memory one job needs: SIZE, auto (recorded peaks) or off (see hostmem.py)."""
+    compile_cache: str = "auto"
+    """One compilation cache for the governed jobs, warmed by one job first: auto, off or a
+    folder (see warmup.py; JAX only)."""
     python: str = sys.executable
     trainer_args: list[str] = field(default_factory=list)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memgov._signals import raise_on_signals
-from memgov.pack import stats
+from memgov.pack import stats, warmup
 from memgov.pack.config import PackConfig, cpu_sets, job_env, threads_for
 from memgov.pack.jobs import Job, JobSpec
 from memgov.pack.monitor import Sampler
@@ -101,6 +101,8 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
                   mps_pipe=mps_pipe, mps_log=mps_log, wait=ctx.cfg.wait)
     if ctx.simulated is not None and ctx.device is not None and plan.mode != "greedy":
         env["MEMGOV_DEVICE"] = ctx.device.uuid  # the simulated GPU pack watches (--gpu)
+    if ctx.compile_cache is not None and plan.mode != "greedy":
+        env.update(warmup.cache_env(ctx.compile_cache))
     base = ctx.base_env(plan.mode)
     connections = one_connection(ctx, concurrent, base)
     if connections:
@@ -116,6 +118,17 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     running: set[str] = set()
     records: dict[str, dict[str, Any]] = {}
     stop: BaseException | None = None
+    warm: dict[str, Any] | None = None
+    if ctx.compile_cache is not None and plan.mode != "greedy" and not ctx.cache_warm:
+        # Before the run's clock starts: the jobs then load what one job compiled.
+        spec = JobSpec(-1, "warm-up", ctx.argv(plan, 0), env)
+        try:
+            warm = warmup.warm_up(spec, ctx.runner, ctx.folder, base, log_dir, ctx.cfg.timeout)
+            ctx.cache_warm = warm["status"] == "warm"
+        except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (the warm-up job is stopped)
+            warm, stop = {"status": "interrupted"}, exc
+            while pending:
+                pending.popleft().stopped_by = "interrupted"
     observer.run_started(plan)
     sampler.start()
     t0 = time.monotonic()
@@ -170,6 +183,9 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
     record = stats.run_record(done, all_at_once=concurrent >= plan.n and not waited)
     complete_run(ctx, record, plan, sampler, threads, concurrent, wall)
+    if ctx.compile_cache is not None and plan.mode != "greedy":
+        record["warm_up"] = warm or {"status": "skipped", "why": "the cache was already warm"}
+        ctx.cache_warm = ctx.cache_warm or any(j.first("start") for j in jobs)
     if left:
         record["removed_after_run"] = left
     if swept:

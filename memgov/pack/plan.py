@@ -82,6 +82,11 @@ class Context:
     context_limit: int | None = None
     """CUDA contexts the GPU takes without MPS (MEMGOV_CONTEXTS); None: no limit known."""
     mps_info: dict[str, Any] | None = None
+    compile_cache: Path | None = None
+    """The governed jobs' shared compilation cache (warmup.py); None: none."""
+    compile_cache_why: str = ""
+    cache_warm: bool = False
+    """A job of this pack has reported start with the cache: no warm-up needed any more."""
 
     @property
     def folder(self) -> Path:
@@ -232,6 +237,12 @@ def prepare(cfg: PackConfig) -> Context:
         host_available=psutil.virtual_memory().available,
         ledger_capacity=snap.capacity if snap else None, ledger_free=snap.free if snap else None,
     )
+    from memgov.pack import warmup
+
+    ctx.compile_cache, ctx.compile_cache_why = warmup.cache_folder(
+        cfg.compile_cache, cfg.framework, ctx.out)
+    if ctx.compile_cache is not None and isinstance(runner, runners.DockerRunner):
+        runner.mounts.append(ctx.compile_cache)
     recorded = [p["bytes"] for p in history.read(ctx.host_history_key)] if cfg.history else []
     ctx.host_gate = hostmem.gate(cfg.host_per_job, recorded, psutil.virtual_memory().total)
     return ctx

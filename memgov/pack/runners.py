@@ -127,6 +127,8 @@ class DockerRunner(Runner):
         self.ledger = ledger
         self.gpu = gpu
         self.mps_pipe = mps_pipe
+        self.mounts: list[Path] = []
+        """Host folders the jobs share, mounted at the same path (pack's compilation cache)."""
         self.prefix = f"memgov-pack-{os.getpid()}-{secrets.token_hex(2)}-"
         """Every container of this pack is named with it (cleanup finds them by it)."""
         self._next_inspect: dict[str, float] = {}
@@ -166,6 +168,8 @@ class DockerRunner(Runner):
                 "-v", f"{cwd}:{DOCKER_WORKDIR}:ro", "-w", DOCKER_WORKDIR]
         if self.gpu is not None:
             line += ["--gpus", f"device={self.gpu}"]
+        for folder in self.mounts:
+            line += ["-v", f"{folder}:{folder}"]
         if self.mps_pipe is not None:
             # MPS clients talk to the daemon through its pipe folder and shared memory.
             line += ["--ipc=host", "-v", f"{self.mps_pipe}:{self.mps_pipe}"]

@@ -62,6 +62,7 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
         "steady_samples_per_s": (_round(sum(steady_samples) / sum(steady))
                                  if steady and sum(steady) > 0 else None),
         "epoch_spans": spans,
+        "prepared": start.get("prepared"),
         "test_acc": done.get("test_acc"),
         "total_s": done.get("total_s"),
         "peak_allocator_mib": done.get("peak_allocator_mib"),

@@ -1,5 +1,6 @@
-"""The JAX trainer's chunked epoch (one upload and one lax.scan per CHUNK batches, padded chunks,
-a short last batch on its own) trains exactly as the textbook per-step loop."""
+"""The JAX trainer's chunked epoch (one upload per chunk of uint8 batches scaled on the device, a
+step per batch indexed on the device, a short last batch on its own) trains exactly as the
+textbook per-step loop on float batches scaled on the host; compiled ahead (prepare), the same."""
 
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ def train_jax(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 
 
 # Batches of 8: 44 samples are five full batches and a short one of 4.
-@pytest.mark.parametrize("n_samples, chunk", [(44, 2), (44, 3), (40, 5)])
-def test_chunked_epoch_equals_per_step_loop(train_jax, monkeypatch, n_samples, chunk) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "n_samples, chunk, prepared",
+    [(44, 2, False), (44, 3, False), (40, 5, False), (44, 2, True), (56, 4, True)],
+)
+def test_chunked_epoch_equals_per_step_loop(  # type: ignore[no-untyped-def]
+    train_jax, monkeypatch, n_samples, chunk, prepared
+) -> None:
     import mnist_data
 
     monkeypatch.setattr(train_jax, "CHUNK", chunk)
@@ -40,11 +46,14 @@ def test_chunked_epoch_equals_per_step_loop(train_jax, monkeypatch, n_samples, c
     x, y = x[:n_samples], y[:n_samples]
     args = argparse.Namespace(device="cpu", seed=0)
 
-    def epoch_batches() -> list:
-        return list(mnist_data.batches(x, y, 8, np.random.default_rng(1), True))
+    def epoch_batches(raw: bool = False) -> list:
+        return list(mnist_data.batches(x, y, 8, np.random.default_rng(1), True, raw))
 
     chunked = train_jax.JaxTrainer(args)
-    loss_c, acc_c = chunked.train_epoch(iter(epoch_batches()))
+    if prepared:
+        info = chunked.prepare(n_samples, 8)
+        assert info["compile_s"] >= 0
+    loss_c, acc_c = chunked.train_epoch(iter(epoch_batches(raw=True)))
 
     reference = train_jax.JaxTrainer(args)  # same seed: same initial parameters and key
     step = jax.jit(functools.partial(train_jax._train_step, jax))
@@ -62,3 +71,18 @@ def test_chunked_epoch_equals_per_step_loop(train_jax, monkeypatch, n_samples, c
     ):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(chunked.key), np.asarray(state[2]))
+
+
+def test_prepared_prediction_pads_the_last_batch(train_jax) -> None:  # type: ignore[no-untyped-def]
+    import mnist_data
+
+    _, _, x, y = mnist_data.load(None, None)
+    args = argparse.Namespace(device="cpu", seed=0)
+    plain, prepared = train_jax.JaxTrainer(args), train_jax.JaxTrainer(args)
+    info = prepared.prepare(64, 16)
+    assert info["compile_s"] >= 0
+    raw = next(mnist_data.batches(x[:11], y[:11], 16, None, True, raw=True))[0]
+    floats = next(mnist_data.batches(x[:11], y[:11], 16, None, True))[0]
+    got = prepared.predict(raw)  # 11 images through the program compiled for 16
+    assert got.shape == (11,)
+    np.testing.assert_array_equal(got, plain.predict(floats))
