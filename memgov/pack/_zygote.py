@@ -185,7 +185,7 @@ class Zygote:
         try:
             _pid, status = os.waitpid(child.pid, 0)
         except ChildProcessError:
-            status = 0x7F00 | signal.SIGKILL  # not ours to know; never expected
+            status = signal.SIGKILL  # a wait status "killed by SIGKILL"; never expected
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
         del self.children[child.pid]
@@ -275,6 +275,11 @@ def preload(framework: str) -> dict[str, Any]:
                                   f"({type(exc).__name__}: {exc})")
         return status
     status["import_s"] = round(time.monotonic() - began, 3)
+    try:  # the zygote reaps through pidfds (Linux >= 5.3)
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        status["spawn_reason"] = f"no pidfd_open here ({exc}): Linux >= 5.3 is needed"
+        return status
     # memgov's own start-up path of a governed job, so children share it too.
     from memgov import _autoenable, _claim  # noqa: F401
     status["threads_after_import"] = _task_count()
