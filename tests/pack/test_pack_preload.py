@@ -48,8 +48,17 @@ print(json.dumps({"pid": os.getpid(), "private_kib": private_kib(),
                   "mode": auto.outcome.get("mode") if auto else None,
                   "claim_pids": [c.get("pid") for c in claims],
                   "threads": torch.get_num_threads(), "budget": budget and budget.threads,
-                  "argv": sys.argv}), flush=True)
+                  "argv": sys.argv, "cpus": sorted(os.sched_getaffinity(0))}), flush=True)
 time.sleep(float(sys.argv[1]))
+"""
+REFUSED = """\
+import json, sys
+try:
+    import torch  # the claim happens here, and its refusal (MEMGOV_STRICT=1) is raised here
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+    sys.exit(5)
+print(json.dumps({"error": None}), flush=True)
 """
 
 
@@ -93,12 +102,16 @@ class Jobs:
         self.runner, self.cwd, self.env = runner, cwd, env
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, label: str, seconds: float) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-        argv, env, _ = self.runner.launch([sys.executable, "probe.py", str(seconds)], self.env,
-                                          self.cwd, label, dict(os.environ))
-        proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+    def start(self, label: str, seconds: float, script: str = "probe.py",
+              env: dict[str, str] | None = None, cpus: set[int] | None = None
+              ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+        argv, full, _ = self.runner.launch([sys.executable, script, str(seconds)],
+                                           env or self.env, self.cwd, label, dict(os.environ))
+        # As jobs.py does for --pin: the launcher's affinity, which the forked job takes over.
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=full, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=pin)
         self.procs.append(proc)
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -115,6 +128,7 @@ class Jobs:
 @pytest.fixture
 def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
     (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "refused.py").write_text(REFUSED)
     ledger = tmp_path / "ledger"
     env = {"MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": "sim0:16GiB", "MEMGOV_CLAIM": "1GiB",
            "MEMGOV_STRICT": "1", "PYTHONUNBUFFERED": "1"}
@@ -130,7 +144,7 @@ def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
 
 
 def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) -> None:
-    proc, forked = jobs.start("job-00", 30)
+    proc, forked = jobs.start("job-00", 30, cpus={0})
     spawned_run = subprocess.run([sys.executable, "probe.py", "0"], cwd=jobs.cwd,
                                  env={**os.environ, **jobs.env}, capture_output=True, text=True,
                                  timeout=120, check=True)
@@ -139,6 +153,7 @@ def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) 
     # with a claim record on the ledger under its PID, exactly as the spawned job.
     assert forked["pid"] != proc.pid
     assert forked["argv"] == ["probe.py", "30"]
+    assert forked["cpus"] == [0]  # --pin: the launcher's affinity
     assert forked["mode"] == spawned["mode"] == "claim"
     assert forked["pid"] in forked["claim_pids"]
     assert spawned["pid"] in spawned["claim_pids"]
@@ -149,6 +164,19 @@ def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) 
     assert spawned["private_kib"] - forked["private_kib"] > 64 * 1024, (forked, spawned)
     # pack measures the launcher and the forked job (NVML, USS).
     assert jobs.runner.host_pids(proc.pid) == [proc.pid, forked["pid"]]
+
+
+def test_a_refused_claim_is_raised_from_the_jobs_import_as_when_spawned(jobs: Jobs) -> None:
+    small = {**jobs.env, "MEMGOV_DEVICES": "sim0:1536MiB"}  # one 1 GiB claim fits, not two
+    _holder, held = jobs.start("job-00", 30, env=small)
+    assert held["mode"] == "claim"
+    proc, forked = jobs.start("job-01", 0, script="refused.py", env=small)
+    spawned = subprocess.run([sys.executable, "refused.py"], cwd=jobs.cwd,
+                             env={**os.environ, **small}, capture_output=True, text=True,
+                             timeout=120)
+    assert proc.wait(10) == spawned.returncode == 5
+    assert forked["error"] == json.loads(spawned.stdout)["error"] == "BudgetExceeded", (
+        forked, spawned.stdout)
 
 
 def test_signals_reach_the_job_and_a_killed_launcher_takes_its_job(jobs: Jobs) -> None:
