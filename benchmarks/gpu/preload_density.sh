@@ -17,7 +17,7 @@ OUT=${1:-${OUT:-$PWD/out}}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 N=${N:-140}
-LIMIT_S=${LIMIT_S:-240}
+LIMIT_S=${LIMIT_S:-200}
 RUNNERS=${RUNNERS:-"preload process"}
 # The trainers and the zygote need memgov (and its auto-enable .pth): an editable install.
 "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
