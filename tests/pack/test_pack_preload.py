@@ -164,6 +164,13 @@ def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) 
     assert spawned["private_kib"] - forked["private_kib"] > 64 * 1024, (forked, spawned)
     # pack measures the launcher and the forked job (NVML, USS).
     assert jobs.runner.host_pids(proc.pid) == [proc.pid, forked["pid"]]
+    # A forked job that ends releases its claim at exit (the interpreter's exit handlers ran).
+    short, ended = jobs.start("job-01", 0)
+    assert short.wait(30) == 0
+    left = [json.loads(p.read_text()).get("pid") for p in Path(jobs.env["MEMGOV_DIR"]).rglob(
+        "claims/*.json")]
+    assert ended["pid"] in ended["claim_pids"] and ended["pid"] not in left
+    assert forked["pid"] in left
 
 
 def test_a_refused_claim_is_raised_from_the_jobs_import_as_when_spawned(jobs: Jobs) -> None:
