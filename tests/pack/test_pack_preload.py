@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from memgov.pack.preload import PreloadRunner
-from tests.pack._util import MNIST, TINY, report, run_pack
+from tests.pack._util import MNIST, TINY, pack_cmd, report, run_pack
 
 PROBE = """\
 import json, os, sys, time
@@ -280,3 +280,26 @@ def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path,
     assert _ours(short_tmp) == []
     for job in report(tmp_path / "p")["runs"][0]["jobs"]:
         assert (job["status"], job["reason"], job["signal"]) == ("failed", "timeout", 15), job
+
+
+def test_ctrl_c_at_pack_stops_forked_jobs_and_the_zygote(tmp_path: Path, short_tmp: Path) -> None:
+    out = tmp_path / "p"
+    pack = subprocess.Popen(
+        pack_cmd("--n", "2", "--runner", "preload", "--device", "cpu", "--no-solo", "--epochs",
+                 "1000", "--no-progress", "--out", str(out), str(MNIST), *TINY),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(short_tmp.glob("memgov-preload-*/pids/job-0?"))) < 2:
+            assert pack.poll() is None and time.monotonic() < deadline, "jobs never forked"
+            time.sleep(0.1)
+        pack.send_signal(signal.SIGINT)
+        _out, err = pack.communicate(timeout=60)
+    finally:
+        if pack.poll() is None:
+            pack.kill()
+    assert pack.returncode == 130, err
+    assert _ours(short_tmp) == [], "zygote, launcher or job left running after Ctrl-C"
+    assert not any(short_tmp.glob("memgov-preload-*"))
+    for job in report(out)["runs"][0]["jobs"]:
+        assert (job["reason"], job["signal"]) == ("interrupted", 15), job
