@@ -12,10 +12,10 @@ the launcher's stdin/stdout/stderr, forwards pack's signals to it and exits as t
 launcher's docstring has the protocol). pack's sampler counts the launcher and the forked child
 (and the child's own children) as the job. The zygote starts with a run's first job and stops
 at the run's end (:meth:`PreloadRunner.cleanup`, also after Ctrl-C); its memory, shared by all
-jobs, is reported once in the run's ``runner`` block.
+jobs, is reported once in the run's ``runner_details``.
 
 Only ``python SCRIPT ARGS`` is forked (SCRIPT a ``.py`` file, the interpreter the zygote runs);
-any other command is spawned as the process runner would, with a note in the ``runner`` block.
+any other command is spawned as the process runner would, with a note in the ``runner_details``.
 """
 
 from __future__ import annotations

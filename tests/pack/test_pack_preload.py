@@ -247,7 +247,7 @@ def test_other_commands_are_spawned_with_a_note(tmp_path: Path) -> None:
 
 
 def _fields(run: dict[str, Any]) -> set[str]:
-    return set(run["jobs"][0]) | {f"run.{k}" for k in run if k != "runner"}
+    return set(run["jobs"][0]) | {f"run.{k}" for k in run if k != "runner_details"}
 
 
 def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
@@ -259,6 +259,7 @@ def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
     assert _ours(short_tmp) == [], "zygote, launcher or job left running after pack"
     plain = run_pack("--n", "1", "--out", str(tmp_path / "s"), *common, *TINY)
     assert plain.returncode == 0, plain.stderr
+    assert report(tmp_path / "p")["runner"] == "preload"
     forked, spawned = report(tmp_path / "p")["runs"][0], report(tmp_path / "s")["runs"][0]
     assert _fields(forked) == _fields(spawned)
     assert [j["status"] for j in forked["jobs"]] == ["ok"] * 3
@@ -267,8 +268,8 @@ def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
         assert job["pid"] != job["host_pid"]
         assert job["pid"] in job["measured_host_pids"]
         assert job["claim_mib"] == spawned["jobs"][0]["claim_mib"]
-    assert forked["runner"]["zygote_forked"] == 3
-    assert forked["runner"]["zygote_threads_through_fork"] == 1
+    assert forked["runner_details"]["zygote_forked"] == 3
+    assert forked["runner_details"]["zygote_threads_through_fork"] == 1
 
 
 def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path,
