@@ -132,10 +132,11 @@ class PreloadRunner(Runner):
         super().stop(pgid, container, sig)  # the launcher forwards it to the job's group
         child = self._child_of(pgid)
         if child is not None and sig == signal.SIGKILL:
-            # No forwarding from a SIGKILLed launcher: the job's group directly (the zygote
-            # would do it too, once it sees the launcher's connection close).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child, sig)
+            # No forwarding from a SIGKILLed launcher: the job and its group directly (the
+            # zygote does it too, once it sees the launcher's connection close).
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(child, sig)
 
     def host_pids(self, root: int) -> list[int] | None:
         child = self._child_of(root)

@@ -200,6 +200,43 @@ def test_signals_reach_the_job_and_a_killed_launcher_takes_its_job(jobs: Jobs) -
     assert _gone(killed_info["pid"]), "the job of a SIGKILLed launcher still runs"
 
 
+def test_a_launcher_gone_before_its_fork_leaves_no_job(jobs: Jobs) -> None:
+    # A launcher killed before it learns its job's PID (pack's --timeout while the zygote still
+    # imports torch): the zygote forks for the request it finds, then kills that child, also
+    # before the child has left the zygote's process group (a hang of pack, seen under load).
+    import socket
+    import struct
+
+    argv, _env, _ = jobs.runner.launch([sys.executable, "probe.py", "60"], jobs.env, jobs.cwd,
+                                       "job-00", dict(os.environ))
+    zygote = jobs.runner._zygote
+    assert zygote is not None
+    read_end, write_end = os.pipe()
+    request = json.dumps({"argv": [sys.executable, "probe.py", "60"],
+                          "env": {**os.environ, **jobs.env}, "cwd": str(jobs.cwd), "cpus": [],
+                          "umask": 0o022}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:  # as _launch.py, then gone
+        conn.connect(argv[4])
+        socket.send_fds(conn, [struct.pack("!I", len(request)) + request],
+                        [write_end, write_end, write_end])
+    os.close(write_end)
+    # Every writer of the pipe gone (EOF) = the forked job is dead (it would sleep 60 s).
+    import select
+
+    deadline = time.monotonic() + 20
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([pipe], [], [], 0.5)
+            if ready and not pipe.read(65536):
+                break
+        else:
+            pytest.fail("the job forked for a launcher that was gone still runs")
+    deadline = time.monotonic() + 10
+    while psutil.Process(zygote.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert psutil.Process(zygote.pid).children() == []
+
+
 def test_a_dead_zygote_fails_its_jobs_with_a_reason(jobs: Jobs) -> None:
     proc, info = jobs.start("job-00", 60)
     zygote = jobs.runner._zygote
