@@ -143,6 +143,9 @@ def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
         assert not any(short_tmp.glob("memgov-preload-*")), "zygote folder left behind"
 
 
+# preexec_fn (the pin, as jobs.py does) makes Popen fork this process, which may have imported
+# JAX in an earlier test: JAX warns about that fork (the launcher execs at once).
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) -> None:
     proc, forked = jobs.start("job-00", 30, cpus={0})
     spawned_run = subprocess.run([sys.executable, "probe.py", "0"], cwd=jobs.cwd,
