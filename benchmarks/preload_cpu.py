@@ -59,7 +59,7 @@ def one(runner: str, n: int, work: Path) -> dict[str, Any]:
         "uss_median_mib": statistics.median(uss) if uss else None,
         "startup_median_s": statistics.median(startup) if startup else None,
         "host_uss_peak_mib": run["host_uss_peak_mib"],
-        "runner_block": run.get("runner"),
+        "runner_block": run.get("runner_details"),
         "stderr_tail": done.stderr[-500:] if done.returncode else "",
     }
 

@@ -17,7 +17,7 @@ OUT=${1:-${OUT:-$PWD/out}}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 N=${N:-140}
-LIMIT_S=${LIMIT_S:-240}
+LIMIT_S=${LIMIT_S:-200}
 RUNNERS=${RUNNERS:-"preload process"}
 # The trainers and the zygote need memgov (and its auto-enable .pth): an editable install.
 "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
@@ -64,11 +64,11 @@ for runner in sys.argv[2:]:
         j["epoch_spans"][0][0] - j["started_s"] for j in jobs
         if j.get("epoch_spans") and j.get("started_s") is not None]
     med = lambda xs: f"{statistics.median(xs):.0f}" if xs else "-"
-    zy = (run.get("runner") or {}).get("zygote_uss_mib", "-")
+    zy = (run.get("runner_details") or {}).get("zygote_uss_mib", "-")
     print(f"{runner:8} {run['ok']}/{run['n']}  {run['failed']} {run.get('reasons')}  "
           f"{med(uss)} ({max(uss, default=0):.0f})  {med(rss)}  {med(fp)}  "
           f"{(run.get('host_uss_peak_mib') or 0) / 1024:.1f}  {zy}  "
           f"{med(first)} ({max(first, default=0):.0f})  {run.get('aggregate_samples_per_s')}  "
           f"{run.get('wall_s')}")
-    print("   runner block:", json.dumps(run.get("runner")))
+    print("   runner_details:", json.dumps(run.get("runner_details")))
 EOF

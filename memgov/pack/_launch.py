@@ -40,13 +40,24 @@ _child: list[int] = []
 
 def _forward(signum: int, _frame: object) -> None:
     if _child:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(_child[0], signum)
+        _signal_job(_child[0], signum)
         return
     # No job yet (the zygote is still importing the framework, or forking): end here, as a plain
     # process that had not yet installed a handler would; the zygote kills a child it forks
     # for a connection that has closed.
     _die_of(signum)
+
+
+def _signal_job(pid: int, signum: int) -> None:
+    """The job's process group; the job alone while it has no group of its own yet (just
+    forked: the signal stays pending until it has its handlers, the zygote sees to that)."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    except PermissionError:
+        pass
 
 
 def _die_of(signum: int) -> None:
@@ -127,8 +138,7 @@ def main(argv: list[str]) -> None:
             _fail(rest)
         else:  # EOF: the zygote ended (killed) before it reported the job's end
             if _child:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(_child[0], signal.SIGKILL)
+                _signal_job(_child[0], signal.SIGKILL)
                 _fail(f"the zygote ended while the job ran (pid {_child[0]}); the job was "
                       "killed with it")
             _fail("the zygote ended before it started the job; the job did not start")

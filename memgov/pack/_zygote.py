@@ -40,6 +40,8 @@ from typing import Any
 from memgov.pack import _forked
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+JOB_SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
+"""What launchers forward to their job."""
 REQUEST_TIMEOUT_S = 10.0
 """A launcher sends its request right after connecting; one that does not is dropped."""
 MAX_REQUEST = 8 * 2**20
@@ -120,8 +122,7 @@ class Zygote:
             except OSError:
                 gone = True
             if gone:  # the launcher died (SIGKILL): its job goes with it
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+                _kill_job(pid)
                 self._drop_conn(child)
         return None
 
@@ -146,10 +147,14 @@ class Zygote:
                 conn.sendall(f"spawn the zygote has {_task_count()} threads now\n".encode())
             conn.close()
             return None
+        # Signals for the job stay pending in the child until it has its own handlers (the
+        # launcher may forward one before the child has even left the zygote's session).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, JOB_SIGNALS)
         pid = os.fork()
         if pid == 0:
             self._in_child(conn)
             return request
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self.forked += 1
         _close_fds(request.fds)
         pidfd = os.pidfd_open(pid)
@@ -159,8 +164,7 @@ class Zygote:
             conn.sendall(f"pid {pid}\n".encode())
             self.selector.register(conn, selectors.EVENT_READ, ("launcher", pid))
         except OSError:  # the launcher is gone already
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+            _kill_job(pid)
             self._drop_conn(child)
         return None
 
@@ -185,7 +189,7 @@ class Zygote:
         try:
             _pid, status = os.waitpid(child.pid, 0)
         except ChildProcessError:
-            status = 0x7F00 | signal.SIGKILL  # not ours to know; never expected
+            status = signal.SIGKILL  # a wait status "killed by SIGKILL"; never expected
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
         del self.children[child.pid]
@@ -206,8 +210,7 @@ class Zygote:
         """Kill what is still running (pack stops the zygote after its jobs have ended) and tell
         those jobs' launchers why."""
         for pid in list(self.children):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+            _kill_job(pid)
         for child in list(self.children.values()):
             if child.conn is not None:
                 with contextlib.suppress(OSError):
@@ -216,6 +219,14 @@ class Zygote:
                 self._drop_conn(child)
             self._reap(child)
         self.listener.close()
+
+
+def _kill_job(pid: int) -> None:
+    """SIGKILL a forked job and its process group. Both: until the child has run setsid() (just
+    after fork) its group is still the zygote's, and killpg(pid) finds no group of that id."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
 
 
 def _read_request(conn: socket.socket) -> Request | None:
@@ -275,6 +286,11 @@ def preload(framework: str) -> dict[str, Any]:
                                   f"({type(exc).__name__}: {exc})")
         return status
     status["import_s"] = round(time.monotonic() - began, 3)
+    try:  # the zygote reaps through pidfds (Linux >= 5.3)
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        status["spawn_reason"] = f"no pidfd_open here ({exc}): Linux >= 5.3 is needed"
+        return status
     # memgov's own start-up path of a governed job, so children share it too.
     from memgov import _autoenable, _claim  # noqa: F401
     status["threads_after_import"] = _task_count()

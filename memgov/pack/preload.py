@@ -12,10 +12,10 @@ the launcher's stdin/stdout/stderr, forwards pack's signals to it and exits as t
 launcher's docstring has the protocol). pack's sampler counts the launcher and the forked child
 (and the child's own children) as the job. The zygote starts with a run's first job and stops
 at the run's end (:meth:`PreloadRunner.cleanup`, also after Ctrl-C); its memory, shared by all
-jobs, is reported once in the run's ``runner`` block.
+jobs, is reported once in the run's ``runner_details``.
 
 Only ``python SCRIPT ARGS`` is forked (SCRIPT a ``.py`` file, the interpreter the zygote runs);
-any other command is spawned as the process runner would, with a note in the ``runner`` block.
+any other command is spawned as the process runner would, with a note in the ``runner_details``.
 """
 
 from __future__ import annotations
@@ -132,10 +132,11 @@ class PreloadRunner(Runner):
         super().stop(pgid, container, sig)  # the launcher forwards it to the job's group
         child = self._child_of(pgid)
         if child is not None and sig == signal.SIGKILL:
-            # No forwarding from a SIGKILLed launcher: the job's group directly (the zygote
-            # would do it too, once it sees the launcher's connection close).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child, sig)
+            # No forwarding from a SIGKILLed launcher: the job and its group directly (the
+            # zygote does it too, once it sees the launcher's connection close).
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(child, sig)
 
     def host_pids(self, root: int) -> list[int] | None:
         child = self._child_of(root)

@@ -57,7 +57,7 @@ def complete_run(
     )
     runner = ctx.runner.summary()
     if runner is not None:
-        record["runner"] = runner
+        record["runner_details"] = runner
     free_before = (
         None
         if sampler.device_total is None or sampler.device_used_before is None

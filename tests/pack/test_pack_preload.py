@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from memgov.pack.preload import PreloadRunner
-from tests.pack._util import MNIST, TINY, report, run_pack
+from tests.pack._util import MNIST, TINY, pack_cmd, report, run_pack
 
 PROBE = """\
 import json, os, sys, time
@@ -48,8 +48,17 @@ print(json.dumps({"pid": os.getpid(), "private_kib": private_kib(),
                   "mode": auto.outcome.get("mode") if auto else None,
                   "claim_pids": [c.get("pid") for c in claims],
                   "threads": torch.get_num_threads(), "budget": budget and budget.threads,
-                  "argv": sys.argv}), flush=True)
+                  "argv": sys.argv, "cpus": sorted(os.sched_getaffinity(0))}), flush=True)
 time.sleep(float(sys.argv[1]))
+"""
+REFUSED = """\
+import json, sys
+try:
+    import torch  # the claim happens here, and its refusal (MEMGOV_STRICT=1) is raised here
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+    sys.exit(5)
+print(json.dumps({"error": None}), flush=True)
 """
 
 
@@ -93,12 +102,16 @@ class Jobs:
         self.runner, self.cwd, self.env = runner, cwd, env
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, label: str, seconds: float) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-        argv, env, _ = self.runner.launch([sys.executable, "probe.py", str(seconds)], self.env,
-                                          self.cwd, label, dict(os.environ))
-        proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+    def start(self, label: str, seconds: float, script: str = "probe.py",
+              env: dict[str, str] | None = None, cpus: set[int] | None = None
+              ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+        argv, full, _ = self.runner.launch([sys.executable, script, str(seconds)],
+                                           env or self.env, self.cwd, label, dict(os.environ))
+        # As jobs.py does for --pin: the launcher's affinity, which the forked job takes over.
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=full, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=pin)
         self.procs.append(proc)
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -115,6 +128,7 @@ class Jobs:
 @pytest.fixture
 def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
     (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "refused.py").write_text(REFUSED)
     ledger = tmp_path / "ledger"
     env = {"MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": "sim0:16GiB", "MEMGOV_CLAIM": "1GiB",
            "MEMGOV_STRICT": "1", "PYTHONUNBUFFERED": "1"}
@@ -129,8 +143,11 @@ def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
         assert not any(short_tmp.glob("memgov-preload-*")), "zygote folder left behind"
 
 
+# preexec_fn (the pin, as jobs.py does) makes Popen fork this process, which may have imported
+# JAX in an earlier test: JAX warns about that fork (the launcher execs at once).
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) -> None:
-    proc, forked = jobs.start("job-00", 30)
+    proc, forked = jobs.start("job-00", 30, cpus={0})
     spawned_run = subprocess.run([sys.executable, "probe.py", "0"], cwd=jobs.cwd,
                                  env={**os.environ, **jobs.env}, capture_output=True, text=True,
                                  timeout=120, check=True)
@@ -139,6 +156,7 @@ def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) 
     # with a claim record on the ledger under its PID, exactly as the spawned job.
     assert forked["pid"] != proc.pid
     assert forked["argv"] == ["probe.py", "30"]
+    assert forked["cpus"] == [0]  # --pin: the launcher's affinity
     assert forked["mode"] == spawned["mode"] == "claim"
     assert forked["pid"] in forked["claim_pids"]
     assert spawned["pid"] in spawned["claim_pids"]
@@ -149,6 +167,26 @@ def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) 
     assert spawned["private_kib"] - forked["private_kib"] > 64 * 1024, (forked, spawned)
     # pack measures the launcher and the forked job (NVML, USS).
     assert jobs.runner.host_pids(proc.pid) == [proc.pid, forked["pid"]]
+    # A forked job that ends releases its claim at exit (the interpreter's exit handlers ran).
+    short, ended = jobs.start("job-01", 0)
+    assert short.wait(30) == 0
+    left = [json.loads(p.read_text()).get("pid") for p in Path(jobs.env["MEMGOV_DIR"]).rglob(
+        "claims/*.json")]
+    assert ended["pid"] in ended["claim_pids"] and ended["pid"] not in left
+    assert forked["pid"] in left
+
+
+def test_a_refused_claim_is_raised_from_the_jobs_import_as_when_spawned(jobs: Jobs) -> None:
+    small = {**jobs.env, "MEMGOV_DEVICES": "sim0:1536MiB"}  # one 1 GiB claim fits, not two
+    _holder, held = jobs.start("job-00", 30, env=small)
+    assert held["mode"] == "claim"
+    proc, forked = jobs.start("job-01", 0, script="refused.py", env=small)
+    spawned = subprocess.run([sys.executable, "refused.py"], cwd=jobs.cwd,
+                             env={**os.environ, **small}, capture_output=True, text=True,
+                             timeout=120)
+    assert proc.wait(10) == spawned.returncode == 5
+    assert forked["error"] == json.loads(spawned.stdout)["error"] == "BudgetExceeded", (
+        forked, spawned.stdout)
 
 
 def test_signals_reach_the_job_and_a_killed_launcher_takes_its_job(jobs: Jobs) -> None:
@@ -163,6 +201,43 @@ def test_signals_reach_the_job_and_a_killed_launcher_takes_its_job(jobs: Jobs) -
     os.kill(killed.pid, signal.SIGKILL)
     assert killed.wait(10) == -signal.SIGKILL
     assert _gone(killed_info["pid"]), "the job of a SIGKILLed launcher still runs"
+
+
+def test_a_launcher_gone_before_its_fork_leaves_no_job(jobs: Jobs) -> None:
+    # A launcher killed before it learns its job's PID (pack's --timeout while the zygote still
+    # imports torch): the zygote forks for the request it finds, then kills that child, also
+    # before the child has left the zygote's process group (a hang of pack, seen under load).
+    import socket
+    import struct
+
+    argv, _env, _ = jobs.runner.launch([sys.executable, "probe.py", "60"], jobs.env, jobs.cwd,
+                                       "job-00", dict(os.environ))
+    zygote = jobs.runner._zygote
+    assert zygote is not None
+    read_end, write_end = os.pipe()
+    request = json.dumps({"argv": [sys.executable, "probe.py", "60"],
+                          "env": {**os.environ, **jobs.env}, "cwd": str(jobs.cwd), "cpus": [],
+                          "umask": 0o022}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:  # as _launch.py, then gone
+        conn.connect(argv[4])
+        socket.send_fds(conn, [struct.pack("!I", len(request)) + request],
+                        [write_end, write_end, write_end])
+    os.close(write_end)
+    # Every writer of the pipe gone (EOF) = the forked job is dead (it would sleep 60 s).
+    import select
+
+    deadline = time.monotonic() + 20
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([pipe], [], [], 0.5)
+            if ready and not pipe.read(65536):
+                break
+        else:
+            pytest.fail("the job forked for a launcher that was gone still runs")
+    deadline = time.monotonic() + 10
+    while psutil.Process(zygote.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert psutil.Process(zygote.pid).children() == []
 
 
 def test_a_dead_zygote_fails_its_jobs_with_a_reason(jobs: Jobs) -> None:
@@ -212,7 +287,7 @@ def test_other_commands_are_spawned_with_a_note(tmp_path: Path) -> None:
 
 
 def _fields(run: dict[str, Any]) -> set[str]:
-    return set(run["jobs"][0]) | {f"run.{k}" for k in run if k != "runner"}
+    return set(run["jobs"][0]) | {f"run.{k}" for k in run if k != "runner_details"}
 
 
 def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
@@ -224,6 +299,7 @@ def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
     assert _ours(short_tmp) == [], "zygote, launcher or job left running after pack"
     plain = run_pack("--n", "1", "--out", str(tmp_path / "s"), *common, *TINY)
     assert plain.returncode == 0, plain.stderr
+    assert report(tmp_path / "p")["runner"] == "preload"
     forked, spawned = report(tmp_path / "p")["runs"][0], report(tmp_path / "s")["runs"][0]
     assert _fields(forked) == _fields(spawned)
     assert [j["status"] for j in forked["jobs"]] == ["ok"] * 3
@@ -232,8 +308,8 @@ def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
         assert job["pid"] != job["host_pid"]
         assert job["pid"] in job["measured_host_pids"]
         assert job["claim_mib"] == spawned["jobs"][0]["claim_mib"]
-    assert forked["runner"]["zygote_forked"] == 3
-    assert forked["runner"]["zygote_threads_through_fork"] == 1
+    assert forked["runner_details"]["zygote_forked"] == 3
+    assert forked["runner_details"]["zygote_threads_through_fork"] == 1
 
 
 def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path,
@@ -245,3 +321,26 @@ def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path,
     assert _ours(short_tmp) == []
     for job in report(tmp_path / "p")["runs"][0]["jobs"]:
         assert (job["status"], job["reason"], job["signal"]) == ("failed", "timeout", 15), job
+
+
+def test_ctrl_c_at_pack_stops_forked_jobs_and_the_zygote(tmp_path: Path, short_tmp: Path) -> None:
+    out = tmp_path / "p"
+    pack = subprocess.Popen(
+        pack_cmd("--n", "2", "--runner", "preload", "--device", "cpu", "--no-solo", "--epochs",
+                 "1000", "--no-progress", "--out", str(out), str(MNIST), *TINY),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(short_tmp.glob("memgov-preload-*/pids/job-0?"))) < 2:
+            assert pack.poll() is None and time.monotonic() < deadline, "jobs never forked"
+            time.sleep(0.1)
+        pack.send_signal(signal.SIGINT)
+        _out, err = pack.communicate(timeout=60)
+    finally:
+        if pack.poll() is None:
+            pack.kill()
+    assert pack.returncode == 130, err
+    assert _ours(short_tmp) == [], "zygote, launcher or job left running after Ctrl-C"
+    assert not any(short_tmp.glob("memgov-preload-*"))
+    for job in report(out)["runs"][0]["jobs"]:
+        assert (job["reason"], job["signal"]) == ("interrupted", 15), job
