@@ -31,7 +31,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "memgov-base:bookworm"
 IMAGE = "memgov-mnist:test"
-USERNS_SOCKET = "/var/run/memgov-test-userns.sock"
+USERNS_SOCKET = f"/var/run/memgov-test-userns-{os.getpid()}.sock"
+"""Per test session: two sessions on one machine must not share (and stop) each other's daemon."""
 SETTING = "MEMGOV_DOCKER_TESTS"
 
 
