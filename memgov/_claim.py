@@ -5,18 +5,15 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _adapters, _config, _devices, _enforce, _settings, _threads
-from memgov._errors import BudgetExceeded, ConfigError, LockTimeout, MemgovError
-from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
-from memgov._parse import printable
+from memgov import _adapters, _admission, _devices, _enforce, _settings, _threads
+from memgov._errors import ConfigError, MemgovError
+from memgov._ledger import DeviceLedger
 from memgov._records import Held
 from memgov._sizes import Size, format_size
-from memgov._wake import Waker
 
 HOLDER_ENV = "MEMGOV_HOLDER"
 """Set while this process holds a claim (``<device uuid>/<record>``); children inherit it."""
@@ -195,8 +192,8 @@ def _claim_now(
     # The mode goes into the record, so it is decided before admission writes one.
     plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
     modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
-    timing = AdmissionTiming()
-    ledger, held, payload = _admit(
+    timing = _admission.AdmissionTiming()
+    ledger, held, payload = _admission.admit(
         [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct,
         plan.daemons, timing,
     )
@@ -263,178 +260,6 @@ def _settle(
     return result
 
 
-@dataclass
-class AdmissionTiming:
-    """Where a claim's admission spent its time (its report line), so a slow start is explained."""
-
-    started: float = field(default_factory=time.monotonic)
-    tries: int = 0
-    lock_wait_s: float = 0.0
-    lock_held_max_s: float = 0.0
-    nvml_s: float = 0.0
-
-    def seconds(self) -> float:
-        return time.monotonic() - self.started
-
-    def report(self) -> str:
-        total = self.seconds()
-        return (f"admission: {total:.3f} s; {self.tries} look(s) under the admission lock, "
-                f"waited {self.lock_wait_s:.3f} s for it, held it at most "
-                f"{self.lock_held_max_s * 1000:.1f} ms; NVML {self.nvml_s:.3f} s, outside the lock")
-
-
-HEAD_POLL_S = 0.02
-"""Longest sleep of the first waiter between checks that its request fits: a removal in the
-device's folders wakes it at once (_wake); a holder killed by a signal removes nothing, so this
-bounds how long its budget waits to be found free."""
-BEHIND_POLL_S = 0.05
-"""Longest sleep of a waiter behind others between looks at the ticket ahead (no lock taken)."""
-
-Refusal = tuple[Snapshot, int, bool, str | None]
-
-
-def _admit(
-    ledgers: list[DeviceLedger],
-    sizes: dict[str, int],
-    wait_s: float | None,
-    name: str,
-    modes: dict[str, tuple[str, str]] | None = None,
-    compute: int | None = None,
-    daemons: tuple[int, ...] = (),
-    timing: AdmissionTiming | None = None,
-) -> tuple[DeviceLedger, Held, dict[str, Any]]:
-    """Wait for (or refuse) room on one of ``ledgers``; write the claim record there.
-
-    A hard claim also needs a client slot: with memgov's ``daemons`` it joins one that has room
-    (recorded as ``mps_daemon``), else the one server's limit applies. A claim without MPS needs
-    a CUDA context the device will still create (MEMGOV_CONTEXTS).
-    """
-
-    clock = timing or AdmissionTiming()
-
-    def payload_for(kind: str, ledger: DeviceLedger, daemon: int | None = None
-                    ) -> dict[str, Any]:
-        uuid = ledger.device.uuid
-        mode, why = (modes or {}).get(uuid, ("soft", ""))
-        extra: dict[str, Any] = {"mode_reason": why}
-        if compute is not None:
-            extra["compute"] = compute
-        if daemon is not None:
-            extra["mps_daemon"] = daemon
-        return record_payload(kind, ledger.device, sizes[uuid], name, mode, **extra)
-
-    def slot(snap: Snapshot, mode: str) -> tuple[int | None, str | None]:
-        uuid = snap.device.uuid
-        if mode == "hard" and daemons:
-            return _enforce.pick_daemon(snap.hard_by_daemon, daemons, uuid)
-        blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
-        return None, blocked or _enforce.context_limit_reason(snap.contexts, mode, snap.device)
-
-    def attempt(
-        ledger: DeviceLedger, mine: Held | None, timeout: float | None
-    ) -> tuple[Held, dict[str, Any]] | Refusal:
-        """One admission under the device's lock: the admitted record, or why not."""
-        uuid = ledger.device.uuid
-        reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
-        asked = time.monotonic()
-        with ledger.locked(timeout):
-            got = time.monotonic()
-            try:
-                snap = ledger.scan(reading=reading)
-                ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
-                mode = (modes or {}).get(uuid, ("soft", ""))[0]
-                # Each hard claim is one client of an MPS server, which admits only so many;
-                # each other claim is one CUDA context, of which the device creates only so
-                # many: past that, wait or be refused like a budget that does not fit.
-                daemon, blocked = slot(snap, mode)
-                if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
-                    payload = payload_for("claim", ledger, daemon)
-                    return ledger.add("claims", payload), payload
-            finally:
-                clock.tries += 1
-                clock.nvml_s += reading.seconds
-                clock.lock_wait_s += got - asked
-                clock.lock_held_max_s = max(clock.lock_held_max_s, time.monotonic() - got)
-        return (snap, ahead, sizes[uuid] > snap.capacity, blocked)
-
-    if wait_s is None:
-        refusals: list[Refusal] = []
-        for ledger in _most_free_first(ledgers):
-            got = attempt(ledger, None, None)
-            if len(got) == 2:
-                return ledger, got[0], got[1]
-            refusals.append(got)
-        never = all(impossible for _, _, impossible, _ in refusals)
-        raise _refusal(refusals, sizes, wait_s, never)
-
-    deadline = time.monotonic() + wait_s
-    # A device the request can never fit gets no ticket: it must not hold up that queue.
-    fitting = [lg for lg in ledgers if sizes[lg.device.uuid] <= _capacity(lg.device)]
-    if not fitting:
-        raise _refusal(
-            [(lg.scan(clean=False), 0, True, None) for lg in ledgers], sizes, wait_s, True
-        )
-    tickets: dict[str, Held] = {}
-    last: dict[str, Refusal] = {}
-    waker: Waker | None = None
-    try:
-        for ledger in fitting:
-            tickets[ledger.device.uuid] = ledger.add("queue", payload_for("waiter", ledger))
-        waker = Waker([lg.path / part for lg in fitting for part in ("claims", "queue")])
-        places = {lg.device.uuid: QueuePlace(lg, tickets[lg.device.uuid].name) for lg in fitting}
-        while True:
-            poll = BEHIND_POLL_S
-            for ledger in fitting:
-                uuid = ledger.device.uuid
-                if not places[uuid].first():
-                    continue  # someone is ahead: only the first waiter takes the admission lock
-                poll = HEAD_POLL_S
-                try:
-                    got = attempt(ledger, tickets[uuid], max(deadline - time.monotonic(), 0.05))
-                except LockTimeout as exc:
-                    if time.monotonic() < deadline:
-                        raise  # held past the lock's own bound (LOCK_TIMEOUT_S): say so
-                    got = (ledger.scan(clean=False), 0, False, f"{exc}")
-                if len(got) == 2:
-                    held, payload = got
-                    try:
-                        ledger.remove("queue", tickets.pop(uuid))
-                    except BaseException:
-                        ledger.remove("claims", held)  # admitted, but claim() will raise
-                        raise
-                    return ledger, held, payload
-                last[uuid] = got
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                refusals = [
-                    last.get(lg.device.uuid) or (lg.scan(False, queue=False), 1, False, None)
-                    for lg in fitting
-                ]
-                raise _refusal(refusals, sizes, wait_s, False)
-            waker.sleep(min(poll, remaining))
-    finally:
-        try:
-            _drop_tickets(fitting, tickets)
-        finally:
-            if waker is not None:
-                waker.close()
-
-
-def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None:
-    """Remove every ticket; one failing removal does not keep the others locked."""
-    for ledger in ledgers:
-        ticket = tickets.pop(ledger.device.uuid, None)
-        if ticket is not None:
-            try:
-                ledger.remove("queue", ticket)
-            finally:
-                ticket.file.close()
-
-
-def _capacity(device: _devices.Device) -> int:
-    return max(0, device.total - _config.reserve(device.total, device.simulated))
-
-
 def _sizes_on(size: Size, candidates: list[_devices.Device]) -> dict[str, int]:
     """Device UUID -> the request in bytes, for each candidate device that could ever hold it."""
     sizes: dict[str, int] = {}
@@ -447,50 +272,6 @@ def _sizes_on(size: Size, candidates: list[_devices.Device]) -> dict[str, int]:
     if error is not None and not sizes:
         raise error
     return sizes
-
-
-def _most_free_first(ledgers: list[DeviceLedger]) -> list[DeviceLedger]:
-    if len(ledgers) == 1:
-        return ledgers
-    # device="auto": try the device with the most free budget first; each try re-checks under
-    # its own lock, so a stale order costs a retry, never an over-commit.
-    return sorted(ledgers, key=lambda ledger: ledger.snapshot().free, reverse=True)
-
-
-def _refusal(
-    refusals: list[Refusal],
-    sizes: dict[str, int],
-    wait_s: float | None,
-    never: bool,
-) -> BudgetExceeded:
-    snap, ahead, _, blocked = max(refusals, key=lambda r: r[0].free)
-    uuid = snap.device.uuid
-    holders = [(c.name, c.bytes) for c in snap.largest_holders()]
-    parts = [
-        f"cannot claim {format_size(sizes[uuid])} on {uuid} ({snap.device.name}): "
-        + snap.describe()
-    ]
-    if holders:
-        named = ", ".join(f"{printable(n)} {format_size(b)}" for n, b in holders)
-        parts.append(f"largest holders: {named}")
-    if blocked:
-        parts.append(blocked)
-    if ahead:
-        parts.append(f"{ahead} claim(s) queued ahead (first come, first served)")
-    if never:
-        parts.append("it can never fit: the request exceeds the device's capacity")
-    elif wait_s:
-        parts.append(f"waited {wait_s:g} s")
-    else:
-        parts.append("pass wait=SECONDS to queue for it")
-    return BudgetExceeded(
-        "; ".join(parts),
-        device=uuid,
-        requested=sizes[uuid],
-        free=snap.free,
-        holders=holders,
-        queued_ahead=ahead,
-    )
 
 
 def _check_name(name: object) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _claim, _enforce, _mpsctl
+from memgov import _admission, _enforce, _mpsctl
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
@@ -28,7 +28,7 @@ HARD = ("hard", "MPS pinned device-memory limit (test)")
 
 def admit(mode: tuple[str, str], wait: float | None = None) -> tuple[DeviceLedger, Held]:
     (device,) = candidates(None)
-    ledger, held, payload = _claim._admit(
+    ledger, held, payload = _admission.admit(
         [DeviceLedger(device)], {device.uuid: GIB}, wait, "job", {device.uuid: mode}
     )
     assert payload["mode"] == mode[0]
@@ -98,11 +98,11 @@ def test_a_waiting_hard_claim_gets_the_slot_a_release_frees(limit_two: str) -> N
 
 HOLDER = """
 import sys
-from memgov import _claim
+from memgov import _admission
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 (device,) = candidates(None)
-held = _claim._admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
+held = _admission.admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
                      {device.uuid: ("hard", "test")})  # kept: the lock lives with its object
 print("admitted", flush=True)
 sys.stdin.readline()

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov import _claim, _enforce, _mps
+from memgov import _admission, _enforce, _mps
 from memgov._devices import Device, candidates
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
@@ -145,7 +145,7 @@ def test_a_claim_may_join_any_running_daemon(fake_mps: Path, monkeypatch: pytest
 # -- which daemon: the ledger's count per daemon ------------------------------------------------
 def admit(daemons: tuple[int, ...], wait: float | None = None) -> tuple[DeviceLedger, Held, int]:
     (device,) = candidates(None)
-    ledger, held, payload = _claim._admit(
+    ledger, held, payload = _admission.admit(
         [DeviceLedger(device)], {device.uuid: GIB}, wait, "job",
         {device.uuid: ("hard", "test")}, None, daemons)
     return ledger, held, payload["mps_daemon"]
@@ -191,11 +191,11 @@ def test_bad_policy_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
 
 HOLDER = """
 import sys
-from memgov import _claim
+from memgov import _admission
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 (device,) = candidates(None)
-held = _claim._admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
+held = _admission.admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
                      {device.uuid: ("hard", "test")}, None, (0, 1))  # kept: its lock is its life
 print("admitted", flush=True)
 sys.stdin.readline()
@@ -229,7 +229,8 @@ def test_claims_without_mps_stop_at_the_context_limit(sim: str,
     ledger = DeviceLedger(device)
 
     def one(mode: str) -> Held:
-        return _claim._admit([ledger], {device.uuid: GIB}, None, "j", {device.uuid: (mode, "")})[1]
+        modes = {device.uuid: (mode, "")}
+        return _admission.admit([ledger], {device.uuid: GIB}, None, "j", modes)[1]
 
     held = [one("soft"), one("soft"), one("hard")]  # MPS clients hold no context of their own
     with pytest.raises(memgov.BudgetExceeded) as refused:
@@ -294,7 +295,7 @@ def test_claim_points_cuda_at_the_daemon_with_room(fake_mps: Path, sim: str,
                      if c.name == "third"]
         assert record.extra["mps_daemon"] == 2
         with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
-            _claim._admit([DeviceLedger(candidates(None)[0])], {"sim0": GIB}, None, "fourth",
+            _admission.admit([DeviceLedger(candidates(None)[0])], {"sim0": GIB}, None, "fourth",
                           {"sim0": ("hard", "test")}, None, (0, 1, 2))
         claim.release()
         assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
