@@ -8,6 +8,7 @@
 # Each of these is one call of its own (each takes most of the 9 minutes):
 #   threads_torch, threads_jax  25 plain scripts vs hand-tuned, with and without MPS, staggered,
 #                               and pack (benchmarks/gpu/threads_checks.py; docs/threads.md)
+#   threads_pack                pack vs the hand-tuned scripts only, JAX then torch (one call)
 #   density                     several MPS servers, 48/96/140 jobs, no-MPS context wall
 #                               (benchmarks/gpu/mps_density.sh; docs/hard-limits.md)
 #   probes                      the JAX trainer's upload probe and the bare-context wall with and
@@ -42,9 +43,14 @@ python3 -m memgov devices' ;;
     mps) [ -f benchmarks/gpu/mps_checks.py ] && run mps 270 python3 benchmarks/gpu/mps_checks.py --out "$OUT/mps_checks.json" ;;
     jax) [ -f benchmarks/gpu/jax_auto.py ] && run jax 200 python3 benchmarks/gpu/jax_auto.py "$OUT/jax_auto.json" ;;
     threads_torch) run threads_torch 560 python3 benchmarks/gpu/threads_checks.py torch \
-      --epochs 8 --steps 500 --budget 540 --out "$OUT" ;;
+      --budget 540 --out "$OUT" ;;
     threads_jax) run threads_jax 560 python3 benchmarks/gpu/threads_checks.py jax \
-      --epochs 8 --steps 400 --budget 540 --out "$OUT" ;;
+      --budget 540 --out "$OUT" ;;
+    threads_pack)  # goal 3 of docs/threads.md: pack vs the hand-tuned scripts, JAX then torch
+      run threads_pack_jax 215 python3 benchmarks/gpu/threads_checks.py jax \
+        --only hand_mps,pack --budget 210 --tag pack --out "$OUT"
+      run threads_pack_torch 155 python3 benchmarks/gpu/threads_checks.py torch \
+        --only hand_mps,pack --epochs 15 --budget 150 --tag pack --out "$OUT" ;;
     density) run density 560 bash benchmarks/gpu/mps_density.sh "$OUT" ;;
     probes) run jax_probe 150 python3 benchmarks/gpu/jax_trainer_probe.py \
         --out "$OUT/jax_probe.json" --steps 3000
