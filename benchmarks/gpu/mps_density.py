@@ -15,6 +15,7 @@ as such; ONLY/--only runs the named ones). Every pack step runs with --pack-args
   mps96     memgov pack --n 96  under MPS (2 daemons)    } is the same job (torch MNIST CNN,
   mps140    memgov pack --n 140 under MPS (3 daemons),   } batch 32, 2 epochs of 6,400 images
             one of them a rogue (--rogue 1:4096)          } after a start barrier), claims
+  mps140auto  the same with pack's automatic claim (made smaller so that 140 fit)
   mps48x2   48 jobs spread over 2 daemons (MEMGOV_MPS_POLICY=spread): do servers time-slice
             against each other? (same jobs as mps48, one server more)
   nomps140  140 jobs without MPS, MEMGOV_CONTEXTS=off: how many contexts start, and the rest
@@ -65,12 +66,13 @@ MNIST = ROOT / "experiments" / "mnist"
 GIB = 2**30
 MIB = 2**20
 LOW_MEMORY = 10 * GIB
-STEPS = ("env", "servers", "mps48", "mps96", "mps140", "nomps48", "nomps96", "nomps140q",
-         "mps48x2", "nomps140", "wall", "hostmem")
+STEPS = ("env", "servers", "mps48", "mps96", "mps140", "mps140auto", "nomps48", "nomps96",
+         "nomps140q", "mps48x2", "nomps140", "wall", "hostmem")
 DEFAULT_STEPS = ("env", "servers", "mps48", "mps96", "mps140", "nomps48", "nomps96")
 """The table of docs/hard-limits.md in one call (~330 s on the H200); the rest with --only."""
 # What each step needs at most (s); a step starts only when this much of the budget is left.
-NEEDS = {"env": 15, "servers": 10, "mps48": 70, "mps96": 100, "mps140": 170, "mps48x2": 70,
+NEEDS = {"env": 15, "servers": 10, "mps48": 70, "mps96": 100, "mps140": 170, "mps140auto": 170,
+         "mps48x2": 70,
          "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 70, "nomps96": 110,
          "nomps140q": 130}
 # Starting 96-140 torch processes on 16 cores takes 35-65 s before the last one trains (measured
@@ -736,11 +738,15 @@ def table(results: dict[str, Any]) -> str:
     for label, h in host.items():
         if isinstance(h, dict) and "uss_mib" in h:
             rows.append(f"host USS {label}: {h['uss_mib']}")
-    rogue = (results["steps"].get("mps140") or {}).get("figures") or {}
-    for r in rogue.get("rogue", []):
-        rows.append(f"rogue {r['label']}: {r['status']} {r['reason']} footprint "
-                    f"{r['footprint_mib']} MiB of claim {r['claim_mib']} ({r['claim_mode']}): "
-                    f"{r['detail'][:160]}")
+    for name in ("mps140", "mps140auto"):
+        rogue = (results["steps"].get(name) or {}).get("figures") or {}
+        claim = ((results["steps"].get(name) or {}).get("report") or {}).get("claim") or {}
+        if claim:
+            rows.append(f"{name} claim: {claim.get('mib')} MiB ({claim.get('source')})")
+        for r in rogue.get("rogue", []):
+            rows.append(f"{name} rogue {r['label']}: {r['status']} {r['reason']} footprint "
+                        f"{r['footprint_mib']} MiB of claim {r['claim_mib']} ({r['claim_mode']}): "
+                        f"{r['detail'][:160]}")
     if results["skipped"]:
         rows.append(f"skipped: {results['skipped']}")
     return "\n".join(rows)
@@ -777,6 +783,9 @@ def main() -> int:
         # 1,039 MiB (footprint x 1.10 + 64 MiB) do not fit the card's 142,826 MiB of budget.
         "mps140": lambda: bench.pack_step(140, mps=True, limit=NEEDS["mps140"],
                                           extra=["--rogue", "1:4096", "--claim", "1000MiB"]),
+        # pack's own claim: made smaller so that 140 fit (docs/pack.md, --claim auto)
+        "mps140auto": lambda: bench.pack_step(140, mps=True, limit=NEEDS["mps140auto"],
+                                              extra=["--rogue", "1:4096"]),
         "mps48x2": lambda: bench.pack_step(48, mps=True, limit=NEEDS["mps48x2"],
                                            extra=["--mps-daemons", "2"], env=spread),
         "nomps140": lambda: bench.pack_step(140, mps=False, limit=NEEDS["nomps140"],
