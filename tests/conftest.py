@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.procs import Child
 
 
 @pytest.fixture(autouse=True)
@@ -105,3 +106,12 @@ def py() -> Run:
         )
 
     return run
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    """Child claimers a test starts (append them); each is closed when the test ends."""
+    started: list[Child] = []
+    yield started
+    for child in started:
+        child.close()

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.procs import Child
 
 ACTOR = Path(__file__).resolve().parent / "actor.py"
 NAMES = ("mgl_a", "mgl_b")
@@ -80,12 +79,3 @@ def shared(base: Path) -> Path:
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return base / "ledger"
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    """Child claimers a test starts (append them); each is closed when the test ends."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        child.close()
