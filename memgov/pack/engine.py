@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from memgov import _config
 from memgov._signals import raise_on_signals
 from memgov.pack import stats, warmup
 from memgov.pack.config import PackConfig, cpu_sets, job_env, threads_for
@@ -200,22 +201,26 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
 
 
 CONNECTIONS_VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
-CONNECTIONS_FROM = 72
-"""Jobs at once above which pack gives each job one hardware connection. Each CUDA context, and
-each MPS client, takes 8 connections (work queues) from the GPU's pool by default; on an H200 the
-pool ran out at 101 bare contexts without MPS and at ~122 MPS clients over three servers, with
-"CUDA error: out of memory" at start-up and most memory free (docs/hard-limits.md). A trainer
-that launches on one stream needs one connection (a job with several streams would lose their
-concurrency: the user's own setting wins)."""
+def _connections_from(ctx: Context) -> int:
+    """Jobs at once above which each job gets one hardware connection: the CUDA context limit
+    (MEMGOV_CONTEXTS, default 72), which stays below the walls of both contexts and MPS clients.
+
+    Each CUDA context, and each MPS client, takes 8 connections (work queues) from the GPU's
+    pool by default; on an H200 the pool ran out at 101 bare contexts without MPS and at ~122
+    MPS clients over three servers, with "CUDA error: out of memory" at start-up and most memory
+    free (docs/hard-limits.md). A trainer that launches on one stream needs one connection (a job
+    with several streams would lose their concurrency: the user's own setting wins)."""
+    return ctx.context_limit or _config.DEFAULT_CONTEXTS
 
 
 def one_connection(ctx: Context, concurrent: int, base: dict[str, str]) -> str | None:
     """Why this run's jobs get CUDA_DEVICE_MAX_CONNECTIONS=1, or None when they do not."""
-    if ctx.cpu or concurrent <= CONNECTIONS_FROM or CONNECTIONS_VAR in base:
+    limit = _connections_from(ctx)
+    if ctx.cpu or concurrent <= limit or CONNECTIONS_VAR in base:
         return None
     return (f"{CONNECTIONS_VAR}=1 for every job: {concurrent} jobs at once take more than the "
             f"GPU's pool of hardware connections at the default 8 per context or MPS client "
-            f"(over {CONNECTIONS_FROM} jobs at once; set {CONNECTIONS_VAR} yourself to choose)")
+            f"(over {limit} jobs at once; set {CONNECTIONS_VAR} yourself to choose)")
 
 
 def _sweep_ledger(ctx: Context) -> list[str]:

@@ -109,6 +109,11 @@ def _lock_path() -> Path:
     return _config.ledger_dir().joinpath(*FOLDER, ".lock")
 
 
+def largest(name: str) -> int | None:
+    """The largest recorded peak of ``name`` (bytes), or None when nothing is recorded."""
+    return max((p["bytes"] for p in read(name)), default=None)
+
+
 def auto_size(name: str) -> tuple[int, str] | None:
     """(bytes, where they come from) for ``--claim auto``, or None when nothing is recorded."""
     peaks = read(name)

@@ -197,9 +197,14 @@ def prepare(cfg: PackConfig) -> Context:
         simulated = f"sim0:{total // 2**20}MiB"
         device = _devices.simulated_devices(simulated)[0]
     mps, reason, limit = _mps_choice(cfg, cpu)
-    claim_bytes, claim_source = _fit_to_device(
-        cfg, history.key(man.name, cfg.framework, batch or 0), device, claim_bytes, claim_source,
-        max(sizes), mps)
+    snap = None
+    if device is not None and cfg.mode == "claim":
+        from memgov._ledger import DeviceLedger
+
+        snap = DeviceLedger(device).snapshot()
+        claim_bytes, claim_source = _fit_to_device(
+            cfg, history.key(man.name, cfg.framework, batch or 0), snap.free, claim_bytes,
+            claim_source, max(sizes), mps)
     contexts = None
     if device is not None and not device.simulated and not cpu:
         contexts = _config.context_limit(simulated=False)
@@ -222,11 +227,6 @@ def prepare(cfg: PackConfig) -> Context:
         [min(p.n, p.parallel) for p in plans if p.mps], default=1))
     import psutil
 
-    snap = None
-    if device is not None and cfg.mode == "claim":
-        from memgov._ledger import DeviceLedger
-
-        snap = DeviceLedger(device).snapshot()
     out = report_folder(cfg.out or _default_out(man.name, cfg))
     ctx = Context(
         cfg=cfg, manifest=man, runner=runner, device=device, cpu=cpu,
@@ -283,7 +283,7 @@ MPS_SERVER_ALLOWANCE = 128 * 2**20
 """GPU memory kept aside per MPS server pack will start (each held 66 MiB on the H200)."""
 
 
-def _fit_to_device(cfg: PackConfig, key: str, device: Device | None, claim: int | None,
+def _fit_to_device(cfg: PackConfig, key: str, free: int, claim: int | None,
                    source: str | None, n: int, mps: bool) -> tuple[int | None, str | None]:
     """An automatic claim made smaller so ``n`` jobs fit the device's free budget at once, when
     the recorded footprints allow it (at least the largest of them + 64 MiB); otherwise as is.
@@ -291,20 +291,17 @@ def _fit_to_device(cfg: PackConfig, key: str, device: Device | None, claim: int 
     The automatic size is the largest footprint x 1.10 + 64 MiB; 140 such claims of an MNIST
     job (886 MiB) did not fit an H200, while 140 of its footprints did.
     """
-    if (claim is None or device is None or cfg.claim.strip().lower() != "auto"
-            or cfg.mode != "claim"):
-        return claim, source
-    peaks = history.read(key)
-    if not peaks:
+    if claim is None or cfg.claim.strip().lower() != "auto":
+        return claim, source  # an explicit --claim is never changed
+    top = history.largest(key)
+    if top is None:
         return claim, source
     from memgov import _mpsctl
-    from memgov._ledger import DeviceLedger
 
-    free = DeviceLedger(device).snapshot().free
     if mps:
         free -= _mpsctl.daemons_for(n) * MPS_SERVER_ALLOWANCE
     share = max(0, free // max(n, 1)) // 2**20 * 2**20
-    floor = max(p["bytes"] for p in peaks) + history.MARGIN_BYTES
+    floor = top + history.MARGIN_BYTES
     if claim * n <= free or share < floor:
         return claim, source
     return share, (f"{source}, made {format_size(share)} so that {n} jobs fit the "

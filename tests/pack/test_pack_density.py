@@ -124,12 +124,16 @@ def test_many_jobs_at_once_get_one_hardware_connection_each() -> None:
 
     from memgov.pack import engine
 
-    gpu, cpu = SimpleNamespace(cpu=False), SimpleNamespace(cpu=True)
+    gpu = SimpleNamespace(cpu=False, context_limit=72)
+    cpu = SimpleNamespace(cpu=True, context_limit=None)
     assert engine.one_connection(gpu, 72, {}) is None  # below the default wall: left alone
     why = engine.one_connection(gpu, 140, {})
     assert why and why.startswith("CUDA_DEVICE_MAX_CONNECTIONS=1") and "140 jobs at once" in why
     assert engine.one_connection(gpu, 140, {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}) is None  # user's
     assert engine.one_connection(cpu, 140, {}) is None  # no GPU, no connections
+    # MEMGOV_CONTEXTS moves the threshold with the context limit; off: the default stays
+    assert engine.one_connection(SimpleNamespace(cpu=False, context_limit=120), 100, {}) is None
+    assert engine.one_connection(SimpleNamespace(cpu=False, context_limit=None), 100, {})
 
 
 def test_an_automatic_claim_shrinks_so_every_job_fits_at_once(
