@@ -143,6 +143,18 @@ def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
     assert [j["status"] for j in report["jobs"]] == ["ok", "ok"]
     assert all(j["claim_mib"] for j in report["jobs"])  # governed: each job claimed on the ledger
 
+    # --runner preload from the wheel: its zygote and launcher modules ship, and the forked
+    # trainers (which never import memgov) are governed as spawned ones are.
+    out = tmp_path / "report-preload"
+    packed = run(memgov, "pack", "--device", "cpu", "--n", "2", "--epochs", "1", "--no-solo",
+                 "--no-progress", "--runner", "preload", "--out", str(out), "mnist",
+                 "--", "--limit", "256", "--eval-limit", "64")
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert [j["status"] for j in report["jobs"]] == ["ok", "ok"]
+    assert all(j["claim_mib"] for j in report["jobs"])
+    assert report["runner_details"]["zygote_forked"] == 2, report["runner_details"]
+
 
 def test_docker_build_context_has_every_file_the_build_reads():
     """examples/docker builds memgov from the files its COPY lines name: the files pyproject.toml
