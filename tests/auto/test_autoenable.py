@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 GIB = 2**30
 
@@ -217,3 +219,32 @@ def test_import_memgov_stops_greedy_preallocation(env, py):
     assert py(code, env).stdout.split() == ["true", "false"]
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"  # an explicit user setting wins
     assert py(code, env).stdout.split() == ["true", "true"]
+
+
+def test_a_slow_admission_says_where_its_time_went(env: dict[str, str]) -> None:
+    # A holder of the whole simulated GPU releases 0.7 s after the auto-enabled process has
+    # queued for it (MEMGOV_WAIT); that process then prints its admission line, which quick
+    # claims do not.
+    queue = Path(env["MEMGOV_DIR"]) / "v1" / "sim0" / "queue"
+    code = ("import memgov, pathlib, time; c = memgov.claim('16GiB'); print('held', flush=True)\n"
+            f"q = pathlib.Path({str(queue)!r})\n"
+            "while not any(q.glob('*.json')): time.sleep(0.02)\n"
+            "time.sleep(0.7); c.release()")
+    holder = subprocess.Popen([sys.executable, "-c", code], env={**env, "MEMGOV_RESERVE": "0"},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        waited = subprocess.run(
+            [sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=180,
+            env={**env, "MEMGOV_RESERVE": "0", "MEMGOV_CLAIM": "8GiB", "MEMGOV_WAIT": "60"})
+        assert waited.returncode == 0, waited.stderr
+        assert time.monotonic() - started >= 0.7
+        lines = [x for x in waited.stderr.splitlines() if x.startswith("memgov: admission: ")]
+        assert len(lines) == 1 and "look(s) under the admission lock" in lines[0], waited.stderr
+    finally:
+        holder.wait(timeout=60)
+    quick = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True,
+                           timeout=180, env={**env, "MEMGOV_CLAIM": "1GiB"})
+    assert quick.returncode == 0 and "memgov: claim" in quick.stderr, quick.stderr
+    assert "memgov: admission:" not in quick.stderr
