@@ -41,12 +41,14 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,21 @@ def main() -> int:
         action="store_true",
         help="check the script on a CPU machine: jobs on CPU, simulated GPU, no MPS",
     )
+    p.add_argument(
+        "--pack-variant",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="also a condition pack_NAME: pack with these trainer arguments (e.g. "
+        "'torchopt=--no-flat-optimizer'); select it with --only like the others",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the selected conditions this many times, in turn (round k>1 is NAME@k); "
+        "each round's ratios compare runs of that round, and their median is reported",
+    )
     p.add_argument("--job-timeout", type=float, default=170.0)
     p.add_argument("--tag", default="", help="added to the output file's name")
     p.add_argument("--budget", type=float, default=530.0, help="seconds for the whole call")
@@ -110,29 +127,37 @@ def main() -> int:
         prepare_data(base)
         conds = conditions(fw, args, base, work)
         wanted = [c for c in args.only.split(",") if c]
-        for name, cond in conds.items():
-            if wanted and name not in wanted:
-                continue
-            if cond.get("extra") and not args.extra and name not in wanted:
-                continue
-            left = args.budget - (time.monotonic() - t_call)
-            if left < 40:
-                report["conditions"][name] = {"skipped": f"{left:.0f} s of the budget left"}
-                continue
-            print(f"=== {name}: {cond['what']}", flush=True)
-            if cond.get("mps") and args.cpu:
-                cond["mps"] = None  # the script's own check: the same runs, without MPS
-                cond["what"] += " (--cpu: run without MPS)"
-            if name == "pack":
-                result = run_pack(fw, args, base, work, min(left - 10, 200), epochs, steps)
-            else:
-                with mps_for(cond, base, work, hand_daemon):
-                    result = run_condition(
-                        name, fw, cond, args, work, epochs, steps, min(args.job_timeout, left - 10)
+        selected = [
+            (name, cond)
+            for name, cond in conds.items()
+            if (not wanted or name in wanted)
+            and not (cond.get("extra") and not args.extra and name not in wanted)
+        ]
+        for round_ in range(1, args.repeat + 1):
+            for base_name, cond in selected:
+                name = base_name if round_ == 1 else f"{base_name}@{round_}"
+                left = args.budget - (time.monotonic() - t_call)
+                if left < 40:
+                    report["conditions"][name] = {"skipped": f"{left:.0f} s of the budget left"}
+                    continue
+                print(f"=== {name}: {cond['what']}", flush=True)
+                if cond.get("mps") and args.cpu:
+                    cond["mps"] = None  # the script's own check: the same runs, without MPS
+                    cond["what"] += " (--cpu: run without MPS)"
+                if "pack_args" in cond:
+                    result = run_pack(
+                        fw, args, base, work / name, min(left - 10, 200), epochs, steps,
+                        cond["pack_args"],
                     )
-            report["conditions"][name] = result
-            print(line(name, result), flush=True)
-            stopper.check()
+                else:
+                    with mps_for(cond, base, work, hand_daemon):
+                        result = run_condition(
+                            name, fw, cond, args, work, epochs, steps,
+                            min(args.job_timeout, left - 10),
+                        )
+                report["conditions"][name] = result
+                print(line(name, result), flush=True)
+                stopper.check()
     finally:
         stop_hand_mps(hand_daemon)
         stop_memgov_mps(base_env(work, args.cpu))
@@ -230,7 +255,21 @@ def conditions(
             "mps": "memgov",
         },
         "hand_mps": {"what": f"{hand}, MPS daemon started by hand", "env": hand, "mps": "hand"},
-        "pack": {"what": f"memgov pack --n {args.n} --framework {fw} (MPS auto)"},
+        "pack": {"what": f"memgov pack --n {args.n} --framework {fw} (MPS auto)", "pack_args": []},
+        **{
+            f"pack_{v.split('=', 1)[0]}": {
+                "what": f"memgov pack --n {args.n} --framework {fw} -- {v.split('=', 1)[1]}",
+                "pack_args": shlex.split(v.split("=", 1)[1]),
+            }
+            for v in args.pack_variant
+        },
+        "trainer_mps": {
+            "what": f"pack's trainer (experiments/mnist) started by hand: {hand}, no memgov, "
+            "MPS daemon started by hand",
+            "env": hand,
+            "mps": "hand",
+            "trainer": True,
+        },
         "memgov": {"what": "MEMGOV_CLAIM=1GiB, no MPS", "env": memgov},
         "hand": {"what": f"{hand}, no MPS", "env": hand},
         "memgov_mps_stagger": {
@@ -327,6 +366,32 @@ def stop_memgov_mps(base: dict[str, str]) -> None:
 
 
 # -- one condition ------------------------------------------------------------------------------
+def _stamp_reports(proc: subprocess.Popen[bytes], path: Path) -> None:
+    """A trainer's JSON-lines reports, stamped on arrival as pack stamps them, into the plain
+    scripts' per-job JSON (epochs with t0/t1), rewritten after each epoch."""
+    doc: dict[str, Any] = {"epochs": [], "ok": False, "memgov_imported": None}
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        now = time.time()
+        with contextlib.suppress(ValueError):
+            event = json.loads(raw)
+            if event.get("event") == "epoch":
+                doc["epochs"].append({
+                    "epoch": event["epoch"] - 1,
+                    "samples": event["samples"],
+                    "t0": now - event["seconds"],
+                    "t1": now,
+                    "seconds": event["seconds"],
+                })
+            elif event.get("event") == "start":
+                doc["start"] = event
+            elif event.get("event") == "done":
+                doc["ok"] = True
+            path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(doc))
+
+
+
 def run_condition(
     name: str,
     fw: str,
@@ -340,9 +405,10 @@ def run_condition(
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     env = {**base_env(work, args.cpu), **cond["env"], **cond.get("env_extra", {})}
-    script = ROOT / "benchmarks" / f"plain_{fw}_mnist.py"
     device = "cpu" if args.cpu else "gpu"
+    trainer = bool(cond.get("trainer"))
     procs: list[tuple[subprocess.Popen[bytes], Path, float]] = []
+    readers: list[threading.Thread] = []
     launch = time.time()
     t_end = time.monotonic() + limit
     try:
@@ -350,27 +416,28 @@ def run_condition(
             if i and cond.get("stagger"):
                 time.sleep(cond["stagger"])
             path = folder / f"job{i:02d}.json"
-            cmd = [
-                sys.executable,
-                str(script),
-                "--epochs",
-                str(epochs),
-                "--steps",
-                str(steps),
-                "--device",
-                device,
-                "--out",
-                str(path),
-            ]
+            common = ["--epochs", str(epochs), "--device", device]
+            if trainer:  # pack's job, as pack starts it, with pack's data size and evaluation
+                cmd = [sys.executable, f"train_{fw}.py", *common, "--limit", str(steps * 32),
+                       "--eval-limit", "500"]
+                cwd = ROOT / "experiments" / "mnist"
+            else:
+                cmd = [sys.executable, str(ROOT / "benchmarks" / f"plain_{fw}_mnist.py"), *common,
+                       "--steps", str(steps), "--out", str(path)]
+                cwd = ROOT
             with open(folder / f"job{i:02d}.log", "wb") as log:
                 proc = subprocess.Popen(
                     cmd,
-                    cwd=ROOT,
+                    cwd=cwd,
                     env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                    stdout=subprocess.PIPE if trainer else log,
+                    stderr=log if trainer else subprocess.STDOUT,
                     start_new_session=True,
                 )
+            if trainer:
+                reader = threading.Thread(target=_stamp_reports, args=(proc, path), daemon=True)
+                reader.start()
+                readers.append(reader)
             procs.append((proc, path, time.time()))
         for proc, _, _ in procs:
             try:
@@ -383,6 +450,8 @@ def run_condition(
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        for reader in readers:
+            reader.join(timeout=10)
     jobs = []
     for i, (proc, path, started) in enumerate(procs):
         doc: dict[str, Any] = {}
@@ -487,8 +556,9 @@ def run_pack(
     limit: float,
     epochs: int,
     steps: int,
+    trainer_args: list[str],
 ) -> dict[str, Any]:
-    dest = work / "pack"
+    dest = work  # this condition's own folder (pack makes it)
     limit_images = steps * 32
     cmd = [
         sys.executable,
@@ -513,6 +583,7 @@ def run_pack(
     if args.cpu:
         cmd += ["--device", "cpu"]
     cmd += ["experiments/mnist", "--", "--limit", str(limit_images), "--eval-limit", "500"]
+    cmd += trainer_args
     t0 = time.time()
     r = subprocess.run(cmd, cwd=ROOT, env=base, capture_output=True, text=True, timeout=limit)
     rep: dict[str, Any] = {}
@@ -588,17 +659,39 @@ def summary(conds: dict[str, dict[str, Any]]) -> dict[str, Any]:
         ),
         "2x_stagger_once_vs_hand": ("memgov_once_stagger", "hand_mps_stagger", "design option"),
         "3_pack_vs_hand_mps": ("pack", "hand_mps", "must >= 1.0"),
+        # Where pack's figure comes from: its trainer (the same job started by hand, no memgov)
+        # against the plain scripts, and pack against that same trainer (what governing costs).
+        "3t_trainer_mps_vs_hand_mps": ("trainer_mps", "hand_mps", "pack's trainer by hand"),
+        "3g_pack_vs_trainer_mps": ("pack", "trainer_mps", "pack vs its trainer by hand"),
     }
+    for name in conds:
+        variant = name.split("@")[0]
+        if variant.startswith("pack_"):
+            pairs[f"3v_{variant}_vs_hand_mps"] = (variant, "hand_mps", "variant")
+    bases = ("all_ran", "span", "all_ran_steady", "launch_span")
+    rounds = sorted({int(n.split("@")[1]) for n in conds if "@" in n} | {1})
     out: dict[str, Any] = {}
-    for key, (a, b, goal) in pairs.items():
-        if a in conds or b in conds:
-            bases = ("all_ran", "span", "all_ran_steady", "launch_span")
-            out[key] = {
-                "goal": goal,
-                **{k: ratio(a, b, k) for k in bases},
-                a: {k: rate(a, k) for k in bases},
-                b: {k: rate(b, k) for k in bases},
-            }
+    for key, (a0, b0, goal) in pairs.items():
+        for r in rounds:
+            a, b = (a0, b0) if r == 1 else (f"{a0}@{r}", f"{b0}@{r}")
+            if a in conds or b in conds:
+                out[key if r == 1 else f"{key}@{r}"] = {
+                    "goal": goal,
+                    **{k: ratio(a, b, k) for k in bases},
+                    a: {k: rate(a, k) for k in bases},
+                    b: {k: rate(b, k) for k in bases},
+                }
+        if len(rounds) > 1:
+            per_round = [out.get(key if r == 1 else f"{key}@{r}") for r in rounds]
+            if all(x and x["all_ran"] is not None for x in per_round):
+                out[f"{key}_median"] = {
+                    "goal": f"{goal}; median of {len(rounds)} rounds",
+                    **{
+                        k: (round(statistics.median(v), 3) if len(v) == len(rounds) else None)
+                        for k in bases
+                        for v in [[x[k] for x in per_round if x and x[k] is not None]]
+                    },
+                }
     out["ok"] = {k: f"{v.get('ok')}/{v.get('n')}" for k, v in conds.items() if "n" in v}
     return out
 

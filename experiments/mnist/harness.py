@@ -109,6 +109,14 @@ def parse_args(framework: str, argv: list[str] | None = None) -> argparse.Namesp
             help="TF32 tensor cores for float32 matmuls, as TensorFlow and JAX use by default on "
             "Ampere and newer GPUs; torch's convolutions use TF32 already (default: on)",
         )
+        p.add_argument(
+            "--flat-optimizer",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="torch's Adadelta arithmetic over one flat buffer (experiments/mnist/"
+            "flat_adadelta.py): a few full-GPU kernels per step instead of torch's multi-tensor "
+            "kernels, which leave most of the GPU idle for a model this small (default: on)",
+        )
     args = p.parse_args(argv)
     for name in ("epochs", "batch", "limit", "eval_limit"):
         value = getattr(args, name)

@@ -12,6 +12,7 @@ from typing import Any
 import harness
 import numpy as np
 import report
+from flat_adadelta import FlatAdadelta
 
 
 class TorchTrainer:
@@ -59,13 +60,23 @@ class TorchTrainer:
             torch.set_float32_matmul_precision("high")
         self.upload = _Uploader(torch, self.dev)
         self.graphed = bool(getattr(args, "cuda_graph", False)) and self.dev.type == "cuda"
-        # Keras' Adadelta defaults (torch's are rho=0.9, eps=1e-6). Capturable: its step state
-        # stays on the device, as graph capture needs.
-        self.opt = torch.optim.Adadelta(
-            self.model.parameters(), lr=1.0, rho=0.95, eps=1e-7, capturable=self.graphed
-        )
+        # Keras' Adadelta defaults (torch's are rho=0.9, eps=1e-6).
+        params = list(self.model.parameters())
+        self.opt: Any
+        if args.flat_optimizer and FlatAdadelta.fits(torch, params):
+            self.opt = FlatAdadelta(torch, params, lr=1.0, rho=0.95, eps=1e-7)
+        else:
+            # Capturable: its step state stays on the device, as graph capture needs.
+            self.opt = torch.optim.Adadelta(
+                params, lr=1.0, rho=0.95, eps=1e-7, capturable=self.graphed
+            )
+        self.optimizer = type(self.opt).__name__
         self.loss_fn = nn.CrossEntropyLoss()
         self.graph: _StepGraph | None = None
+
+    def prepare(self, train_samples: int, batch: int) -> dict[str, Any]:
+        """Nothing to compile ahead; the start report says which optimizer runs."""
+        return {"optimizer": self.optimizer}
 
     def train_epoch(self, batches: harness.Batches) -> tuple[float, float]:
         torch = self.torch

@@ -22,7 +22,7 @@ MNIST = Path(__file__).resolve().parents[2] / "experiments" / "mnist"
 @pytest.fixture()
 def trainer_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, object, object]]:
     monkeypatch.syspath_prepend(str(MNIST))
-    for name in ("harness", "mnist_data", "report", "train_torch"):
+    for name in ("harness", "mnist_data", "report", "train_torch", "flat_adadelta"):
         sys.modules.pop(name, None)
     import harness
     import mnist_data
@@ -31,7 +31,7 @@ def trainer_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, o
     precision = torch.get_float32_matmul_precision()  # --tf32 sets it process-wide
     yield harness, mnist_data, train_torch
     torch.set_float32_matmul_precision(precision)
-    for name in ("harness", "mnist_data", "report", "train_torch"):
+    for name in ("harness", "mnist_data", "report", "train_torch", "flat_adadelta"):
         sys.modules.pop(name, None)
 
 
@@ -72,3 +72,47 @@ def test_flags_default_on_and_can_be_turned_off(trainer_modules: tuple) -> None:
     off = harness.parse_args("torch", ["--no-channels-last", "--no-tf32"])
     assert (on.channels_last, on.tf32) == (True, True)
     assert (off.channels_last, off.tf32) == (False, False)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_flat_adadelta_is_torchs_adadelta(trainer_modules: tuple, channels_last: bool) -> None:
+    """The flat optimizer takes the same steps as torch.optim.Adadelta (parameters compared after
+    five steps, channels-last weights included), and the layers' weights live in its buffer."""
+    sys.modules.pop("flat_adadelta", None)
+    import flat_adadelta
+
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3)
+    )
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    twin = copy.deepcopy(model)
+    params = list(model.parameters())
+    assert flat_adadelta.FlatAdadelta.fits(torch, params)
+    flat = flat_adadelta.FlatAdadelta(torch, params, lr=1.0, rho=0.95, eps=1e-7)
+    ref = torch.optim.Adadelta(twin.parameters(), lr=1.0, rho=0.95, eps=1e-7)
+    for p in params:
+        assert p.untyped_storage().data_ptr() == flat.flat.untyped_storage().data_ptr()
+    if channels_last:
+        assert params[0].is_contiguous(memory_format=torch.channels_last)
+    for step in range(5):
+        x = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(step))
+        y = torch.tensor([0, 1, 2, 0, 1, 2])
+        for net, opt in ((model, flat), (twin, ref)):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+    for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(mine, theirs.detach() * 0)  # trained, not zeroed
+
+
+def test_flat_optimizer_is_the_default_and_can_be_turned_off(trainer_modules: tuple) -> None:
+    harness, _, train_torch = trainer_modules
+    on = train_torch.TorchTrainer(harness.parse_args("torch", ["--device", "cpu"]))
+    off = train_torch.TorchTrainer(
+        harness.parse_args("torch", ["--device", "cpu", "--no-flat-optimizer"])
+    )
+    assert on.prepare(100, 32) == {"optimizer": "FlatAdadelta"}
+    assert off.prepare(100, 32) == {"optimizer": "Adadelta"}
