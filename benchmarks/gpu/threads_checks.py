@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _sampler import LoadSampler
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRUB = (
     "MEMGOV_",
@@ -84,12 +86,13 @@ def main() -> int:
         help="check the script on a CPU machine: jobs on CPU, simulated GPU, no MPS",
     )
     p.add_argument(
-        "--pack-variant",
+        "--variant",
         action="append",
         default=[],
         metavar="NAME=ARGS",
-        help="also a condition pack_NAME: pack with these trainer arguments (e.g. "
-        "'torchopt=--no-flat-optimizer'); select it with --only like the others",
+        help="also conditions pack_NAME and trainer_mps_NAME: pack, and its trainer by hand, "
+        "with these trainer arguments (e.g. 'torchopt=--no-flat-optimizer'); pick them with "
+        "--only like the others",
     )
     p.add_argument(
         "--repeat",
@@ -144,17 +147,15 @@ def main() -> int:
                 if cond.get("mps") and args.cpu:
                     cond["mps"] = None  # the script's own check: the same runs, without MPS
                     cond["what"] += " (--cpu: run without MPS)"
-                if "pack_args" in cond:
-                    result = run_pack(
-                        fw, args, base, work / name, min(left - 10, 200), epochs, steps,
-                        cond["pack_args"],
-                    )
-                else:
-                    with mps_for(cond, base, work, hand_daemon):
-                        result = run_condition(
-                            name, fw, cond, args, work, epochs, steps,
-                            min(args.job_timeout, left - 10),
-                        )
+                sampler = LoadSampler(gpu_index=None if args.cpu else 0)
+                with sampler:
+                    result = run_one(name, cond, fw, args, base, work, hand_daemon, left,
+                                     epochs, steps)
+                # CPU and GPU load while every job trained, and over the whole condition.
+                result["load_all_ran"] = sampler.means(
+                    result.get("all_ran_from"), result.get("all_ran_to")
+                )
+                result["load"] = sampler.means()
                 report["conditions"][name] = result
                 print(line(name, result), flush=True)
                 stopper.check()
@@ -190,6 +191,26 @@ def main() -> int:
                 f"({value['goal']})"
             )
     return 0
+
+
+def run_one(
+    name: str,
+    cond: dict[str, Any],
+    fw: str,
+    args: argparse.Namespace,
+    base: dict[str, str],
+    work: Path,
+    hand_daemon: dict[str, Any],
+    left: float,
+    epochs: int,
+    steps: int,
+) -> dict[str, Any]:
+    if "pack_args" in cond:
+        limit = min(left - 10, 200)
+        return run_pack(fw, args, base, work / name, limit, epochs, steps, cond["pack_args"])
+    with mps_for(cond, base, work, hand_daemon):
+        limit = min(args.job_timeout, left - 10)
+        return run_condition(name, fw, cond, args, work, epochs, steps, limit)
 
 
 class _Stopper:
@@ -261,14 +282,23 @@ def conditions(
                 "what": f"memgov pack --n {args.n} --framework {fw} -- {v.split('=', 1)[1]}",
                 "pack_args": shlex.split(v.split("=", 1)[1]),
             }
-            for v in args.pack_variant
+            for v in args.variant
         },
         "trainer_mps": {
             "what": f"pack's trainer (experiments/mnist) started by hand: {hand}, no memgov, "
             "MPS daemon started by hand",
             "env": hand,
             "mps": "hand",
-            "trainer": True,
+            "trainer": [],
+        },
+        **{
+            f"trainer_mps_{v.split('=', 1)[0]}": {
+                "what": f"as trainer_mps, with trainer arguments {v.split('=', 1)[1]}",
+                "env": hand,
+                "mps": "hand",
+                "trainer": shlex.split(v.split("=", 1)[1]),
+            }
+            for v in args.variant
         },
         "memgov": {"what": "MEMGOV_CLAIM=1GiB, no MPS", "env": memgov},
         "hand": {"what": f"{hand}, no MPS", "env": hand},
@@ -406,7 +436,7 @@ def run_condition(
     folder.mkdir(parents=True, exist_ok=True)
     env = {**base_env(work, args.cpu), **cond["env"], **cond.get("env_extra", {})}
     device = "cpu" if args.cpu else "gpu"
-    trainer = bool(cond.get("trainer"))
+    trainer = "trainer" in cond
     procs: list[tuple[subprocess.Popen[bytes], Path, float]] = []
     readers: list[threading.Thread] = []
     launch = time.time()
@@ -419,7 +449,7 @@ def run_condition(
             common = ["--epochs", str(epochs), "--device", device]
             if trainer:  # pack's job, as pack starts it, with pack's data size and evaluation
                 cmd = [sys.executable, f"train_{fw}.py", *common, "--limit", str(steps * 32),
-                       "--eval-limit", "500"]
+                       "--eval-limit", "500", *cond["trainer"]]
                 cwd = ROOT / "experiments" / "mnist"
             else:
                 cmd = [sys.executable, str(ROOT / "benchmarks" / f"plain_{fw}_mnist.py"), *common,
@@ -537,6 +567,8 @@ def _window(per_job: list[list[dict[str, Any]]], name: str) -> dict[str, Any]:
     return {
         f"samples_per_s_{name}": round(inside / (hi - lo), 1),
         f"{name}_window_s": round(hi - lo, 2),
+        f"{name}_from": round(lo, 3),
+        f"{name}_to": round(hi, 3),
     }
 
 
@@ -624,15 +656,19 @@ def pack_rates(rep: dict[str, Any]) -> dict[str, Any]:
         return {}
     warm = rep.get("warm_up") or {}
     before = float(warm.get("stopped_s") or 0.0)  # the warm-up ran before the run's clock
+    # Spans count from the run's start; on the wall clock where pack says when that was, so that
+    # the windows line up with the load samples.
+    runs = rep.get("runs") or [{}]
+    zero = float(rep.get("started_unix") or runs[-1].get("started_unix") or 0.0)
     per_job = []
     for j in jobs:
         spans = j.get("epoch_spans") or []
         epochs = [
-            {"epoch": k, "t0": a, "t1": b, "samples": n, "seconds": b - a}
+            {"epoch": k, "t0": zero + a, "t1": zero + b, "samples": n, "seconds": b - a}
             for k, (a, b, n) in enumerate(spans)
         ]
         per_job.append({"ok": j.get("status") == "ok", "epochs": epochs})
-    result = aggregate(per_job, -before)
+    result = aggregate(per_job, zero - before)
     result["warm_up"] = warm or None
     result["prepared"] = [j.get("prepared") for j in jobs][:3]
     result["start_s_median_note"] = "from the warm-up job's launch (warm-up seconds included)"
@@ -666,7 +702,7 @@ def summary(conds: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
     for name in conds:
         variant = name.split("@")[0]
-        if variant.startswith("pack_"):
+        if variant.startswith("pack_") or variant.startswith("trainer_mps_"):
             pairs[f"3v_{variant}_vs_hand_mps"] = (variant, "hand_mps", "variant")
     bases = ("all_ran", "span", "all_ran_steady", "launch_span")
     rounds = sorted({int(n.split("@")[1]) for n in conds if "@" in n} | {1})
@@ -697,6 +733,7 @@ def summary(conds: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def line(name: str, r: dict[str, Any]) -> str:
+    load = r.get("load_all_ran") or {}
     return (
         f"--- {name}: ok {r.get('ok')}/{r.get('n')}, all ran {r.get('samples_per_s_all_ran')}"
         f" samples/s, span {r.get('samples_per_s_span')}, steady "
@@ -704,7 +741,8 @@ def line(name: str, r: dict[str, Any]) -> str:
         f"{r.get('samples_per_s_launch_span')}; windows {r.get('all_ran_window_s')} / "
         f"{r.get('all_ran_steady_window_s')} s; start {r.get('start_s_median')} s, first epoch "
         f"{r.get('first_epoch_s_median')} s, steady epoch {r.get('steady_epoch_s_median')} s "
-        f"(medians), threads {r.get('framework_threads_seen')}"
+        f"(medians), threads {r.get('framework_threads_seen')}; while all ran: CPU busy "
+        f"{load.get('cpu_busy')}, runnable {load.get('runnable')}, GPU util {load.get('gpu_util')}"
     )
 
 

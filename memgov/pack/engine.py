@@ -133,6 +133,7 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     observer.run_started(plan)
     sampler.start()
     t0 = time.monotonic()
+    t0_unix = time.time()  # the same instant on the wall clock, to line up outside monitoring
     deadline = t0 + ctx.cfg.timeout if ctx.cfg.timeout else None
     kill_at: float | None = None
     try:
@@ -183,6 +184,7 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
         j.spec.label) or _blank(), ctx.runner) for j in jobs]
     waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
     record = stats.run_record(done, all_at_once=concurrent >= plan.n and not waited)
+    record["started_unix"] = round(t0_unix, 3)
     complete_run(ctx, record, plan, sampler, threads, concurrent, wall)
     if ctx.compile_cache is not None and plan.mode != "greedy":
         record["warm_up"] = warm or {"status": "skipped", "why": "the cache was already warm"}
