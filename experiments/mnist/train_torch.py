@@ -39,7 +39,10 @@ class TorchTrainer:
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Dropout(0.25),
-            nn.Flatten(),
+            # Keras flattens channels-last maps in (height, width, channel) order; on a
+            # channels-last tensor that order is a view, where torch's own Flatten copies it
+            # (one kernel forward, one backward, per step).
+            _flatten_hwc(nn) if args.channels_last else nn.Flatten(),
             nn.Linear(64 * 12 * 12, 128),
             nn.ReLU(),
             nn.Dropout(0.5),
@@ -76,7 +79,7 @@ class TorchTrainer:
 
     def prepare(self, train_samples: int, batch: int) -> dict[str, Any]:
         """Nothing to compile ahead; the start report says which optimizer runs."""
-        return {"optimizer": self.optimizer}
+        return {"optimizer": self.optimizer, "update": getattr(self.opt, "kernel", "torch")}
 
     def train_epoch(self, batches: harness.Batches) -> tuple[float, float]:
         torch = self.torch
@@ -130,6 +133,14 @@ class TorchTrainer:
         if self.dev.type != "cuda":
             return None
         return round(self.torch.cuda.max_memory_reserved(self.dev) / 2**20, 1)
+
+
+def _flatten_hwc(nn: Any) -> Any:
+    class FlattenHWC(nn.Module):  # type: ignore[misc,name-defined]
+        def forward(self, x: Any) -> Any:
+            return x.permute(0, 2, 3, 1).flatten(1)
+
+    return FlattenHWC()
 
 
 class _StepGraph:
