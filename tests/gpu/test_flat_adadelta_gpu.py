@@ -21,6 +21,9 @@ MNIST = Path(__file__).resolve().parents[2] / "experiments" / "mnist"
 
 
 def test_fused_update_matches_torch_adadelta(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same gradients (random, 20 steps) into both optimizers: the parameters agree to the
+    last bits a fused multiply-add may round differently. (Training two models side by side would
+    compare cuDNN's run-to-run rounding too, which grows step by step.)"""
     pytest.importorskip("triton")
     monkeypatch.syspath_prepend(str(MNIST))
     sys.modules.pop("flat_adadelta", None)
@@ -32,16 +35,19 @@ def test_fused_update_matches_torch_adadelta(monkeypatch: pytest.MonkeyPatch) ->
         torch.nn.Linear(32 * 26 * 26, 10),
     ).cuda().to(memory_format=torch.channels_last)
     twin = copy.deepcopy(model)
-    flat = flat_adadelta.FlatAdadelta(torch, list(model.parameters()), lr=1.0, rho=0.95, eps=1e-7)
+    mine, theirs = list(model.parameters()), list(twin.parameters())
+    flat = flat_adadelta.FlatAdadelta(torch, mine, lr=1.0, rho=0.95, eps=1e-7)
     assert flat.kernel == "triton"
-    ref = torch.optim.Adadelta(twin.parameters(), lr=1.0, rho=0.95, eps=1e-7)
-    for step in range(20):
-        gen = torch.Generator().manual_seed(step)
-        x = torch.randn(32, 1, 28, 28, generator=gen).cuda()
-        y = torch.randint(0, 10, (32,), generator=gen).cuda()
-        for net, opt in ((model, flat), (twin, ref)):
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(net(x), y).backward()
-            opt.step()
-    for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
-        assert torch.allclose(mine, theirs, rtol=1e-4, atol=1e-6), (mine - theirs).abs().max()
+    ref = torch.optim.Adadelta(theirs, lr=1.0, rho=0.95, eps=1e-7)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(20):
+        for a, b in zip(mine, theirs, strict=True):
+            g = torch.randn(a.shape, device="cuda", generator=gen).contiguous(
+                memory_format=torch.channels_last if a.dim() == 4 else torch.contiguous_format
+            )
+            a.grad, b.grad = g, g.clone()
+        flat.step()
+        ref.step()
+    for a, b in zip(mine, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
+        assert not torch.equal(a, b.detach() * 0)
