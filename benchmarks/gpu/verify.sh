@@ -8,7 +8,10 @@
 # Each of these is one call of its own (each takes most of the 9 minutes):
 #   threads_torch, threads_jax  25 plain scripts vs hand-tuned, with and without MPS, staggered,
 #                               and pack (benchmarks/gpu/threads_checks.py; docs/threads.md)
-#   threads_pack                pack vs the hand-tuned scripts only, JAX then torch (one call)
+#   threads_pack                pack vs the hand-tuned scripts only, JAX then torch (torch twice,
+#                               in turn: two rounds of each; one call)
+#   threads_trainer             torch pack's trainer alone (kernels per step, flat vs torch's
+#                               Adadelta), and started by hand beside pack and the scripts
 #   density                     several MPS servers, 48/96/140 jobs, no-MPS context wall
 #                               (benchmarks/gpu/mps_density.sh; docs/hard-limits.md)
 #   probes                      the JAX trainer's upload probe and the bare-context wall with and
@@ -49,8 +52,14 @@ python3 -m memgov devices' ;;
     threads_pack)  # goal 3 of docs/threads.md: pack vs the hand-tuned scripts, JAX then torch
       run threads_pack_jax 215 python3 benchmarks/gpu/threads_checks.py jax \
         --only hand_mps,pack --budget 210 --tag pack --out "$OUT"
-      run threads_pack_torch 155 python3 benchmarks/gpu/threads_checks.py torch \
-        --only hand_mps,pack --epochs 15 --budget 150 --tag pack --out "$OUT" ;;
+      run threads_pack_torch 290 python3 benchmarks/gpu/threads_checks.py torch \
+        --only hand_mps,pack --repeat 2 --epochs 15 --budget 285 --tag pack --out "$OUT" ;;
+    threads_trainer)  # where torch pack's lead comes from: its trainer by hand, and its kernels
+      run torch_step_profile 100 python3 benchmarks/gpu/torch_step_profile.py \
+        --out "$OUT/torch_step_profile.json" --variant default= --variant torch-ops=--no-flat-optimizer
+      run threads_trainer 430 python3 benchmarks/gpu/threads_checks.py torch \
+        --only hand_mps,trainer_mps,pack --repeat 2 --epochs 15 --budget 420 --tag trainer \
+        --out "$OUT" ;;
     density) run density 560 bash benchmarks/gpu/mps_density.sh "$OUT" ;;
     probes) run jax_probe 150 python3 benchmarks/gpu/jax_trainer_probe.py \
         --out "$OUT/jax_probe.json" --steps 3000
