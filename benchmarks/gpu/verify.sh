@@ -8,6 +8,8 @@
 # Each of these is one call of its own (each takes most of the 9 minutes):
 #   threads_torch, threads_jax  25 plain scripts vs hand-tuned, with and without MPS, staggered,
 #                               and pack (benchmarks/gpu/threads_checks.py; docs/threads.md)
+#   threads_1ab_torch, threads_1ab_jax, threads_stagger
+#                               goals 1a+1b per framework, and goal 2 for both, longer runs
 #   threads_pack                pack vs the hand-tuned scripts only, JAX then torch (torch twice,
 #                               in turn: two rounds of each; one call)
 #   threads_trainer             torch pack's trainer alone (kernels per step, flat vs torch's
@@ -54,6 +56,19 @@ python3 -m memgov devices' ;;
         --only hand_mps,pack --budget 210 --tag pack --out "$OUT"
       run threads_pack_torch 290 python3 benchmarks/gpu/threads_checks.py torch \
         --only hand_mps,pack --repeat 2 --epochs 15 --budget 285 --tag pack --out "$OUT" ;;
+    threads_1ab_torch)  # goals 1a and 1b of docs/threads.md for torch, longer runs (one call)
+      run threads_1ab_torch 545 python3 benchmarks/gpu/threads_checks.py torch \
+        --only memgov_mps,hand_mps,memgov,hand --epochs 15 --budget 540 --tag 1ab --out "$OUT" ;;
+    threads_1ab_jax)  # the same for JAX (one call)
+      run threads_1ab_jax 560 python3 benchmarks/gpu/threads_checks.py jax \
+        --only memgov_mps,hand_mps,memgov,hand --epochs 6 --steps 1024 --job-timeout 120 \
+        --budget 555 --tag 1ab --out "$OUT" ;;
+    threads_stagger)  # goal 2: one arrival every 2 s, torch then JAX (one call)
+      run threads_stagger_torch 250 python3 benchmarks/gpu/threads_checks.py torch \
+        --only memgov_mps_stagger,hand_mps_stagger --epochs 15 --budget 245 --tag stagger \
+        --out "$OUT"
+      run threads_stagger_jax 280 python3 benchmarks/gpu/threads_checks.py jax \
+        --only memgov_mps_stagger,hand_mps_stagger --budget 275 --tag stagger --out "$OUT" ;;
     threads_trainer)  # where torch pack's lead comes from: its trainer by hand, and its kernels
       run torch_step_profile 100 python3 benchmarks/gpu/torch_step_profile.py \
         --out "$OUT/torch_step_profile.json" --variant default= --variant torch-ops=--no-flat-optimizer
