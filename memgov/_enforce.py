@@ -117,6 +117,8 @@ def _server_uids(pipes: list[Path]) -> list[dict[int, int | None]]:
     starting together a control daemon can take seconds to answer, and the waits would add up."""
     from memgov import _mpsctl
 
+    if _mpsctl.servers_all_ours(pipes):
+        return [{} for _ in pipes]  # nothing of another user's to find: no daemon asked
     if len(pipes) == 1:
         return [_mpsctl.server_uids(pipes[0])]
     from concurrent.futures import ThreadPoolExecutor

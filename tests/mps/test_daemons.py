@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov import _admission, _enforce, _mps
+from memgov import _admission, _enforce, _mps, _mpsctl
 from memgov._devices import Device, candidates
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
@@ -303,3 +303,81 @@ def test_claim_points_cuda_at_the_daemon_with_room(fake_mps: Path, sim: str,
         for ledger, record, _ in held:
             ledger.remove("claims", record)
         _mps.stop(force=True)
+
+
+def _count_queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    asked: list[str] = []
+    real = _mpsctl.query
+
+    def counting(command: str, pipe: Path, timeout: float = _mpsctl.QUERY_TIMEOUT_S) -> str | None:
+        asked.append(command)
+        return real(command, pipe, timeout)
+
+    monkeypatch.setattr(_mpsctl, "query", counting)
+    return asked
+
+
+def test_a_claim_does_not_queue_on_the_daemon_when_every_mps_process_is_its_users(
+    fake_mps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """25 claims starting together each asking the control daemon for its servers waited for
+    one another; with nothing of another user's to find, none is asked."""
+    _mps.start()
+    asked = _count_queries(monkeypatch)
+    pipe = _mps.paths(0).pipe
+    assert _mpsctl.servers_all_ours([pipe])
+    assert _enforce._server_uids([pipe]) == [{}]
+    assert asked == []
+
+
+def test_another_users_mps_process_makes_the_claim_ask_the_daemon(
+    fake_mps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    _mps.start()
+    pipe = _mps.paths(0).pipe
+    # Started as root (the venv's interpreter may be out of another user's reach), then it
+    # becomes user 65534 and takes a server's name.
+    code = ("import ctypes, os, time; os.setgid(65534); os.setuid(65534); "
+            "ctypes.CDLL(None).prctl(15, b'nvidia-cuda-mps-server', 0, 0, 0); "
+            "print('up', flush=True); time.sleep(60)")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        asked = _count_queries(monkeypatch)
+        assert not _mpsctl.servers_all_ours([pipe])
+        _enforce._server_uids([pipe])
+        assert asked == ["get_server_list"]
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_daemon_whose_process_cannot_be_seen_is_asked(
+    fake_mps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon in another PID namespace (its PID file names no live daemon here)."""
+    _mps.start()
+    pipe = _mps.paths(0).pipe
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    real_pid = pid_file.read_text()
+    pid_file.write_text("999999999\n")
+    try:
+        asked = _count_queries(monkeypatch)
+        assert not _mpsctl.servers_all_ours([pipe])
+        _enforce._server_uids([pipe])
+        assert asked == ["get_server_list"]
+    finally:
+        pid_file.write_text(real_pid)
+
+
+@pytest.mark.parametrize(
+    ("options", "hidden"),
+    [("rw", False), ("rw,hidepid=0", False), ("rw,hidepid=2", True),
+     ("rw,hidepid=invisible", True), ("rw,hidepid=off", False)],
+)
+def test_hidepid_is_read_from_the_proc_mount(options: str, hidden: bool) -> None:
+    text = ("22 1 0:5 / / rw,relatime - ext4 /dev/sda1 rw\n"
+            f"25 22 0:23 / /proc rw,nosuid,nodev,noexec - proc proc {options}\n")
+    assert _mpsctl.hidepid(text) is hidden
