@@ -51,3 +51,23 @@ def test_fused_update_matches_torch_adadelta(monkeypatch: pytest.MonkeyPatch) ->
     for a, b in zip(mine, theirs, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
         assert not torch.equal(a, b.detach() * 0)
+
+
+@pytest.mark.parametrize("flags", [[], ["--cuda-graph"], ["--no-channels-last"]])
+def test_the_trainer_learns_with_the_fused_update(flags: list[str]) -> None:
+    """The trainer with its defaults (and replayed as a CUDA graph, and in NCHW) reports the
+    fused update in its start event and learns: the second epoch's loss is below the first's."""
+    import json
+    import subprocess
+
+    cmd = [sys.executable, "train_torch.py", "--device", "gpu", "--epochs", "2", "--limit",
+           "6400", "--eval-limit", "1000", *flags]
+    done = subprocess.run(cmd, cwd=MNIST, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    start = next(e for e in events if e["event"] == "start")
+    assert start["prepared"] == {"optimizer": "FlatAdadelta", "update": "triton"}
+    losses = [e["loss"] for e in events if e["event"] == "epoch"]
+    assert len(losses) == 2 and losses[1] < losses[0], losses
+    final = next(e for e in events if e["event"] == "done")
+    assert final["test_acc"] > 0.9, final
