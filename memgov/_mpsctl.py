@@ -184,32 +184,46 @@ def server_uids(pipe: Path) -> dict[int, int | None]:
 
 def servers_all_ours(pipes: list[Path]) -> bool:
     """True when no MPS server of another user can be on ``pipes``, known without asking the
-    control daemons: each daemon runs in this PID namespace (its PID file names a live daemon),
-    /proc shows every user's processes, and no process with MPS's name runs as another user.
+    control daemons.
 
     The control daemon answers one command at a time and is busy while it starts a server: 25
-    claims starting together each asking it for its server list waited for one another (the
-    governed jobs began training ~6 s after hand-tuned ones on the H200). Where this cannot be
-    known (a daemon outside this namespace, /proc mounted with hidepid, another user's MPS
-    process anywhere), the caller asks the daemons as before."""
+    claims starting together, each asking it for its server list, held every governed job until
+    ~19.5 s after launch on the H200 (hand-tuned jobs began from 9.3 s). Known here when:
+    /proc shows every user's processes (no hidepid); each daemon is a live process of this PID
+    namespace that owns its PID file, started before writing it, with this pipe folder in its
+    environment (not a stale or reused PID); every process under each daemon (its servers)
+    runs as this user, whatever its name; and no process anywhere with MPS's name runs as
+    another user. Anything unknown or unreadable answers False, and the caller asks the daemons
+    as before."""
     import psutil
 
-    if not pipes or not all(_daemon_alive(pipe) for pipe in pipes):
+    if not pipes or _proc_hides_others():
         return False
-    me = os.geteuid()
-    if me != 0 and _proc_hides_others():
+    me = os.getuid()
+    try:
+        for pipe in pipes:
+            pid_file = pipe / PID_FILE
+            info = pid_file.stat()
+            daemon = psutil.Process(int(pid_file.read_text().strip()))
+            if (not daemon.name().startswith(MPS_PREFIX) or daemon.uids().real != info.st_uid
+                    or daemon.create_time() > info.st_mtime + 1.0
+                    or daemon.environ().get(PIPE_ENV) != str(pipe)):
+                return False
+            if any(child.uids().real != me for child in daemon.children(recursive=True)):
+                return False
+        for proc in psutil.process_iter(["name", "uids"]):
+            name, uids = proc.info.get("name") or "", proc.info.get("uids")
+            if name.startswith(MPS_PREFIX) and name != CONTROL and (uids is None
+                                                                    or uids.real != me):
+                return False  # a server (or a process named like one) of another user
+    except (OSError, ValueError, psutil.Error):
         return False
-    for proc in psutil.process_iter(["name", "uids"]):
-        name, uids = proc.info.get("name") or "", proc.info.get("uids")
-        if not name.startswith(MPS_PREFIX) or name == CONTROL:
-            continue  # a control daemon serves no clients itself; its servers do
-        if uids is None or uids.real != me:
-            return False
     return True
 
 
 def _proc_hides_others() -> bool:
-    """Whether /proc hides other users' processes from this one (mount option hidepid)."""
+    """Whether /proc may hide other users' processes from this one (mount option hidepid;
+    root too: without CAP_SYS_PTRACE, as in a container, it does not see through it)."""
     try:
         with open("/proc/self/mountinfo") as f:
             return hidepid(f.read())
@@ -218,13 +232,17 @@ def _proc_hides_others() -> bool:
 
 
 def hidepid(mountinfo: str) -> bool:
-    """Whether the /proc mount in this mountinfo text has hidepid set (other than 0/off)."""
+    """Whether any procfs mounted on /proc in this mountinfo text has hidepid set (other than
+    0/off): when procfs is mounted again over /proc, the last line is the one in effect, and
+    any of them hiding is reason enough not to trust a process listing."""
     for line in mountinfo.splitlines():
         left, _, right = line.partition(" - ")
         fields, super_fields = left.split(), right.split()
-        if len(fields) > 4 and fields[4] == "/proc" and len(super_fields) > 2:
-            return any(o.startswith("hidepid=") and o.split("=", 1)[1] not in ("0", "off")
-                       for o in super_fields[2].split(","))
+        if len(fields) <= 4 or fields[4] != "/proc" or len(super_fields) <= 2:
+            continue
+        if any(o.startswith("hidepid=") and o.split("=", 1)[1] not in ("0", "off")
+               for o in super_fields[2].split(",")):
+            return True
     return False
 
 

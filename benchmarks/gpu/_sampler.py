@@ -65,8 +65,8 @@ class LoadSampler:
     (wall clock), so a run's samples can be cut to the window a figure comes from.
 
     CPU: /proc/stat deltas (busy = not idle and not iowait). GPU: NVML's utilization (the share of
-    the period in which any kernel ran: below 100 the GPU had idle gaps). pynvml is imported only
-    when a GPU is there to read."""
+    the period in which any kernel ran: below 100 the GPU had idle gaps); none with
+    gpu_index=None or where NVML does not start."""
 
     def __init__(self, period_s: float = 0.5, gpu_index: int | None = 0) -> None:
         self.period_s = period_s

@@ -143,17 +143,18 @@ def main() -> int:
                 if left < 40:
                     report["conditions"][name] = {"skipped": f"{left:.0f} s of the budget left"}
                     continue
-                print(f"=== {name}: {cond['what']}", flush=True)
                 if cond.get("mps") and args.cpu:
                     cond["mps"] = None  # the script's own check: the same runs, without MPS
                     cond["what"] += " (--cpu: run without MPS)"
+                print(f"=== {name}: {cond['what']}", flush=True)
                 sampler = LoadSampler(gpu_index=None if args.cpu else 0)
                 with sampler:
                     result = run_one(name, cond, fw, args, base, work, hand_daemon, left,
                                      epochs, steps)
                 # CPU and GPU load while every job trained, and over the whole condition.
-                result["load_all_ran"] = sampler.means(
-                    result.get("all_ran_from"), result.get("all_ran_to")
+                opened = result.get("all_ran_from") is not None
+                result["load_all_ran"] = (
+                    sampler.means(result["all_ran_from"], result["all_ran_to"]) if opened else None
                 )
                 result["load"] = sampler.means()
                 report["conditions"][name] = result
@@ -403,7 +404,9 @@ def _stamp_reports(proc: subprocess.Popen[bytes], path: Path) -> None:
     assert proc.stdout is not None
     for raw in proc.stdout:
         now = time.time()
-        with contextlib.suppress(ValueError):
+        # A line that is not one of the trainer's report objects is skipped, never fatal (a
+        # dead reader would leave the job blocked on a full pipe).
+        with contextlib.suppress(ValueError, AttributeError, KeyError, TypeError):
             event = json.loads(raw)
             if event.get("event") == "epoch":
                 doc["epochs"].append({

@@ -26,6 +26,7 @@ class FlatAdadelta:
         self.params = params
         self.lr, self.rho, self.eps = lr, rho, eps
         sizes = [p.numel() for p in params]
+        self.spans = [(sum(sizes[:k]), n) for k, n in enumerate(sizes)]
         first = params[0]
         self.flat = torch.empty(sum(sizes), device=first.device, dtype=first.dtype)
         offset = 0
@@ -34,6 +35,9 @@ class FlatAdadelta:
             # channels-last): its n elements are one contiguous run of the buffer.
             view = self.flat[offset : offset + n].as_strided(p.shape, p.stride())
             view.copy_(p.detach())
+            # From here the layer's weight is this view: moving or re-typing the model after
+            # (`.to()`, `.half()`, `load_state_dict(assign=True)`) would detach it from the
+            # buffer the updates go to. The trainer makes the optimizer last.
             p.data = view
             offset += n
         self.square_avg = torch.zeros_like(self.flat)
@@ -63,6 +67,16 @@ class FlatAdadelta:
             p.grad = None
 
     def step(self) -> None:
+        if any(p.grad is None for p in self.params):
+            # torch skips a parameter without a gradient (its state does not decay): each of
+            # the others then takes its own update on its run of the buffers. Never the case
+            # in the trainer, where every parameter has a gradient after each backward.
+            for p, (at, n) in zip(self.params, self.spans, strict=True):
+                if p.grad is not None:
+                    part = slice(at, at + n)
+                    _torch_step(self.flat[part], self._memory_order(p), self.square_avg[part],
+                                self.acc_delta[part], self.lr, self.rho, self.eps)
+            return
         # A gradient has its parameter's strides (autograd's layout contract), so its memory,
         # read in order, lines up with the parameter's run of the buffer.
         grad = self.torch.cat([self._memory_order(p) for p in self.params])
@@ -71,8 +85,6 @@ class FlatAdadelta:
 
     def _memory_order(self, p: Any) -> Any:
         g = p.grad
-        if g is None:
-            return self.torch.zeros(p.numel(), device=p.device, dtype=p.dtype)
         if g.stride() != p.stride():
             like = self.torch.empty_strided(p.shape, p.stride(), device=g.device, dtype=g.dtype)
             g = like.copy_(g)
@@ -117,16 +129,16 @@ def _triton_step() -> Any:
         return None
 
     @triton.jit  # type: ignore[misc]
-    def adadelta(p_ptr, g_ptr, sa_ptr, ad_ptr, n, lr, rho, eps, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    def adadelta(p_ptr, g_ptr, sa_ptr, ad_ptr, n, lr, rho, rest, eps, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = offsets < n
         g = tl.load(g_ptr + offsets, mask=inside)
         sa = tl.load(sa_ptr + offsets, mask=inside)
         ad = tl.load(ad_ptr + offsets, mask=inside)
         p = tl.load(p_ptr + offsets, mask=inside)
-        sa = sa * rho + (1 - rho) * g * g
+        sa = sa * rho + rest * g * g
         delta = tl.div_rn(tl.sqrt_rn(ad + eps), tl.sqrt_rn(sa + eps)) * g
-        ad = ad * rho + (1 - rho) * delta * delta
+        ad = ad * rho + rest * delta * delta
         tl.store(sa_ptr + offsets, sa, mask=inside)
         tl.store(ad_ptr + offsets, ad, mask=inside)
         tl.store(p_ptr + offsets, p - lr * delta, mask=inside)
@@ -135,6 +147,9 @@ def _triton_step() -> Any:
 
     def step(flat: Any, grad: Any, sa: Any, ad: Any, lr: float, rho: float, eps: float) -> None:
         n = flat.numel()
-        adadelta[(triton.cdiv(n, block),)](flat, grad, sa, ad, n, lr, rho, eps, BLOCK=block)
+        # 1 - rho in double precision, as torch's value=1 - rho (0.05, not float32's
+        # 0.050000012 that 1 - rho computed in the kernel gives).
+        adadelta[(triton.cdiv(n, block),)](flat, grad, sa, ad, n, lr, rho, 1 - rho, eps,
+                                           BLOCK=block)
 
     return step

@@ -116,3 +116,24 @@ def test_flat_optimizer_is_the_default_and_can_be_turned_off(trainer_modules: tu
     )
     assert on.prepare(100, 32) == {"optimizer": "FlatAdadelta", "update": "torch"}  # no GPU here
     assert off.prepare(100, 32) == {"optimizer": "Adadelta", "update": "torch"}
+
+
+def test_a_parameter_without_a_gradient_is_skipped_like_torch(trainer_modules: tuple) -> None:
+    """torch leaves a parameter without a gradient alone (its state does not decay); so does the
+    flat optimizer, for a parameter that gets a gradient only every other step."""
+    sys.modules.pop("flat_adadelta", None)
+    import flat_adadelta
+
+    torch.manual_seed(4)
+    a, b = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3, 2))
+    a2, b2 = (torch.nn.Parameter(t.detach().clone()) for t in (a, b))
+    flat = flat_adadelta.FlatAdadelta(torch, [a, b], lr=1.0, rho=0.95, eps=1e-7)
+    ref = torch.optim.Adadelta([a2, b2], lr=1.0, rho=0.95, eps=1e-7)
+    for step in range(6):
+        gen = torch.Generator().manual_seed(step)
+        ga, gb = torch.randn(5, generator=gen), torch.randn(3, 2, generator=gen)
+        a.grad, a2.grad = ga, ga.clone()
+        b.grad, b2.grad = (gb, gb.clone()) if step % 2 == 0 else (None, None)
+        flat.step()
+        ref.step()
+    assert torch.equal(a, a2) and torch.equal(b, b2)

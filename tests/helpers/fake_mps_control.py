@@ -6,7 +6,9 @@ writes ``nvidia-cuda-mps-control.pid`` there and names its process ``nvidia-cuda
 without ``-d`` it sends one command read from stdin to that daemon and prints the answer.
 Commands: ``get_server_list`` (the daemon's own PID as its "server" once
 ``$CUDA_MPS_PIPE_DIRECTORY/fake-clients`` exists, else nothing), ``get_client_list PID`` (that
-file's PIDs), ``quit``. It runs no GPU work: it exercises memgov's bookkeeping of daemons, not
+file's PIDs), ``quit``; and, for tests only, ``spawn_child UID`` (a child process of the daemon
+that runs as UID, as a real daemon's servers run as their clients' user). It runs no GPU work:
+it exercises memgov's bookkeeping of daemons, not
 MPS itself. Each daemon appends one line per start to ``$CUDA_MPS_LOG_DIRECTORY/fake.log``.
 """
 
@@ -49,6 +51,12 @@ def serve() -> None:
                 answer = f"{os.getpid()}\n" if clients.exists() else ""
             elif command.startswith("get_client_list"):
                 answer = clients.read_text() if clients.exists() else ""
+            elif command.startswith("spawn_child"):  # tests only: a "server" as user UID
+                uid = int(command.split()[1])
+                code = (f"import os, time; os.setgid({uid}); os.setuid({uid}); "
+                        "time.sleep(120)")
+                child = subprocess.Popen([sys.executable, "-c", code])
+                answer = f"{child.pid}\n"
             elif command == "quit":
                 conn.sendall(b"")
                 endpoint.unlink()

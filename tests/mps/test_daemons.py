@@ -10,6 +10,7 @@ claim() would pass on a real GPU ("hard"), with real records and flocks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,9 +18,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 import memgov
@@ -354,6 +357,48 @@ def test_another_users_mps_process_makes_the_claim_ask_the_daemon(
         server.wait()
 
 
+def test_a_process_of_another_user_under_the_daemon_makes_the_claim_ask(
+    fake_mps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real daemon's servers are its children and run as their clients' user: one of another
+    user under the daemon counts whatever its name."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    _mps.start()
+    pipe = _mps.paths(0).pipe
+    child = int(_mpsctl.query("spawn_child 65534", pipe) or "0")
+    try:
+        assert child
+        deadline = time.monotonic() + 30
+        while psutil.Process(child).uids().real != 65534:  # it switches user once started
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        asked = _count_queries(monkeypatch)
+        assert not _mpsctl.servers_all_ours([pipe])
+        _enforce._server_uids([pipe])
+        assert asked == ["get_server_list"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_pid_file_naming_another_daemon_is_not_trusted(
+    fake_mps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PID file naming a live MPS-named process that serves another pipe folder (a stale file
+    whose PID was reused) makes the claim ask."""
+    _mps.start(daemons=2)
+    first, second = _mps.paths(0).pipe, _mps.paths(1).pipe
+    assert _mpsctl.servers_all_ours([first, second])
+    pid_file = first / "nvidia-cuda-mps-control.pid"
+    real_pid = pid_file.read_text()
+    pid_file.write_text((second / "nvidia-cuda-mps-control.pid").read_text())
+    try:
+        assert not _mpsctl.servers_all_ours([first])
+    finally:
+        pid_file.write_text(real_pid)
+
+
 def test_a_daemon_whose_process_cannot_be_seen_is_asked(
     fake_mps: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -381,3 +426,9 @@ def test_hidepid_is_read_from_the_proc_mount(options: str, hidden: bool) -> None
     text = ("22 1 0:5 / / rw,relatime - ext4 /dev/sda1 rw\n"
             f"25 22 0:23 / /proc rw,nosuid,nodev,noexec - proc proc {options}\n")
     assert _mpsctl.hidepid(text) is hidden
+
+
+def test_a_procfs_mounted_again_over_proc_with_hidepid_counts() -> None:
+    text = ("25 22 0:23 / /proc rw,nosuid - proc proc rw\n"
+            "40 25 0:41 / /proc rw,relatime - proc proc rw,hidepid=invisible\n")
+    assert _mpsctl.hidepid(text)
