@@ -119,3 +119,45 @@ def test_no_daemon_in_the_pipe_folder_means_soft(
     plan = _enforce.decide(devices()[:1], cuda_initialized=False)
     assert not plan.hard
     assert f"no MPS daemon reachable at {private_ledger / 'no-daemon'}" in plan.reason
+
+
+HOLD = """
+import sys, time
+import memgov
+c = memgov.claim("512MiB", name="mps-hold")
+import torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+print(c.mode, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_real_server_is_under_its_daemon_so_claims_need_not_ask(private_ledger: Path) -> None:
+    """The no-query check rests on two facts of a real MPS host: the server runs under the
+    control daemon (its child) as the client's user, and memgov's daemon has its pipe folder in
+    its environment. With a client of this user connected, the check answers without a query."""
+    pytest.importorskip("torch")
+    from memgov import _mps, _mpsctl
+
+    env = env_for(private_ledger)
+    started = cli("start", "--json", env=env)
+    try:
+        assert started.returncode == 0, started.stderr
+        client = subprocess.Popen([sys.executable, "-c", HOLD], env=env, text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert client.stdout is not None and client.stdout.readline().split() == ["hard"]
+            pipe = _mps.paths(0).pipe  # MEMGOV_DIR is private_ledger here too
+            daemon = psutil.Process(int((pipe / "nvidia-cuda-mps-control.pid").read_text()))
+            servers = [c for c in daemon.children(recursive=True)
+                       if c.name().startswith("nvidia-cuda-mps")]
+            assert servers, [c.name() for c in daemon.children(recursive=True)]
+            assert all(s.uids().real == os.getuid() for s in servers)
+            assert _mpsctl.servers_all_ours([pipe])
+        finally:
+            assert client.stdin is not None
+            client.stdin.write("\n")
+            client.stdin.flush()
+            client.wait(60)
+    finally:
+        cli("stop", "--force", env=env)
