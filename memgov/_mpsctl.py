@@ -201,6 +201,7 @@ def servers_all_ours(pipes: list[Path]) -> bool:
         return False
     me = os.getuid()
     try:
+        daemons = []
         for pipe in pipes:
             pid_file = pipe / PID_FILE
             info = pid_file.stat()
@@ -209,16 +210,32 @@ def servers_all_ours(pipes: list[Path]) -> bool:
                     or daemon.create_time() > info.st_mtime + 1.0
                     or daemon.environ().get(PIPE_ENV) != str(pipe)):
                 return False
-            if any(child.uids().real != me for child in daemon.children(recursive=True)):
-                return False
-        for proc in psutil.process_iter(["name", "uids"]):
+            daemons.append(daemon.pid)
+        # One pass over the process table (this runs on the claim path): whose each process
+        # is, and who started it, for the processes under the daemons.
+        owner: dict[int, int | None] = {}
+        parent: dict[int, int | None] = {}
+        for proc in psutil.process_iter(["name", "uids", "ppid"]):
             name, uids = proc.info.get("name") or "", proc.info.get("uids")
-            if name.startswith(MPS_PREFIX) and name != CONTROL and (uids is None
-                                                                    or uids.real != me):
+            owner[proc.pid] = None if uids is None else uids.real
+            parent[proc.pid] = proc.info.get("ppid")
+            if name.startswith(MPS_PREFIX) and name != CONTROL and owner[proc.pid] != me:
                 return False  # a server (or a process named like one) of another user
     except (OSError, ValueError, psutil.Error):
         return False
-    return True
+    return all(owner[pid] == me for pid in parent if _under(pid, daemons, parent))
+
+
+def _under(pid: int, ancestors: list[int], parent: dict[int, int | None]) -> bool:
+    """Whether ``pid`` descends from one of ``ancestors`` (by the ppid links in ``parent``)."""
+    seen: set[int] = set()
+    up = parent.get(pid)
+    while up is not None and up not in seen and up > 0:
+        if up in ancestors:
+            return True
+        seen.add(up)
+        up = parent.get(up)
+    return False
 
 
 def _proc_hides_others() -> bool:
