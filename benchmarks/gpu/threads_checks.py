@@ -70,6 +70,21 @@ SCRUB = (
 )
 
 
+
+def variant(text: str) -> tuple[str, str]:
+    """NAME=ARGS (trainer flags, may be empty), as --variant takes it."""
+    name, sep, flags = text.partition("=")
+    if not sep or not name.strip() or not name.replace("-", "_").isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: accepted NAME=TRAINER_ARGS, NAME letters, digits, - or _ "
+            "(e.g. 'graph=--cuda-graph' or 'default=')")
+    try:
+        shlex.split(flags)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: trainer arguments {exc}") from None
+    return name, flags
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("framework", choices=("torch", "jax"))
@@ -88,6 +103,7 @@ def main() -> int:
     p.add_argument(
         "--variant",
         action="append",
+        type=variant,
         default=[],
         metavar="NAME=ARGS",
         help="also conditions pack_NAME and trainer_mps_NAME: pack, and its trainer by hand, "
@@ -105,6 +121,8 @@ def main() -> int:
     p.add_argument("--tag", default="", help="added to the output file's name")
     p.add_argument("--budget", type=float, default=530.0, help="seconds for the whole call")
     args = p.parse_args()
+    if args.repeat < 1:
+        p.error(f"--repeat {args.repeat}: accepted a whole number >= 1")
     fw = args.framework
     # Sized on the H200 figures of 2026-11-23 (25 jobs under MPS): torch ~1.7 s and JAX ~1 s
     # per 400-500 steps once started, so ~30-40 s of training after 10-40 s of start-up.
@@ -279,11 +297,11 @@ def conditions(
         "hand_mps": {"what": f"{hand}, MPS daemon started by hand", "env": hand, "mps": "hand"},
         "pack": {"what": f"memgov pack --n {args.n} --framework {fw} (MPS auto)", "pack_args": []},
         **{
-            f"pack_{v.split('=', 1)[0]}": {
-                "what": f"memgov pack --n {args.n} --framework {fw} -- {v.split('=', 1)[1]}",
-                "pack_args": shlex.split(v.split("=", 1)[1]),
+            f"pack_{name}": {
+                "what": f"memgov pack --n {args.n} --framework {fw} -- {flags}",
+                "pack_args": shlex.split(flags),
             }
-            for v in args.variant
+            for name, flags in args.variant
         },
         "trainer_mps": {
             "what": f"pack's trainer (experiments/mnist) started by hand: {hand}, no memgov, "
@@ -293,13 +311,13 @@ def conditions(
             "trainer": [],
         },
         **{
-            f"trainer_mps_{v.split('=', 1)[0]}": {
-                "what": f"as trainer_mps, with trainer arguments {v.split('=', 1)[1]}",
+            f"trainer_mps_{name}": {
+                "what": f"as trainer_mps, with trainer arguments {flags}",
                 "env": hand,
                 "mps": "hand",
-                "trainer": shlex.split(v.split("=", 1)[1]),
+                "trainer": shlex.split(flags),
             }
-            for v in args.variant
+            for name, flags in args.variant
         },
         "memgov": {"what": "MEMGOV_CLAIM=1GiB, no MPS", "env": memgov},
         "hand": {"what": f"{hand}, no MPS", "env": hand},

@@ -21,10 +21,25 @@ MARK = "probe.optimizer_step"
 sys.path.insert(0, str(ROOT / "experiments" / "mnist"))
 
 
+
+def variant(text: str) -> tuple[str, str]:
+    """NAME=ARGS (trainer flags, may be empty), as --variant takes it."""
+    name, sep, flags = text.partition("=")
+    if not sep or not name.strip() or not name.replace("-", "_").isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: accepted NAME=TRAINER_ARGS, NAME letters, digits, - or _ "
+            "(e.g. 'graph=--cuda-graph' or 'default=')")
+    try:
+        shlex.split(flags)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: trainer arguments {exc}") from None
+    return name, flags
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS")
+    p.add_argument("--variant", action="append", default=[], type=variant, metavar="NAME=FLAGS")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="cpu: script check")
     args = p.parse_args()
@@ -43,8 +58,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name() if gpu else None,
     }
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]
-    for spec in args.variant or ["default="]:
-        name, flags = spec.split("=", 1)
+    for name, flags in args.variant or [("default", "")]:
         torch.set_float32_matmul_precision("highest")  # --tf32 sets it; each starts from torch's
         argv = ["--device", args.device, *shlex.split(flags)]
         trainer = TorchTrainer(harness.parse_args("torch", argv))
