@@ -1,9 +1,9 @@
 """torch's Adadelta, step for step, over one flat buffer per state instead of one tensor per layer.
 
-torch's Adadelta (foreach, the default on a GPU) runs each of its ~10 element-wise steps as a
-multi-tensor kernel that gives one thread block per 65,536 elements: for this model's 1.2 M
-parameters about 19 blocks per kernel, which leaves the GPU's 132 SMs nearly empty and took 253 us
-of the 629 us of GPU work per training step (torch.profiler, one job on an H200; docs/pack.md).
+torch's Adadelta (foreach, the default on a GPU) runs its element-wise steps as eleven
+multi-tensor kernels that give one thread block per 65,536 elements: for this model's 1.2 M
+parameters about 19 blocks per kernel, which leaves the GPU's 132 SMs nearly empty and took 134 us
+of the 369 us of kernel time per training step (torch.profiler, one job on an H200; docs/pack.md).
 Here the parameters live in one contiguous buffer (each layer's weight a view into it, in its own
 memory format) and the gradients are gathered into one buffer with a single copy. The update is
 then one Triton kernel on a GPU (checked against the torch operations when the optimizer is
