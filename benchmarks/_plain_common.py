@@ -26,6 +26,13 @@ def parse(framework: str) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--out", help="JSON report (default: stdout only)")
     p.add_argument("--seed", type=int, default=0)
+    if framework == "torch":
+        # Another common shape of script (issue 22's speed gap): Adam, and batches gathered on
+        # the CPU from tensors kept in pinned host memory, copied with non_blocking=True.
+        p.add_argument("--optimizer", choices=("adadelta", "adam"), default="adadelta")
+        p.add_argument("--gather", choices=("numpy", "pinned"), default="numpy",
+                       help="numpy: batches made from the numpy arrays; pinned: indexed out of "
+                       "torch tensors in pinned host memory")
     return p.parse_args()
 
 
@@ -34,14 +41,21 @@ def data() -> tuple[Any, Any]:
     return x, y
 
 
-def batches(x: Any, y: Any, steps: int, batch: int, rng: Any) -> Any:
-    """``steps`` host batches (uint8 images -> float32 NHWC/NCHW by the caller), shuffled."""
+def batches(x: Any, y: Any, steps: int, batch: int, rng: Any, tensors: Any = None) -> Any:
+    """``steps`` host batches (uint8 images -> float32 NHWC/NCHW by the caller), shuffled; with
+    ``tensors`` (torch tensors of the same rows), the rows are gathered out of those instead."""
     import numpy as np
 
     idx = rng.permutation(len(x))
     for s in range(steps):
         take = np.sort(idx[(s * batch) % (len(x) - batch) :][:batch])
-        yield x[take], y[take]
+        if tensors is None:
+            yield x[take], y[take]
+        else:
+            import torch
+
+            rows = torch.from_numpy(take)
+            yield tensors[0].index_select(0, rows), tensors[1].index_select(0, rows)
 
 
 class Report:

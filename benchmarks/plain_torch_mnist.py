@@ -36,18 +36,29 @@ def main() -> None:
         nn.Dropout(0.5),
         nn.Linear(128, 10),
     ).to(dev)
-    opt = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.95, eps=1e-7)
+    if args.optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    else:
+        opt = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.95, eps=1e-7)
     loss_fn = nn.CrossEntropyLoss()
     x_all, y_all = common.data()
+    pinned = None
+    if args.gather == "pinned":
+        x_t = torch.from_numpy(np.array(x_all)).unsqueeze(1).float().div_(255.0)
+        y_t = torch.from_numpy(y_all.astype(np.int64))
+        pinned = (x_t.pin_memory(), y_t.pin_memory()) if use_gpu else (x_t, y_t)
     rng = np.random.default_rng(args.seed)
     for epoch in range(args.epochs):
         t0 = time.time()
         samples = 0
         loss = None
-        for xb, yb in common.batches(x_all, y_all, args.steps, args.batch, rng):
-            # Host-side conversion, as a typical script does: torch CPU ops (thread pool).
-            x = torch.from_numpy(xb).unsqueeze(1).float().div_(255.0).to(dev, non_blocking=True)
-            y = torch.from_numpy(yb.astype(np.int64)).to(dev, non_blocking=True)
+        for xb, yb in common.batches(x_all, y_all, args.steps, args.batch, rng, pinned):
+            if pinned is not None:  # gathered on the CPU (index_select of the pinned tensors)
+                x, y = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
+            else:  # host-side conversion, as a typical script does: torch CPU ops
+                x = torch.from_numpy(xb).unsqueeze(1).float().div_(255.0).to(dev,
+                                                                            non_blocking=True)
+                y = torch.from_numpy(yb.astype(np.int64)).to(dev, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
@@ -56,7 +67,12 @@ def main() -> None:
         if loss is not None:
             loss.item()  # one sync per epoch: the epoch's work is done when it is timed
         report.epoch(epoch, samples, t0, time.time(), torch.get_num_threads())
-    report.done(device=str(dev), torch=torch.__version__)
+    allocator = {}
+    if use_gpu:  # how often the caching allocator hit its cap and freed its cache to retry
+        stats = torch.cuda.memory_stats()
+        allocator = {k: stats.get(k) for k in ("num_alloc_retries", "num_device_alloc",
+                                               "num_device_free", "reserved_bytes.all.peak")}
+    report.done(device=str(dev), torch=torch.__version__, allocator=allocator)
 
 
 if __name__ == "__main__":
