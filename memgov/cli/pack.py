@@ -46,10 +46,12 @@ def pack(
     epochs: Annotated[int | None, typer.Option(help="Epochs per job (manifest default).")
                       ] = None,
     batch: Annotated[int | None, typer.Option(help="Batch size (manifest default).")] = None,
-    runner: Annotated[str, typer.Option(help="process, namespace (own PID namespace; root), "
+    runner: Annotated[str, typer.Option(help="auto (process, or preload when the jobs at once "
+                                             "would not fit the host's memory as processes), "
+                                             "process, namespace (own PID namespace; root), "
                                              "docker, or preload (jobs forked from one process "
                                              "that imported the framework once: less host "
-                                             "memory and start-up CPU per job).")] = "process",
+                                             "memory and start-up CPU per job).")] = "auto",
     image: Annotated[str, typer.Option(help="Image for --runner docker (examples/docker).")
                      ] = "memgov-mnist",
     sweep: Annotated[str | None, typer.Option(
@@ -162,6 +164,13 @@ def _summary(report: dict[str, Any]) -> None:
         if run.get("connections"):
             console.print(f"note: {run['label']}: {run['connections']}", highlight=False,
                           markup=False)
+        gate = run.get("host_gate") or {}
+        if gate.get("jobs_that_waited"):
+            console.print(
+                f"note: {run['label']}: {gate['jobs_that_waited']} job(s) waited for host memory"
+                f" (~{gate['per_job_mib']:,.0f} MiB each: {gate['source']}; "
+                f"{gate['reserve_mib']:,.0f} MiB kept free); --host-per-job sets the estimate",
+                highlight=False, markup=False)
     files = report.get("files", {})
     console.print(f"report: {files.get('json')}  csv: {files.get('csv')}  "
                   f"plot: {files.get('plot') or files.get('plot_error')}", highlight=False)

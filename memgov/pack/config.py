@@ -26,7 +26,7 @@ from pathlib import Path
 from memgov import _settings, _threads
 from memgov._errors import ConfigError
 from memgov._sizes import parse_size
-from memgov.pack.runners import DOCKER_IMAGE, RUNNERS
+from memgov.pack.runners import DOCKER_IMAGE, RUNNER_CHOICES
 
 MODES = ("greedy", "growth", "claim")
 MPS_CHOICES = ("auto", "on", "off")
@@ -70,7 +70,7 @@ class PackConfig:
     """MPS control daemons to run; None: as many as the jobs at once need (48 clients each)."""
     epochs: int | None = None
     batch: int | None = None
-    runner: str = "process"
+    runner: str = "auto"
     image: str = DOCKER_IMAGE
     out: Path | None = None
     device: str = "gpu"
@@ -101,7 +101,7 @@ class PackConfig:
         _choice("--mode", self.mode, MODES)
         _choice("--mps", self.mps, MPS_CHOICES)
         _choice("--device", self.device, DEVICES)
-        _choice("--runner", self.runner, RUNNERS)
+        _choice("--runner", self.runner, RUNNER_CHOICES)
         _choice("--baseline", self.baseline, BASELINES)
         _count("--n", self.n, MAX_JOBS)
         for name, value in (("--epochs", self.epochs), ("--batch", self.batch),
@@ -257,6 +257,12 @@ def job_env(*, mode: str, claim_bytes: int | None, threads: int | None, ledger: 
         env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipe)
         if mps_log is not None:
             env["CUDA_MPS_LOG_DIRECTORY"] = str(mps_log)
+        if "MEMGOV_MPS_POLICY" not in os.environ:
+            # A job that starts as another ends (waves) joins the daemon with the most room: an
+            # MPS server still counts a client that has released its claim while its CUDA
+            # context is torn down, and with `fill` the new job met that full server (2 of 140
+            # jobs failed on the H200, docs/pack.md).
+            env["MEMGOV_MPS_POLICY"] = "spread"
     else:
         env["MEMGOV_MPS"] = "off"
     return env

@@ -70,6 +70,8 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
                     ctx.mps_info = stack.enter_context(ctx.mps_daemon())
                 record, stop = run_once(ctx, plan, watcher)
                 results.add_run(plan, record)
+                if plan.role == "solo" and ctx.host_gate is not None:
+                    ctx.host_gate.learn(_uss_peak(record))
                 if stop is not None:
                     break
         except (KeyboardInterrupt, SystemExit) as exc:  # while starting the MPS daemon
@@ -255,6 +257,12 @@ def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str]) -
     job.refusal = gate.refusal()
     gate.refused += 1
     return "refuse"
+
+
+def _uss_peak(record: dict[str, Any]) -> int | None:
+    """The largest host USS of a run's jobs that finished (bytes), or None."""
+    peaks = [j["uss_mib"] for j in record["jobs"] if j["status"] == "ok" and j.get("uss_mib")]
+    return int(max(peaks) * 2**20) if peaks else None
 
 
 def _blank() -> Any:

@@ -12,10 +12,12 @@ starts only when
 growth is ``per_job`` minus its largest measured USS so far (all of ``per_job`` until the sampler
 has seen it): jobs just started have not reached their size, and counting only what they hold
 now would let a burst of starts overshoot. ``reserve`` is left for everything else:
-max(2 GiB, 5 % of RAM). ``per_job`` is the largest host USS (memory only that process holds; the
-shared libraries are in ``available`` once) recorded for this experiment, framework, batch and
-device kind by earlier packs, plus the history's margin (x 1.10 + 64 MiB); 2 GiB when nothing is
-recorded; or ``--host-per-job``.
+max(2 GiB, 5 % of RAM), and it is the estimate's margin too (a job that grows past ``per_job``
+is in ``available`` as soon as it does). ``per_job`` is, in this order: ``--host-per-job``; the
+largest host USS (memory only that process holds; the shared libraries are in ``available``
+once) recorded for this experiment, framework, batch, device kind and runner by earlier packs;
+this pack's own solo job once it has run (pack's first run on a fresh machine measures it before
+the packed runs start); else 2 GiB.
 
 A job that does not fit waits until running jobs end (the run goes on in waves); when nothing
 runs and it still does not fit, it is not started and fails with reason ``host_memory``.
@@ -32,6 +34,7 @@ from memgov._sizes import format_size
 DEFAULT_PER_JOB = 2 * 2**30
 RESERVE_MIN = 2 * 2**30
 RESERVE_FRACTION = 0.05
+DEFAULT_SOURCE = "default: no host USS measured yet"
 
 
 def reserve_for(total: int) -> int:
@@ -54,6 +57,13 @@ class HostGate:
         available = psutil.virtual_memory().available
         growth = sum(max(0, self.per_job - (uss or 0)) for uss in running_uss)
         return available - growth - self.reserve >= self.per_job
+
+    def learn(self, uss: int | None) -> None:
+        """This pack's solo job peaked at ``uss`` bytes of host USS: the estimate from now on,
+        unless the user gave one or earlier packs recorded one."""
+        if uss and self.source == DEFAULT_SOURCE:
+            self.per_job = uss
+            self.source = f"this pack's solo job: host USS peak {format_size(uss)}"
 
     def reset(self) -> None:
         """Start counting afresh for the next run of the pack."""
@@ -81,7 +91,6 @@ class HostGate:
 def gate(setting: str | None, recorded: list[int], total: int) -> HostGate | None:
     """The gate for ``--host-per-job`` (None or "auto": from ``recorded`` peaks; "off": none)."""
     from memgov._sizes import parse_size
-    from memgov.pack import history
 
     text = (setting or "auto").strip().lower()
     if text == "off":
@@ -91,7 +100,5 @@ def gate(setting: str | None, recorded: list[int], total: int) -> HostGate | Non
         return HostGate(parse_size(text), "--host-per-job", reserve)
     if recorded:
         top = max(recorded)
-        return HostGate(history.margin(top), f"largest of {len(recorded)} recorded host USS "
-                        f"peak(s) {format_size(top)} x {1 + history.MARGIN_FRACTION:.2f} + "
-                        f"{format_size(history.MARGIN_BYTES)}", reserve)
-    return HostGate(DEFAULT_PER_JOB, "default: no host USS recorded yet", reserve)
+        return HostGate(top, f"largest of {len(recorded)} recorded host USS peak(s)", reserve)
+    return HostGate(DEFAULT_PER_JOB, DEFAULT_SOURCE, reserve)

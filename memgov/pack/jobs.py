@@ -165,15 +165,19 @@ def classify(events: list[dict[str, Any]], code: int | None, sig: int | None, ta
         return None, None
     started = any(e.get("event") == "start" for e in events)
     if error is not None:
-        message = str(error.get("message", ""))
-        if "BudgetExceeded" in message:
-            if "CUDA context limit" in message:
+        full = str(error.get("message", ""))
+        message = headline(full)
+        if "BudgetExceeded" in full:
+            if "CUDA context limit" in full:
                 return "contexts", message
             return "budget_refused", message
-        if not started and CONTEXT_WALL in message.lower():
-            return "contexts", f"no CUDA context at start-up (the GPU's context limit): {message}"
-        if not started and MPS_FULL in message.lower():
-            return "mps_clients", f"the MPS server admitted no more clients: {message}"
+        if not started and CONTEXT_WALL in full.lower():
+            return "contexts", (f"no CUDA context at start-up (the GPU's context limit: "
+                                f"{message}); run fewer jobs at once (--parallel) or use MPS")
+        if not started and MPS_FULL in full.lower():
+            return "mps_clients", (f"the MPS server admitted no more clients ({message}); run "
+                                   "fewer jobs at once (--parallel) or more daemons "
+                                   "(--mps-daemons)")
         kind = error.get("kind")
         if kind == "oom":
             return "oom", message
@@ -199,6 +203,13 @@ def classify(events: list[dict[str, Any]], code: int | None, sig: int | None, ta
     if code == 0:
         return "error", f"exited 0 without a done report; stderr: {last}"
     return "error", f"exit code {code}; stderr: {last}"
+
+
+def headline(message: str, limit: int = 300) -> str:
+    """A failure's first line, for the report's one-line detail: a CUDA error's text carries the
+    C++ frames of where it was raised (40 lines), which belong in the job's log, not here."""
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 def _line_with(tail: list[str], text: str) -> str | None:

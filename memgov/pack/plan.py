@@ -85,6 +85,8 @@ class Context:
     compile_cache: Path | None = None
     """The governed jobs' shared compilation cache (warmup.py); None: none."""
     compile_cache_why: str = ""
+    runner_why: str = ""
+    """Why this runner: the user's --runner, or what ``auto`` weighed (host memory)."""
     cache_warm: bool = False
     """A job of this pack has reported start with the cache: no warm-up needed any more."""
 
@@ -105,8 +107,7 @@ class Context:
         """Host USS differs with the device (CUDA libraries), the mode (a greedy JAX job holds
         several GiB more than a governed one) and the runner (a job forked by ``preload`` shares
         its framework's pages with the zygote), so each keeps its own peaks."""
-        runner = "" if self.cfg.runner == "process" else f"-{self.cfg.runner}"
-        return f"{self.history_key}-host-{'cpu' if self.cpu else 'gpu'}-{self.cfg.mode}{runner}"
+        return host_key(self.history_key, self.cpu, self.cfg.mode, self.runner.name)
 
     def base_env(self, mode: str) -> dict[str, str]:
         return base_env(mode)
@@ -142,6 +143,8 @@ class Context:
                 f" the {threads} thread(s) of one packed job, so 'x one job' says how the jobs "
                 f"share the cores (at most about {max(1, cores() // threads)}x here), not how "
                 "they would pack on a GPU")
+        if self.runner_why.startswith("auto") and "preload" in self.runner_why:
+            notes.append(f"runner {self.runner_why}")
         return notes
 
     @property
@@ -208,11 +211,15 @@ def prepare(cfg: PackConfig) -> Context:
     contexts = None
     if device is not None and not device.simulated and not cpu:
         contexts = _config.context_limit(simulated=False)
-    runner = runners.make(cfg.runner, image=cfg.image, ledger=ledger,
+    plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
+    key = history.key(man.name, cfg.framework, batch or 0)
+    runner_name, runner_why = _runner_choice(cfg, key, cpu, plans, man.command(
+        cfg.framework, python=cfg.python, epochs=epochs or 0, batch=batch or 0,
+        device="cpu" if cpu else "gpu"), man.folder)
+    runner = runners.make(runner_name, image=cfg.image, ledger=ledger,
                           gpu=None if device is None or cpu else device.uuid,
                           mps_pipe=_mps_pipe() if mps else None, framework=cfg.framework)
     runner.check()
-    plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
     if cpu:
         # A fair reference on CPU: the solo job gets the threads each packed job gets (those of
         # the run with the most jobs at once), not every core; with all cores it ran slower than
@@ -233,7 +240,7 @@ def prepare(cfg: PackConfig) -> Context:
         simulated=simulated if cpu else None, ledger=ledger, out=out.resolve(),
         epochs=epochs or 0, batch=batch or 0, claim_bytes=claim_bytes,
         claim_source=claim_source, mps_reason=reason, mps_limit=limit if mps else None,
-        plans=plans, mps_daemons=daemons, context_limit=contexts,
+        plans=plans, mps_daemons=daemons, context_limit=contexts, runner_why=runner_why,
         host_available=psutil.virtual_memory().available,
         ledger_capacity=snap.capacity if snap else None, ledger_free=snap.free if snap else None,
     )
@@ -246,6 +253,52 @@ def prepare(cfg: PackConfig) -> Context:
     recorded = [p["bytes"] for p in history.read(ctx.host_history_key)] if cfg.history else []
     ctx.host_gate = hostmem.gate(cfg.host_per_job, recorded, psutil.virtual_memory().total)
     return ctx
+
+
+def host_key(history_key: str, cpu: bool, mode: str, runner: str) -> str:
+    """Host USS differs with the device (CUDA libraries), the mode (a greedy JAX job holds
+    several GiB more than a governed one) and the runner (a job forked by ``preload`` shares
+    its framework's pages with the zygote), so each keeps its own peaks."""
+    suffix = "" if runner == "process" else f"-{runner}"
+    return f"{history_key}-host-{'cpu' if cpu else 'gpu'}-{mode}{suffix}"
+
+
+def _runner_choice(cfg: PackConfig, key: str, cpu: bool, plans: list[RunPlan],
+                   argv: list[str], folder: Path) -> tuple[str, str]:
+    """(runner name, why) for ``--runner`` (``auto``: process while the busiest run's jobs fit
+    the host's memory as processes, else preload, whose forked jobs share the framework's pages:
+    ~1.28 vs ~0.8 GiB of host USS per torch job on the H200, docs/pack.md)."""
+    if cfg.runner != "auto":
+        return cfg.runner, f"--runner {cfg.runner}"
+    import psutil
+
+    at_once = max((min(p.n, p.parallel) for p in plans), default=1)
+    recorded = ([p["bytes"] for p in history.read(host_key(key, cpu, cfg.mode, "process"))]
+                if cfg.history else [])
+    per_job = max(recorded) if recorded else hostmem.DEFAULT_PER_JOB
+    source = (f"the largest of {len(recorded)} recorded" if recorded
+              else "memgov's default, nothing recorded")
+    total = psutil.virtual_memory()
+    room = total.available - hostmem.reserve_for(total.total)
+    need = at_once * per_job
+    weighed = (f"{at_once} jobs at once as processes need ~{format_size(need)} of host memory "
+               f"({format_size(per_job)} each: {source}), {format_size(max(room, 0))} is "
+               "available beyond the reserve")
+    if need <= room:
+        return "process", f"auto: process: {weighed}"
+    why_not = _why_not_forked(cfg, argv, folder)
+    if why_not is not None:
+        return "process", f"auto: process, though {weighed}: preload {why_not}"
+    return "preload", (f"auto: preload: {weighed}; forked from one process that imported "
+                       f"{cfg.framework} once, the jobs share its pages")
+
+
+def _why_not_forked(cfg: PackConfig, argv: list[str], folder: Path) -> str | None:
+    if cfg.framework not in runners.FORKABLE:
+        return f"forks only {', '.join(runners.FORKABLE)} jobs (--framework {cfg.framework})"
+    if len(argv) < 2 or argv[1].startswith("-") or not (folder / argv[1]).is_file():
+        return f"forks only `python SCRIPT` commands, not {' '.join(argv[:2])}"
+    return None
 
 
 def _device(cfg: PackConfig, cpu: bool) -> tuple[Device | None, str | None]:

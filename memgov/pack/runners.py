@@ -39,6 +39,11 @@ from pathlib import Path
 from memgov._errors import ConfigError
 
 RUNNERS = ("process", "namespace", "docker", "preload")
+RUNNER_CHOICES = ("auto", *RUNNERS)
+"""``--runner``: a runner by name, or ``auto`` (process or preload by host memory: plan.py)."""
+FORKABLE = ("torch", "jax")
+"""Frameworks whose import leaves no thread running through fork (``preload`` forks them;
+TensorFlow's jemalloc thread makes its zygote spawn instead: docs/pack.md)."""
 DOCKER_IMAGE = "memgov-mnist"
 DOCKER_WORKDIR = "/experiment"
 INSPECT_EVERY_S = 1.0

@@ -89,7 +89,7 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
         (["--threads", "0"], "accepted auto or a whole number"),
         (["--n", "0"], "--n 0: accepted a whole number from 1"),
         (["--mps", "on"], "--mps on needs a GPU"),
-        (["--runner", "podman"], "accepted process, namespace, docker"),
+        (["--runner", "podman"], "accepted auto, process, namespace, docker"),
         (["--framework", "mxnet"], "no [frameworks.mxnet] table; this experiment has jax, "
                                    "tensorflow, torch"),
         (["--claim", "lots"], "cannot read 'lots' as a size"),

@@ -21,12 +21,52 @@ def test_gate_sizes_from_setting_history_or_default() -> None:
     fixed = hostmem.gate("3GiB", [5 * GiB], total)
     assert fixed is not None and (fixed.per_job, fixed.source) == (3 * GiB, "--host-per-job")
     auto = hostmem.gate("auto", [900 * 2**20, 1000 * 2**20], total)
-    assert auto is not None and auto.per_job == 1164 * 2**20  # 1000 MiB x 1.10 + 64 MiB
+    # The largest recorded peak as is: the reserve is the margin (a job that grows past the
+    # estimate is in MemAvailable as soon as it does). With x 1.10 + 64 MiB per job, 140 forked
+    # torch jobs (~0.8 GiB each) did not fit a 125 GiB host at once.
+    assert auto is not None and auto.per_job == 1000 * 2**20
     assert "largest of 2 recorded" in auto.source
     fresh = hostmem.gate(None, [], total)
     assert fresh is not None and fresh.per_job == hostmem.DEFAULT_PER_JOB
     assert fresh.reserve == int(total * 0.05)  # 3.2 GiB: more than the 2 GiB floor
     assert hostmem.reserve_for(8 * GiB) == 2 * GiB
+
+
+def test_gate_learns_the_solo_job_only_where_nothing_better_is_known() -> None:
+    total = 64 * GiB
+    fresh = hostmem.gate(None, [], total)
+    assert fresh is not None
+    fresh.learn(None)  # the solo job failed: nothing learned
+    assert fresh.per_job == hostmem.DEFAULT_PER_JOB
+    fresh.learn(800 * 2**20)
+    assert fresh.per_job == 800 * 2**20 and "solo job" in fresh.source
+    for kept in (hostmem.gate("3GiB", [], total), hostmem.gate("auto", [GiB], total)):
+        assert kept is not None
+        before = (kept.per_job, kept.source)
+        kept.learn(800 * 2**20)  # the user's estimate, or earlier packs' records, stay
+        assert (kept.per_job, kept.source) == before
+
+
+def test_auto_runner_forks_the_jobs_when_processes_would_not_fit(tmp_path: Path) -> None:
+    from memgov.pack.plan import prepare
+
+    available = psutil.virtual_memory().available
+    many = int(available // hostmem.DEFAULT_PER_JOB) + 1  # at 2 GiB each, one too many
+    cfg = PackConfig(experiment=MNIST, device="cpu", n=many, solo=False, history=False,
+                     out=tmp_path / "many")
+    ctx = prepare(cfg)
+    assert ctx.runner.name == "preload", ctx.runner_why
+    assert ctx.runner_why.startswith(f"auto: preload: {many} jobs at once as processes need")
+    assert any(n.startswith("runner auto: preload") for n in ctx.notes())
+    few = prepare(PackConfig(experiment=MNIST, device="cpu", n=1, solo=False, history=False,
+                             out=tmp_path / "few"))
+    assert few.runner.name == "process" and few.runner_why.startswith("auto: process: 1 jobs")
+    chosen = prepare(PackConfig(experiment=MNIST, device="cpu", n=many, solo=False,
+                                history=False, runner="process", out=tmp_path / "chosen"))
+    assert (chosen.runner.name, chosen.runner_why) == ("process", "--runner process")
+    tf = prepare(PackConfig(experiment=MNIST, device="cpu", n=many, solo=False, history=False,
+                            framework="tensorflow", out=tmp_path / "tf"))
+    assert tf.runner.name == "process" and "forks only torch, jax jobs" in tf.runner_why
 
 
 def test_gate_counts_growth_still_ahead_of_running_jobs() -> None:

@@ -171,6 +171,20 @@ def test_claim_jobs_are_governed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert no_mps["MEMGOV_CLAIM"] == "growth" and no_mps["MEMGOV_MPS"] == "off"
 
 
+def test_jobs_under_mps_spread_over_the_daemons_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def env() -> dict[str, str]:
+        return config.job_env(mode="claim", claim_bytes=MiB, threads=None, ledger=Path("/l"),
+                              device_uuid=None, simulated=None, mps_pipe=Path("/p"),
+                              mps_log=None, wait=None)
+
+    monkeypatch.delenv("MEMGOV_MPS_POLICY", raising=False)
+    assert env()["MEMGOV_MPS_POLICY"] == "spread"
+    monkeypatch.setenv("MEMGOV_MPS_POLICY", "fill")
+    assert "MEMGOV_MPS_POLICY" not in env()  # the user's own setting reaches the job
+
+
 # -- reasons and figures -----------------------------------------------------------------------
 DONE = [{"event": "start"}, {"event": "done"}]
 
@@ -231,3 +245,22 @@ def test_docker_run_line_shares_the_ledger_and_replaces_the_entrypoint() -> None
     assert line.endswith("--entrypoint python memgov-mnist train_torch.py --epochs 1")
     greedy = " ".join(runner.launch(["python", "t.py"], {}, Path("/x"), "job-00", {})[0])
     assert "-e MEMGOV_CLAIM=off" in greedy and "-e XLA_PYTHON_CLIENT_PREALLOCATE=true" in greedy
+
+
+def test_a_failure_detail_is_one_line_that_says_what_to_do() -> None:
+    # What torch raised when a 49th client met a full MPS server: the error's text, then the C++
+    # frames of where it was raised (40 lines of them on the H200).
+    frames = "\n".join(f"frame #{i}: 0x7f00 in libc10_cuda.so" for i in range(40))
+    message = ("AcceleratorError: CUDA error: all CUDA-capable devices are busy or unavailable\n"
+               "Search for `cudaErrorDevicesUnavailable' in the CUDA docs\n"
+               f"Exception raised from c10_cuda_check_implementation at CUDAException.cpp:44\n"
+               f"{frames}")
+    reason, detail = classify([{"event": "error", "kind": "cuda", "message": message}], 1,
+                              None, [], None)
+    assert reason == "mps_clients" and detail is not None
+    assert "\n" not in detail and "frame #" not in detail
+    assert "busy or unavailable" in detail and "--mps-daemons" in detail
+    long = "OutOfMemoryError: " + "x" * 1000
+    _, oom = classify([{"event": "start"}, {"event": "error", "kind": "oom", "message": long}],
+                      3, None, [], None)
+    assert oom is not None and len(oom) <= 300 and oom.endswith("...")
