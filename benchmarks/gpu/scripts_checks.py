@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -121,11 +122,26 @@ def job_command(kind: dict[str, Any], examples: Path, report: Path) -> list[str]
 
 def foreign_lines(log: str) -> tuple[int, list[str]]:
     """(memgov info lines, lines that look like an error of memgov's or a traceback)."""
-    info = sum(1 for x in log.splitlines() if x.startswith("memgov:"))
-    suspect = [x for x in log.splitlines()
+    lines = [x.split(" ", 1)[-1] if x[:1] == " " or x[:1].isdigit() else x
+             for x in (y.lstrip() for y in log.splitlines())]
+    info = sum(1 for x in lines if x.startswith("memgov:"))
+    suspect = [x for x in lines
                if ("memgov" in x and not x.startswith("memgov:"))
                or x.startswith(("Traceback", "Exception ignored"))]
     return info, suspect[:10]
+
+
+def _stamp(proc: subprocess.Popen[bytes], path: Path, launched: float,
+           firsts: dict[int, float]) -> None:
+    """Copy the job's output to its log, each line stamped with seconds since its launch; the
+    first line's time (torch imported, device chosen: e.g. vae's "Using device") goes in
+    ``firsts``, so start-up and training can be told apart in scripts that time nothing."""
+    assert proc.stdout is not None
+    with open(path, "w") as log:
+        for raw in proc.stdout:
+            now = time.time()
+            firsts.setdefault(proc.pid, now - launched)
+            log.write(f"{now - launched:8.3f} {raw.decode(errors='replace')}")
 
 
 def run(kind_name: str, cond_name: str, args: argparse.Namespace, work: Path,
@@ -141,16 +157,22 @@ def run(kind_name: str, cond_name: str, args: argparse.Namespace, work: Path,
         env = {**base, **cond["env"], **cond.get("env_extra", {})}
         sampler = FootprintSampler()
         procs = []
+        readers = []
+        firsts: dict[int, float] = {}
         launch = time.time()
         with sampler:
             for i in range(args.n):
                 cwd = folder / f"job{i:02d}"
                 (cwd / "results").mkdir(parents=True)  # vae writes its images there
-                log = open(cwd / "log", "wb")  # noqa: SIM115 (closed below, after the wait)
                 cmd = job_command(kind, args.examples.resolve(), cwd / "report.json")
-                proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
+                started = time.time()
+                proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True)
-                procs.append((proc, cwd, log, time.time()))
+                reader = threading.Thread(target=_stamp, args=(proc, cwd / "log", started,
+                                                               firsts), daemon=True)
+                reader.start()
+                readers.append(reader)
+                procs.append((proc, cwd, None, started))
             deadline = time.monotonic() + args.job_timeout
             ended: dict[int, float] = {}
             while len(ended) < len(procs) and time.monotonic() < deadline:
@@ -158,12 +180,13 @@ def run(kind_name: str, cond_name: str, args: argparse.Namespace, work: Path,
                     if proc.pid not in ended and proc.poll() is not None:
                         ended[proc.pid] = time.time()
                 time.sleep(0.05)
-            for proc, _, log, _ in procs:
+            for proc, _, _, _ in procs:
                 if proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-                log.close()
+            for reader in readers:
+                reader.join(timeout=10)
     jobs = []
     for proc, cwd, _, started in procs:
         text = (cwd / "log").read_text(errors="replace")
@@ -173,6 +196,7 @@ def run(kind_name: str, cond_name: str, args: argparse.Namespace, work: Path,
             doc = json.loads((cwd / "report.json").read_text())
         jobs.append({"rc": proc.returncode, "launched": started,
                      "wall_s": round(ended.get(proc.pid, time.time()) - started, 2),
+                     "first_output_s": round(firsts.get(proc.pid, -1.0), 2),
                      "nvml_peak_mib": round(sampler.peaks.get(proc.pid, 0) / 2**20, 1),
                      "memgov_info_lines": info, "suspect_lines": suspect,
                      "tail": text.splitlines()[-4:] if proc.returncode else [],
@@ -183,6 +207,7 @@ def run(kind_name: str, cond_name: str, args: argparse.Namespace, work: Path,
               "mps_start": cond.get("mps_start"), "ok": sum(j["ok"] for j in jobs),
               "n": len(jobs), "span_s": round(last - launch, 2),
               "wall_s_median": round(statistics.median(j["wall_s"] for j in jobs), 2),
+              "first_output_s": sorted(j["first_output_s"] for j in jobs),
               "device_peak_mib": round(sampler.device_peak / 2**20, 1),
               "suspect_lines": sorted({x for j in jobs for x in j["suspect_lines"]})[:10],
               "jobs": jobs}
