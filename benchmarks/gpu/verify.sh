@@ -16,6 +16,12 @@
 #                               Adadelta), and started by hand beside pack and the scripts
 #   density                     several MPS servers, 48/96/140 jobs, no-MPS context wall
 #                               (benchmarks/gpu/mps_density.sh; docs/hard-limits.md)
+#   fresh_pack                  memgov pack --n 140 and --n 25 with its defaults, each from an
+#                               empty MEMGOV_DIR (benchmarks/gpu/fresh_pack.sh; docs/pack.md)
+#   public_scripts              25 copies of unchanged public scripts (PyTorch examples' mnist,
+#                               dcgan, vae; carried in .public/), memgov vs hand-tuned, two
+#                               rounds (benchmarks/gpu/scripts_checks.py); `pinned` the same for
+#                               the plain loop with Adam and a pinned-memory gather
 #   probes                      the JAX trainer's upload probe and the bare-context wall with and
 #                               without CUDA_DEVICE_MAX_CONNECTIONS=1 (about 2 minutes)
 set -uo pipefail
@@ -76,6 +82,14 @@ python3 -m memgov devices' ;;
         --only hand_mps,trainer_mps,pack --repeat 2 --epochs 15 --budget 420 --tag trainer \
         --out "$OUT" ;;
     density) run density 560 bash benchmarks/gpu/mps_density.sh "$OUT" ;;
+    fresh_pack)  # pack --n 140 and --n 25 with its defaults, each from an empty MEMGOV_DIR
+      run fresh_pack 560 bash benchmarks/gpu/fresh_pack.sh ;;
+    public_scripts)  # 25 copies of unchanged public scripts: memgov vs hand-tuned, two rounds
+      run public_scripts 560 python3 benchmarks/gpu/scripts_checks.py \
+        --kinds mnist,dcgan,vae --rounds 2 --budget 540 --out "$OUT" ;;
+    pinned)  # the Adam + pinned-gather loop, memgov vs hand-tuned, three rounds
+      run pinned 300 python3 benchmarks/gpu/scripts_checks.py --kinds pinned --rounds 3 \
+        --budget 290 --tag pinned --out "$OUT" ;;
     probes) run jax_probe 150 python3 benchmarks/gpu/jax_trainer_probe.py \
         --out "$OUT/jax_probe.json" --steps 3000
       run wall_default 170 python3 benchmarks/gpu/context_wall.py --out "$OUT/wall_default.json"
