@@ -141,7 +141,7 @@ def run_once(ctx: Context, plan: RunPlan, observer: Observer
     try:
         while pending or running:
             while pending and len(running) < plan.parallel:
-                verdict = _host_verdict(ctx, sampler, pending[0], running)
+                verdict = _host_verdict(ctx, sampler, pending[0], running, by_label)
                 if verdict == "wait":
                     break
                 job = pending.popleft()
@@ -245,10 +245,12 @@ def _sweep_ledger(ctx: Context) -> list[str]:
     return []
 
 
-def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str]) -> str:
+def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str],
+                  jobs: dict[str, Job]) -> str:
     """"start", "wait" (for running jobs to end) or "refuse" ``job`` (hostmem.py)."""
     gate = ctx.host_gate
-    if gate is None or gate.fits(sampler.jobs[label].uss for label in running):
+    if gate is None or gate.fits((sampler.jobs[label].uss, jobs[label].first("start") is not None)
+                                 for label in running):
         return "start"
     if running:
         gate.deferred.add(job.spec.label)

@@ -19,6 +19,9 @@ once) recorded for this experiment, framework, batch, device kind and runner by 
 this pack's own solo job once it has run (pack's first run on a fresh machine measures it before
 the packed runs start); else 2 GiB.
 
+Once jobs of the run train, their largest USS replaces the estimate (and they have no growth
+ahead), unless the user gave it: measured beats estimated.
+
 A job that does not fit waits until running jobs end (the run goes on in waves); when nothing
 runs and it still does not fit, it is not started and fails with reason ``host_memory``.
 """
@@ -35,6 +38,7 @@ DEFAULT_PER_JOB = 2 * 2**30
 RESERVE_MIN = 2 * 2**30
 RESERVE_FRACTION = 0.05
 DEFAULT_SOURCE = "default: no host USS measured yet"
+USER_SOURCE = "--host-per-job"
 
 
 def reserve_for(total: int) -> int:
@@ -51,11 +55,25 @@ class HostGate:
     refused: int = 0
     most_running: int = 0
 
-    def fits(self, running_uss: Iterable[int | None]) -> bool:
+    def fits(self, running: Iterable[tuple[int | None, bool]]) -> bool:
+        """Whether one more job fits beside ``running``: (largest USS so far, training yet)
+        for each running job of this run.
+
+        Unless the user gave the estimate, jobs that train are measured, not estimated: their
+        largest USS becomes the estimate (the solo job ran with every core's threads and held
+        1,003 MiB where each of 140 packed ones held ~595, H200), and they have no growth ahead
+        (what they still grow, the reserve holds)."""
         import psutil
 
+        jobs = list(running)
+        learns = self.source != USER_SOURCE
+        trained = [uss for uss, training in jobs if training and uss]
+        if learns and trained and max(trained) != self.per_job:
+            self.per_job = max(trained)
+            self.source = f"the largest host USS of this run's jobs in training ({len(trained)})"
+        growth = sum(max(0, self.per_job - (uss or 0)) for uss, training in jobs
+                     if not (learns and training))
         available = psutil.virtual_memory().available
-        growth = sum(max(0, self.per_job - (uss or 0)) for uss in running_uss)
         return available - growth - self.reserve >= self.per_job
 
     def learn(self, uss: int | None) -> None:
@@ -97,7 +115,7 @@ def gate(setting: str | None, recorded: list[int], total: int) -> HostGate | Non
         return None
     reserve = reserve_for(total)
     if text != "auto":
-        return HostGate(parse_size(text), "--host-per-job", reserve)
+        return HostGate(parse_size(text), USER_SOURCE, reserve)
     if recorded:
         top = max(recorded)
         return HostGate(top, f"largest of {len(recorded)} recorded host USS peak(s)", reserve)

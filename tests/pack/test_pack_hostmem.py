@@ -74,9 +74,24 @@ def test_gate_counts_growth_still_ahead_of_running_jobs() -> None:
     gate = hostmem.HostGate(per_job=available // 4, source="test", reserve=0)
     assert gate.fits([])
     # Two jobs not yet measured are counted at their full size; measured ones by what is left.
-    assert gate.fits([None, None])
-    assert not gate.fits([None, None, None, None])
-    assert gate.fits([gate.per_job] * 8)  # all grown: already inside `available`
+    assert gate.fits([(None, False), (None, False)])
+    assert not gate.fits([(None, False)] * 4)
+    assert gate.fits([(gate.per_job, False)] * 8)  # all grown: already inside `available`
+
+
+def test_jobs_in_training_are_measured_not_estimated() -> None:
+    available = psutil.virtual_memory().available
+    gate = hostmem.HostGate(per_job=available // 4, source=hostmem.DEFAULT_SOURCE, reserve=0)
+    # Four jobs starting at the solo job's size do not leave room for a fifth ...
+    assert not gate.fits([(None, False)] * 4)
+    # ... but once two of them train at a tenth of it, that is the estimate: what the others
+    # still grow is counted at the measured size, and the trained ones have no growth ahead.
+    small = available // 40
+    assert gate.fits([(small, True), (small, True), (None, False), (None, False)])
+    assert gate.per_job == small and "in training (2)" in gate.source
+    user = hostmem.HostGate(per_job=available // 4, source=hostmem.USER_SOURCE, reserve=0)
+    assert not user.fits([(small, True), (small, True), (None, False), (None, False)])
+    assert user.per_job == available // 4  # the user's estimate stays
 
 
 def test_bad_setting_is_a_config_error() -> None:
