@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _config, _devices, _enforce
+from memgov import _config, _devices, _enforce, _stats
 from memgov._errors import BudgetExceeded, LockTimeout
 from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
 from memgov._parse import printable
@@ -106,7 +106,10 @@ def admit(
                 # each other claim is one CUDA context, of which the device creates only so
                 # many: past that, wait or be refused like a budget that does not fit.
                 daemon, blocked = slot(snap, mode)
-                if ahead == 0 and sizes[uuid] <= snap.free and blocked is None:
+                admitted = ahead == 0 and sizes[uuid] <= snap.free and blocked is None
+                _stats.add(ledger, len(snap.removed), *_counted(admitted, mine, snap, ahead,
+                                                                sizes[uuid], blocked, clock))
+                if admitted:
                     payload = payload_for("claim", ledger, daemon)
                     return ledger.add("claims", payload), payload
             finally:
@@ -130,6 +133,8 @@ def admit(
     # A device the request can never fit gets no ticket: it must not hold up that queue.
     fitting = [lg for lg in ledgers if sizes[lg.device.uuid] <= _capacity(lg.device)]
     if not fitting:
+        for ledger in ledgers:
+            _stats.add_locked(ledger, refused="too_large")
         raise _refusal(
             [(lg.scan(clean=False), 0, True, None) for lg in ledgers], sizes, wait_s, True
         )
@@ -169,6 +174,8 @@ def admit(
                     last.get(lg.device.uuid) or (lg.scan(False, queue=False), 1, False, None)
                     for lg in fitting
                 ]
+                for ledger in fitting:
+                    _stats.add_locked(ledger, "timeout", ("timeout", clock.seconds()))
                 raise _refusal(refusals, sizes, wait_s, False)
             waker.sleep(min(poll, remaining))
     finally:
@@ -177,6 +184,28 @@ def admit(
         finally:
             if waker is not None:
                 waker.close()
+
+
+def _counted(
+    admitted: bool,
+    ticket: Held | None,
+    snap: Snapshot,
+    ahead: int,
+    size: int,
+    blocked: str | None,
+    clock: AdmissionTiming,
+) -> tuple[str | None, tuple[str, float] | None]:
+    """What one look under the lock counts (_stats): a queued claim's wait when it gets in; a
+    refusal when a claim that does not wait finds no room (a waiter's look is not a refusal)."""
+    if ticket is not None:
+        return None, ("admitted", clock.seconds()) if admitted else None
+    if admitted:
+        return None, None
+    if size > snap.capacity:
+        return "too_large", None
+    if ahead:
+        return "queued", None
+    return ("no_slot" if blocked else "no_room"), None
 
 
 def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None:

@@ -48,7 +48,7 @@ MAX_BYTES = 64 * 1024
 SHARED_DIR_MODE = 0o1777
 """Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
 PRIVATE_DIR_MODE = 0o755
-SHARED_FOLDERS = ("claims", "queue", "cpu")
+SHARED_FOLDERS = ("claims", "queue", "cpu", "stats")
 """Folders another user makes: only that user's own claims can live in them."""
 RECORD_MODE = 0o644
 

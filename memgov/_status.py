@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memgov import _config, _nvml
+from memgov import _config, _nvml, _records, _stats
 from memgov._attribution import Attribution, attribute
 from memgov._devices import Device, devices, refresh
 from memgov._ledger import DeviceLedger, Snapshot
@@ -15,20 +15,30 @@ def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
     has claimed on it) is shown as unclaimed, and no folder is created (status, gc, doctor),
     unless ``set_up``: root's `memgov gc` is the admin set-up of a shared ledger and makes every
     device's folders (and the CPU-share folder) with the modes other users need."""
-    result = []
     if set_up:
-        from memgov import _records
-
         with _records.open_dir(_config.ledger_dir(), ("v1", "cpu"), create=True):
             pass
-    for device in devices():
-        ledger = DeviceLedger(device)
-        if not set_up and not ledger.path.is_dir():
-            result.append(_unclaimed(device))
-            continue
-        with ledger.locked():
-            result.append(ledger.scan(clean=clean))
-    return result
+    return [snapshot(device, clean=clean, set_up=set_up) for device in devices()]
+
+
+def snapshot(device: Device, clean: bool = False, set_up: bool = False, lock: bool = True
+             ) -> Snapshot:
+    """One device's budget (see :func:`snapshots`). ``lock=False`` reads without the admission
+    lock (the exporter: a scrape must not wait behind admissions, nor behind a process that holds
+    the lock); every record is read whole either way, only the set of records may be a moment
+    apart. Dead holders' records removed by ``clean`` are counted (_stats)."""
+    ledger = DeviceLedger(device)
+    if not set_up and not ledger.path.is_dir():
+        return _unclaimed(device)
+    if not lock:
+        return ledger.scan(clean=False)
+    with ledger.locked():
+        if set_up:
+            with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
+                pass
+        snap = ledger.scan(clean=clean)
+        _stats.add(ledger, reclaimed=len(snap.removed))
+        return snap
 
 
 def _unclaimed(device: Device) -> Snapshot:

@@ -55,6 +55,14 @@ LAYERS = (
         may_import=frozenset({"core", "pack", "ray"}),
         not_at_module_level=CLI_LIBRARIES + PLOTTING,
     ),
+    # The Prometheus exporter (memgov exporter): the only layer that imports prometheus_client,
+    # an optional extra; the cli imports it inside the command.
+    Layer(
+        "exporter",
+        ("memgov/exporter/*.py",),
+        may_import=frozenset({"core", "exporter"}),
+        not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
+    ),
     # The library: the public facade (memgov/__init__.py, memgov/adapter.py) and the private
     # modules behind it. Imported in every interpreter that auto-enable governs.
     Layer(
@@ -91,7 +99,7 @@ def memgov_layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in ("cli", "__main__"):
         return "cli"
-    if len(parts) > 1 and parts[1] in ("pack", "ray"):
+    if len(parts) > 1 and parts[1] in ("pack", "ray", "exporter"):
         return parts[1]
     return "core"
 
@@ -163,6 +171,22 @@ def test_the_checker_sees_what_it_must() -> None:
     assert getattr(layer_of("memgov/cli/render.py"), "name", None) == "cli"
     # A command module back among the library's files would be core, and fail its rules.
     assert getattr(layer_of("memgov/_cli_pack.py"), "name", None) == "core"
+
+
+def test_only_the_exporter_imports_prometheus_client() -> None:
+    # An optional extra (memgov-gpu[exporter]): nothing else may need it, and the cli reaches it
+    # only inside the command, so `memgov --help` works without it.
+    outside = [
+        f"{path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
+        for path in files()
+        if "exporter" not in path.relative_to(ROOT).parts[:2]
+        for imp in imports(path)
+        if imp.module.split(".")[0] == "prometheus_client"
+    ]
+    assert not outside, "\n".join(outside)
+    cli = imports(ROOT / "memgov" / "cli" / "exporter.py")
+    eager = [i for i in cli if i.module_level and i.module.startswith("memgov.exporter.")]
+    assert not eager, eager
 
 
 def test_the_command_line_lives_in_its_folder() -> None:

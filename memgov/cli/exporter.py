@@ -1,0 +1,54 @@
+"""`memgov exporter`: the ledger and NVML as Prometheus metrics (memgov.exporter does the work).
+
+Needs the optional extra: ``pip install 'memgov-gpu[exporter]'`` (prometheus_client); without it
+the command says so in one line and exits 2. docs/metrics.md lists the metrics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memgov._errors import MemgovError
+from memgov.cli._common import fail
+from memgov.exporter import DEFAULT_PORT
+
+HELP = (
+    "Serve memgov's metrics for Prometheus on /metrics (default port "
+    f"{DEFAULT_PORT}), or write them for node_exporter's textfile collector (--textfile)."
+)
+
+
+def exporter(
+    listen: Annotated[str, typer.Option(
+        "--listen", metavar="HOST:PORT",
+        help=f"Where to answer /metrics: HOST:PORT, [IPV6]:PORT or :PORT (every interface). "
+             f"Default :{DEFAULT_PORT}.")] = f":{DEFAULT_PORT}",
+    textfile: Annotated[Path | None, typer.Option(
+        "--textfile", metavar="DIR",
+        help="Instead of serving, write DIR/memgov.prom (atomically) for node_exporter's "
+             "--collector.textfile.directory, every --interval seconds.")] = None,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=1.0, help="Seconds between textfile writes.")] = 15.0,
+    once: Annotated[bool, typer.Option(
+        "--once", help="With --textfile: write once and exit (for a cron job or timer).")] = False,
+) -> None:
+    """Serve memgov's metrics for Prometheus (docs/metrics.md)."""
+    from memgov.exporter import require_prometheus_client
+
+    try:
+        require_prometheus_client()
+        from memgov.exporter import serve
+
+        if textfile is None:
+            if once:
+                raise typer.BadParameter("--once needs --textfile DIR")
+            serve.serve(listen)
+        elif once:
+            typer.echo(serve.write_textfile(textfile))
+        else:
+            serve.textfile_loop(textfile, interval)
+    except MemgovError as exc:
+        raise fail(exc) from None
