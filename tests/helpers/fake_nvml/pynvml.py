@@ -1,0 +1,81 @@
+"""A stand-in for NVIDIA's pynvml where no GPU exists: the devices and per-process memory that a
+test writes to the JSON file named by FAKE_NVML_STATE, read afresh on every call.
+
+    {"devices": [{"uuid": "GPU-...", "name": "...", "total": BYTES, "used": BYTES}],
+     "processes": {"GPU-...": {"HOST_PID": BYTES}}}
+
+A device's ``used`` is its own figure plus its processes'. Only the calls memgov._nvml makes exist;
+the exporter tests put this folder first on PYTHONPATH so that memgov's real NVML path (devices,
+attribution of host PIDs to claims) runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+class NVMLError(Exception):
+    pass
+
+
+def _state() -> dict[str, Any]:
+    with open(os.environ["FAKE_NVML_STATE"], encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _device(uuid: str) -> dict[str, Any]:
+    for device in _state()["devices"]:
+        if device["uuid"] == uuid:
+            return device
+    raise NVMLError(f"no device {uuid}")
+
+
+@dataclass
+class _Memory:
+    total: int
+    used: int
+    free: int
+
+
+@dataclass
+class _Process:
+    pid: int
+    usedGpuMemory: int  # noqa: N815 (NVML's name)
+
+
+def nvmlInit() -> None:  # noqa: N802
+    _state()
+
+
+def nvmlDeviceGetCount() -> int:  # noqa: N802
+    return len(_state()["devices"])
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> str:  # noqa: N802
+    return str(_state()["devices"][index]["uuid"])
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str) -> str:  # noqa: N802
+    return _device(uuid)["uuid"]
+
+
+def nvmlDeviceGetUUID(handle: str) -> str:  # noqa: N802
+    return handle
+
+
+def nvmlDeviceGetName(handle: str) -> str:  # noqa: N802
+    return str(_device(handle)["name"])
+
+
+def nvmlDeviceGetMemoryInfo(handle: str) -> _Memory:  # noqa: N802
+    device = _device(handle)
+    used = device["used"] + sum(_state().get("processes", {}).get(handle, {}).values())
+    return _Memory(device["total"], used, device["total"] - used)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: str) -> list[_Process]:  # noqa: N802
+    found = _state().get("processes", {}).get(handle, {})
+    return [_Process(int(pid), int(used)) for pid, used in found.items()]
