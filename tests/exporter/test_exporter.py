@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -252,3 +253,31 @@ def test_docs_list_every_metric(sim: str) -> None:
     doc = (ROOT / "docs" / "metrics.md").read_text()
     documented = set(re.findall(r"^\| `(memgov_[a-z_]+)` \|", doc, re.M))
     assert served == documented - {"memgov_queue_jobs", "memgov_queue_oom_reruns_total"}
+
+
+def promql_examples() -> list[str]:
+    """Every query of docs/metrics.md's examples (one per paragraph) and of the dashboard."""
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    block = doc.split("## Example queries")[1].split("```promql")[1].split("```")[0]
+    found = [" ".join(line.strip() for line in part.splitlines() if not line.startswith("#"))
+             for part in block.split("\n\n")]
+    dashboard = json.loads((ROOT / "examples" / "monitoring" / "grafana-dashboard.json").read_text())
+    found += [t["expr"].replace("$host", ".*").replace("$gpu", ".*")
+              for p in dashboard["panels"] for t in p["targets"]]
+    return [q for q in found if q.strip()]
+
+
+def test_every_promql_example_parses(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("no promtool (Debian's prometheus package has it; tests/exporter/"
+                    "test_prometheus.py installs it with --host-changes)")
+    queries = promql_examples()
+    assert len(queries) >= 20
+    rules = {"groups": [{"name": "examples", "rules": [
+        {"record": f"example:q{i}", "expr": q} for i, q in enumerate(queries)]}]}
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps(rules))  # JSON is YAML
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

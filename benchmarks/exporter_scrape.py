@@ -1,0 +1,227 @@
+"""Scrape latency and memory of `memgov exporter`, with many governed processes holding claims.
+
+    python benchmarks/exporter_scrape.py [--url URL --pid PID] [--holders K] [--size 512MiB]
+                                         [--wait-claims N] [--scrapes 100] [--out PATH.json]
+
+Without --url it starts `python -m memgov exporter --listen 127.0.0.1:PORT` itself (the ledger
+and GPUs of its environment: MEMGOV_DIR, MEMGOV_DEVICES or NVML) and stops it at the end; with
+--url it scrapes a running exporter (--pid names its process, for the memory figures).
+--holders K starts K sleeper processes that each claim --size and hold it (bounded start-up,
+stopped at the end; they inherit the environment, so MEMGOV_THREADS=once keeps their CPU-share
+followers from re-reading the ledger every second); --wait-claims N waits (at most 600 s) until the scrape shows N claims, e.g.
+the jobs of a `memgov pack --n 140` started beside it. Then it times --scrapes full HTTP GETs of
+/metrics, one after another (p50, p99 by nearest rank, max), and reads the exporter's RSS, USS
+and peak RSS (VmHWM) after them. Beside them: the exporter's own per-GPU figures from the last
+scrape and NVML's (device used and total, process count), where NVML answers. JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+SLEEPER = (
+    "import memgov, sys, time\n"
+    "claim = memgov.claim(sys.argv[1], name=sys.argv[2], wait=600)\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+START_S = 600.0
+
+
+def options(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="scrape this exporter instead of starting one")
+    parser.add_argument("--pid", type=int, help="with --url: the exporter's process")
+    parser.add_argument("--holders", type=int, default=0, help="sleeper processes to start")
+    parser.add_argument("--size", default="512MiB", help="each sleeper's claim")
+    parser.add_argument("--wait-claims", type=int, default=0, help="claims to wait for")
+    parser.add_argument("--scrapes", type=int, default=100)
+    parser.add_argument("--out", type=Path, help="JSON file to write")
+    args = parser.parse_args(argv)
+    if args.scrapes < 1 or args.holders < 0 or args.wait_claims < 0:
+        parser.error("--scrapes: accepted a whole number >= 1; --holders, --wait-claims >= 0")
+    if args.pid is not None and args.url is None:
+        parser.error("--pid goes with --url (a started exporter's PID is known)")
+    return args
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return bytes(response.read())
+
+
+def start_exporter() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}"],
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            fetch(url)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the exporter did not answer within 60 s") from None
+            time.sleep(0.1)
+
+
+def start_holders(k: int, size: str) -> list[subprocess.Popen[str]]:
+    """K sleepers, started in steps of 10 (each step waits for its claims, bounded)."""
+    procs: list[subprocess.Popen[str]] = []
+    deadline = time.monotonic() + START_S
+    for first in range(0, k, 10):
+        step = [
+            subprocess.Popen([sys.executable, "-c", SLEEPER, size, f"sleeper-{i}"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for i in range(first, min(k, first + 10))
+        ]
+        procs.extend(step)
+        for proc in step:
+            assert proc.stdout is not None
+            if time.monotonic() > deadline or proc.stdout.readline().strip() != "held":
+                stop(procs)
+                raise SystemExit(f"sleeper {proc.pid} did not hold its claim")
+    return procs
+
+
+def stop(procs: list[Any]) -> None:
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            proc.terminate()
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=30)
+
+
+def claims_in(text: bytes) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith(b"memgov_claim_budget_bytes{"))
+
+
+def memory(pid: int) -> dict[str, Any]:
+    import psutil
+
+    info = psutil.Process(pid).memory_full_info()
+    peak = None
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) * 1024
+    return {"rss_bytes": info.rss, "uss_bytes": info.uss, "peak_rss_bytes": peak,
+            "rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20}
+
+
+def gpu_figures(text: bytes) -> dict[str, Any]:
+    """The exporter's per-GPU figures and NVML's, read now, side by side."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    mine: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        if family.name.startswith("memgov_gpu_") and family.name != "memgov_gpu_claims":
+            for sample in family.samples:
+                mine.setdefault(sample.labels.get("UUID", "?"), {})[sample.name] = sample.value
+    nvml: dict[str, Any] = {}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            nvml[uuid] = {"total_bytes": mem.total, "used_bytes": mem.used,
+                          "compute_processes": len(procs)}
+    except Exception as exc:  # no driver, no GPU: said, not hidden
+        nvml = {"unavailable": f"{type(exc).__name__}: {exc}"}
+    return {"exporter": mine, "nvml": nvml}
+
+
+def measure(url: str, scrapes: int) -> tuple[list[float], list[int], bytes]:
+    seconds: list[float] = []
+    sizes: list[int] = []
+    body = b""
+    for _ in range(scrapes):
+        start = time.perf_counter()
+        body = fetch(url)
+        seconds.append(time.perf_counter() - start)
+        sizes.append(len(body))
+    return seconds, sizes, body
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = options(argv)
+    holders: list[subprocess.Popen[str]] = []
+    exporter = None
+    try:
+        holders = start_holders(args.holders, args.size)
+        if args.url is None:
+            exporter, url = start_exporter()
+            pid: int | None = exporter.pid
+        else:
+            url, pid = args.url, args.pid
+        waited = time.monotonic()
+        while claims_in(fetch(url)) < args.wait_claims:
+            if time.monotonic() - waited > START_S:
+                raise SystemExit(f"fewer than {args.wait_claims} claims after {START_S:g} s")
+            time.sleep(1)
+        fetch(url)  # one warm-up scrape (imports, first NVML init) outside the timing
+        load_before = os.getloadavg()
+        seconds, sizes, body = measure(url, args.scrapes)
+        result = {
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "memgov_devices": os.environ.get("MEMGOV_DEVICES"),
+            "memgov_threads": os.environ.get("MEMGOV_THREADS"),
+            "load_average_before": load_before, "load_average_after": os.getloadavg(),
+            "holders_started": len(holders), "claims_in_last_scrape": claims_in(body),
+            "scrapes": len(seconds), "bytes_per_scrape_max": max(sizes),
+            "latency_ms": {"p50": percentile(seconds, 50) * 1000,
+                           "p99": percentile(seconds, 99) * 1000,
+                           "max": max(seconds) * 1000, "all": [s * 1000 for s in seconds]},
+            "exporter_memory": memory(pid) if pid is not None else None,
+            "gpus": gpu_figures(body),
+        }
+    finally:
+        if exporter is not None:
+            stop([exporter])
+        stop(holders)
+    text = json.dumps(result, indent=2, sort_keys=True)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    lat, mem = result["latency_ms"], result["exporter_memory"] or {}
+    print(f"{result['claims_in_last_scrape']} claims, {result['scrapes']} scrapes: p50 "
+          f"{lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.2f} ms; exporter RSS "
+          f"{mem.get('rss_mib', 0):.1f} MiB, USS {mem.get('uss_mib', 0):.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
