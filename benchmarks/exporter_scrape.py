@@ -1,18 +1,19 @@
 """Scrape latency and memory of `memgov exporter`, with many governed processes holding claims.
 
     python benchmarks/exporter_scrape.py [--url URL --pid PID] [--holders K] [--size 512MiB]
-                                         [--wait-claims N] [--scrapes 100] [--out PATH.json]
+        [--wait-claims N] [--scrapes 100] [--out PATH.json]
 
 Without --url it starts `python -m memgov exporter --listen 127.0.0.1:PORT` itself (the ledger
 and GPUs of its environment: MEMGOV_DIR, MEMGOV_DEVICES or NVML) and stops it at the end; with
 --url it scrapes a running exporter (--pid names its process, for the memory figures).
 --holders K starts K sleeper processes that each claim --size and hold it (bounded start-up,
 stopped at the end; they inherit the environment, so MEMGOV_THREADS=once keeps their CPU-share
-followers from re-reading the ledger every second); --wait-claims N waits (at most 600 s) until the scrape shows N claims, e.g.
-the jobs of a `memgov pack --n 140` started beside it. Then it times --scrapes full HTTP GETs of
-/metrics, one after another (p50, p99 by nearest rank, max), and reads the exporter's RSS, USS
-and peak RSS (VmHWM) after them. Beside them: the exporter's own per-GPU figures from the last
-scrape and NVML's (device used and total, process count), where NVML answers. JSON to --out.
+followers from re-reading the ledger every second); --wait-claims N waits (at most 600 s) until
+the scrape shows N claims, e.g. the jobs of a `memgov pack --n 140` started beside it. Then it
+times --scrapes full HTTP GETs of /metrics, one after another (p50, p99 by nearest rank, max),
+and reads the exporter's RSS, USS and peak RSS (VmHWM) after them. Beside them: the exporter's
+own per-GPU figures from the last scrape and NVML's (device used and total, process count),
+where NVML answers. JSON to --out.
 """
 
 from __future__ import annotations
@@ -97,8 +98,12 @@ def start_holders(k: int, size: str) -> list[subprocess.Popen[str]]:
     deadline = time.monotonic() + START_S
     for first in range(0, k, 10):
         step = [
-            subprocess.Popen([sys.executable, "-c", SLEEPER, size, f"sleeper-{i}"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-c", SLEEPER, size, f"sleeper-{i}"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             for i in range(first, min(k, first + 10))
         ]
         procs.extend(step)
@@ -132,8 +137,13 @@ def memory(pid: int) -> dict[str, Any]:
         for line in status:
             if line.startswith("VmHWM:"):
                 peak = int(line.split()[1]) * 1024
-    return {"rss_bytes": info.rss, "uss_bytes": info.uss, "peak_rss_bytes": peak,
-            "rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20}
+    return {
+        "rss_bytes": info.rss,
+        "uss_bytes": info.uss,
+        "peak_rss_bytes": peak,
+        "rss_mib": info.rss / 2**20,
+        "uss_mib": info.uss / 2**20,
+    }
 
 
 def gpu_figures(text: bytes) -> dict[str, Any]:
@@ -156,8 +166,11 @@ def gpu_figures(text: bytes) -> dict[str, Any]:
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            nvml[uuid] = {"total_bytes": mem.total, "used_bytes": mem.used,
-                          "compute_processes": len(procs)}
+            nvml[uuid] = {
+                "total_bytes": mem.total,
+                "used_bytes": mem.used,
+                "compute_processes": len(procs),
+            }
     except Exception as exc:  # no driver, no GPU: said, not hidden
         nvml = {"unavailable": f"{type(exc).__name__}: {exc}"}
     return {"exporter": mine, "nvml": nvml}
@@ -196,16 +209,24 @@ def main(argv: list[str] | None = None) -> int:
         seconds, sizes, body = measure(url, args.scrapes)
         result = {
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-            "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "memgov_devices": os.environ.get("MEMGOV_DEVICES"),
             "memgov_threads": os.environ.get("MEMGOV_THREADS"),
-            "load_average_before": load_before, "load_average_after": os.getloadavg(),
-            "holders_started": len(holders), "claims_in_last_scrape": claims_in(body),
-            "scrapes": len(seconds), "bytes_per_scrape_max": max(sizes),
-            "latency_ms": {"p50": percentile(seconds, 50) * 1000,
-                           "p99": percentile(seconds, 99) * 1000,
-                           "max": max(seconds) * 1000, "all": [s * 1000 for s in seconds]},
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+            "holders_started": len(holders),
+            "claims_in_last_scrape": claims_in(body),
+            "scrapes": len(seconds),
+            "bytes_per_scrape_max": max(sizes),
+            "latency_ms": {
+                "p50": percentile(seconds, 50) * 1000,
+                "p99": percentile(seconds, 99) * 1000,
+                "max": max(seconds) * 1000,
+                "all": [s * 1000 for s in seconds],
+            },
             "exporter_memory": memory(pid) if pid is not None else None,
             "gpus": gpu_figures(body),
         }
@@ -217,9 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.write_text(text + "\n")
     lat, mem = result["latency_ms"], result["exporter_memory"] or {}
-    print(f"{result['claims_in_last_scrape']} claims, {result['scrapes']} scrapes: p50 "
-          f"{lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.2f} ms; exporter RSS "
-          f"{mem.get('rss_mib', 0):.1f} MiB, USS {mem.get('uss_mib', 0):.1f} MiB")
+    print(
+        f"{result['claims_in_last_scrape']} claims, {result['scrapes']} scrapes: p50 "
+        f"{lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.2f} ms; exporter RSS "
+        f"{mem.get('rss_mib', 0):.1f} MiB, USS {mem.get('uss_mib', 0):.1f} MiB"
+    )
     return 0
 
 

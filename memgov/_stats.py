@@ -40,9 +40,9 @@ MAX_COUNT = 2**53
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 """Upper bounds (seconds) of the admission-wait histogram; one more bucket holds the rest."""
 REFUSAL_REASONS = ("no_room", "queued", "no_slot", "too_large", "timeout")
-"""no_room: the free budget was too small; queued: others were waiting ahead; no_slot: the MPS server's clients or the device's CUDA
-contexts were all taken; too_large: larger than the device's capacity; timeout: waited in the
-queue until its wait ran out."""
+"""no_room: the free budget was too small; queued: others were waiting ahead; no_slot: the MPS
+server's clients or the device's CUDA contexts were all taken; too_large: larger than the
+device's capacity; timeout: waited in the queue until its wait ran out."""
 WAIT_OUTCOMES = ("admitted", "timeout")
 LOCK_FOR_COUNT_S = 0.5
 """How long a refusal that holds no lock waits for the admission lock to count itself."""
@@ -62,7 +62,7 @@ class Waits:
         self.sum += seconds
 
     def merge(self, other: Waits) -> None:
-        self.buckets = [a + b for a, b in zip(self.buckets, other.buckets)]
+        self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
         self.sum += other.sum
 
 
@@ -157,8 +157,9 @@ def _read_file(
 ) -> tuple[Counts | None, str | None]:
     """The counts in one file, or None and why not (None when it does not exist)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=folder_fd)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd
+        )
     except FileNotFoundError:
         return None, None
     except OSError as exc:
@@ -201,7 +202,7 @@ def _parse_counts(raw: bytes) -> Counts:
         if not isinstance(buckets, list) or len(buckets) != len(WAIT_BUCKETS) + 1:
             raise ValueError(f"waits.{outcome}: {len(WAIT_BUCKETS) + 1} buckets expected")
         total = waits["sum"]
-        if isinstance(total, bool) or not isinstance(total, (int, float)) or not 0 <= total:
+        if isinstance(total, bool) or not isinstance(total, (int, float)) or not total >= 0:
             raise ValueError(f"waits.{outcome}.sum: a number >= 0 expected")
         counts.waits[outcome] = Waits([_count(b) for b in buckets], float(total))
     return counts

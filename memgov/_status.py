@@ -21,8 +21,9 @@ def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
     return [snapshot(device, clean=clean, set_up=set_up) for device in devices()]
 
 
-def snapshot(device: Device, clean: bool = False, set_up: bool = False, lock: bool = True
-             ) -> Snapshot:
+def snapshot(
+    device: Device, clean: bool = False, set_up: bool = False, lock: bool = True
+) -> Snapshot:
     """One device's budget (see :func:`snapshots`). ``lock=False`` reads without the admission
     lock (the exporter: a scrape must not wait behind admissions, nor behind a process that holds
     the lock); every record is read whole either way, only the set of records may be a moment

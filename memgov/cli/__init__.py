@@ -1,7 +1,8 @@
 """The `memgov` command: a thin layer over the library (heavy imports happen inside commands).
 
 typer's layout, one module per command group: status.py (status, gc, devices), run.py, doctor.py,
-mps.py, pack.py (with progress.py), ray.py, exporter.py; render.py holds the rich tables they share. This file
+mps.py, pack.py (with progress.py), ray.py, exporter.py; render.py holds the rich tables they
+share. This file
 makes the app, its global options (--version) and `main`, the entry point
 (`memgov = "memgov.cli:main"`). The library never imports this package.
 """

@@ -22,18 +22,33 @@ HELP = (
 
 
 def exporter(
-    listen: Annotated[str, typer.Option(
-        "--listen", metavar="HOST:PORT",
-        help=f"Where to answer /metrics: HOST:PORT, [IPV6]:PORT or :PORT (every interface). "
-             f"Default :{DEFAULT_PORT}.")] = f":{DEFAULT_PORT}",
-    textfile: Annotated[Path | None, typer.Option(
-        "--textfile", metavar="DIR",
-        help="Instead of serving, write DIR/memgov.prom (atomically) for node_exporter's "
-             "--collector.textfile.directory, every --interval seconds.")] = None,
-    interval: Annotated[float, typer.Option(
-        "--interval", min=1.0, help="Seconds between textfile writes.")] = 15.0,
-    once: Annotated[bool, typer.Option(
-        "--once", help="With --textfile: write once and exit (for a cron job or timer).")] = False,
+    listen: Annotated[
+        str,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help=f"Where to answer /metrics: HOST:PORT, [IPV6]:PORT or :PORT (every interface). "
+            f"Default :{DEFAULT_PORT}.",
+        ),
+    ] = f":{DEFAULT_PORT}",
+    textfile: Annotated[
+        Path | None,
+        typer.Option(
+            "--textfile",
+            metavar="DIR",
+            help="Instead of serving, write DIR/memgov.prom (atomically) for node_exporter's "
+            "--collector.textfile.directory, every --interval seconds.",
+        ),
+    ] = None,
+    interval: Annotated[
+        float, typer.Option("--interval", min=1.0, help="Seconds between textfile writes.")
+    ] = 15.0,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once", help="With --textfile: write once and exit (for a cron job or timer)."
+        ),
+    ] = False,
 ) -> None:
     """Serve memgov's metrics for Prometheus (docs/metrics.md)."""
     from memgov.exporter import require_prometheus_client

@@ -28,8 +28,17 @@ from memgov.exporter.holders import user_name
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
 """dcgm-exporter's names for the same things, so that queries can join on them."""
 CLAIM_LABELS = [
-    *GPU_LABELS, "claim", "name", "pid", "user", "mode", "holder_host", "container", "pod",
-    "pod_uid", "namespace",
+    *GPU_LABELS,
+    "claim",
+    "name",
+    "pid",
+    "user",
+    "mode",
+    "holder_host",
+    "container",
+    "pod",
+    "pod_uid",
+    "namespace",
 ]
 MAX_LABEL = 256
 
@@ -53,16 +62,23 @@ class MemgovCollector(Collector):
         yield from _claim_families(reading)
         yield from _counter_families(reading)
         yield from queue.job_queue_families()
-        yield _gauge("memgov_exporter_read_seconds",
-                     "Seconds this scrape took to read the ledger and NVML.", [],
-                     [([], reading.seconds)])
-        yield _gauge("memgov_exporter_devices_listed",
-                     "1 when the GPUs could be listed (NVML or MEMGOV_DEVICES), else 0.", [],
-                     [([], 0 if reading.error else 1)])
+        yield _gauge(
+            "memgov_exporter_read_seconds",
+            "Seconds this scrape took to read the ledger and NVML.",
+            [],
+            [([], reading.seconds)],
+        )
+        yield _gauge(
+            "memgov_exporter_devices_listed",
+            "1 when the GPUs could be listed (NVML or MEMGOV_DEVICES), else 0.",
+            [],
+            [([], 0 if reading.error else 1)],
+        )
 
 
-def _gauge(name: str, doc: str, labels: list[str], rows: list[tuple[list[str], float]]
-           ) -> GaugeMetricFamily:
+def _gauge(
+    name: str, doc: str, labels: list[str], rows: list[tuple[list[str], float]]
+) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=labels)
     for values, value in rows:
         family.add_metric([label(v) for v in values], value)
@@ -75,49 +91,91 @@ def _gpu_key(reading: model.Reading, gpu: model.Gpu) -> list[str]:
 
 
 GPU_GAUGES: list[tuple[str, str, Any]] = [
-    ("memgov_gpu_memory_total_bytes", "Device memory (NVML, or MEMGOV_DEVICES).",
-     lambda s: s.device.total),
-    ("memgov_gpu_memory_used_bytes", "Device memory in use by anyone, NVML's figure.",
-     lambda s: s.device.used),
+    (
+        "memgov_gpu_memory_total_bytes",
+        "Device memory (NVML, or MEMGOV_DEVICES).",
+        lambda s: s.device.total,
+    ),
+    (
+        "memgov_gpu_memory_used_bytes",
+        "Device memory in use by anyone, NVML's figure.",
+        lambda s: s.device.used,
+    ),
     ("memgov_gpu_claimed_bytes", "Sum of the live claims' budgets.", lambda s: s.claimed),
-    ("memgov_gpu_free_budget_bytes", "Budget a new claim can get now (0 while a live record "
-     "of unknown size blocks the device).", lambda s: s.free),
-    ("memgov_gpu_reserve_bytes", "Bytes kept out of every budget (MEMGOV_RESERVE).",
-     lambda s: s.reserve),
-    ("memgov_gpu_outside_bytes", "Bytes used on the device outside every claim (NVML).",
-     lambda s: s.outside),
-    ("memgov_admission_waiting", "Claims waiting in the device's admission queue.",
-     lambda s: len(s.queue)),
-    ("memgov_ledger_problem_files", "Files in the device's ledger that were skipped: corrupt, "
-     "foreign, unreadable or symlinks (`memgov status` names them).", lambda s: len(s.problems)),
-    ("memgov_ledger_unknown_claims", "Live records whose size cannot be read; while any exists "
-     "no claim is admitted on the device.", lambda s: len(s.unknown)),
+    (
+        "memgov_gpu_free_budget_bytes",
+        "Budget a new claim can get now (0 while a live record of unknown size blocks the device).",
+        lambda s: s.free,
+    ),
+    (
+        "memgov_gpu_reserve_bytes",
+        "Bytes kept out of every budget (MEMGOV_RESERVE).",
+        lambda s: s.reserve,
+    ),
+    (
+        "memgov_gpu_outside_bytes",
+        "Bytes used on the device outside every claim (NVML).",
+        lambda s: s.outside,
+    ),
+    (
+        "memgov_admission_waiting",
+        "Claims waiting in the device's admission queue.",
+        lambda s: len(s.queue),
+    ),
+    (
+        "memgov_ledger_problem_files",
+        "Files in the device's ledger that were skipped: corrupt, "
+        "foreign, unreadable or symlinks (`memgov status` names them).",
+        lambda s: len(s.problems),
+    ),
+    (
+        "memgov_ledger_unknown_claims",
+        "Live records whose size cannot be read; while any exists "
+        "no claim is admitted on the device.",
+        lambda s: len(s.unknown),
+    ),
 ]
 
 
 def _gpu_families(reading: model.Reading) -> Iterator[Metric]:
     readable = [g for g in reading.gpus if g.snapshot is not None]
     for name, doc, value in GPU_GAUGES:
-        yield _gauge(name, doc, GPU_LABELS,
-                     [(_gpu_key(reading, g), value(g.snapshot)) for g in readable])
-    yield _gauge("memgov_ledger_readable", "1 when the device's ledger could be read, else 0 "
-                 "(the exporter's log says why).", GPU_LABELS,
-                 [(_gpu_key(reading, g), 1 if g.snapshot is not None else 0)
-                  for g in reading.gpus])
+        yield _gauge(
+            name, doc, GPU_LABELS, [(_gpu_key(reading, g), value(g.snapshot)) for g in readable]
+        )
+    yield _gauge(
+        "memgov_ledger_readable",
+        "1 when the device's ledger could be read, else 0 (the exporter's log says why).",
+        GPU_LABELS,
+        [(_gpu_key(reading, g), 1 if g.snapshot is not None else 0) for g in reading.gpus],
+    )
     now_waits = []
     for g in readable:
         assert g.snapshot is not None
         oldest = min((q.created for q in g.snapshot.queue), default=None)
         if oldest is not None:
             now_waits.append((_gpu_key(reading, g), max(0.0, time.time() - oldest)))
-    yield _gauge("memgov_admission_oldest_wait_seconds", "How long the first claim in the "
-                 "admission queue has waited (absent when none waits).", GPU_LABELS, now_waits)
-    claims = GaugeMetricFamily("memgov_gpu_claims", "Live claims, by mode (hard: MPS-enforced).",
-                               labels=[*GPU_LABELS, "mode"])
-    clients = GaugeMetricFamily("memgov_gpu_mps_clients", "Hard claims (MPS clients) per memgov "
-                                "MPS daemon, from the ledger.", labels=[*GPU_LABELS, "daemon"])
-    daemons = GaugeMetricFamily("memgov_gpu_mps_daemons", "memgov's MPS control daemons that "
-                                "answer (each serves every GPU).", labels=GPU_LABELS)
+    yield _gauge(
+        "memgov_admission_oldest_wait_seconds",
+        "How long the first claim in the admission queue has waited (absent when none waits).",
+        GPU_LABELS,
+        now_waits,
+    )
+    claims = GaugeMetricFamily(
+        "memgov_gpu_claims",
+        "Live claims, by mode (hard: MPS-enforced).",
+        labels=[*GPU_LABELS, "mode"],
+    )
+    clients = GaugeMetricFamily(
+        "memgov_gpu_mps_clients",
+        "Hard claims (MPS clients) per memgov MPS daemon, from the ledger.",
+        labels=[*GPU_LABELS, "daemon"],
+    )
+    daemons = GaugeMetricFamily(
+        "memgov_gpu_mps_daemons",
+        "memgov's MPS control daemons that answer (each serves every GPU).",
+        labels=GPU_LABELS,
+    )
     for g in readable:
         assert g.snapshot is not None
         key = [label(v) for v in _gpu_key(reading, g)]
@@ -131,21 +189,39 @@ def _gpu_families(reading: model.Reading) -> Iterator[Metric]:
 
 
 def _claim_families(reading: model.Reading) -> Iterator[Metric]:
-    budget = GaugeMetricFamily("memgov_claim_budget_bytes", "The claim's budget.",
-                               labels=CLAIM_LABELS)
-    used = GaugeMetricFamily("memgov_claim_used_bytes", "Device memory the holder uses now "
-                             "(NVML; absent where its process cannot be told apart).",
-                             labels=CLAIM_LABELS)
-    threads = GaugeMetricFamily("memgov_claim_threads", "CPU threads the holder was given.",
-                                labels=CLAIM_LABELS)
-    age = GaugeMetricFamily("memgov_claim_age_seconds", "Seconds since the claim was admitted.",
-                            labels=CLAIM_LABELS)
+    budget = GaugeMetricFamily(
+        "memgov_claim_budget_bytes", "The claim's budget.", labels=CLAIM_LABELS
+    )
+    used = GaugeMetricFamily(
+        "memgov_claim_used_bytes",
+        "Device memory the holder uses now (NVML; absent where its process cannot be told apart).",
+        labels=CLAIM_LABELS,
+    )
+    threads = GaugeMetricFamily(
+        "memgov_claim_threads", "CPU threads the holder was given.", labels=CLAIM_LABELS
+    )
+    age = GaugeMetricFamily(
+        "memgov_claim_age_seconds", "Seconds since the claim was admitted.", labels=CLAIM_LABELS
+    )
     for g in reading.gpus:
         for c in g.claims:
             e, h = c.entry, c.holder
-            values = [label(v) for v in (
-                *_gpu_key(reading, g), e.id, e.name, e.pid, h.user, e.mode, e.host,
-                h.container, h.pod, h.pod_uid, "")]
+            values = [
+                label(v)
+                for v in (
+                    *_gpu_key(reading, g),
+                    e.id,
+                    e.name,
+                    e.pid,
+                    h.user,
+                    e.mode,
+                    e.host,
+                    h.container,
+                    h.pod,
+                    h.pod_uid,
+                    "",
+                )
+            ]
             budget.add_metric(values, e.bytes)
             age.add_metric(values, c.age_s)
             if c.used is not None:
@@ -158,15 +234,21 @@ def _claim_families(reading: model.Reading) -> Iterator[Metric]:
 def _counter_families(reading: model.Reading) -> Iterator[Metric]:
     labels = [*GPU_LABELS, "user"]
     reclaimed = CounterMetricFamily(
-        "memgov_ledger_reclaimed_records", "Records of dead holders (claims and queue tickets) "
-        "removed by admissions and `memgov gc`.", labels=labels)
+        "memgov_ledger_reclaimed_records",
+        "Records of dead holders (claims and queue tickets) removed by admissions and `memgov gc`.",
+        labels=labels,
+    )
     refused = CounterMetricFamily(
-        "memgov_admission_refusals", "Claims refused (BudgetExceeded), by reason.",
-        labels=[*labels, "reason"])
+        "memgov_admission_refusals",
+        "Claims refused (BudgetExceeded), by reason.",
+        labels=[*labels, "reason"],
+    )
     waits = HistogramMetricFamily(
-        "memgov_admission_wait_seconds", "Time a claim that asked to wait spent from its "
+        "memgov_admission_wait_seconds",
+        "Time a claim that asked to wait spent from its "
         "request to admission (outcome=admitted) or to its refusal (outcome=timeout).",
-        labels=[*labels, "outcome"])
+        labels=[*labels, "outcome"],
+    )
     for g in reading.gpus:
         for uid, counts in sorted(g.counts.items()):
             key = [label(v) for v in (*_gpu_key(reading, g), user_name(uid))]
@@ -181,7 +263,7 @@ def _counter_families(reading: model.Reading) -> Iterator[Metric]:
 def _cumulative(hist: _stats.Waits) -> list[tuple[str, float]]:
     bounds = [*(f"{b:g}" for b in _stats.WAIT_BUCKETS), "+Inf"]
     total, rows = 0, []
-    for bound, count in zip(bounds, hist.buckets):
+    for bound, count in zip(bounds, hist.buckets, strict=True):
         total += count
         rows.append((bound, float(total)))
     return rows

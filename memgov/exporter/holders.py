@@ -20,9 +20,12 @@ from memgov._ledger import Entry
 
 MAX_CGROUP_BYTES = 64 * 1024
 _CONTAINER_ID = re.compile(
-    r"(?:docker|cri-containerd|crio|libpod|containerd)[-/]([0-9a-f]{64})|/([0-9a-f]{64})(?:\.scope)?$"
+    r"(?:docker|cri-containerd|crio|libpod|containerd)[-/]([0-9a-f]{64})"
+    r"|/([0-9a-f]{64})(?:\.scope)?$"
 )
-_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_POD_UID = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,16 @@ def user_name(uid: int | None) -> str:
         return str(uid)
 
 
+_known: dict[tuple[str, str], Holder] = {}
+"""A claim's holder does not change for the claim's life: found once, kept while the claim is."""
+
+
+def forget_all_but(live: set[tuple[str, str]]) -> None:
+    """Drop what is known of claims that are gone (called after each scrape)."""
+    for key in set(_known) - live:
+        _known.pop(key, None)
+
+
 class HolderFinder:
     """Finds holders for one scrape: the /proc index is built at most once, and only if needed."""
 
@@ -54,6 +67,13 @@ class HolderFinder:
         self._index: dict[tuple[int | None, int | None], int] | None = None
 
     def holder(self, entry: Entry) -> Holder:
+        key = (entry.record, entry.id)
+        found = _known.get(key)
+        if found is None:
+            found = _known[key] = self._find(entry)
+        return found
+
+    def _find(self, entry: Entry) -> Holder:
         pid = self._visible_pid(entry)
         cgroup = _cgroup(pid) if pid is not None else ""
         container, pod_uid = parse_cgroup(cgroup)

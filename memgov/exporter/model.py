@@ -19,7 +19,7 @@ from memgov import _mpsctl, _stats, _status
 from memgov._devices import Device, devices
 from memgov._errors import MemgovError
 from memgov._ledger import DeviceLedger, Entry, Snapshot
-from memgov.exporter.holders import Holder, HolderFinder
+from memgov.exporter.holders import Holder, HolderFinder, forget_all_but
 
 
 @dataclass
@@ -67,6 +67,7 @@ def read() -> Reading:
     threads = _status.claim_threads()
     finder = HolderFinder("KUBERNETES_SERVICE_HOST" in os.environ, hostname)
     gpus = [_gpu(device, threads, finder) for device in listed]
+    forget_all_but({(c.entry.record, c.entry.id) for g in gpus for c in g.claims})
     try:
         daemons = len(_mpsctl.running_daemons())
     except (MemgovError, OSError):

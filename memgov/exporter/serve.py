@@ -18,7 +18,9 @@ from memgov.exporter import DEFAULT_PORT
 from memgov.exporter.families import MemgovCollector
 
 TEXTFILE_NAME = "memgov.prom"
-_LISTEN = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%a-zA-Z]+)\]|(?P<host>[^:\[\]\s]*)):(?P<port>[0-9]{1,5})$")
+_LISTEN = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Za-z:.%]+)\]|(?P<host>[^:\[\]\s]*)):(?P<port>[0-9]{1,5})$"
+)
 LISTEN_FORMS = "HOST:PORT, [IPV6]:PORT or :PORT (every interface), with PORT from 1 to 65535"
 
 
@@ -50,10 +52,12 @@ def serve(listen: str = DEFAULT_LISTEN, ready: threading.Event | None = None) ->
     try:
         server, thread = start_http_server(port, addr=host, registry=registry())
     except OSError as exc:
-        raise ConfigError(f"--listen {listen!r}: cannot listen on {host}:{port}: "
-                          f"{exc.strerror or exc}") from None
-    print(f"memgov exporter: serving http://{_show(host)}:{port}/metrics", file=sys.stderr,
-          flush=True)
+        raise ConfigError(
+            f"--listen {listen!r}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    print(
+        f"memgov exporter: serving http://{_show(host)}:{port}/metrics", file=sys.stderr, flush=True
+    )
     try:
         _until_stopped(ready)
     finally:
@@ -70,13 +74,16 @@ def write_textfile(folder: Path) -> Path:
     try:
         fd = os.open(folder, flags)
     except OSError as exc:
-        raise LedgerError(f"--textfile {str(folder)!r}: cannot open the folder ({exc.strerror}; "
-                          "accepted: an existing folder, not a symlink)") from None
+        raise LedgerError(
+            f"--textfile {str(folder)!r}: cannot open the folder ({exc.strerror}; "
+            "accepted: an existing folder, not a symlink)"
+        ) from None
     try:
         _records.write_atomic(fd, TEXTFILE_NAME, data, mode=0o644)
     except OSError as exc:
-        raise LedgerError(f"--textfile {str(folder)!r}: cannot write {TEXTFILE_NAME}: "
-                          f"{exc.strerror or exc}") from None
+        raise LedgerError(
+            f"--textfile {str(folder)!r}: cannot write {TEXTFILE_NAME}: {exc.strerror or exc}"
+        ) from None
     finally:
         os.close(fd)
     return folder / TEXTFILE_NAME
@@ -117,5 +124,4 @@ def _show(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-__all__ = ["DEFAULT_LISTEN", "parse_listen", "registry", "serve", "textfile_loop",
-           "write_textfile"]
+__all__ = ["DEFAULT_LISTEN", "parse_listen", "registry", "serve", "textfile_loop", "write_textfile"]

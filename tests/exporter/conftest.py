@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("prometheus_client", reason="the exporter's extra: memgov-gpu[exporter]")
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 START_TIMEOUT_S = 30.0
@@ -70,7 +70,10 @@ def start_exporter(tmp_path: Path, env: dict[str, str] | None = None) -> Exporte
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT, text=True, env=env or dict(os.environ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env or dict(os.environ),
         )
     exporter = Exporter(proc, f"http://127.0.0.1:{port}/metrics", log)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -57,12 +57,19 @@ def test_each_claim_is_shown_and_a_killed_holder_disappears(
     labels = next(lb for lb, _ in scrape["memgov_claim_budget_bytes"] if lb["name"] == "trainer-a")
     assert labels["gpu"] == "0" and labels["UUID"] == "sim0" and labels["mode"] == "soft"
     assert labels["pid"] == str(a.proc.pid) and labels["user"]
-    gpu = {name: scrape[name][0][1] for name in ("memgov_gpu_memory_total_bytes",
-                                                 "memgov_gpu_claimed_bytes",
-                                                 "memgov_gpu_free_budget_bytes")}
-    assert gpu == {"memgov_gpu_memory_total_bytes": 64 * GIB,
-                   "memgov_gpu_claimed_bytes": 6 * GIB,
-                   "memgov_gpu_free_budget_bytes": 58 * GIB}
+    gpu = {
+        name: scrape[name][0][1]
+        for name in (
+            "memgov_gpu_memory_total_bytes",
+            "memgov_gpu_claimed_bytes",
+            "memgov_gpu_free_budget_bytes",
+        )
+    }
+    assert gpu == {
+        "memgov_gpu_memory_total_bytes": 64 * GIB,
+        "memgov_gpu_claimed_bytes": 6 * GIB,
+        "memgov_gpu_free_budget_bytes": 58 * GIB,
+    }
     a.kill()
     a.proc.wait(timeout=10)
     # The very next scrape: the flock died with the process, no clean-up ran in between.
@@ -80,8 +87,10 @@ def test_use_comes_from_nvml_by_host_pid(
     b = hold(holders, "2GiB", "trainer-b")
     fake_nvml.set({a.proc.pid: 3 * GIB, b.proc.pid: GIB // 2, os.getpid(): GIB})
     scrape = exporter().scrape()
-    assert claims(scrape, "memgov_claim_used_bytes") == {"trainer-a": 3 * GIB,
-                                                         "trainer-b": GIB // 2}
+    assert claims(scrape, "memgov_claim_used_bytes") == {
+        "trainer-a": 3 * GIB,
+        "trainer-b": GIB // 2,
+    }
     gpu = scrape["memgov_gpu_memory_used_bytes"][0]
     assert gpu[0]["modelName"] == "NVIDIA Fake80" and gpu[1] == 4.5 * GIB
     assert scrape["memgov_gpu_outside_bytes"][0][1] == GIB  # this test process holds no claim
@@ -99,8 +108,17 @@ def _plant_live(folder: Path, payload: object) -> int:
 
 
 def _record(name: str, device: str = "sim0", **extra: object) -> dict[str, object]:
-    return {"version": 1, "id": "planted", "kind": "claim", "device": device,
-            "bytes": GIB, "name": name, "pid": 1, "created": time.time(), **extra}
+    return {
+        "version": 1,
+        "id": "planted",
+        "kind": "claim",
+        "device": device,
+        "bytes": GIB,
+        "name": name,
+        "pid": 1,
+        "created": time.time(),
+        **extra,
+    }
 
 
 def test_planted_files_cannot_break_a_scrape(
@@ -110,7 +128,7 @@ def test_planted_files_cannot_break_a_scrape(
     folder = ledger().path / "claims"
     evil = 'q"uote\\back\nline\x1b[31m \udcff ' + "x" * 4000
     fds = [
-        _plant_live(folder, _record(evil, host="h\"\n\\")),
+        _plant_live(folder, _record(evil, host='h"\n\\')),
         _plant_live(folder, _record("other", device="GPU-elsewhere")),
         _plant_live(folder, json.dumps(_record("surrogate \ud800 name"))),
         _plant_live(folder, "\xff\xfe not json"),
@@ -147,7 +165,10 @@ def test_planted_files_cannot_break_a_scrape(
 
 
 def test_counters_count_refusals_waits_and_reclaims(
-    sim: str, exporter: Callable[..., Exporter], holders: list[Child], monkeypatch: pytest.MonkeyPatch
+    sim: str,
+    exporter: Callable[..., Exporter],
+    holders: list[Child],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:8GiB")
     big = hold(holders, "6GiB", "big")
@@ -203,8 +224,9 @@ def test_textfile_is_written_whole_and_never_through_a_link(
 
 def _memgov(*args: str, code: str = "") -> subprocess.CompletedProcess[str]:
     prelude = code + "from memgov.cli import main; import sys; sys.argv[0] = 'memgov'; main()"
-    return subprocess.run([sys.executable, "-c", prelude, *args], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", prelude, *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_without_prometheus_client_one_line_says_how_to_install(sim: str) -> None:
@@ -212,8 +234,10 @@ def test_without_prometheus_client_one_line_says_how_to_install(sim: str) -> Non
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'memgov-gpu[exporter]'" in lines[0], done.stderr
-    assert _memgov("--help", code="import sys; sys.modules['prometheus_client'] = None; "
-                   ).returncode == 0
+    assert (
+        _memgov("--help", code="import sys; sys.modules['prometheus_client'] = None; ").returncode
+        == 0
+    )
 
 
 @pytest.mark.parametrize("listen", ["nohost", "1.2.3.4:", ":0", ":70000", "a:b:1", "[::1]"])
@@ -228,11 +252,17 @@ def test_listen_garbage_says_what_is_accepted(sim: str, listen: str) -> None:
     [
         ("/system.slice/docker-" + "a" * 64 + ".scope", "a" * 12, ""),
         ("/docker/" + "b" * 64, "b" * 12, ""),
-        ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234abcd_5678_90ab_cdef"
-         "_1234567890ab.slice/cri-containerd-" + "c" * 64 + ".scope",
-         "c" * 12, "1234abcd-5678-90ab-cdef-1234567890ab"),
-        ("/kubepods/besteffort/pod1234abcd-5678-90ab-cdef-1234567890ab/" + "d" * 64,
-         "d" * 12, "1234abcd-5678-90ab-cdef-1234567890ab"),
+        (
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234abcd_5678_90ab_cdef"
+            "_1234567890ab.slice/cri-containerd-" + "c" * 64 + ".scope",
+            "c" * 12,
+            "1234abcd-5678-90ab-cdef-1234567890ab",
+        ),
+        (
+            "/kubepods/besteffort/pod1234abcd-5678-90ab-cdef-1234567890ab/" + "d" * 64,
+            "d" * 12,
+            "1234abcd-5678-90ab-cdef-1234567890ab",
+        ),
         ("/machine.slice/libpod-" + "e" * 64 + ".scope/container", "e" * 12, ""),
         ("/user.slice/user-0.slice/session-3.scope", "", ""),
         ("", "", ""),
@@ -259,25 +289,41 @@ def promql_examples() -> list[str]:
     """Every query of docs/metrics.md's examples (one per paragraph) and of the dashboard."""
     doc = (ROOT / "docs" / "metrics.md").read_text()
     block = doc.split("## Example queries")[1].split("```promql")[1].split("```")[0]
-    found = [" ".join(line.strip() for line in part.splitlines() if not line.startswith("#"))
-             for part in block.split("\n\n")]
-    dashboard = json.loads((ROOT / "examples" / "monitoring" / "grafana-dashboard.json").read_text())
-    found += [t["expr"].replace("$host", ".*").replace("$gpu", ".*")
-              for p in dashboard["panels"] for t in p["targets"]]
+    found = [
+        " ".join(line.strip() for line in part.splitlines() if not line.startswith("#"))
+        for part in block.split("\n\n")
+    ]
+    dashboard = json.loads(
+        (ROOT / "examples" / "monitoring" / "grafana-dashboard.json").read_text()
+    )
+    found += [
+        t["expr"].replace("$host", ".*").replace("$gpu", ".*")
+        for p in dashboard["panels"]
+        for t in p["targets"]
+    ]
     return [q for q in found if q.strip()]
 
 
 def test_every_promql_example_parses(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("no promtool (Debian's prometheus package has it; tests/exporter/"
-                    "test_prometheus.py installs it with --host-changes)")
+        pytest.skip(
+            "no promtool (Debian's prometheus package has it; tests/exporter/"
+            "test_prometheus.py installs it with --host-changes)"
+        )
     queries = promql_examples()
     assert len(queries) >= 20
-    rules = {"groups": [{"name": "examples", "rules": [
-        {"record": f"example:q{i}", "expr": q} for i, q in enumerate(queries)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "examples",
+                "rules": [{"record": f"example:q{i}", "expr": q} for i, q in enumerate(queries)],
+            }
+        ]
+    }
     path = tmp_path / "rules.yml"
     path.write_text(json.dumps(rules))  # JSON is YAML
-    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr

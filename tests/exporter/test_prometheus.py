@@ -58,8 +58,10 @@ def _install() -> str:
         POLICY.chmod(0o755)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        for argv in (["apt-get", "update", "-q"],
-                     ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]):
+        for argv in (
+            ["apt-get", "update", "-q"],
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"],
+        ):
             done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
             if done.returncode != 0:
                 pytest.skip(f"{' '.join(argv)} failed: {done.stderr[-600:]}")
@@ -84,9 +86,15 @@ class Prometheus:
         self.log = folder / "prometheus.log"
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={folder / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def api(self, path: str, **params: str) -> Any:
@@ -124,7 +132,7 @@ def _unix(stamp: str) -> float:
 
     # RFC 3339 with nanoseconds: keep microseconds for fromisoformat.
     head, _, tail = stamp.partition(".")
-    zone = tail[tail.find("+"):] if "+" in tail else tail[tail.find("-"):] if "-" in tail else ""
+    zone = tail[tail.find("+") :] if "+" in tail else tail[tail.find("-") :] if "-" in tail else ""
     fraction = tail[: len(tail) - len(zone)].rstrip("Z")[:6] if tail else "0"
     zone = "+00:00" if stamp.endswith("Z") or not zone else zone
     return datetime.fromisoformat(f"{head}.{fraction.ljust(6, '0')}{zone}").timestamp()
@@ -141,16 +149,19 @@ def _until(what: str, check: Callable[[], bool], server: Prometheus) -> None:
 
     while not answered():
         if time.monotonic() > deadline or server.proc.poll() is not None:
-            raise AssertionError(f"{what} not seen in {WAIT_S} s; prometheus log: "
-                                 f"{server.log.read_text()[-1500:]}")
+            raise AssertionError(
+                f"{what} not seen in {WAIT_S} s; prometheus log: {server.log.read_text()[-1500:]}"
+            )
         time.sleep(0.25)
 
 
 @pytest.fixture
 def prometheus_binary(request: pytest.FixtureRequest) -> str:
     if not _allowed(request.config):
-        pytest.skip("changes the host (installs Debian's prometheus, starts a server): run "
-                    "with --host-changes or MEMGOV_TEST_HOST_CHANGES=1")
+        pytest.skip(
+            "changes the host (installs Debian's prometheus, starts a server): run "
+            "with --host-changes or MEMGOV_TEST_HOST_CHANGES=1"
+        )
     if os.geteuid() != 0:
         pytest.skip("installing Debian's prometheus package needs root")
     return _install()
@@ -187,8 +198,9 @@ def test_prometheus_scrapes_claims_as_processes_come_and_go(
         server = Prometheus(prometheus_binary, target, tmp_path)
         servers.append(server)
         budgets = "memgov_claim_budget_bytes"
-        _until("both claims", lambda: {"trainer-a", "trainer-b"} <= set(server.query(budgets)),
-               server)
+        _until(
+            "both claims", lambda: {"trainer-a", "trainer-b"} <= set(server.query(budgets)), server
+        )
         assert server.query('up{job="memgov"}') == {"": 1.0}
         got = server.query(budgets)
         assert got["trainer-a"] == 4 * GIB and got["trainer-b"] == 2 * GIB

@@ -43,39 +43,39 @@ class _Memory:
 @dataclass
 class _Process:
     pid: int
-    usedGpuMemory: int  # noqa: N815 (NVML's name)
+    usedGpuMemory: int
 
 
-def nvmlInit() -> None:  # noqa: N802
+def nvmlInit() -> None:
     _state()
 
 
-def nvmlDeviceGetCount() -> int:  # noqa: N802
+def nvmlDeviceGetCount() -> int:
     return len(_state()["devices"])
 
 
-def nvmlDeviceGetHandleByIndex(index: int) -> str:  # noqa: N802
+def nvmlDeviceGetHandleByIndex(index: int) -> str:
     return str(_state()["devices"][index]["uuid"])
 
 
-def nvmlDeviceGetHandleByUUID(uuid: str) -> str:  # noqa: N802
+def nvmlDeviceGetHandleByUUID(uuid: str) -> str:
     return _device(uuid)["uuid"]
 
 
-def nvmlDeviceGetUUID(handle: str) -> str:  # noqa: N802
+def nvmlDeviceGetUUID(handle: str) -> str:
     return handle
 
 
-def nvmlDeviceGetName(handle: str) -> str:  # noqa: N802
+def nvmlDeviceGetName(handle: str) -> str:
     return str(_device(handle)["name"])
 
 
-def nvmlDeviceGetMemoryInfo(handle: str) -> _Memory:  # noqa: N802
+def nvmlDeviceGetMemoryInfo(handle: str) -> _Memory:
     device = _device(handle)
     used = device["used"] + sum(_state().get("processes", {}).get(handle, {}).values())
     return _Memory(device["total"], used, device["total"] - used)
 
 
-def nvmlDeviceGetComputeRunningProcesses(handle: str) -> list[_Process]:  # noqa: N802
+def nvmlDeviceGetComputeRunningProcesses(handle: str) -> list[_Process]:
     found = _state().get("processes", {}).get(handle, {})
     return [_Process(int(pid), int(used)) for pid, used in found.items()]
