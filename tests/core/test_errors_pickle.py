@@ -10,6 +10,7 @@ import pytest
 import memgov
 from memgov import _errors
 from memgov._mpsctl import MpsError
+from memgov.exporter import ExporterUnavailable
 from memgov.pack.manifest import ManifestError
 from memgov.pack.runners import RunnerError
 
@@ -24,6 +25,7 @@ SAMPLES = [
     MpsError("no daemon"),
     ManifestError("bad manifest"),
     RunnerError("no docker"),
+    ExporterUnavailable("no prometheus_client"),
 ]
 
 
