@@ -190,9 +190,9 @@ def test_counters_count_refusals_waits_and_reclaims(
     assert counts == {"admitted": 0, "timeout": 1}
     waited = {lb["outcome"]: v for lb, v in scrape["memgov_admission_wait_seconds_sum"]}
     assert waited["timeout"] >= 0.3
-    waiter = Child(["4GiB", "--name", "queued", "--wait", "30"])
+    waiter = Child(["5GiB", "--name", "queued", "--wait", "60"])  # 4 GiB free: it must queue
     holders.append(waiter)
-    wait_until(lambda: len(ledger().snapshot().queue) == 1)
+    wait_until(lambda: len(ledger().snapshot().queue) == 1, timeout=120)
     holders[-2].release()  # "after" leaves; the waiter gets in
     waiter.expect("admitted")
     scrape = exporter().scrape()
