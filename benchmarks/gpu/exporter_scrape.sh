@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The exporter beside `memgov pack --n 140` on one GPU (docs/metrics.md, "What is checked"):
+# 100 scrapes of /metrics timed (p50, p99), the exporter's RSS/USS, its per-GPU figures beside
+# NVML's. One device call, < 9 minutes. Raw output in $OUT (or ./out):
+#   bash benchmarks/gpu/exporter_scrape.sh
+# prometheus_client must be importable; the GPU machine has no network, so carry its wheel:
+# `pip download --no-deps -d .whl prometheus_client==0.26.0` here, carry `.whl` (ignored), and this
+# script installs it from there.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MEMGOV_DIR=/tmp/memgov-exporter-check
+N=${N:-140}
+
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+  || { echo "memgov install failed"; tail -20 "$OUT/install.log"; exit 1; }
+python3 -c "import prometheus_client" 2>/dev/null \
+  || python3 -m pip install -q --no-index --find-links .whl prometheus_client >>"$OUT/install.log" 2>&1 \
+  || { echo "prometheus_client missing: carry .whl/ (see this script's head)"; exit 1; }
+
+# The jobs run long enough for the scrapes (the exporter waits until all N hold their claims).
+# timeout passes the INT below on to pack, which stops its jobs and its MPS daemons on Ctrl-C.
+timeout -s INT --kill-after=30 480 python3 -m memgov pack --n "$N" --mps on --runner preload \
+  --epochs 20 --out "$OUT/pack" mnist >"$OUT/pack.log" 2>&1 &
+pack=$!
+timeout --kill-after=10 420 python3 benchmarks/exporter_scrape.py --wait-claims "$N" \
+  --scrapes 100 --out "$OUT/exporter-scrape-n$N.json" 2>&1 | tee "$OUT/exporter-scrape-n$N.txt"
+rc=${PIPESTATUS[0]}
+kill -INT "$pack" 2>/dev/null
+for _ in $(seq 60); do kill -0 "$pack" 2>/dev/null || break; sleep 1; done
+kill -KILL "$pack" 2>/dev/null
+wait "$pack" 2>/dev/null
+python3 -m memgov mps stop >>"$OUT/pack.log" 2>&1
+echo "exporter_scrape rc=$rc; pack: $(tail -n 3 "$OUT/pack.log" | tr '\n' ' ')"
+exit "$rc"
