@@ -107,8 +107,11 @@ def admit(
                 # many: past that, wait or be refused like a budget that does not fit.
                 daemon, blocked = slot(snap, mode)
                 admitted = ahead == 0 and sizes[uuid] <= snap.free and blocked is None
-                _stats.add(ledger, len(snap.removed), *_counted(admitted, mine, snap, ahead,
-                                                                sizes[uuid], blocked, clock))
+                _stats.add(
+                    ledger,
+                    len(snap.removed),
+                    *_counted(admitted, mine, snap, ahead, sizes[uuid], blocked, clock),
+                )
                 if admitted:
                     payload = payload_for("claim", ledger, daemon)
                     return ledger.add("claims", payload), payload

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MEMGOV_DIR=/tmp/memgov-exporter-check
 N=${N:-140}
+CLAIMS=${CLAIMS:-120}  # pack's host gate may keep some of the 140 waiting: scrape once 120 hold
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
   || { echo "memgov install failed"; tail -20 "$OUT/install.log"; exit 1; }
@@ -18,12 +19,12 @@ python3 -c "import prometheus_client" 2>/dev/null \
   || python3 -m pip install -q --no-index --find-links .whl prometheus_client >>"$OUT/install.log" 2>&1 \
   || { echo "prometheus_client missing: carry .whl/ (see this script's head)"; exit 1; }
 
-# The jobs run long enough for the scrapes (the exporter waits until all N hold their claims).
+# The jobs run long enough for the scrapes (the exporter waits until CLAIMS hold their claims).
 # timeout passes the INT below on to pack, which stops its jobs and its MPS daemons on Ctrl-C.
 timeout -s INT --kill-after=30 480 python3 -m memgov pack --n "$N" --mps on --runner preload \
   --epochs 20 --out "$OUT/pack" mnist >"$OUT/pack.log" 2>&1 &
 pack=$!
-timeout --kill-after=10 420 python3 benchmarks/exporter_scrape.py --wait-claims "$N" \
+timeout --kill-after=10 420 python3 benchmarks/exporter_scrape.py --wait-claims "$CLAIMS" \
   --scrapes 100 --out "$OUT/exporter-scrape-n$N.json" 2>&1 | tee "$OUT/exporter-scrape-n$N.txt"
 rc=${PIPESTATUS[0]}
 kill -INT "$pack" 2>/dev/null
