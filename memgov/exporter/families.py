@@ -8,6 +8,7 @@ type and label is listed in docs/metrics.md (tests/exporter checks that the list
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -55,9 +56,11 @@ class MemgovCollector(Collector):
 
     def __init__(self, read: Any = model.read) -> None:
         self._read = read
+        self._said: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
         reading = self._read()
+        self._log(reading)
         yield from _gpu_families(reading)
         yield from _claim_families(reading)
         yield from _counter_families(reading)
@@ -74,6 +77,15 @@ class MemgovCollector(Collector):
             [],
             [([], 0 if reading.error else 1)],
         )
+
+    def _log(self, reading: model.Reading) -> None:
+        """Say on stderr why a GPU (or every GPU) could not be read, once per distinct reason."""
+        problems = [reading.error] if reading.error else []
+        problems += [f"GPU {g.device.uuid}: {g.error}" for g in reading.gpus if g.error]
+        for problem in problems:
+            if problem not in self._said and len(self._said) < 1000:
+                self._said.add(problem)
+                print(f"memgov exporter: {printable(problem)}", file=sys.stderr, flush=True)
 
 
 def _gauge(

@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from memgov import _mpsctl, _stats, _status
+from memgov import _devices, _mpsctl, _nvml, _stats, _status
 from memgov._devices import Device, devices
 from memgov._errors import MemgovError
 from memgov._ledger import DeviceLedger, Entry, Snapshot
@@ -64,6 +64,9 @@ def read() -> Reading:
         listed = devices()
     except MemgovError as exc:
         return Reading(hostname, [], 0, str(exc), time.monotonic() - start)
+    if not listed and _devices.simulated_spec() is None and _nvml.unavailable_reason():
+        why = f"no GPU listed: NVML: {_nvml.unavailable_reason()}"
+        return Reading(hostname, [], 0, why, time.monotonic() - start)
     threads = _status.claim_threads()
     finder = HolderFinder("KUBERNETES_SERVICE_HOST" in os.environ, hostname)
     gpus = [_gpu(device, threads, finder) for device in listed]

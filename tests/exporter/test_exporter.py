@@ -20,7 +20,7 @@ from helpers.procs import Child, ledger, wait_until
 from memgov._ledger import new_record_name
 from memgov.exporter.holders import parse_cgroup
 
-from .conftest import Exporter, FakeNvml, Scrape, parse
+from .conftest import Exporter, FakeNvml, Scrape, parse, stop_exporter
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,3 +327,15 @@ def test_every_promql_example_parses(tmp_path: Path) -> None:
         [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_gpu_at_all_is_said_not_hidden(
+    fake_nvml: FakeNvml, exporter: Callable[..., Exporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_NVML_STATE", str(fake_nvml.path.with_name("absent.json")))
+    server = exporter()
+    scrape = server.scrape()
+    assert scrape["memgov_exporter_devices_listed"] == [({}, 0.0)]
+    assert "memgov_gpu_memory_total_bytes" not in scrape
+    stop_exporter(server)
+    assert "no GPU listed: NVML:" in server.log.read_text()
