@@ -16,7 +16,39 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import host_changes
 from helpers.procs import Child
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        host_changes.OPTION,
+        action="store_true",
+        default=False,
+        help="also run the tests that change the host: they apt-get install docker.io and "
+        "debootstrap, start Docker engines and keep their images, create users "
+        f"(README, 'Set up and test'); {host_changes.SETTING}=1 does the same",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if host_changes.allowed(config):
+        return "host changes: allowed (tests marked host_changes run)"
+    return f"host changes: none (tests marked host_changes skip; {host_changes.OPTION} runs them)"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that changes the host (itself or through a fixture); skip it unless asked."""
+    allowed = host_changes.allowed(config)
+    for item in items:
+        what = host_changes.what_it_does(item)
+        if what is None:
+            continue
+        if item.get_closest_marker(host_changes.MARKER) is None:
+            item.add_marker(pytest.mark.host_changes(what))
+        if not allowed:
+            item.add_marker(pytest.mark.skip(reason=host_changes.skip_reason(what)))
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +58,17 @@ def private_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MEMGOV_DIR", str(path))
     # The thread variables too: an in-process claim sets them (memgov/_threads.py), and
     # monkeypatch removes them again after the test, so no later test inherits them.
-    for name in ("MEMGOV_RESERVE", "MEMGOV_THREADS", "MEMGOV_HOLDER", "MEMGOV_THREADS_SET",
-                 "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                 "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    for name in (
+        "MEMGOV_RESERVE",
+        "MEMGOV_THREADS",
+        "MEMGOV_HOLDER",
+        "MEMGOV_THREADS_SET",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+    ):
         monkeypatch.delenv(name, raising=False)
     return path
 
