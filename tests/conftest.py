@@ -63,6 +63,7 @@ def private_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "MEMGOV_THREADS",
         "MEMGOV_HOLDER",
         "MEMGOV_THREADS_SET",
+        "MEMGOV_ENV_SET",
         "OMP_NUM_THREADS",
         "MKL_NUM_THREADS",
         "OPENBLAS_NUM_THREADS",
