@@ -31,6 +31,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+SESSION_CACHES = {
+    "XDG_CACHE_HOME": "cache",  # pip, matplotlib's font list, the MNIST arrays (memgov)
+    "MPLCONFIGDIR": "matplotlib",
+    "KERAS_HOME": "keras",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",  # else /tmp/torchinductor_<user>, kept
+    "RAY_TMPDIR": "ray",  # else /tmp/ray, kept (a short path: Ray's socket paths must fit)
+}
+"""Where tools would write into the home folder or /tmp and keep it: this session's folder."""
+SESSION_KEY = pytest.StashKey[Path]()
+EXIT_KEY = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """One temporary folder for the whole session, pytest's own base folder included, removed at
+    the end (kept, and named, when a test failed or the run was interrupted): a test run leaves
+    no folder in /tmp or the home folder. A --basetemp of the user's is theirs to keep."""
+    host_changes.allowed(config)  # a bad MEMGOV_TEST_HOST_CHANGES stops here, before any folder
+    if getattr(config, "workerinput", None) is not None or config.option.basetemp:
+        return
+    session = Path(tempfile.mkdtemp(prefix="memgov-tests-"))
+    config.option.basetemp = str(session / "pytest")
+    config.stash[SESSION_KEY] = session
+    for name, folder in SESSION_CACHES.items():
+        if name not in os.environ:
+            os.environ[name] = str(session / folder)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[EXIT_KEY] = int(exitstatus)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(SESSION_KEY, None)
+    if folder is None:
+        return
+    if config.stash.get(EXIT_KEY, 0) in (pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.INTERRUPTED):
+        sys.stderr.write(f"memgov tests: temporary files kept for inspection in {folder}\n")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     if host_changes.allowed(config):
         return "host changes: allowed (tests marked host_changes run)"
