@@ -27,7 +27,7 @@ def parse(framework: str) -> argparse.Namespace:
     p.add_argument("--out", help="JSON report (default: stdout only)")
     p.add_argument("--seed", type=int, default=0)
     if framework == "torch":
-        # Another common shape of script (issue 22's speed gap): Adam, and batches gathered on
+        # Another common shape of script (where a speed gap was seen): Adam, and batches gathered on
         # the CPU from tensors kept in pinned host memory, copied with non_blocking=True.
         p.add_argument("--optimizer", choices=("adadelta", "adam"), default="adadelta")
         p.add_argument("--gather", choices=("numpy", "pinned"), default="numpy",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import threading
 from importlib.metadata import entry_points
@@ -66,6 +67,7 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
 
     ``reports`` receives one line per adapter as it takes effect (a claim shows it).
     """
+    before = dict(os.environ)
     for adapter in available():
         mine = dataclasses.replace(budget, report=_report_into(reports, adapter.name))
         note = adapter.configure_env(mine)
@@ -80,6 +82,9 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
                 log.warning("memgov: %s adapter could not apply the budget: %s", adapter.name, exc)
 
         _importhook.when_imported(adapter.module, apply)
+    from memgov import _note_env_set  # `memgov doctor` tells these from the user's
+
+    _note_env_set(k for k, v in os.environ.items() if before.get(k) != v)
 
 
 def _report_into(reports: dict[str, str], name: str) -> Report:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,49 @@ def diagnose() -> dict[str, Any]:
         "ledger": ledger_sharing(),
         "threads": _threads(),
         "settings": _settings.report(),
-        "environment": {k: os.environ[k] for k in (*_settings.names(), *ENV_SHOWN)
-                        if k in os.environ},
+        **_environment(),
     }
+
+
+def _environment() -> dict[str, Any]:
+    """The variables doctor shows: those the user (or a scheduler) set, and apart, with the
+    reason, those memgov set itself in a governed process this one descends from."""
+    from memgov import _settings
+
+    shown = {k: os.environ[k] for k in (*_settings.names(), *ENV_SHOWN) if k in os.environ}
+    ours = set_by_memgov(os.environ)
+    return {
+        "environment": {k: v for k, v in shown.items() if k not in ours},
+        "environment_set_by_memgov": {
+            k: {"value": v, "why": ours[k]} for k, v in shown.items() if k in ours
+        },
+    }
+
+
+def set_by_memgov(environ: Mapping[str, str]) -> dict[str, str]:
+    """Which variables memgov set, and how it knows: its own marks, compared with the values."""
+    from memgov import ENV_SET_MARK, NO_GREEDY_PREALLOCATION, _enforce, _settings, _threads
+
+    why = {r.name: "memgov's note for its children" for r in _settings.TABLE if r.internal}
+    why = {k: v for k, v in why.items() if k in environ}
+    threads = environ.get(_threads.MARK_ENV, "").strip()
+    for name in _threads.ENV_VARS:
+        if threads and environ.get(name, "").strip() == threads:
+            why[name] = f"a governed process's CPU thread share ({_threads.MARK_ENV}={threads})"
+    holder = environ.get("MEMGOV_HOLDER", "")
+    if "/" in holder and environ.get("CUDA_VISIBLE_DEVICES") == holder.split("/", 1)[0]:
+        why["CUDA_VISIBLE_DEVICES"] = "the GPU of a governed process's claim (MEMGOV_HOLDER)"
+    pinned = environ.get(_enforce.PIN_ENV)
+    if pinned and pinned == environ.get(_enforce.MARK_ENV):
+        why[_enforce.PIN_ENV] = f"a governed process's hard limit ({_enforce.MARK_ENV})"
+    for name in filter(None, environ.get(ENV_SET_MARK, "").split(",")):
+        if name in environ and name not in why:
+            why[name] = (
+                f"import memgov: no greedy preallocation ({ENV_SET_MARK})"
+                if name in NO_GREEDY_PREALLOCATION
+                else f"a framework adapter of a governed process ({ENV_SET_MARK})"
+            )
+    return why
 
 
 def _devices() -> tuple[list[dict[str, Any]], str | None]:

@@ -308,6 +308,10 @@ TABLE: tuple[Row, ...] = (
     Row("MEMGOV_MPS_LIMIT", "set by memgov, not by users", "unset",
         "the MPS pinned limit memgov set (a child may replace it, never one set by someone else)",
         _text, job=True, internal=True),
+    Row("MEMGOV_ENV_SET", "set by memgov, not by users", "unset",
+        "names of the variables memgov set (`import memgov`'s no-preallocation defaults, the "
+        "adapters' settings), comma-separated: `memgov doctor` shows them apart from the user's",
+        _text, job=True, internal=True),
 )
 # fmt: on
 ROWS = {row.name: row for row in TABLE}

@@ -16,7 +16,81 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import host_changes
 from helpers.procs import Child
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        host_changes.OPTION,
+        action="store_true",
+        default=False,
+        help="also run the tests that change the host: they apt-get install docker.io and "
+        "debootstrap, start Docker engines and keep their images, create users "
+        f"(README, 'Set up and test'); {host_changes.SETTING}=1 does the same",
+    )
+
+
+SESSION_CACHES = {
+    "XDG_CACHE_HOME": "cache",  # pip, matplotlib's font list, the MNIST arrays (memgov)
+    "MPLCONFIGDIR": "matplotlib",
+    "KERAS_HOME": "keras",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",  # else /tmp/torchinductor_<user>, kept
+    "RAY_TMPDIR": "ray",  # else /tmp/ray, kept (a short path: Ray's socket paths must fit)
+}
+"""Where tools would write into the home folder or /tmp and keep it: this session's folder."""
+SESSION_KEY = pytest.StashKey[Path]()
+EXIT_KEY = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """One temporary folder for the whole session, pytest's own base folder included, removed at
+    the end (kept, and named, when a test failed or the run was interrupted): a test run leaves
+    no folder in /tmp or the home folder. A --basetemp of the user's is theirs to keep."""
+    host_changes.allowed(config)  # a bad MEMGOV_TEST_HOST_CHANGES stops here, before any folder
+    if getattr(config, "workerinput", None) is not None or config.option.basetemp:
+        return
+    session = Path(tempfile.mkdtemp(prefix="memgov-tests-"))
+    config.option.basetemp = str(session / "pytest")
+    config.stash[SESSION_KEY] = session
+    for name, folder in SESSION_CACHES.items():
+        if name not in os.environ:
+            os.environ[name] = str(session / folder)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[EXIT_KEY] = int(exitstatus)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(SESSION_KEY, None)
+    if folder is None:
+        return
+    if config.stash.get(EXIT_KEY, 0) in (pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.INTERRUPTED):
+        sys.stderr.write(f"memgov tests: temporary files kept for inspection in {folder}\n")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if host_changes.allowed(config):
+        return "host changes: allowed (tests marked host_changes run)"
+    return f"host changes: none (tests marked host_changes skip; {host_changes.OPTION} runs them)"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that changes the host (itself or through a fixture); skip it unless asked."""
+    allowed = host_changes.allowed(config)
+    for item in items:
+        what = host_changes.what_it_does(item)
+        if what is None:
+            continue
+        if item.get_closest_marker(host_changes.MARKER) is None:
+            item.add_marker(pytest.mark.host_changes(what))
+        if not allowed:
+            item.add_marker(pytest.mark.skip(reason=host_changes.skip_reason(what)))
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +100,18 @@ def private_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MEMGOV_DIR", str(path))
     # The thread variables too: an in-process claim sets them (memgov/_threads.py), and
     # monkeypatch removes them again after the test, so no later test inherits them.
-    for name in ("MEMGOV_RESERVE", "MEMGOV_THREADS", "MEMGOV_HOLDER", "MEMGOV_THREADS_SET",
-                 "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                 "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    for name in (
+        "MEMGOV_RESERVE",
+        "MEMGOV_THREADS",
+        "MEMGOV_HOLDER",
+        "MEMGOV_THREADS_SET",
+        "MEMGOV_ENV_SET",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+    ):
         monkeypatch.delenv(name, raising=False)
     return path
 

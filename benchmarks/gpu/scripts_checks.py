@@ -57,7 +57,7 @@ KINDS: dict[str, dict[str, Any]] = {
     # The VAE example: a DataLoader worker, a test pass, images written with save_image.
     "vae": {"script": "vae/main.py", "args": ["--epochs", "1", "--log-interval", "100000"],
             "claim": "1GiB", "data": True},
-    # This repository's plain loop (never imports memgov) in the shape of issue 22's gap: Adam,
+    # This repository's plain loop (never imports memgov) in the shape that was slower: Adam,
     # batches gathered on the CPU from pinned host tensors.
     "pinned": {"script": None, "args": ["--optimizer", "adam", "--gather", "pinned",
                                          "--epochs", "8", "--steps", "500", "--device", "gpu"],

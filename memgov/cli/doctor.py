@@ -89,4 +89,6 @@ def render(report: dict[str, Any]) -> list[str]:
     )
     for key, value in report["environment"].items():
         lines.append(f"env {key}={value}")
+    for key, item in report["environment_set_by_memgov"].items():
+        lines.append(f"env {key}={item['value']} (set by memgov: {item['why']})")
     return lines

@@ -173,4 +173,5 @@ def _summary(report: dict[str, Any]) -> None:
                 highlight=False, markup=False)
     files = report.get("files", {})
     console.print(f"report: {files.get('json')}  csv: {files.get('csv')}  "
-                  f"plot: {files.get('plot') or files.get('plot_error')}", highlight=False)
+                  f"plot: {files.get('plot') or files.get('plot_error')}", highlight=False,
+                  markup=False)  # paths and the install hint's [plots] are text, not markup

@@ -22,6 +22,23 @@ ray_app = typer.Typer(
 )
 
 
+RAY_INSTALL = "pip install 'memgov-gpu[ray]'"
+
+
+def require_ray(command: str) -> None:
+    """Exit 2 with one line, not a traceback, where Ray cannot be imported.
+    (node-resources needs no Ray: it only prints the flags for `ray start`.)"""
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        typer.echo(
+            f"memgov ray {command}: needs Ray, which cannot be imported here ({exc}); "
+            f"install it with {RAY_INSTALL}",
+            err=True,
+        )
+        raise typer.Exit(2) from None
+
+
 @ray_app.command("node-resources")
 def node_resources(as_json: JsonFlag = False) -> None:
     """Flags for `ray start` on this node: --num-gpus and --resources (gpu_memory, GPU type)."""
@@ -49,11 +66,7 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Every node's ledger: per node, per GPU, the claims of Ray tasks and of everyone else."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        typer.echo("memgov: Ray is not installed; pip install 'memgov[ray]'", err=True)
-        raise typer.Exit(2) from None
+    require_ray("status")
     from memgov.ray._node import cluster_status
 
     try:
@@ -130,6 +143,7 @@ def pack(
     if device not in ("gpu", "cpu"):
         typer.echo(f"memgov: --device {device!r}: accepted gpu or cpu", err=True)
         raise typer.Exit(2)
+    require_ray("pack")
     spec = RayPackSpec(
         experiment=experiment,
         n=n,

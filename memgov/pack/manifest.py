@@ -40,10 +40,10 @@ from memgov._errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
-else:  # Python 3.10: the same parser as the tomli package, when installed
+else:  # Python 3.10: tomli, the same parser (a dependency there: pyproject.toml)
     try:
         import tomli as tomllib
-    except ModuleNotFoundError:
+    except ModuleNotFoundError:  # an install that skipped dependencies: load() says so
         tomllib = None
 
 FILE = "experiment.toml"
@@ -139,7 +139,10 @@ def locate(target: str | Path) -> Path:
 def load(target: str | Path) -> Manifest:
     path = locate(target)
     if tomllib is None:
-        raise ManifestError(f"{path}: reading TOML needs Python 3.11+ or `pip install tomli`")
+        raise ManifestError(
+            f"{path}: reading TOML on Python 3.10 needs tomli, a dependency of memgov-gpu "
+            "there that is not installed: pip install 'tomli>=1.1'"
+        )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+PLOTS_INSTALL = "pip install 'memgov-gpu[plots]'"
+
 CSV_COLUMNS = (
     "run", "role", "n", "mode", "mps", "index", "label", "status", "reason", "exit_code",
     "signal", "rogue_mib", "footprint_mib", "claim_mib", "claim_mode", "rss_mib", "uss_mib",
@@ -25,10 +27,15 @@ def write(report: dict[str, Any], out: Path) -> None:
     report["files"] = {"json": str(out / "report.json"), "csv": str(out / "report.csv"),
                        "plot": None}
     try:
-        plot(report, out / "plot.png")
-        report["files"]["plot"] = str(out / "plot.png")
-    except Exception as exc:  # no matplotlib, or a figure it cannot draw: the data still counts
-        report["files"]["plot_error"] = f"{type(exc).__name__}: {exc}"
+        import matplotlib  # noqa: F401
+    except ImportError:  # an optional extra: say how to get it, once, instead of a traceback
+        report["files"]["plot_error"] = f"not drawn: matplotlib is not installed ({PLOTS_INSTALL})"
+    else:
+        try:
+            plot(report, out / "plot.png")
+            report["files"]["plot"] = str(out / "plot.png")
+        except Exception as exc:  # a figure it cannot draw: the data still counts
+            report["files"]["plot_error"] = f"{type(exc).__name__}: {exc}"
     _atomic(out / "report.csv", _csv(report))
     _atomic(out / "report.json", json.dumps(report, indent=1, allow_nan=False) + "\n")
 
@@ -173,17 +180,27 @@ def table(report: dict[str, Any]) -> Any:
         ("start-up s (median)", lambda r: _num(r.get("ready_s"), 1)),
         ("start-up s (max)", lambda r: _num(r.get("ready_s_max"), 1)),
         ("epoch s (median)", lambda r: _num(r["epoch_s"], 2)),
-        ("samples/s, all jobs", lambda r: _num(r["aggregate_samples_per_s"], 0)),
+        ("samples/s, all jobs (a)", lambda r: _num(r["aggregate_samples_per_s"], 0)),
+        ("  while all ran, s", lambda r: _num(r.get("window_s"), 1)),
         ("  over whole span", lambda r: _num(r["aggregate_samples_per_s_span"], 0)),
-        ("x one job", lambda r: _num(r.get("speedup"), 2)),
-        ("slowdown vs one job", lambda r: _num(r.get("slowdown"), 2)),
+        ("x one job (a)", lambda r: _num(r.get("speedup"), 2)),
+        ("slowdown per job (a)", lambda r: _num(r.get("slowdown"), 2)),
         ("device peak used MiB", lambda r: _num(r["device_peak_used_mib"])),
         ("host USS peak MiB", lambda r: _num(r["host_uss_peak_mib"])),
         ("wall s", lambda r: _num(r["wall_s"], 1)),
     ]
     for name, cell in rows:
         t.add_row(name, *(cell(run) for run in runs))
+    t.caption = CAPTION
+    t.caption_justify = "left"
     return t
+
+
+CAPTION = (
+    "(a) while all jobs ran (where '-', jobs ran in waves: over the whole span, and each job's "
+    "epochs after the first). x one job: all jobs' samples/s over one job's alone; slowdown: "
+    "how much slower each job (median) trained than one job alone. x one job ~ jobs / slowdown."
+)
 
 
 def failures(report: dict[str, Any]) -> list[str]:

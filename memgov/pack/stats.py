@@ -11,8 +11,12 @@ reports; an epoch runs from (arrival of its report - its ``seconds``) to the arr
 - ``aggregate_samples_per_s_span``: every sample of every job over the whole span from the first
   epoch start to the last epoch end; start-up stagger counts against it (conservative).
 
-``slowdown`` is the run's median steady epoch time over the one-job (solo) run's; ``speedup`` is
-the aggregate over the solo job's steady samples/s. Steady means epochs after the first (the first
+``speedup`` ("x one job") is the aggregate over the one-job (solo) run's steady samples/s, and
+``slowdown`` is the solo job's steady samples/s over the median job's samples/s on the same
+basis: each job's samples inside the window while all ran (``per_job_samples_per_s``), or, where
+there is no such window, its steady samples/s. So both figures describe the same seconds and
+``speedup`` is about N / ``slowdown``; an epoch a job ran alone before or after the window (the
+first starting, the last ending) counts in neither. Steady means epochs after the first (the first
 holds one-time costs: cuDNN set-up, XLA compilation) when there are several.
 """
 
@@ -89,7 +93,8 @@ def aggregate(jobs: list[dict[str, Any]], all_at_once: bool) -> dict[str, Any]:
     spans = {j["label"]: j["epoch_spans"] for j in jobs if j["epoch_spans"]}
     if not spans:
         return {"aggregate_samples_per_s": None, "aggregate_samples_per_s_span": None,
-                "aggregate_basis": None, "window_s": None, "span_s": None}
+                "aggregate_basis": None, "window_s": None, "span_s": None,
+                "per_job_samples_per_s": None}
     every = [s for js in spans.values() for s in js]
     first, last = min(s[0] for s in every), max(s[1] for s in every)
     total = sum(s[2] for s in every)
@@ -99,18 +104,27 @@ def aggregate(jobs: list[dict[str, Any]], all_at_once: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"aggregate_samples_per_s_span": _round(span_rate),
                               "span_s": _round(last - first), "window_s": None}
     if all_at_once and hi > lo:
-        inside = 0.0
-        for start, end, n in every:
-            overlap = min(end, hi) - max(start, lo)
-            if overlap > 0 and end > start:
-                inside += n * overlap / (end - start)
-        result.update(aggregate_samples_per_s=_round(inside / (hi - lo)),
-                      aggregate_basis="all jobs running", window_s=_round(hi - lo))
+        inside = {label: _inside(js, lo, hi) for label, js in spans.items()}
+        result.update(aggregate_samples_per_s=_round(sum(inside.values()) / (hi - lo)),
+                      aggregate_basis="all jobs running", window_s=_round(hi - lo),
+                      per_job_samples_per_s=_median([n / (hi - lo) for n in inside.values()]))
     else:
         why = "span (jobs never all trained at once)" if all_at_once else \
             "span (jobs ran in waves)"
-        result.update(aggregate_samples_per_s=_round(span_rate), aggregate_basis=why)
+        steady = [j["steady_samples_per_s"] for j in jobs if j.get("steady_samples_per_s")]
+        result.update(aggregate_samples_per_s=_round(span_rate), aggregate_basis=why,
+                      per_job_samples_per_s=_median(steady))
     return result
+
+
+def _inside(spans: list[list[float]], lo: float, hi: float) -> float:
+    """The samples of one job's epochs that fall inside [lo, hi] (even progress in an epoch)."""
+    inside = 0.0
+    for start, end, n in spans:
+        overlap = min(end, hi) - max(start, lo)
+        if overlap > 0 and end > start:
+            inside += n * overlap / (end - start)
+    return inside
 
 
 def run_record(jobs: list[dict[str, Any]], *, all_at_once: bool) -> dict[str, Any]:
@@ -147,13 +161,13 @@ def run_record(jobs: list[dict[str, Any]], *, all_at_once: bool) -> dict[str, An
 
 
 def compare(run: dict[str, Any], solo: dict[str, Any] | None) -> dict[str, Any]:
-    """slowdown and speedup of a run against the one-job run."""
+    """slowdown and speedup of a run against the one-job run, over the same seconds (the
+    aggregate's basis; module docstring)."""
     if solo is None or not solo["jobs"]:
         return {"slowdown": None, "speedup": None, "solo_samples_per_s": None}
-    one = solo["jobs"][0]
-    rate = one.get("steady_samples_per_s")
-    epoch = one.get("steady_epoch_s")
-    slowdown = run["epoch_s"] / epoch if run["epoch_s"] and epoch else None
+    rate = solo["jobs"][0].get("steady_samples_per_s")
+    per_job = run.get("per_job_samples_per_s")
+    slowdown = rate / per_job if rate and per_job else None
     speedup = run["aggregate_samples_per_s"] / rate if run["aggregate_samples_per_s"] and rate \
         else None
     return {"slowdown": _round(slowdown), "speedup": _round(speedup), "solo_samples_per_s": rate}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 from typing import Any
 
 from memgov.ray._request import MEMORY_RESOURCE, MIB, type_resource
@@ -54,9 +53,13 @@ def node_resources() -> dict[str, Any]:
 
 
 def ray_start_flags(declared: dict[str, Any]) -> str:
-    """The ``ray start`` flags for ``declared`` (from node_resources())."""
-    resources = json.dumps(declared["resources"], sort_keys=True)
-    return f"--num-gpus {declared['num_gpus']} --resources {shlex.quote(resources)}"
+    """The ``ray start`` flags for ``declared`` (from node_resources()), in a form that survives
+    the shell's word splitting unquoted, so ``ray start ... $(memgov ray node-resources)`` works:
+    each flag is one word (``--flag=value``) and the JSON has no spaces. Quotes would not help:
+    ``$(...)`` does not remove them. The resource names (gpu_memory, memgov_gpu_<N>MiB) hold no
+    character a shell would glob on."""
+    resources = json.dumps(declared["resources"], sort_keys=True, separators=(",", ":"))
+    return f"--num-gpus={declared['num_gpus']} --resources={resources}"
 
 
 def _node_status() -> dict[str, Any]:

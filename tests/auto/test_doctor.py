@@ -57,3 +57,61 @@ def test_ledger_verdicts(monkeypatch, tmp_path: Path):
 def test_mount_lookup_finds_the_longest_mount_point():
     found = _doctor._mount_of(Path("/proc/self"))
     assert found is not None and found["point"] == "/proc" and found["fstype"] == "proc"
+
+
+GOVERNED_PARENT = """
+import os, subprocess, sys
+import memgov
+memgov.claim("1GiB")  # sets the thread share and the adapters' variables, as auto-enable does
+for args in (["--json"], []):
+    done = subprocess.run([sys.executable, "-m", "memgov.cli", "doctor", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    sys.stdout.write(done.stdout + "\\n@@\\n")
+"""
+
+
+def test_doctor_in_a_governed_child_tells_memgovs_variables_from_the_users(env, py):
+    env["TF_FORCE_GPU_ALLOW_GROWTH"] = "false"  # the user's: memgov keeps it (setdefault)
+    done = py(GOVERNED_PARENT, env)
+    assert done.returncode == 0, done.stderr
+    as_json, text, _ = done.stdout.split("\n@@\n")
+    report = json.loads(as_json)
+    ours = report["environment_set_by_memgov"]
+    assert {"MEMGOV_HOLDER", "MEMGOV_THREADS_SET", "OMP_NUM_THREADS"} <= set(ours)
+    assert ours["XLA_PYTHON_CLIENT_PREALLOCATE"] == {
+        "value": "false",
+        "why": "import memgov: no greedy preallocation (MEMGOV_ENV_SET)",
+    }
+    assert "MEMGOV_ENV_SET" in ours
+    threads = ours["MEMGOV_THREADS_SET"]["value"]
+    assert ours["OMP_NUM_THREADS"] == {
+        "value": threads,
+        "why": f"a governed process's CPU thread share (MEMGOV_THREADS_SET={threads})",
+    }
+    users = report["environment"]
+    assert users["TF_FORCE_GPU_ALLOW_GROWTH"] == "false" and "OMP_NUM_THREADS" not in users
+    assert set(users) & set(ours) == set()
+    assert f"env OMP_NUM_THREADS={threads} (set by memgov: a governed process's" in text
+    assert "env TF_FORCE_GPU_ALLOW_GROWTH=false\n" in text
+
+
+def test_doctor_alone_does_not_count_its_own_import_as_the_users(env):
+    """`import memgov` sets TF_FORCE_GPU_ALLOW_GROWTH and XLA_PYTHON_CLIENT_PREALLOCATE (where
+    unset) in doctor's own process too: they are memgov's, not the user's."""
+    report = json.loads(doctor(env, "--json").stdout)
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in report["environment"]
+    assert set(report["environment_set_by_memgov"]) == {
+        "MEMGOV_ENV_SET",
+        "TF_FORCE_GPU_ALLOW_GROWTH",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+    }
+
+
+def test_a_thread_count_the_user_set_is_the_users(env, py):
+    env["OMP_NUM_THREADS"] = "3"  # memgov then leaves thread pools alone
+    done = py(GOVERNED_PARENT, env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.split("\n@@\n")[0])
+    assert report["environment"]["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in report["environment_set_by_memgov"]

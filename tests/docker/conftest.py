@@ -4,6 +4,8 @@ Where no engine answers and the tests run as root, the ``docker_engine`` fixture
 ``docker.io`` and ``debootstrap`` with apt-get when ``dockerd`` is missing, and starts ``dockerd
 --bridge=none --iptables=false`` (containers use ``--network none``, builds ``--network host``;
 no network with addresses is ever made). It stops the daemon it started, and only that one.
+Each of these fixtures changes the host, so the tests using them run only with
+``pytest --host-changes`` (tests/helpers/host_changes.py).
 Anywhere else every test here is skipped, saying why (never a silent pass):
 ``MEMGOV_DOCKER_TESTS=off`` skips them on purpose, ``=no-install`` never runs apt-get.
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.host_changes import changes_host
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "memgov-base:bookworm"
@@ -92,6 +95,10 @@ def _stop(daemon: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="session")
+@changes_host(
+    "installs docker.io and debootstrap (about 28 packages) with apt-get where dockerd is "
+    "missing, starts dockerd for the session"
+)
 def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     setting = os.environ.get(SETTING, "").strip().lower()
     if setting == "off":
@@ -159,6 +166,10 @@ def _wheelhouse(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+@changes_host(
+    f"builds the images {BASE_IMAGE} and {IMAGE} (about 1.2 GB) in the Docker engine and keeps "
+    "them for the next run"
+)
 def docker_image(docker_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
     """examples/docker's image, built from this checkout on a local Debian base."""
     base = subprocess.run(
@@ -207,6 +218,10 @@ def _image_id(name: str) -> str | None:
 
 
 @pytest.fixture(scope="session")
+@changes_host(
+    "starts a second dockerd with --userns-remap=default, which creates the user and group "
+    "dockremap and gives them /etc/subuid and /etc/subgid ranges (kept)"
+)
 def userns_engine(docker_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second daemon with --userns-remap=default on its own socket and data root, holding the
     test image; stopped and its data root removed afterwards. Yields its DOCKER_HOST."""

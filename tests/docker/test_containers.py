@@ -188,7 +188,10 @@ def test_users_and_userns_remap_cannot_alter_each_others_records(
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
     owners = sorted(got["record_owners"].values())
-    assert owners == [0, 1001, 1002, 100000], owners  # userns root is an unprivileged host uid
+    # userns root is an unprivileged host uid: dockremap's first subordinate uid (231072 where
+    # useradd had given 100000-231071 to two users before dockerd made dockremap)
+    assert got["userns_root_uid"] != 0, got["userns_root_uid"]
+    assert owners == sorted([0, 1001, 1002, got["userns_root_uid"]]), owners
     claims = got["status"]["devices"][0]["claims"]
     assert sorted(c["host"] for c in claims) == sorted(h["host"] for h in got["holders"].values())
     for name in ("uid1001", "uid1002", "userns-root"):
@@ -196,6 +199,17 @@ def test_users_and_userns_remap_cannot_alter_each_others_records(
         for attempt in got["tamper"][name]["results"].values():
             assert "done" not in attempt.values(), (name, attempt)
     assert got["status_after"]["devices"][0]["claims"] == []
+
+
+def test_the_remapped_root_is_dockremaps_lowest_subordinate_uid() -> None:
+    """As Docker maps it: ranges sorted, container root is the first range's start; the owner
+    may be named by uid; other users' ranges and malformed lines do not count."""
+    subuid = "mgl_a:100000:65536\nmgl_b:165536:65536\ndockremap:231072:65536\nbroken line\n"
+    assert users_check.remapped_root_uid(subuid) == 231072
+    later_first = "dockremap:400000:65536\nmgl_a:100000:65536\ndockremap:300000:65536\n"
+    assert users_check.remapped_root_uid(later_first) == 300000
+    with pytest.raises(RuntimeError, match="no subordinate uid range for dockremap"):
+        users_check.remapped_root_uid("mgl_a:100000:65536\n")
 
 
 def test_cpus_quota_gives_that_many_threads(docker_image: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -36,6 +37,24 @@ def _docker(host: str | None, *args: str, timeout: float = 120) -> subprocess.Co
     )
 
 
+def remapped_root_uid(subuid: str, user: str = "dockremap") -> int:
+    """The host uid that root in a --userns-remap=default container runs as: the start of the
+    lowest of USER's ranges in /etc/subuid (``name:start:count`` lines), as Docker maps them
+    (moby's idtools sorts the ranges and maps container uid 0 to the first)."""
+    try:
+        uid = str(pwd.getpwnam(user).pw_uid)
+    except KeyError:
+        uid = None
+    starts = []
+    for line in subuid.splitlines():
+        fields = line.strip().split(":")
+        if len(fields) == 3 and fields[0] in (user, uid) and fields[1].isdigit():
+            starts.append(int(fields[1]))
+    if not starts:
+        raise RuntimeError(f"no subordinate uid range for {user} in /etc/subuid: {subuid!r}")
+    return min(starts)
+
+
 def _status(ledger: Path, as_json: bool) -> str:
     env = {**os.environ, "MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": DEVICES}
     argv = [sys.executable, "-m", "memgov", "status", *(["--json"] if as_json else [])]
@@ -53,8 +72,14 @@ def run(image: str, base: Path, userns_host: str | None) -> dict[str, Any]:
     # runs `memgov gc` once, which creates every device's folders with the modes users need.
     ledger.mkdir(mode=0o755, exist_ok=True)
     env = {**os.environ, "MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": DEVICES}
-    subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True,
-                   capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "memgov", "gc"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     holders: list[tuple[str, str | None, list[str]]] = [
         ("root", None, []),
         ("uid1001", None, ["--user", "1001:1001"]),
@@ -113,6 +138,8 @@ def run(image: str, base: Path, userns_host: str | None) -> dict[str, Any]:
             out["holders"][name] = json.loads((stage / f"{name}.claimed").read_text())
         claims = ledger / "v1" / "sim0" / "claims"
         out["record_owners"] = {p.name: p.stat().st_uid for p in sorted(claims.glob("*.json"))}
+        if userns_host:  # dockerd --userns-remap=default made the dockremap user and its ranges
+            out["userns_root_uid"] = remapped_root_uid(Path("/etc/subuid").read_text())
         out["status_table"] = _status(ledger, as_json=False)
         out["status"] = json.loads(_status(ledger, as_json=True))
         before = {p.name: p.read_bytes() for p in claims.glob("*.json")}

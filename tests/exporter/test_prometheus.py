@@ -27,10 +27,14 @@ from helpers.procs import Child
 
 from memgov._ledger import folder_name
 
+from helpers import host_changes
+
 from .conftest import Exporter, FakeNvml, free_port
 from .test_exporter import _plant_live, _record
 
-pytestmark = pytest.mark.host_changes
+pytestmark = pytest.mark.host_changes(
+    "apt-get installs Debian's prometheus and starts a Prometheus server on 127.0.0.1"
+)
 GIB = 2**30
 SCRAPE_S = 1
 WAIT_S = 60.0
@@ -38,11 +42,7 @@ POLICY = Path("/usr/sbin/policy-rc.d")
 
 
 def _allowed(config: pytest.Config) -> bool:
-    try:
-        flag = bool(config.getoption("--host-changes"))
-    except ValueError:  # the option is not registered in this checkout
-        flag = False
-    return flag or os.environ.get("MEMGOV_TEST_HOST_CHANGES", "").strip() == "1"
+    return host_changes.allowed(config)
 
 
 def _install() -> str:

@@ -43,6 +43,7 @@ def become(uid: int) -> None:
     _adapters.available()
     with tempfile.NamedTemporaryFile() as scratch, filelock.FileLock(scratch.name + ".lock"):
         pass
+    os.unlink(scratch.name + ".lock")  # filelock leaves its file: no temporary file left behind
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)

@@ -1,6 +1,7 @@
 """The hostile suite: real users of one host (created here, as root) against each other.
 
-Users mgl_a and mgl_b are made for the session and removed after it (only those this run made).
+Users mgl_a and mgl_b are made for the session and removed after it (only those this run made):
+a change to the host, so the tests using them run only with ``pytest --host-changes``.
 Each test gets a fresh ledger under a sticky world-writable base folder, like /tmp.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.host_changes import changes_host
 
 ACTOR = Path(__file__).resolve().parent / "actor.py"
 NAMES = ("mgl_a", "mgl_b")
@@ -43,6 +45,7 @@ class User:
 
 
 @pytest.fixture(scope="session")
+@changes_host("creates the users mgl_a and mgl_b with useradd, removed after the session")
 def users() -> Iterator[dict[str, User]]:
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("needs root and useradd to create users")

@@ -16,6 +16,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -117,6 +118,7 @@ def watcher(found: list[str]) -> None:
         time.sleep(0.0005)
     for fd in mine:
         os.close(fd)
+    shutil.rmtree(folder, ignore_errors=True)  # a test leaves no temporary folder behind
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,38 @@ def test_docker_runner_refused_without_an_engine(tmp_path: Path) -> None:
     assert "--runner docker" in done.stderr
     assert ("no `docker` on PATH" in done.stderr) or ("no container engine answers"
                                                       in done.stderr)
+
+
+HIDE_MATPLOTLIB = """
+import importlib.abc, sys
+
+
+class NoMatplotlib(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoMatplotlib())
+from memgov.cli import main
+sys.argv = ["memgov", *sys.argv[1:]]
+main()
+"""
+
+
+def test_without_matplotlib_pack_says_once_how_to_get_the_plot(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["pack", "--n", "1", "--device", "cpu", "--epochs", "1", "--no-progress"]
+    done = subprocess.run(
+        [sys.executable, "-c", HIDE_MATPLOTLIB, *args, "--out", str(out), str(MNIST), *TINY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=MNIST.parents[1],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = "plot: not drawn: matplotlib is not installed (pip install 'memgov-gpu[plots]')"
+    assert done.stdout.count(said) == 1, done.stdout
+    assert "ModuleNotFoundError" not in done.stdout + done.stderr
+    assert not (out / "plot.png").exists() and report(out)["files"]["plot"] is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,51 @@ def test_manifest_errors_say_what_is_accepted(tmp_path: Path, text: str, says: s
     with pytest.raises(manifest.ManifestError) as caught:
         manifest.load(_manifest(tmp_path, text))
     assert says in str(caught.value) and str(tmp_path) in str(caught.value)
+
+
+AS_ON_PYTHON_310 = """
+import json, sys, types
+import tomllib as parser
+if sys.argv[1] == "with-tomli":  # a stand-in with tomli's API (tomllib is tomli, upstreamed)
+    tomli = types.ModuleType("tomli")
+    tomli.loads, tomli.TOMLDecodeError = parser.loads, parser.TOMLDecodeError
+    sys.modules["tomli"] = tomli
+else:
+    sys.modules["tomli"] = None  # not installed
+sys.modules["tomllib"] = None  # 3.10 has no tomllib
+sys.version_info = (3, 10, 14, "final", 0)
+from memgov.pack import manifest
+try:
+    found = manifest.load(sys.argv[2])
+    print(json.dumps({"name": found.name, "parser": manifest.tomllib.__name__}))
+except manifest.ManifestError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+@pytest.mark.parametrize("tomli", ["with-tomli", "without"])
+def test_on_python_310_manifests_are_read_with_tomli(tomli: str) -> None:
+    done = subprocess.run([sys.executable, "-c", AS_ON_PYTHON_310, tomli, str(MNIST)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    got = json.loads(done.stdout)
+    if tomli == "with-tomli":
+        assert got == {"name": "mnist", "parser": "tomli"}
+    else:
+        assert "needs tomli, a dependency of memgov-gpu there" in got["error"]
+        assert "pip install 'tomli>=1.1'" in got["error"]
+
+
+def test_tomli_is_a_dependency_before_python_311() -> None:
+    import tomllib
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((MNIST.parents[1] / "pyproject.toml").read_text())
+    needs = [Requirement(r) for r in pyproject["project"]["dependencies"]]
+    tomli = [r for r in needs if r.name == "tomli"]
+    assert len(tomli) == 1 and tomli[0].marker is not None
+    assert tomli[0].marker.evaluate({"python_version": "3.10"})
+    assert not tomli[0].marker.evaluate({"python_version": "3.11"})
+    assert pyproject["project"]["requires-python"] == ">=3.10"
 
 
 def test_missing_epochs_default_is_asked_for(tmp_path: Path) -> None:
@@ -226,6 +273,26 @@ def test_aggregate_counts_the_window_where_all_jobs_ran() -> None:
     waves = stats.aggregate(jobs, all_at_once=False)  # type: ignore[arg-type]
     assert waves["aggregate_samples_per_s"] == round(200 / 15, 4)
     assert waves["aggregate_basis"] == "span (jobs ran in waves)"
+
+
+def test_slowdown_and_x_one_job_describe_the_same_seconds() -> None:
+    """README's 2 jobs on 2 cores: job b started late and its last epoch ran alone. Alone, one
+    job does 100 samples/s; while both ran, each did 50. The summary must say 2x slower and 1x
+    one job (2 jobs / 2), not "slowdown 1.75" from epochs partly run alone next to "x one job 1"."""
+    a = [[0.0, 20.0, 1000], [20.0, 40.0, 1000]]
+    b = [[5.0, 25.0, 1000], [25.0, 45.0, 1000], [45.0, 55.0, 1000]]  # 45-55: alone, 100/s
+    jobs = [
+        {**_job("a", a), "steady_samples_per_s": 50.0, "steady_epoch_s": 20.0},
+        {**_job("b", b), "steady_samples_per_s": 2000 / 30, "steady_epoch_s": 15.0},
+    ]
+    run = {"epoch_s": 17.5, **stats.aggregate(jobs, all_at_once=True)}  # type: ignore[arg-type]
+    assert run["window_s"] == 35.0 and run["per_job_samples_per_s"] == 50.0
+    solo = {"jobs": [{"steady_samples_per_s": 100.0, "steady_epoch_s": 10.0}]}
+    got = stats.compare(run, solo)
+    assert got["speedup"] == 1.0 and got["slowdown"] == 2.0  # 2 jobs x 1/2 speed each
+    # in waves there is no common window: each job's steady rate, against the solo's
+    waves = {"epoch_s": 17.5, **stats.aggregate(jobs, all_at_once=False)}  # type: ignore[arg-type]
+    assert stats.compare(waves, solo)["slowdown"] == round(100 / ((50 + 2000 / 30) / 2), 4)
 
 
 # -- runners -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,8 +81,8 @@ def test_node_resources_from_the_inventory(env: dict[str, str]) -> None:
     env["MEMGOV_DEVICES"] = "a:16GiB,b:16GiB"
     done = _cli("ray", "node-resources", env=env)
     assert done.returncode == 0, done.stderr
-    expected = '{"gpu_memory": 32768, "memgov_gpu_16384MiB": 2}'
-    assert done.stdout.strip() == f"--num-gpus 2 --resources '{expected}'"
+    expected = '{"gpu_memory":32768,"memgov_gpu_16384MiB":2}'
+    assert done.stdout.strip() == f"--num-gpus=2 --resources={expected}"
     env["MEMGOV_RESERVE"] = "1GiB"  # the ledger's capacity: total minus the reserve
     data = json.loads(_cli("ray", "node-resources", "--json", env=env).stdout)
     assert data["resources"] == {"gpu_memory": 30720, "memgov_gpu_15360MiB": 2}
@@ -91,7 +92,7 @@ def test_node_resources_on_a_mixed_node_declares_the_smallest(env: dict[str, str
     env["MEMGOV_DEVICES"] = "a:16GiB,b:80GiB"
     done = _cli("ray", "node-resources", env=env)
     assert done.returncode == 0
-    assert '"memgov_gpu_16384MiB": 2' in done.stdout
+    assert '"memgov_gpu_16384MiB":2' in done.stdout
     assert "declared as the smallest (16384 MiB)" in done.stderr
 
 
@@ -100,3 +101,94 @@ def test_node_resources_with_garbage_inventory_exits_2(env: dict[str, str]) -> N
     done = _cli("ray", "node-resources", env=env)
     assert done.returncode == 2
     assert "MEMGOV_DEVICES" in done.stderr and "Traceback" not in done.stderr
+
+
+RAY_START_PARSER = """
+import json, sys
+import click
+from ray.scripts.scripts import start  # Ray's own `ray start` command: its argument parsing only
+assert sys.argv[1] == "start", sys.argv
+try:
+    ctx = start.make_context("ray start", sys.argv[2:])
+except click.ClickException as exc:
+    exc.show()
+    sys.exit(exc.exit_code)
+params = {k: ctx.params[k] for k in ("address", "num_gpus", "resources")}
+params["resources"] = json.loads(params["resources"])  # as `ray start` reads it
+print(json.dumps(params))
+"""
+
+
+def test_the_docs_ray_start_line_works_as_written(env: dict[str, str], tmp_path: Path) -> None:
+    """docs/ray.md's quick-start line, run by a real shell: $(...) splits the output into words
+    without removing quotes, so each flag must be one word that Ray's parser accepts."""
+    pytest.importorskip("ray.scripts.scripts")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ray.md").read_text()
+    lines = [ln.strip() for ln in doc.splitlines() if "$(memgov ray node-resources)" in ln]
+    assert lines == ["ray start --address HEAD:6379 $(memgov ray node-resources)"], lines
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ray").write_text(f"#!{sys.executable}\n{RAY_START_PARSER}")
+    (fake / "ray").chmod(0o755)
+    env["PATH"] = os.pathsep.join([str(fake), str(Path(sys.executable).parent), env["PATH"]])
+    env["MEMGOV_DEVICES"] = "a:16GiB,b:16GiB"
+    done = subprocess.run(["sh", "-c", lines[0]], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "address": "HEAD:6379",
+        "num_gpus": 2,
+        "resources": {"gpu_memory": 32768, "memgov_gpu_16384MiB": 2},
+    }
+
+
+NO_RAY = """
+import importlib.abc, sys
+
+
+class NoRay(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoRay())
+from memgov.cli import main
+sys.argv = ["memgov", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["status"], ["pack", "--device", "cpu", "--n", "1", "experiments/mnist"]],
+    ids=["status", "pack"],
+)
+def test_without_ray_each_ray_command_says_so_in_one_line(
+    env: dict[str, str], args: list[str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", NO_RAY, "ray", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"memgov ray {args[0]}: needs Ray, which cannot be imported here (No module named 'ray');"
+        " install it with pip install 'memgov-gpu[ray]'"
+    ]
+
+
+def test_without_ray_node_resources_still_prints_the_flags(env: dict[str, str]) -> None:
+    """It needs no Ray: the flags are for `ray start` on a node that has it."""
+    env["MEMGOV_DEVICES"] = "a:16GiB"
+    done = subprocess.run(
+        [sys.executable, "-c", NO_RAY, "ray", "node-resources"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("--num-gpus=1 --resources=")

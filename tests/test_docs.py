@@ -1,0 +1,59 @@
+"""The docs describe the present: every `memgov` command they name exists, nothing is announced
+as coming, and install hints name the distribution (memgov-gpu), not the unrelated `memgov`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import typer.main
+
+from memgov.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("examples/**/README.md")])
+SOURCES = sorted([*ROOT.glob("memgov/**/*.py"), *ROOT.glob("adapters/**/*.py")])
+
+
+def _code(text: str) -> list[str]:
+    """The fenced blocks and `inline` spans of a markdown text."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.M | re.S)
+    outside = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.M | re.S)
+    return blocks + re.findall(r"`([^`\n]+)`", outside)
+
+
+def test_every_memgov_command_the_docs_name_exists() -> None:
+    commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    unknown = []
+    for path in DOCS:
+        for code in _code(path.read_text(encoding="utf-8")):
+            code = re.sub(r"(^|\s)#[^\n]*", "", code)  # shell comments are prose
+            # a command: at the start of a code span or line, after a prompt, $( && | or a
+            # column gap (the architecture diagram), never inside a sentence or an output line
+            found = re.findall(r"(?:^|[$(&|]\s*|\s{2})memgov ([a-z][a-z-]*)\b", code, re.M)
+            for word in found:
+                if word not in commands:
+                    unknown.append(f"{path.relative_to(ROOT)}: memgov {word}")
+    assert not unknown, f"commands are {sorted(commands)}:\n" + "\n".join(unknown)
+
+
+def test_nothing_is_announced_as_coming() -> None:
+    said = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in DOCS
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"\bcoming\b", line, flags=re.I)
+    ]
+    assert not said, "docs describe the present:\n" + "\n".join(said)
+
+
+def test_install_hints_name_the_distribution() -> None:
+    """`pip install memgov[...]` installs the unrelated project; ours is memgov-gpu (or a clone's
+    folder, ./memgov[...])."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in [*DOCS, *SOURCES]
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"""pip install[^\n]*?(?<![\w./-])['"]?memgov\[""", line)
+    ]
+    assert not wrong, "\n".join(wrong)
