@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import threading
 from importlib.metadata import entry_points
@@ -20,6 +21,16 @@ log = logging.getLogger("memgov")
 _lock = threading.Lock()
 _loaded: list[Adapter] | None = None
 _failures: list[str] = []
+
+
+def _fresh_lock_in_child() -> None:
+    # A lock held at fork() time (a thread loading the adapters) stays held in the forked
+    # child, where that thread does not exist: the child's first use would wait forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def available() -> list[Adapter]:

@@ -71,8 +71,13 @@ class Probe(Dataset):  # type: ignore[type-arg]
 
 
 def dataloader(method: str, hang: bool) -> list[dict[str, object]]:
-    loader = DataLoader(Probe(), batch_size=1, num_workers=2, persistent_workers=True,
-                        multiprocessing_context=method)
+    loader = DataLoader(
+        Probe(),
+        batch_size=1,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=method,
+    )
     seen: dict[int, int] = {}
     for _ in range(2):  # two epochs: persistent workers serve both
         for batch in loader:
@@ -80,8 +85,15 @@ def dataloader(method: str, hang: bool) -> list[dict[str, object]]:
             seen[pid] = max(fds, seen.get(pid, 0))
     if hang:
         # Workers whose items never come: they stay alive, inside the dataset, after the parent.
-        stuck = iter(DataLoader(Probe(), batch_size=1, sampler=[-1, -2], num_workers=2,
-                                multiprocessing_context=method))
+        stuck = iter(
+            DataLoader(
+                Probe(),
+                batch_size=1,
+                sampler=[-1, -2],
+                num_workers=2,
+                multiprocessing_context=method,
+            )
+        )
         threading.Thread(target=next, args=(stuck,), daemon=True).start()
         wait_for_marks(2)
     return [{"pid": pid, "ledger_fds": fds} for pid, fds in sorted(seen.items())]

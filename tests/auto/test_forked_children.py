@@ -31,8 +31,9 @@ KINDS = [
 
 
 @pytest.fixture
-def governed(env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-             ) -> dict[str, str]:
+def governed(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
     """The program's environment: MEMGOV_CLAIM on sim0:16GiB; the test reads the same ledger."""
     env.update(MEMGOV_CLAIM="1GiB", HANG_MARKS=str(tmp_path / "marks"))
     monkeypatch.setenv("MEMGOV_DIR", env["MEMGOV_DIR"])
@@ -53,8 +54,13 @@ def claimed() -> int:
 def test_children_print_nothing_hold_nothing_and_the_records_go_with_the_parent(
     governed: dict[str, str], kind: list[str]
 ) -> None:
-    result = subprocess.run([sys.executable, str(PROGRAM), *kind], env=governed,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(PROGRAM), *kind],
+        env=governed,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     only_info_lines(result.stderr)
     assert any(line.startswith("memgov: claim ") for line in result.stderr.splitlines())
@@ -70,9 +76,14 @@ def test_children_print_nothing_hold_nothing_and_the_records_go_with_the_parent(
 def test_a_killed_parents_records_die_while_its_children_live_on(
     governed: dict[str, str], kind: list[str]
 ) -> None:
-    proc = subprocess.Popen([sys.executable, str(PROGRAM), *kind, "hang"], env=governed,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(PROGRAM), *kind, "hang"],
+        env=governed,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         seen = json.loads(proc.stdout.readline() or "{}")
