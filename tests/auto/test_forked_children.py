@@ -1,8 +1,9 @@
-"""Children of a governed program (issue 22, item 2): a real torch DataLoader (fork, spawn,
-forkserver; persistent workers), a plain os.fork() and a multiprocessing Pool, under MEMGOV_CLAIM
-on a simulated GPU. The program's stderr holds memgov's info lines and nothing else; no child
-holds a descriptor of the ledger (so none keeps the parent's record locked); the parent's records
-go when the parent does, also when it is killed while its children live on."""
+"""Children of a governed program (docs/auto-enable.md, "Child processes"): a real torch
+DataLoader (fork, spawn, forkserver; persistent workers), a plain os.fork() and a multiprocessing
+Pool, under MEMGOV_CLAIM on a simulated GPU. The program's stderr holds memgov's info lines and
+nothing else; no child holds a descriptor of the ledger (so none keeps the parent's record
+locked); the parent's records go when the parent does, also when it is killed while its
+children live on."""
 
 from __future__ import annotations
 
