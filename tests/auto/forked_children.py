@@ -110,13 +110,22 @@ def plain_fork(hang: bool) -> list[dict[str, object]]:
         os.close(write)
         if hang:
             hang_forever()
-        os._exit(0)
+        sys.exit(0)  # a normal exit: the child's atexit handlers run (they must release nothing)
     os.close(write)
     with os.fdopen(read) as pipe:
         child = json.loads(pipe.read())
     if not hang:
         os.waitpid(pid, 0)
+        child["parent_records_after"] = records()
     return [child]
+
+
+def records() -> int:
+    """Live records in this ledger (claims and CPU shares): the parent's two, while it lives."""
+    from memgov import _cpushare, _status
+
+    claims = [c for d in _status.status()["devices"] for c in d["claims"]]
+    return len(claims) + len(_cpushare.peers())
 
 
 def pool(hang: bool) -> list[dict[str, object]]:

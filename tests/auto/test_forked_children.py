@@ -68,6 +68,8 @@ def test_children_print_nothing_hold_nothing_and_the_records_go_with_the_parent(
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(seen["children"]) == (1 if kind == ["fork"] else 2)
     assert all(child["ledger_fds"] == 0 for child in seen["children"]), seen
+    if kind == ["fork"]:  # its child exited normally (atexit) and left the parent's records
+        assert seen["children"][0]["parent_records_after"] == 2
     assert _cpushare.peers() == [] and claimed() == 0
     cpu_folder = Path(governed["MEMGOV_DIR"], *_cpushare.PARTS)
     assert sorted(os.listdir(cpu_folder)) == []  # removed by the parent itself, not by a scan
