@@ -23,6 +23,16 @@ _loaded: list[Adapter] | None = None
 _failures: list[str] = []
 
 
+def _fresh_lock_in_child() -> None:
+    # A lock held at fork() time (a thread loading the adapters) stays held in the forked
+    # child, where that thread does not exist: the child's first use would wait forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def available() -> list[Adapter]:
     """Every installed adapter (loaded once; a broken plugin is logged and skipped)."""
     global _loaded

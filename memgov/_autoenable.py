@@ -40,6 +40,16 @@ outcome: dict[str, Any] = {}
 ``memgov doctor``."""
 
 
+def _fresh_lock_in_child() -> None:
+    # A lock held at fork() time (a thread importing a framework) stays held in the forked
+    # child, where that thread does not exist: the child's first use would wait forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def triggered(environ: Any = None) -> bool:
     from memgov._settings import TRIGGERS
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memgov import _adapters, _admission, _devices, _enforce, _settings, _threads
-from memgov._errors import ConfigError, MemgovError
+from memgov._errors import MemgovError
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
 from memgov._sizes import Size, format_size
@@ -187,7 +187,7 @@ def _claim_now(
 ) -> tuple[Claim, dict[str, str | None], _devices.Device]:
     global _current
     candidates = _devices.candidates(device)
-    sizes = _sizes_on(size, candidates)
+    sizes = _devices.sizes_on(size, candidates)  # ConfigError when no device can hold it
     candidates = [d for d in candidates if d.uuid in sizes]
     # The mode goes into the record, so it is decided before admission writes one.
     plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
@@ -258,20 +258,6 @@ def _settle(
     if restore:
         result.reports["mps"] = _enforce.describe()
     return result
-
-
-def _sizes_on(size: Size, candidates: list[_devices.Device]) -> dict[str, int]:
-    """Device UUID -> the request in bytes, for each candidate device that could ever hold it."""
-    sizes: dict[str, int] = {}
-    error: ValueError | None = None
-    for device in candidates:
-        try:
-            sizes[device.uuid] = size.on(device.total)
-        except ValueError as exc:  # device="auto" skips a GPU too small for it, unless all are
-            error = error or ConfigError(str(exc))
-    if error is not None and not sizes:
-        raise error
-    return sizes
 
 
 def _check_name(name: object) -> str:

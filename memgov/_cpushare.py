@@ -143,12 +143,15 @@ def _probe(fd: int, name: str) -> tuple[bool | None, dict[str, Any] | None]:
     if not ours:
         return None, None
     try:
-        file_fd = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
+        # Owned (closed in a forked child by _flock's hook): a child forked while this thread
+        # holds the probe's shared lock must not keep it, e.g. on a writer's locked-to-be file.
+        file = _flock.own(
+            os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
         )
     except OSError:
-        return None, None  # gone, a symlink, or unreadable
+        return None, None  # gone, a symlink, unreadable, or a folder
     try:
+        file_fd = file.fileno()
         info = os.fstat(file_fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
             return None, None
@@ -165,7 +168,7 @@ def _probe(fd: int, name: str) -> tuple[bool | None, dict[str, Any] | None]:
             return alive, None
         raw = os.read(file_fd, MAX_BYTES + 1)
     finally:
-        os.close(file_fd)
+        file.close()
     try:  # other users' files: parsed with the ledger's bounds (depth, number length, range)
         text = raw.decode()
         if _parse._depth(text) > _parse.MAX_DEPTH:

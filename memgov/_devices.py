@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from memgov import _nvml, _settings
 from memgov._errors import ConfigError, NoDeviceError
+from memgov._sizes import Size
 
 SIM_FORMAT = _settings.SIM_FORMAT
 
@@ -160,3 +161,28 @@ _DEVICE_ACCEPTED = (
     'accepted None (the first visible GPU), an index as frameworks count ("1" or "cuda:1"), '
     'a GPU UUID or a unique prefix of one, or "auto"'
 )
+
+
+def sizes_on(size: Size, among: list[Device]) -> dict[str, int]:
+    """Device UUID -> ``size`` in bytes, for each device of ``among`` that could ever hold it.
+
+    Every path that takes a size for a device checks it here, before anything starts: claim()
+    (and so auto-enable), ``memgov run --claim`` and ``memgov pack --claim``. A device too small
+    is skipped (device="auto" picks among the others); when none can hold it, a ConfigError
+    names the size, the largest device and its size, and what is accepted.
+    """
+    sizes: dict[str, int] = {}
+    for device in among:
+        try:
+            sizes[device.uuid] = size.on(device.total)
+        except ValueError:
+            continue
+    if among and not sizes:
+        largest = max(among, key=lambda d: d.total)
+        where = "the device" if len(among) == 1 else "the largest device,"
+        where = f"{where} {largest.uuid}"
+        try:
+            size.on(largest.total, where)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return sizes

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -21,6 +22,17 @@ _callbacks: dict[str, list[Callback]] = {}
 _resolving: set[str] = set()
 _executing: set[str] = set()
 """Modules whose code is running under our loader: in sys.modules, but not imported yet."""
+
+
+def _fresh_lock_in_child() -> None:
+    # A lock held at fork() time (by an import in another thread: every import asks this
+    # finder) stays held in the forked child, where that thread does not exist: the child's
+    # next import would wait forever.
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def when_imported(name: str, callback: Callback) -> None:

@@ -8,6 +8,7 @@ NVML is initialised once per process, lazily, and never by ``import memgov``.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,16 @@ from typing import Any
 _NOT_AVAILABLE = 2**64 - 1
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
+
+
+def _fresh_lock_in_child() -> None:
+    # A lock held at fork() time (a thread asking NVML) stays held in the forked
+    # child, where that thread does not exist: the child's first use would wait forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 @dataclass(frozen=True)

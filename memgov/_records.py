@@ -329,10 +329,10 @@ def _read(
         # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
         raise LedgerError(f"cannot read {where}: {exc.strerror or exc}") from None
     try:
-        # Owned by a FileIO from here: whatever is raised, the probe's lock goes with it.
-        probe = io.FileIO(fd, "r", closefd=True)
-    except IsADirectoryError:
-        os.close(fd)
+        # Owned from here: whatever is raised, the probe's lock goes with it, and a child forked
+        # while this thread holds it closes its copy (_flock's at-fork hook).
+        probe = own(fd)
+    except IsADirectoryError:  # own() closed it
         return Seen(name, False, None, "not a regular file", _owner(folder_fd, name))
     try:
         info = os.fstat(fd)
@@ -369,9 +369,8 @@ def is_locked(folder_fd: int, name: str) -> bool:
     except OSError:
         return False  # gone
     try:
-        probe = io.FileIO(fd, "r", closefd=True)
-    except IsADirectoryError:
-        os.close(fd)
+        probe = own(fd)  # closed in a forked child too (_flock's at-fork hook)
+    except IsADirectoryError:  # own() closed it
         return False  # a folder holds no ticket
     try:
         fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)

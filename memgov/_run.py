@@ -11,6 +11,7 @@ import os
 from typing import NoReturn
 
 from memgov._errors import ConfigError, MemgovError
+from memgov._sizes import Size
 
 
 def command_env(
@@ -26,20 +27,12 @@ def command_env(
     from memgov import _settings
 
     env = dict(os.environ if environ is None else environ)
-    value = str(_settings.claim_setting(claim, "--claim"))
+    chosen = _settings.claim_setting(claim, "--claim")
     _settings.wait_seconds(wait, "--wait")
     if threads is not None and threads < 1:  # an int option: MEMGOV_THREADS's other forms
         raise ConfigError(f"--threads {threads!r}: accepted a whole number of CPU threads >= 1")
-    if device is not None:
-        # Checked here, against the GPUs CMD will see (same environment): a device that matches
-        # none would otherwise only warn inside CMD and leave it ungoverned.
-        from memgov import _devices
-
-        try:
-            _devices.candidates(device)
-        except MemgovError as exc:
-            raise ConfigError(f"--device {device!r}: {exc}") from None
-    env["MEMGOV_CLAIM"] = value
+    _check_devices(chosen, device)
+    env["MEMGOV_CLAIM"] = str(chosen)
     env.pop("MEMGOV_HOLDER", None)  # CMD claims for itself, even when started by a governed job
     for name, setting in (
         ("MEMGOV_DEVICE", device),
@@ -51,6 +44,24 @@ def command_env(
     if strict:
         env["MEMGOV_STRICT"] = "1"
     return env
+
+
+def _check_devices(chosen: str | Size, device: str | None) -> None:
+    """--device and a --claim size, against the GPUs CMD will see (the same environment): a
+    device that matches none, or a size no device can hold, would otherwise only warn inside
+    CMD and leave it running ungoverned. Without any GPU here CMD says so itself."""
+    if device is None and not isinstance(chosen, Size):
+        return  # nothing to check: growth, auto and off start no NVML here
+    from memgov import _devices
+
+    try:
+        found = _devices.candidates(device)
+    except MemgovError as exc:
+        if device is None:
+            return  # no GPU at all: CMD's auto-enable warns (or fails with --strict)
+        raise ConfigError(f"--device {device!r}: {exc}") from None
+    if isinstance(chosen, Size):
+        _devices.sizes_on(chosen, found)  # ConfigError naming --claim and the device's size
 
 
 def exec_command(argv: list[str], env: dict[str, str]) -> NoReturn:

@@ -66,8 +66,11 @@ class Size:
         """``value`` itself if it is already a checked Size, else ``Size(value, what)``."""
         return value if isinstance(value, Size) else cls(value, what)
 
-    def on(self, total: int | None) -> int:
-        """Bytes on a device of ``total`` bytes (None: no device known, percentages refused)."""
+    def on(self, total: int | None, where: str = "the device") -> int:
+        """Bytes on a device of ``total`` bytes (None: no device known, percentages refused).
+
+        The one comparison of a size with a device; ``where`` names that device in the error
+        (memgov/_devices.py's ``sizes_on`` is how claim(), memgov run and pack reach it)."""
         value, what = self.value, self.what
         size = self.bytes
         if size is None:
@@ -78,8 +81,9 @@ class Size:
             _bounded(size, value, what)
         if total is not None and size > total:
             raise ValueError(
-                f"{what}: {value!r} ({format_size(size)}) is larger than the device "
-                f"({format_size(total)}); accepted at most the device's size or a percentage of it"
+                f"{what}: {value!r} ({format_size(size)}) is larger than {where} "
+                f"({format_size(total)}); accepted at most {format_size(total)} or a percentage "
+                f"of {where}"
             )
         return size
 

@@ -337,17 +337,18 @@ def _apply_wanted() -> None:
 
 
 def _forget_in_child() -> None:
-    # A forked child (DataLoader worker) is covered by its parent's record; it must not keep the
-    # parent's record lock alive after the parent exits, nor follow a share (no thread of its own).
-    reg = _state.pop("registration", None)
-    _state.pop("follower", None)
-    _state.pop("budget", None)
+    # A forked child (DataLoader worker, Pool worker) is covered by its parent's record. Its copy
+    # of the record's descriptor is closed by _flock's at-fork hook, like every ledger file, so
+    # the lock dies with the parent; nothing here touches it. What stays is the Registration
+    # object: dropped, so the child can never update or remove (unlink) the parent's record,
+    # neither at exit nor by following a share (the follower thread did not survive the fork).
+    global _lock
+    _lock = threading.RLock()  # the follower may have held the old one at the fork: never freed
+    for key in ("registration", "follower", "budget", "wanted"):
+        _state.pop(key, None)
+    # "pending_cb" stays: a call the follower queued just before the fork may still run here.
     _state["scheduled"] = False
     _callbacks.clear()
-    held = getattr(reg, "held", None)
-    if held is not None:
-        with contextlib.suppress(OSError):
-            os.close(held.fd)
 
 
 def _release_at_exit() -> None:

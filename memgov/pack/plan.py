@@ -17,7 +17,7 @@ from typing import Any
 from memgov import _config, _devices
 from memgov._devices import Device
 from memgov._errors import ConfigError, MemgovError
-from memgov._sizes import format_size, parse_size
+from memgov._sizes import Size, format_size
 from memgov.pack import history, hostmem, manifest, runners
 from memgov.pack.config import (
     DEFAULT_CLAIM,
@@ -317,11 +317,10 @@ def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
            ) -> tuple[int | None, str | None]:
     if cfg.mode != "claim":
         return None, None
-    total = device.total if device is not None and not device.simulated else None
     if cfg.claim.strip().lower() != "auto":
         try:
-            return parse_size(cfg.claim, total=total, what="--claim"), f"--claim {cfg.claim}"
-        except ValueError as exc:
+            return _explicit_claim(Size(cfg.claim, "--claim"), device), f"--claim {cfg.claim}"
+        except ValueError as exc:  # ConfigError too
             raise ConfigError(f"{exc}; or auto (measured peaks, see docs/pack.md)") from None
     key = history.key(name, cfg.framework, batch)
     found = history.auto_size(key)
@@ -330,6 +329,18 @@ def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
     size = DEFAULT_CLAIM.get(cfg.framework, DEFAULT_CLAIM_OTHER)
     return size, (f"default for {cfg.framework} ({format_size(size)}): no measured peaks for "
                   f"{key} yet (a pack on a GPU records them)")
+
+
+def _explicit_claim(size: Size, device: Device | None) -> int:
+    """``--claim SIZE`` in bytes, checked where every size meets a device (_devices.sizes_on):
+    the GPU, or the user's simulated one (MEMGOV_DEVICES). pack's own simulated GPU of a CPU
+    pack is sized to hold every job, so there the claim is a size or percentage of this host's
+    memory, which that GPU stands for: a CPU job cannot use more."""
+    if device is not None:
+        return _devices.sizes_on(size, [device])[device.uuid]
+    import psutil
+
+    return size.on(psutil.virtual_memory().total, "this host's memory")
 
 
 MPS_SERVER_ALLOWANCE = 128 * 2**20

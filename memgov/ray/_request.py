@@ -24,7 +24,7 @@ from typing import Any
 
 from memgov import _settings
 from memgov._errors import ConfigError
-from memgov._sizes import format_size, parse_size
+from memgov._sizes import Size, parse_size
 
 MIB = 2**20
 MEMORY_RESOURCE = "gpu_memory"
@@ -93,27 +93,22 @@ def build(
     """
     capacity = _pick_type(gpu, known, budget)
     seconds = _settings.wait_seconds(wait, "wait")
-    request = Request(_budget_bytes(budget, capacity), capacity, seconds)
-    if request.budget_mib > capacity:
-        where = f"GPUs of {capacity} MiB" if gpu is not None else "any GPU of the cluster"
-        raise ConfigError(
-            f"budget {format_size(request.budget)} can never fit: it is larger than {where} "
-            f"(a budget lives on one GPU; memgov never splits it)"
-        )
-    return request
+    where = f"GPUs of {capacity} MiB" if gpu is not None else "each GPU of the cluster"
+    return Request(_budget_bytes(budget, capacity, where), capacity, seconds)
 
 
-def _budget_bytes(budget: int | str, capacity_mib: int) -> int:
+def _budget_bytes(budget: int | str, capacity_mib: int, where: str) -> int:
+    """``budget`` in bytes on a GPU of ``capacity_mib``, checked as every size is against its
+    device (memgov._sizes.Size.on)."""
     try:
-        return parse_size(
-            budget, total=capacity_mib * MIB if _is_percent(budget) else None, what="budget"
-        )
+        size = Size(budget, "budget")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _is_percent(value: object) -> bool:
-    return isinstance(value, str) and value.strip().endswith("%")
+    try:
+        return size.on(capacity_mib * MIB, where)
+    except ValueError as exc:  # a size: larger than the GPU; a percentage: 0 bytes
+        never = "; it can never fit: a budget lives on one GPU, memgov never splits it"
+        raise ConfigError(f"{exc}{never if size.percent is None else ''}") from None
 
 
 def _pick_type(gpu: int | str | None, known: list[int] | None, budget: int | str) -> int:

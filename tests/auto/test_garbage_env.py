@@ -16,7 +16,7 @@ GARBAGE = [
     ("MEMGOV_DEVICES", "sim0", "MEMGOV_DEVICES item 'sim0' is not valid; MEMGOV_DEVICES: accepted"),
     ("MEMGOV_RESERVE", "plenty", "MEMGOV_RESERVE: cannot read 'plenty' as a size; accepted"),
     ("MEMGOV_CLAIM", "999TiB", "MEMGOV_CLAIM: '999TiB' (1022976.00 GiB) is larger than the device "
-     "(16.00 GiB); accepted at most the device's size"),
+     "sim0 (16.00 GiB); accepted at most 16.00 GiB or a percentage of the device sim0"),
     # Settings this run would not use are checked too (a typo shows before the day it matters).
     ("MEMGOV_CONTEXTS", "0", "MEMGOV_CONTEXTS='0': accepted a whole number >= 1"),
     ("MEMGOV_MPS", "on", "MEMGOV_MPS='on': accepted auto"),

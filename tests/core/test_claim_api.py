@@ -231,7 +231,7 @@ def test_auto_skips_devices_too_small_for_the_request() -> None:
     with pytest.raises(memgov.BudgetExceeded, match=r"waited 0\.1 s") as info:
         memgov.claim("33GiB", device="auto", wait=0.1)
     assert info.value.device == "sim1"
-    with pytest.raises(ValueError, match="larger than the device"):
+    with pytest.raises(ValueError, match=r"larger than the largest device, sim1 \(64\.00 GiB\)"):
         memgov.claim("65GiB", device="auto")  # no device is that large
     with pytest.raises(ValueError, match="cannot read 'lots' as a size"):
         memgov.claim("lots", device="auto")
