@@ -153,7 +153,9 @@ def _on_import(module: ModuleType) -> None:
                 raise
             raise MemgovError(f"auto-enable failed: {type(exc).__name__}: {exc}") from exc
         detail = str(exc) if isinstance(exc, MemgovError) else f"{type(exc).__name__}: {exc}"
-        _warn(f"{detail}; continuing without a memgov budget (MEMGOV_STRICT=1 makes this an error)")
+        _warn_once_per_job(
+            f"{detail}; continuing without a memgov budget (MEMGOV_STRICT=1 makes this an error)"
+        )
 
 
 def _govern(framework: str, strict: bool) -> None:
@@ -287,6 +289,23 @@ def installed_pth() -> list[str]:
 def _say(message: str) -> None:
     sys.stderr.write(f"memgov: {message}\n")
     sys.stderr.flush()
+
+
+WARNED_ENV = "MEMGOV_WARNED"
+"""A digest of the failure auto-enable last warned about in this job; children inherit it."""
+
+
+def _warn_once_per_job(message: str) -> None:
+    """Warn, unless a parent of this process (spawned DataLoader workers, multiprocessing,
+    subprocesses: they inherit its environment, so they fail the same way) said just this."""
+    import zlib
+
+    mark = f"{zlib.crc32(message.encode()):08x}"
+    if os.environ.get(WARNED_ENV) == mark:
+        outcome.setdefault("warnings", []).append(message)  # said once, by the parent
+        return
+    os.environ[WARNED_ENV] = mark
+    _warn(message)
 
 
 def _warn(message: str) -> None:

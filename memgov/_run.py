@@ -34,6 +34,7 @@ def command_env(
     _check_devices(chosen, device)
     env["MEMGOV_CLAIM"] = str(chosen)
     env.pop("MEMGOV_HOLDER", None)  # CMD claims for itself, even when started by a governed job
+    env.pop("MEMGOV_WARNED", None)  # and says what fails for it, whatever its parent said
     for name, setting in (
         ("MEMGOV_DEVICE", device),
         ("MEMGOV_WAIT", None if wait is None else f"{wait:g}"),

@@ -312,6 +312,9 @@ TABLE: tuple[Row, ...] = (
         "names of the variables memgov set (`import memgov`'s no-preallocation defaults, the "
         "adapters' settings), comma-separated: `memgov doctor` shows them apart from the user's",
         _text, job=True, internal=True),
+    Row("MEMGOV_WARNED", "set by memgov, not by users", "unset",
+        "a digest of the failure auto-enable warned about: children that fail the same way stay "
+        "quiet (said once per job)", _text, job=True, internal=True),
 )
 # fmt: on
 ROWS = {row.name: row for row in TABLE}

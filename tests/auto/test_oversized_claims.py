@@ -86,6 +86,38 @@ def test_auto_enable_says_once_that_the_claim_cannot_be_granted(env: dict[str, s
     assert "Traceback" in strict.stderr  # raised from the import statement, as strict promises
 
 
+def test_spawned_workers_of_the_program_do_not_say_it_again(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env.update(MEMGOV_CLAIM="999TiB", HANG_MARKS=str(tmp_path / "marks"))
+    program = Path(__file__).resolve().parent / "forked_children.py"
+    result = subprocess.run(
+        [sys.executable, str(program), "dataloader", "spawn"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "larger than the device sim0" in lines[0], result.stderr
+
+
+def test_a_subprocess_stays_quiet_but_memgov_run_says_its_own(env: dict[str, str], py) -> None:
+    env.update(MEMGOV_CLAIM="1GiB", MEMGOV_THREADS="many")  # auto-enable fails on a setting
+    code = (
+        "import subprocess, sys, torch\n"
+        "subprocess.run([sys.executable, '-c', 'import torch'], check=True)\n"
+        "subprocess.run([sys.executable, '-m', 'memgov.cli', 'run', '--', sys.executable, '-c',"
+        " 'import torch'], check=True)\n"
+    )
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr  # the program's, then memgov run's CMD's; not the child's
+    assert all(line.startswith("memgov: warning: MEMGOV_THREADS='many'") for line in lines)
+
+
 def test_claim_raises_a_memgov_error_and_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:16GiB")
     with pytest.raises(ConfigError) as info:
