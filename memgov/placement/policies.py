@@ -14,7 +14,8 @@ them, integer scores 0-100 included (their ties are part of how they behave):
 - ``gpupacking``: a GPU already shared first, then idle GPUs of a node in use, then an idle node.
 - ``bestfit``: the node with the least CPU and GPU left after placing the job.
 - ``fgd``: fragmentation gradient descent, the node and GPU where fragmentation grows least.
-- ``memgov`` (alias ``default``): memgov's own (below).
+- ``memgov`` (alias ``default``): FGD's score, a node in use before an idle one, and jobs
+  without GPUs beside GPUs already taken (`MemgovPolicy`).
 
 All but ``random`` and ``fgd`` put a GPU-sharing job on the fullest GPU with room (best fit).
 """
@@ -163,34 +164,33 @@ def _sigmoid_score(drop: np.ndarray) -> np.ndarray:
 
 
 class MemgovPolicy(FGDPolicy):
-    """memgov's policy: the fragmentation gradient, exact, then packing.
+    """memgov's policy: FGD's fragmentation score, and two rules from what memgov's ledger sees.
 
-    FGD's score is an integer of a sigmoid: most of its decisions are ties (a drop of 0 and of
-    19 milli score the same), which it breaks at random, spreading jobs over idle nodes. memgov
-    ranks by the exact growth of fragmentation, and among equal growth prefers the node with the
-    least GPU and then CPU left (idle nodes stay whole for the multi-GPU jobs that need them).
-    The fragmentation is measured against the jobs memgov has seen (``prepare``: the queue's
-    history; here the trace), and with ``footprint_mib`` known a job's GPU share is what it
-    really uses (the memory-realism run), which the trace's schedulers never knew.
+    1. A node that holds nothing yet costs ``IDLE_NODE_COST`` points of FGD's 0-100 score: between
+       an idle node and one in use that fragment about as much, the job goes to the node in use,
+       and idle nodes stay whole for the jobs that need whole nodes or many CPUs.
+    2. A job without GPUs goes to the node with the fewest idle GPU milli (CPUs beside allocated
+       GPUs serve nobody else; CPUs beside idle GPUs are what the next GPU job needs). FGD scores
+       such a job by the fragmentation its CPUs cause, which is the same (none) on most nodes.
+
+    Ties, as for the others, go to the first node in the cluster's order. The fragmentation is
+    measured against the jobs memgov has seen (``prepare``: the queue's history; here the trace).
     """
 
     name = "memgov"
+    IDLE_NODE_COST = 1.5
 
     def score(
         self, state: ClusterState, demand: Demand, nodes: np.ndarray, rng: np.random.Generator
     ) -> Scores:
-        before, after = fragment_after(self._typical(), state, demand, nodes)
-        gpu_left = state.gpu_left[nodes].sum(axis=1).astype(float)
-        cpu_left = state.cpu_left[nodes] / state.cpu_capacity.max()
-        tie_break = -(gpu_left + cpu_left) / (MAX_GPU_MILLI * 10)
-        if after.ndim == 1:
-            return -(after - before) + tie_break, np.full(len(nodes), -1)
-        growth = np.where(np.isnan(after), np.inf, after - before[:, None])
-        # Equal growth: the fullest GPU (keeps idle GPUs whole).
-        growth = growth + state.gpu_left[nodes] / (MILLI * 1000)
-        gpu = np.argmin(growth, axis=1)
-        best = growth[np.arange(len(nodes)), gpu]
-        return -best + tie_break, gpu
+        left = state.gpu_left[nodes]
+        if demand.num_gpu == 0:
+            return -left.sum(axis=1).astype(float), np.full(len(nodes), -1)
+        scores, gpu = super().score(state, demand, nodes, rng)
+        idle = (state.cpu_left[nodes] == state.cpu_capacity[nodes]) & (
+            left.sum(axis=1) == MILLI * state.gpu_count[nodes]
+        )
+        return scores - self.IDLE_NODE_COST * idle, gpu
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {

@@ -147,14 +147,14 @@ def allocation_curve(
     return curve
 
 
-def simulate(
+def replay(
     workload: Sequence[Demand],
     nodes: Sequence[Node],
     policy: str | Policy,
     seed: int = 42,
     ratio: float = INFLATION,
-) -> Result:
-    """Replay ``workload`` on ``nodes`` with ``policy`` by the FGD paper's protocol (above)."""
+) -> tuple[Result, ClusterState, list[Demand], list[Assignment | None]]:
+    """`simulate`, also returning the final cluster, the arrivals and where each one went."""
     chosen = get_policy(policy) if isinstance(policy, str) else policy
     if not workload:
         raise TraceError("the trace has no jobs; accepted at least one")
@@ -169,16 +169,27 @@ def simulate(
         chosen, state, jobs, np.random.default_rng([seed, 1])
     )
     curve = allocation_curve(arrived_milli, used_milli, state.total_gpus)
-    final = curve[max(curve)] if curve else 0.0
     failed = sum(1 for p in placed if p is None)
-    return Result(
+    result = Result(
         policy=chosen.name,
         seed=seed,
         arrived=len(jobs),
         placed=len(jobs) - failed,
         failed=failed,
         total_gpus=state.total_gpus,
-        final_percent=final,
+        final_percent=curve[max(curve)] if curve else 0.0,
         curve=curve,
         seconds=time.perf_counter() - started,
     )
+    return result, state, jobs, placed
+
+
+def simulate(
+    workload: Sequence[Demand],
+    nodes: Sequence[Node],
+    policy: str | Policy,
+    seed: int = 42,
+    ratio: float = INFLATION,
+) -> Result:
+    """Replay ``workload`` on ``nodes`` with ``policy`` by the FGD paper's protocol (above)."""
+    return replay(workload, nodes, policy, seed, ratio)[0]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from memgov._errors import MemgovError
+from memgov import MemgovError
 from memgov.placement.model import MILLI, Demand, Node
 
 T = TypeVar("T")
