@@ -42,8 +42,9 @@ def simulate(
         from memgov.placement import simulate as run_simulation
     except ImportError as exc:
         raise fail(
-            RuntimeError(f"memgov queue simulate needs numpy ({exc}); "
-                         "pip install 'memgov-gpu[placement]'")
+            RuntimeError(
+                f"memgov queue simulate needs numpy ({exc}); pip install 'memgov-gpu[placement]'"
+            )
         ) from None
     try:
         result = run_simulation(load_trace(trace), load_nodes(nodes), policy, seed)

@@ -81,7 +81,7 @@ def count_ooms(
     per_gpu_use: dict[tuple[int, int], float] = defaultdict(float)
     per_gpu_jobs: dict[tuple[int, int], int] = defaultdict(int)
     own, below_context = 0, 0
-    for demand, where in zip(jobs, placed):
+    for demand, where in zip(jobs, placed, strict=True):
         if where is None or demand.num_gpu == 0:
             continue
         budget = demand.gpu_milli / MILLI * state.gpu_memory_mib[where.node]
@@ -92,9 +92,7 @@ def count_ooms(
             per_gpu_use[(where.node, gpu)] += budget * factor
             per_gpu_jobs[(where.node, gpu)] += 1
     exposed = sum(
-        per_gpu_jobs[key]
-        for key, use in per_gpu_use.items()
-        if use > state.gpu_memory_mib[key[0]]
+        per_gpu_jobs[key] for key, use in per_gpu_use.items() if use > state.gpu_memory_mib[key[0]]
     )
     return {
         "oom_with_memgov_budgets": own,
@@ -119,7 +117,7 @@ def memory_realism(
     if profiled:  # what the jobs really use is the same; only the claims changed
         factors = {
             d.name: factors[d.name] * (d.gpu_milli / p.gpu_milli if p.gpu_milli else 1.0)
-            for d, p in zip(workload, placed_workload)
+            for d, p in zip(workload, placed_workload, strict=True)
         }
     counts = count_ooms(state, jobs, placed, factors, model)
     return {

@@ -136,9 +136,7 @@ class ClusterState:
     def feasible(self, demand: Demand, among: np.ndarray | None = None) -> np.ndarray:
         """Indices of the nodes (of ``among``, default all) where the job fits now."""
         idx = np.arange(len(self.nodes)) if among is None else among
-        ok = (self.cpu_left[idx] >= demand.cpu_milli) & (
-            self.memory_left[idx] >= demand.memory_mib
-        )
+        ok = (self.cpu_left[idx] >= demand.cpu_milli) & (self.memory_left[idx] >= demand.memory_mib)
         if demand.num_gpu > 0:
             ok &= self.model_allows(demand)[idx]
             left = self.gpu_left[idx]

@@ -1,9 +1,9 @@
 """Placement policies, looked up by name: where one job goes on a cluster.
 
 A policy scores the nodes where a job fits (higher is better) and, for a job that shares a GPU,
-names the GPU it would use on each; `choose` takes the best score, breaking ties as
-the FGD simulator's scheduler does (a fixed order of nodes). The simulator (`memgov queue simulate`) and the queue use the same
-objects, found by the same names (`get_policy`).
+names the GPU it would use on each; `choose` takes the best score, breaking ties as the FGD
+simulator's scheduler does (a fixed order of nodes). The simulator (`memgov queue simulate`) and
+the queue use the same objects, found by the same names (`get_policy`).
 
 The trace's schedulers, as the FGD simulator (hkust-adsl/kubernetes-scheduler-simulator) scores
 them, integer scores 0-100 included (their ties are part of how they behave):

@@ -65,9 +65,9 @@ def _number(row: dict[str, str], column: str, where: str, low: int, high: int) -
 def _parse_all(
     path: Path, required: tuple[str, ...], what: str, parse: Callable[[dict[str, str], str], T]
 ) -> list[T]:
-    found = [parse(row, f"{what} {str(path)!r} line {line}") for line, row in _rows(
-        path, required, what
-    )]
+    found = [
+        parse(row, f"{what} {str(path)!r} line {line}") for line, row in _rows(path, required, what)
+    ]
     if not found:
         raise TraceError(f"{what} {str(path)!r}: no rows; accepted a CSV with at least one")
     return found

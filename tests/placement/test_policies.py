@@ -96,7 +96,14 @@ def test_no_room_anywhere_is_none() -> None:
 
 def test_policies_are_found_by_name_and_a_bad_name_says_which_exist() -> None:
     for name in policy_names():
-        assert get_policy(name).name in {"random", "dotprod", "gpupacking", "bestfit", "fgd", "memgov"}
+        assert get_policy(name).name in {
+            "random",
+            "dotprod",
+            "gpupacking",
+            "bestfit",
+            "fgd",
+            "memgov",
+        }
     assert get_policy("FGD").name == "fgd"
     with pytest.raises(TraceError, match="accepted random, dotprod"):
         get_policy("first-come")

@@ -15,7 +15,11 @@ def memgov(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "memgov", "queue", *args],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
 
 
@@ -26,7 +30,9 @@ def files(tmp_path: Path) -> list[str]:
         "p0,2000,1024,1,500\np1,4000,2048,1,1000\np2,1000,0,0,0\np3,2000,512,2,1000\n"
     )
     nodes = tmp_path / "nodes.csv"
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,16000,65536,2,T4\nn1,32000,65536,4,G2\n")
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,16000,65536,2,T4\nn1,32000,65536,4,G2\n"
+    )
     return ["--trace", str(trace), "--nodes", str(nodes)]
 
 
@@ -34,8 +40,17 @@ def test_simulate_json_has_stable_keys(tmp_path: Path) -> None:
     done = memgov("simulate", *files(tmp_path), "--policy", "fgd", "--seed", "3", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert set(data) >= {"policy", "seed", "arrived", "placed", "failed", "total_gpus",
-                         "final_percent", "curve", "seconds"}
+    assert set(data) >= {
+        "policy",
+        "seed",
+        "arrived",
+        "placed",
+        "failed",
+        "total_gpus",
+        "final_percent",
+        "curve",
+        "seconds",
+    }
     assert data["policy"] == "fgd" and data["seed"] == 3 and data["total_gpus"] == 6
     assert data["placed"] + data["failed"] == data["arrived"]
     assert all(k.isdigit() for k in data["curve"]) and data["final_percent"] > 0

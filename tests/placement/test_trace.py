@@ -1,4 +1,4 @@
-"""Bad trace and node files get a clear error saying what is accepted (memgov/placement/trace.py)."""
+"""Bad trace and node files get a clear error saying what is accepted (placement/trace.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,10 @@ def test_a_good_trace_and_node_list_load(tmp_path: Path) -> None:
     [
         ("name,cpu_milli\np0,1\n", "missing column(s) memory_mib, num_gpu, gpu_milli"),
         (HEADER + "p0,lots,1024,1,500,\n", "line 2: cpu_milli='lots'; accepted a whole number"),
-        (HEADER + "p0,4000,1024,1,1500,\n", "gpu_milli='1500'; accepted a whole number from 0 to 1000"),
+        (
+            HEADER + "p0,4000,1024,1,1500,\n",
+            "gpu_milli='1500'; accepted a whole number from 0 to 1000",
+        ),
         (HEADER + "p0,4000,1024,-1,500,\n", "num_gpu='-1'"),
         (HEADER + "p0,4000,1024,2,500,\n", "takes them whole (gpu_milli=1000)"),
         (HEADER + "p0,4000,1024,1,0,\n", "num_gpu=1 with gpu_milli=0"),
