@@ -38,7 +38,7 @@ def simulate(
 ) -> None:
     """Replay a trace on a simulated cluster; print the allocation curve and final GPU share."""
     try:
-        from memgov.placement import load_nodes, load_trace
+        from memgov.placement import get_policy, load_nodes, load_trace
         from memgov.placement import simulate as run_simulation
     except ImportError as exc:
         raise fail(
@@ -47,7 +47,8 @@ def simulate(
             )
         ) from None
     try:
-        result = run_simulation(load_trace(trace), load_nodes(nodes), policy, seed)
+        chosen = get_policy(policy)  # a bad name is refused before the files are read
+        result = run_simulation(load_trace(trace), load_nodes(nodes), chosen, seed)
     except MemgovError as exc:
         raise fail(exc) from None
     if as_json:
