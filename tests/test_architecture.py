@@ -63,6 +63,15 @@ LAYERS = (
         may_import=frozenset({"core", "exporter"}),
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
     ),
+    # Placement (memgov.placement): the queue's policies and the cluster simulator. Its numpy
+    # arrays are its interface, so numpy (the `placement` extra) is imported at module level; the
+    # cli imports this package inside its commands only.
+    Layer(
+        "placement",
+        ("memgov/placement/*.py",),
+        may_import=frozenset({"core", "placement"}),
+        not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + ("matplotlib",),
+    ),
     # The library: the public facade (memgov/__init__.py, memgov/adapter.py) and the private
     # modules behind it. Imported in every interpreter that auto-enable governs.
     Layer(
@@ -99,7 +108,7 @@ def memgov_layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in ("cli", "__main__"):
         return "cli"
-    if len(parts) > 1 and parts[1] in ("pack", "ray", "exporter"):
+    if len(parts) > 1 and parts[1] in ("pack", "ray", "exporter", "placement"):
         return parts[1]
     return "core"
 
@@ -169,6 +178,8 @@ def test_the_checker_sees_what_it_must() -> None:
     assert memgov_layer("memgov.pack.plan") == "pack" and memgov_layer("memgov.cli.mps") == "cli"
     assert memgov_layer("memgov.cli") == "cli" and memgov_layer("memgov._claim") == "core"
     assert getattr(layer_of("memgov/cli/render.py"), "name", None) == "cli"
+    assert getattr(layer_of("memgov/placement/model.py"), "name", None) == "placement"
+    assert memgov_layer("memgov.placement.policies") == "placement"
     # A command module back among the library's files would be core, and fail its rules.
     assert getattr(layer_of("memgov/_cli_pack.py"), "name", None) == "core"
 

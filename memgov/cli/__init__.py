@@ -1,10 +1,9 @@
 """The `memgov` command: a thin layer over the library (heavy imports happen inside commands).
 
 typer's layout, one module per command group: status.py (status, gc, devices), run.py, doctor.py,
-mps.py, pack.py (with progress.py), ray.py, exporter.py; render.py holds the rich tables they
-share. This file
-makes the app, its global options (--version) and `main`, the entry point
-(`memgov = "memgov.cli:main"`). The library never imports this package.
+mps.py, pack.py (with progress.py), ray.py, exporter.py, queue.py; render.py holds the rich
+tables they share. This file makes the app, its global options (--version) and `main`, the entry
+point (`memgov = "memgov.cli:main"`). The library never imports this package.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from memgov.cli import doctor, exporter, mps, pack, ray, run, status
+from memgov.cli import doctor, exporter, mps, pack, queue, ray, run, status
 
 app = typer.Typer(
     name="memgov",
@@ -60,6 +59,7 @@ app.add_typer(mps.mps_app, name="mps")  # `memgov mps start|stop|status` (docs/h
 app.command("pack", help=pack.HELP)(pack.pack)  # `memgov pack` (docs/pack.md)
 app.add_typer(ray.ray_app, name="ray")  # `memgov ray node-resources|status|pack` (docs/ray.md)
 app.command("exporter", help=exporter.HELP)(exporter.exporter)  # Prometheus (docs/metrics.md)
+app.add_typer(queue.queue_app, name="queue")  # `memgov queue simulate` (docs/placement.md)
 
 
 def main() -> None:

@@ -1,0 +1,205 @@
+"""Variants of FGD tried while designing memgov's policy, and a look at FGD's final state
+(docs/placement.md, "memgov's policy, and how far it gets").
+
+    python benchmarks/placement_variants.py [--seeds 3] [--workers 2] \
+        [--out results/2026-11-24-cpu-2core-placement-variants.txt]
+
+Each variant runs the default trace by the same protocol as the table (memgov/placement/
+simulate.py); the final allocation per seed and the mean are printed and written to OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memgov.placement import Demand, get_policy, load_nodes, load_trace, simulate
+from memgov.placement.fragmentation import TypicalJobs, fragment_after
+from memgov.placement.model import MILLI, ClusterState
+from memgov.placement.policies import FGDPolicy, Policy, Scores
+from memgov.placement.simulate import replay
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "placement" / "data"
+VARIANTS = {
+    "fgd": "FGD as published (integer score, ties to the node order)",
+    "fgd, random ties": "FGD, ties broken at random per job",
+    "gpupacking, random ties": "GpuPacking, ties broken at random per job",
+    "exact": "FGD's fragment growth, exact (no integer score)",
+    "exact, then packing": "integer score, ties by exact growth",
+    "gpu-left ties": "integer score, ties by GPU milli left (fewest first)",
+    "gpu-weighted typical": "typical jobs weighted by their GPUs",
+    "all typical": "100 % of the workload as typical jobs, with memgov's two rules",
+    "sigmoid/2000": "score over 2000 milli instead of 1000, with memgov's two rules",
+    "sigmoid/500": "score over 500 milli instead of 1000",
+    "order by GPUs": "ties to nodes with fewer GPUs first, with memgov's two rules",
+    "memgov": "memgov's policy (FGD, idle node -1.5, CPU-only jobs beside taken GPUs)",
+    "memgov, stranding": "memgov's, -1 per idle GPU left beside fewer than 4 CPUs",
+}
+
+
+class RandomTies:
+    """Another policy with its ties broken at random per job (not by the node order)."""
+
+    cacheable = False
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def prepare(self, workload: list[Demand]) -> None:
+        self.inner.prepare(workload)
+
+    def score(self, state: ClusterState, demand: Demand, nodes: Any, rng: Any) -> Scores:
+        scores, gpu = self.inner.score(state, demand, nodes, rng)
+        return scores + rng.random(len(scores)) * 1e-3, gpu  # integer scores: only ties move
+
+
+class Variant(FGDPolicy):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.name = mode
+
+    def prepare(self, workload: list[Demand]) -> None:
+        typical = TypicalJobs.of(workload, 1.0 if self.mode == "all typical" else 0.95)
+        if self.mode == "gpu-weighted typical":
+            weights = typical.frequency * typical.num_gpu * typical.gpu_milli / MILLI
+            typical = dataclasses.replace(
+                typical, frequency=weights / weights.sum(), cpu_only_frequency=0.0
+            )
+        self.typical = typical
+
+    def score(self, state: ClusterState, demand: Demand, nodes: Any, rng: Any) -> Scores:
+        mode, left = self.mode, state.gpu_left[nodes]
+        if mode.startswith("exact"):
+            before, after = fragment_after(self._typical(), state, demand, nodes)
+            if after.ndim == 2:
+                growth_per_gpu = np.where(np.isnan(after), np.inf, after - before[:, None])
+                gpu = np.argmin(growth_per_gpu + left / 1e6, axis=1)
+                growth = growth_per_gpu[np.arange(len(nodes)), gpu]
+            else:
+                growth, gpu = after - before, np.full(len(nodes), -1)
+            if mode == "exact":
+                return -growth, gpu
+            coarse = np.trunc(100.0 / (1.0 + np.exp(growth / 1000.0)))
+            return coarse - np.clip(growth + 1e5, 0, 2e5) / 4e5, gpu
+        scale = {"sigmoid/2000": 2000.0, "sigmoid/500": 500.0}.get(mode, 1000.0)
+        scores, gpu = self._scaled(state, demand, nodes, scale)
+        if mode == "gpu-left ties":
+            scores = scores - left.sum(axis=1) / 1e5
+        if mode in ("all typical", "sigmoid/2000", "order by GPUs", "memgov, stranding"):
+            scores, gpu = self._memgov_rules(state, demand, nodes, scores, gpu)
+        if mode == "order by GPUs":
+            scores = scores - state.gpu_count[nodes] * 1e-3 - state.priority[nodes] * 1e-7
+        if mode == "memgov, stranding" and demand.num_gpu > 0:
+            chosen = left[np.arange(len(nodes)), np.maximum(gpu, 0)] == MILLI
+            idle_after = (left == MILLI).sum(axis=1) - (
+                chosen if demand.shares_gpu else demand.num_gpu
+            )
+            starved = state.cpu_left[nodes] - demand.cpu_milli < 4000
+            scores = scores - idle_after * starved
+        return scores, gpu
+
+    def _scaled(self, state: ClusterState, demand: Demand, nodes: Any, scale: float) -> Scores:
+        before, after = fragment_after(self._typical(), state, demand, nodes)
+        if after.ndim == 1:
+            return _sigmoid(before - after, scale), np.full(len(nodes), -1)
+        per_gpu = np.where(np.isnan(after), -1.0, _sigmoid(before[:, None] - after, scale))
+        gpu = np.argmax(per_gpu, axis=1)
+        return per_gpu[np.arange(len(nodes)), gpu], gpu
+
+    def _memgov_rules(
+        self, state: ClusterState, demand: Demand, nodes: Any, scores: Any, gpu: Any
+    ) -> Scores:
+        left = state.gpu_left[nodes]
+        if demand.num_gpu == 0:
+            return -left.sum(axis=1).astype(float), gpu
+        idle = (state.cpu_left[nodes] == state.cpu_capacity[nodes]) & (
+            left.sum(axis=1) == MILLI * state.gpu_count[nodes]
+        )
+        return scores - 1.5 * idle, gpu
+
+
+def _sigmoid(drop: Any, scale: float) -> Any:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.trunc(100.0 / (1.0 + np.exp(-drop / scale)))
+
+
+def make(mode: str) -> Policy:
+    if mode in ("fgd", "memgov"):
+        return get_policy(mode)
+    if mode.endswith(", random ties"):
+        return RandomTies(get_policy(mode.split(",")[0]))
+    return Variant(mode)
+
+
+def run(mode: str, seed: int) -> float:
+    workload = load_trace(DATA / "openb_pod_list_default.csv")
+    nodes = load_nodes(DATA / "openb_node_list_gpu_node.csv")
+    return simulate(workload, nodes, make(mode), seed).final_percent
+
+
+def diagnose(seed: int) -> list[str]:
+    """Where FGD's idle GPU milli are at the end, and what failed (docs/placement.md)."""
+    workload = load_trace(DATA / "openb_pod_list_default.csv")
+    nodes = load_nodes(DATA / "openb_node_list_gpu_node.csv")
+    result, state, jobs, placed = replay(workload, nodes, "fgd", seed)
+    left = state.gpu_left[state.gpu_exists]
+    partly = left[(left > 0) & (left < MILLI)]
+    owner = np.repeat(np.arange(len(nodes)), state.gpu_count)
+    whole = left == MILLI
+    kind = Counter(
+        "no GPU" if j.num_gpu == 0 else "sharing" if j.shares_gpu else f"{j.num_gpu} whole"
+        for j, p in list(zip(jobs, placed, strict=True))[-2000:]
+        if p is None
+    )
+    sharing = Counter(d.gpu_milli for d in workload if d.shares_gpu)
+    small = sum(count for milli, count in sharing.items() if milli <= 190)
+    return [
+        f"FGD, seed {seed}: final {result.final_percent} %, idle GPU milli {int(left.sum())}",
+        f"  on {len(partly)} partly used GPUs: {int(partly.sum())} milli; left per such GPU, "
+        f"percentiles 10/25/50/75/90: {np.percentile(partly, [10, 25, 50, 75, 90]).tolist()}",
+        f"  whole idle GPUs: {int(whole.sum())}; CPU milli left on their nodes: "
+        f"{state.cpu_left[owner[whole]].tolist()}",
+        f"  failed among the last 2000 arrivals: {dict(kind)}",
+        f"  most common sharing requests (milli: jobs): {sharing.most_common(5)}; jobs asking "
+        f"<= 190 milli: {small} of {sum(sharing.values())}",
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default="results/2026-11-24-cpu-2core-placement-variants.txt")
+    args = parser.parse_args()
+    if args.seeds < 1 or args.workers < 1:
+        parser.error("--seeds and --workers: accepted whole numbers >= 1")
+    seeds = list(range(42, 42 + args.seeds))
+    jobs = [(mode, seed) for mode in VARIANTS for seed in seeds]
+    with ProcessPoolExecutor(args.workers) as pool:
+        finals = list(pool.map(run, *zip(*jobs, strict=True)))
+    lines = [
+        f"command: python benchmarks/placement_variants.py --seeds {args.seeds} "
+        f"--workers {args.workers}",
+        f"default trace, final allocation % per seed {seeds[0]}-{seeds[-1]}, and the mean",
+        "",
+    ]
+    for i, (mode, meaning) in enumerate(VARIANTS.items()):
+        got = finals[i * len(seeds) : (i + 1) * len(seeds)]
+        lines.append(f"{mode:24} {' '.join(f'{v:.2f}' for v in got)}  mean {np.mean(got):.2f}")
+        lines.append(f"{'':24} ({meaning})")
+    lines += ["", *diagnose(42)]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

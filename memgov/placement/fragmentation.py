@@ -1,0 +1,137 @@
+"""GPU fragmentation as the FGD paper measures it (Weng et al., USENIX ATC'23, "Beware of
+Fragmentation"): how many of a node's idle milli-GPUs the typical job could not use.
+
+For every typical job t (the most common demands of the workload, weighted by how often they
+occur) a node's idle GPU milli count as fragment unless t fits there (enough CPU, an accepted
+model, ``num_gpu`` GPUs with ``gpu_milli`` left each); when t fits, only the GPUs with less than
+``gpu_milli`` left count. A CPU-only typical job counts every idle GPU milli. The node's
+fragmentation is the frequency-weighted sum; FGD places a job where that sum grows least.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memgov.placement.model import MILLI, ClusterState, Demand
+
+POPULARITY = 0.95
+"""Typical jobs are the most common demands until they cover 95 % of the jobs (the simulator's
+``podPopularityThreshold``)."""
+
+
+@dataclass(frozen=True)
+class TypicalJobs:
+    cpu_milli: np.ndarray
+    gpu_milli: np.ndarray
+    num_gpu: np.ndarray
+    frequency: np.ndarray
+    specs: tuple[tuple[str, ...], ...]
+    cpu_only_frequency: float
+    """Summed frequency of the CPU-only typical jobs: each counts all idle GPU milli."""
+
+    @classmethod
+    def of(cls, workload: Sequence[Demand], popularity: float = POPULARITY) -> TypicalJobs:
+        counts = Counter(
+            (d.cpu_milli, d.gpu_milli if d.num_gpu else 0, d.num_gpu, d.gpu_spec) for d in workload
+        )
+        # Most frequent first; among equal counts the larger demand first (the simulator's order).
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+        total, covered, kept = sum(counts.values()), 0, []
+        for key, count in ranked:
+            if covered >= popularity * total:
+                break
+            kept.append((key, count))
+            covered += count
+        gpu = [(k, c) for k, c in kept if k[1] > 0]
+        return cls(
+            cpu_milli=np.array([k[0] for k, _ in gpu], dtype=np.int64),
+            gpu_milli=np.array([k[1] for k, _ in gpu], dtype=np.int64),
+            num_gpu=np.array([k[2] for k, _ in gpu], dtype=np.int64),
+            frequency=np.array([c / covered for _, c in gpu], dtype=np.float64),
+            specs=tuple(k[3] for k, _ in gpu),
+            cpu_only_frequency=sum(c for k, c in kept if k[1] == 0) / max(covered, 1),
+        )
+
+    def access(self, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """[node, typical job]: may the job run on the node's GPU model at all."""
+        allowed = np.array(
+            [[not spec or model in spec for spec in self.specs] for model in state.models],
+            dtype=bool,
+        ).reshape(len(state.models), len(self.specs))
+        return allowed[state.model_index[nodes]]
+
+
+def node_terms(
+    typical: TypicalJobs, gpu_left: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For nodes' GPUs [node, gpu]: the idle total, and per typical job the GPUs that fit it and
+    the milli left on the GPUs that do not."""
+    left = gpu_left[:, :, None]
+    fits = left >= typical.gpu_milli[None, None, :]
+    return gpu_left.sum(axis=1), fits.sum(axis=1), np.where(fits, 0, left).sum(axis=1)
+
+
+def fragment(
+    typical: TypicalJobs,
+    total: np.ndarray,
+    fitting: np.ndarray,
+    small: np.ndarray,
+    cpu_left: np.ndarray,
+    access: np.ndarray,
+) -> np.ndarray:
+    """Fragment milli of node states; ``total`` has the states' shape, the others one more axis
+    (the typical jobs) last."""
+    satisfied = (fitting >= typical.num_gpu) & (cpu_left[..., None] >= typical.cpu_milli) & access
+    per_job = np.where(satisfied, small, total[..., None])
+    return per_job @ typical.frequency + typical.cpu_only_frequency * total
+
+
+def fragment_now(typical: TypicalJobs, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    total, fitting, small = node_terms(typical, state.gpu_left[nodes])
+    access = typical.access(state, nodes)
+    return fragment(typical, total, fitting, small, state.cpu_left[nodes], access)
+
+
+def fragment_after(
+    typical: TypicalJobs, state: ClusterState, demand: Demand, nodes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fragmentation of each node now, and after the job lands there.
+
+    The second array is [node] for a job on whole GPUs or none, [node, gpu] for a GPU-sharing
+    job on each GPU (NaN where the GPU has too little left).
+    """
+    left = state.gpu_left[nodes]
+    total, fitting, small = node_terms(typical, left)
+    access = typical.access(state, nodes)
+    cpu_after = state.cpu_left[nodes] - demand.cpu_milli
+    before = fragment(typical, total, fitting, small, state.cpu_left[nodes], access)
+    if not demand.shares_gpu:
+        # Whole GPUs are idle ones (1000 left fits every typical job; 0 left fits none).
+        after = fragment(
+            typical,
+            total - MILLI * demand.num_gpu,
+            fitting - demand.num_gpu,
+            small,
+            cpu_after,
+            access,
+        )
+        return before, after
+    need = typical.gpu_milli[None, None, :]
+    old = left[:, :, None]
+    new = old - demand.gpu_milli
+    fitting_after = fitting[:, None, :] - (old >= need) + (new >= need)
+    small_after = small[:, None, :] - np.where(old < need, old, 0) + np.where(new < need, new, 0)
+    total_after = np.broadcast_to((total - demand.gpu_milli)[:, None], left.shape)
+    after = fragment(
+        typical,
+        total_after,
+        fitting_after,
+        small_after,
+        np.broadcast_to(cpu_after[:, None], left.shape),
+        access[:, None, :],
+    )
+    return before, np.where(left >= demand.gpu_milli, after, np.nan)

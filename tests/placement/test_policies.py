@@ -1,0 +1,122 @@
+"""Each policy's choice on small hand-made clusters (memgov/placement/policies.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memgov.placement import (
+    Assignment,
+    ClusterState,
+    Demand,
+    Node,
+    TraceError,
+    choose,
+    get_policy,
+    policy_names,
+)
+
+TWO_NODES = [
+    Node("a", cpu_milli=32_000, memory_mib=65_536, gpus=2, model="T4"),
+    Node("b", cpu_milli=32_000, memory_mib=65_536, gpus=2, model="T4"),
+]
+HALF = Demand("half", cpu_milli=4_000, memory_mib=1_024, num_gpu=1, gpu_milli=500)
+
+
+def cluster_with_a_shared_gpu() -> ClusterState:
+    """Node a: GPU 0 has 600 milli left (a 400-milli job on it), GPU 1 idle; node b idle."""
+    state = ClusterState(TWO_NODES)
+    old = Demand("old", cpu_milli=2_000, memory_mib=1_024, num_gpu=1, gpu_milli=400)
+    state.place(old, Assignment(0, (0,)))
+    return state
+
+
+def place(policy_name: str, state: ClusterState, demand: Demand, seed: int = 0) -> Assignment:
+    policy = get_policy(policy_name)
+    policy.prepare([HALF] * 10)  # typical job: half a GPU
+    where = choose(policy, state, demand, np.random.default_rng(seed))
+    assert where is not None
+    return where
+
+
+@pytest.mark.parametrize("name", ["bestfit", "gpupacking", "dotprod", "tetris"])
+def test_packing_policies_fill_the_shared_gpu(name: str) -> None:
+    # The fullest GPU with room: 600 left on a's GPU 0 takes the 500-milli job.
+    assert place(name, cluster_with_a_shared_gpu(), HALF) == Assignment(0, (0,))
+
+
+def test_fgd_keeps_the_gpu_that_typical_jobs_still_fit() -> None:
+    # 600 -> 100 would strand 100 milli for a typical 500-milli job; 1000 -> 500 strands nothing.
+    # Nodes a (GPU 1) and b tie; the tie goes to the first node in the order.
+    assert place("fgd", cluster_with_a_shared_gpu(), HALF) == Assignment(0, (1,))
+
+
+def test_memgov_prefers_a_node_in_use_over_an_idle_one() -> None:
+    assert place("memgov", cluster_with_a_shared_gpu(), HALF).node == 0
+    assert place("default", cluster_with_a_shared_gpu(), HALF).node == 0
+
+
+def test_memgov_puts_cpu_only_jobs_where_the_gpus_are_taken() -> None:
+    state = ClusterState(TWO_NODES)
+    whole = Demand("whole", cpu_milli=1_000, num_gpu=2, gpu_milli=1000)
+    state.place(whole, Assignment(1, (0, 1)))
+    cpu_only = Demand("cpu", cpu_milli=8_000, memory_mib=1_024)
+    assert place("memgov", state, cpu_only) == Assignment(1)
+    assert place("bestfit", ClusterState(TWO_NODES), cpu_only).node in (0, 1)
+
+
+def test_random_picks_any_node_where_the_job_fits() -> None:
+    chosen = {place("random", cluster_with_a_shared_gpu(), HALF, seed).node for seed in range(40)}
+    assert chosen == {0, 1}
+
+
+@pytest.mark.parametrize("name", ["random", "dotprod", "gpupacking", "bestfit", "fgd", "memgov"])
+def test_whole_gpus_go_where_enough_are_idle(name: str) -> None:
+    two = Demand("two", cpu_milli=1_000, num_gpu=2, gpu_milli=1000)
+    assert place(name, cluster_with_a_shared_gpu(), two) == Assignment(1, (0, 1))
+
+
+@pytest.mark.parametrize("name", ["random", "bestfit", "fgd", "memgov"])
+def test_cpu_memory_and_model_are_filters(name: str) -> None:
+    state = cluster_with_a_shared_gpu()
+    state.place(Demand("cpu-hog", cpu_milli=30_000), Assignment(0))
+    assert place(name, state, HALF).node == 1  # a has 0 CPUs left for 4
+    big_memory = Demand("mem", cpu_milli=1, memory_mib=65_536, num_gpu=1, gpu_milli=100)
+    assert place(name, cluster_with_a_shared_gpu(), big_memory).node == 1
+    mixed = ClusterState([*TWO_NODES[:1], Node("v", 32_000, 65_536, 2, model="V100M32")])
+    wants_v100 = Demand("v", cpu_milli=1, num_gpu=1, gpu_milli=100, gpu_spec=("V100M32",))
+    assert place(name, mixed, wants_v100).node == 1
+
+
+def test_no_room_anywhere_is_none() -> None:
+    state = ClusterState(TWO_NODES)
+    nine = Demand("nine", cpu_milli=1, num_gpu=3, gpu_milli=1000)
+    assert choose(get_policy("bestfit"), state, nine, np.random.default_rng(0)) is None
+
+
+def test_policies_are_found_by_name_and_a_bad_name_says_which_exist() -> None:
+    for name in policy_names():
+        assert get_policy(name).name in {
+            "random",
+            "dotprod",
+            "gpupacking",
+            "bestfit",
+            "fgd",
+            "memgov",
+        }
+    assert get_policy("FGD").name == "fgd"
+    with pytest.raises(TraceError, match="accepted random, dotprod"):
+        get_policy("first-come")
+
+
+def test_place_and_release_keep_the_books() -> None:
+    state = ClusterState(TWO_NODES)
+    where = Assignment(0, (1,))
+    state.place(HALF, where)
+    assert state.gpu_left[0].tolist() == [1000, 500] and state.cpu_left[0] == 28_000
+    assert state.allocated_percent() == pytest.approx(12.5)
+    state.release(HALF, where)
+    assert state.gpu_left[0].tolist() == [1000, 1000] and state.used_gpu_milli == 0
+    with pytest.raises(ValueError, match="no room"):
+        state.place(Demand("big", 1, num_gpu=1, gpu_milli=600), Assignment(0, (0,)))
+        state.place(Demand("big2", 1, num_gpu=1, gpu_milli=600), Assignment(0, (0,)))
