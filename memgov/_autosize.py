@@ -106,7 +106,8 @@ def need(profile: _profiles.Profile, simulated: bool) -> tuple[int, str] | None:
     why = ""
     if peaks:
         runs_text = f"{len(peaks)} run{'s' if len(peaks) != 1 else ''}"
-        why = f"peak {max(peaks) / MIB:,.0f} MiB over {runs_text} of {profile.label} + 10 % + 64 MiB"
+        why = (f"peak {max(peaks) / MIB:,.0f} MiB over {runs_text} of {profile.label} "
+               "+ 10 % + 64 MiB")
     if floor > size:
         size = floor
         why = (f"{_profiles.OOM_GROWTH:g} x the {format_size(failed)} that ran out of memory in "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import weakref
@@ -219,10 +220,8 @@ def _end_run(claim: Claim) -> None:
     runs = sys.modules.get("memgov._runs")
     run = runs.current() if runs is not None else None
     if run is not None and run.claim is claim:
-        try:
+        with contextlib.suppress(Exception):  # a sizing aid: never fail a release for it
             runs.finish("released")  # type: ignore[union-attr]
-        except Exception:
-            pass  # a profile is a sizing aid: never fail a release for it
 
 
 def _unmark(mark: weakref.ref[_Attempt]) -> None:

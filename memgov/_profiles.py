@@ -26,7 +26,6 @@ import math
 import os
 import re
 import stat
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from hashlib import sha256

@@ -94,6 +94,10 @@ def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) 
                 "id": c.id,
                 "record": c.record,
                 "threads": (threads or {}).get(f"{snap.device.uuid}/{c.record}"),
+                # Where the size came from (given, scheduler, profile, first-run) and the job
+                # whose profile it is (docs/profiles.md); other users' text: strings or None.
+                "sized": _text(c.extra.get("sized")),
+                "job": _text(c.extra.get("job")),
             }
             for c in snap.claims
         ],
@@ -103,6 +107,10 @@ def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) 
         ],
         "problems": snap.problems,
     }
+
+
+def _text(value: object) -> str | None:
+    return value[:128] if isinstance(value, str) else None
 
 
 def status() -> dict[str, Any]:
