@@ -47,7 +47,7 @@ def main() -> None:
         time.sleep(float(args.hold))
     say("ending", bytes=claim.bytes, give_back=claim.reports.get("give-back"))
     if args.end == "oom":
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         with open("/proc/self/status") as status:
             size = next(int(ln.split()[1]) for ln in status if ln.startswith("VmSize:")) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (size + 64 * 2**20, hard))
