@@ -27,7 +27,7 @@ import re
 import sys
 
 VOLATILE = (
-    "--seed", "--manual-seed", "--manual_seed", "--random-seed", "--random_seed",
+    "--seed", "--manual-seed", "--manual_seed", "--manualSeed", "--random-seed", "--random_seed",
     "--out", "--outf", "--output", "--output-dir", "--output_dir", "--out-dir", "--out_dir",
     "--save-dir", "--save_dir", "--log-dir", "--log_dir", "--logdir", "--logging-dir",
     "--logging_dir", "--checkpoint-dir", "--checkpoint_dir", "--run-name", "--run_name",
