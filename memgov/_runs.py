@@ -17,9 +17,12 @@ its last sampled peak in as ``killed``. An out-of-memory error that ends the pro
 by a ``sys.excepthook`` wrapper and recorded as ``oom``, so the next ``auto`` asks for more.
 
 Give back: a soft first-run ``auto`` claim shrinks to its peak + 10 % + 64 MiB once the peak has
-not risen for MEMGOV_GIVE_BACK seconds (default 60), if every framework in the process can
-lower its cap (torch can; JAX and TensorFlow fix theirs at start-up); the claim record is
-rewritten under the device's admission lock, so the budget returns to the ledger for others.
+not risen (by more than 16 MiB or 1 %) for MEMGOV_GIVE_BACK seconds (default 120) of GPU work:
+counted from when torch's cap is applied and its allocator holds memory (a simulated GPU: from
+the start). Only if every framework in the process can lower its cap (torch can, unless it
+already holds more than the smaller budget; JAX and TensorFlow fix theirs at start-up); the
+claim record is rewritten under the device's admission lock, so the budget returns to the ledger
+for others. Once per run.
 """
 
 from __future__ import annotations
@@ -139,21 +142,39 @@ def _command() -> list[str]:
 
 
 def measure(run: Run) -> tuple[int | None, str]:
-    """This process's footprint now, and how it was measured."""
+    """This process's peak footprint so far, as far as one look can tell, and how it was
+    measured. NVML is read once a second; torch's allocator keeps its own high-water mark, so
+    where torch runs on the GPU the peak between two looks is NVML's figure now minus what the
+    allocator holds now plus the most it ever held (``nvml+torch``): a spike between samples
+    (cuDNN's benchmark workspaces, an evaluation batch) is not missed."""
     if run.budget.simulated:
         return _host_peak(), "host-rss"
     from memgov import _nvml
 
+    used = None
     with contextlib.suppress(Exception):
         used = (_nvml.processes(run.claim.device) or {}).get(os.getpid())
-        if used:
-            return used, "nvml"
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        with contextlib.suppress(Exception):
-            if torch.cuda.is_initialized():
-                return int(torch.cuda.max_memory_reserved()), "torch-reserved"
+    held, most = _torch_reserved()
+    if used and most:
+        return max(used, used - held + most), "nvml+torch"
+    if used:
+        return used, "nvml"
+    if most:
+        return most, "torch-reserved"
     return None, run.measure
+
+
+def _torch_reserved() -> tuple[int, int]:
+    """(bytes torch's CUDA allocator holds now, the most it ever held); zeros without CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0, 0
+    try:
+        if not torch.cuda.is_initialized():
+            return 0, 0
+        return int(torch.cuda.memory_reserved()), int(torch.cuda.max_memory_reserved())
+    except Exception:
+        return 0, 0
 
 
 def _host_peak() -> int | None:
@@ -172,10 +193,22 @@ def _sample(run: Run) -> bool:
     used, how = measure(run)
     if used is None or used <= run.peak:
         return False
-    if used - run.peak > max(RISE, run.peak // 100):
+    if used - run.peak > max(RISE, run.peak // 100) or not _working(run):
         run.last_rise = time.monotonic()
     run.peak, run.measure = used, how
     return True
+
+
+def _working(run: Run) -> bool:
+    """Whether the job has started its GPU work, so that a flat peak means something: on a
+    simulated GPU always (host memory); on a real one, once torch's cap is applied (CUDA up,
+    context measured) and its allocator has held memory. Before that, a process building its
+    model on the CPU looks flat at a few MiB; JAX and TensorFlow cannot lower their caps, so
+    their claims never give back anyway."""
+    if run.budget.simulated:
+        return True
+    capped = run.claim.reports.get("torch", "").startswith("torch: allocator capped")
+    return capped and _torch_reserved()[1] > 0
 
 
 def _sample_loop(run: Run) -> None:
@@ -200,6 +233,9 @@ def _maybe_give_back(run: Run) -> None:
         return
     flat_s = _settings.get("MEMGOV_GIVE_BACK")
     now = time.monotonic()
+    if not _working(run):
+        run.last_rise = now  # the flat window starts once the GPU work has
+        return
     if flat_s is None or now - run.last_rise < flat_s or now - run.started < flat_s:
         return
     run.given_back = True  # one try per run

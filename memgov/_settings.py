@@ -40,7 +40,7 @@ free; 72 stays under both. Simulated devices have no contexts: no limit unless s
 DEFAULT_MPS_CLIENTS = 48
 """Clients one MPS server admits per GPU: 48 measured on the H200 (Volta and later; 16 before)."""
 MPS_POLICIES = ("fill", "spread")
-DEFAULT_GIVE_BACK_S = 60.0
+DEFAULT_GIVE_BACK_S = 120.0
 """How long a first-run claim's peak must stay flat before the claim shrinks (docs/profiles.md)."""
 
 CLAIM_ACCEPTED = (
@@ -293,7 +293,8 @@ TABLE: tuple[Row, ...] = (
         "`claim(job=...)`, `memgov run --job`", job_name, job=True),
     Row("MEMGOV_GIVE_BACK", "seconds > 0, `off`", f"`{DEFAULT_GIVE_BACK_S:g}`",
         "a soft first-run `auto` claim shrinks to its peak + 10 % + 64 MiB once the peak has "
-        "stayed flat this long (docs/profiles.md)", _give_back, DEFAULT_GIVE_BACK_S, job=True),
+        "stayed flat this long, counted from its first GPU work (docs/profiles.md)", _give_back,
+        DEFAULT_GIVE_BACK_S, job=True),
     Row("MEMGOV_DEVICE", "index (`cuda:N`, `N`), GPU UUID, `auto`", "the first visible GPU",
         "the GPU to claim on, as `claim(device=...)`", _text, job=True),
     Row("MEMGOV_WAIT", "seconds >= 0", "`0`: fail at once",

@@ -74,12 +74,14 @@ class TorchAdapter:
 
         if budget.bytes is None or budget.simulated or budget.device_index is None:
             return "torch: no CUDA cap on a simulated device"
-        _state["budget"] = budget
         if not torch.cuda.is_initialized() or "overhead" not in _state:
-            return f"torch: allocator cap from {format_size(budget.bytes)} when CUDA initialises"
+            return None  # the cap is not applied yet: nothing measured to lower it from
         index = _torch_index(torch, budget)
         total = torch.cuda.get_device_properties(index).total_memory
-        cap = max(1, budget.bytes - _state["overhead"])
+        cap = budget.bytes - _state["overhead"]
+        if cap < torch.cuda.memory_reserved(index):
+            return None  # it holds more than that already: the claim stays as it is
+        _state["budget"] = budget
         users = user_fraction()
         fraction = min(1.0, cap / total, users[0] if users else 1.0)
         torch.cuda.set_per_process_memory_fraction(fraction, index)

@@ -79,7 +79,8 @@ class Job:
             "job": self.job,
             "nvml_peak_mib": round(peaks[pid] / MiB) if pid in peaks else None,
             "oom": "OutOfMemoryError" in text or "out of memory" in text.lower(),
-            "memgov_lines": lines[:8], "tail": text.splitlines()[-3:],
+            "memgov_lines": lines[:20], "tail": text.splitlines()[-3:],
+            "give_back": [ln for ln in lines if "give back" in ln],
         }
 
 
@@ -97,20 +98,25 @@ class Watch:
         job (memgov status --json: ``sized``, ``job``)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._nvml: Any = None
-        if not smoke:
-            import pynvml
+        self._sampler: Any = None
+        if not smoke:  # NVML every 50 ms in its own thread (the ledger poll is slower)
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from _sampler import FootprintSampler
 
-            pynvml.nvmlInit()
-            self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(0))
+            self._sampler = FootprintSampler()
 
     def __enter__(self) -> Watch:
         self._thread.start()
+        if self._sampler is not None:
+            self._sampler.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        if self._sampler is not None:
+            self._sampler.__exit__()
+            self.peaks, self.device_peak = self._sampler.peaks, self._sampler.device_peak
 
     def _loop(self) -> None:
         from memgov import _status
@@ -127,21 +133,6 @@ class Watch:
                 seen = self.by_pid.setdefault(c["pid"], [])
                 if not seen or seen[-1][0] != c["bytes"]:
                     seen.append((c["bytes"], c.get("sized") or "", c.get("job") or ""))
-            if self._nvml is not None:
-                self._sample_nvml()
-
-    def _sample_nvml(self) -> None:
-        nv, handle = self._nvml
-        for lister in (nv.nvmlDeviceGetComputeRunningProcesses,
-                       nv.nvmlDeviceGetMPSComputeRunningProcesses):
-            try:
-                for p in lister(handle):
-                    used = p.usedGpuMemory or 0
-                    if used < 2**63:
-                        self.peaks[p.pid] = max(self.peaks.get(p.pid, 0), used)
-            except nv.NVMLError:
-                pass
-        self.device_peak = max(self.device_peak, nv.nvmlDeviceGetMemoryInfo(handle).used)
 
 
 # -- the workloads ------------------------------------------------------------------------------
@@ -168,8 +159,9 @@ class Runner:
         self.args, self.work, self.smoke = args, work, args.smoke
         self.count = 0
         self.base = {k: v for k, v in os.environ.items() if not k.startswith("MEMGOV_")}
+        # Strict: a claim memgov cannot make fails the job, never lets it run ungoverned.
         self.base.update(MEMGOV_DIR=str(work / "ledger"), PYTHONUNBUFFERED="1",
-                         MEMGOV_GIVE_BACK=str(args.give_back))
+                         MEMGOV_STRICT="1")
         if self.smoke:
             self.base["MEMGOV_DEVICES"] = "sim0:16GiB"
 
@@ -300,8 +292,7 @@ def margin(peak: int) -> int:
 
 
 def phase_hand(runner: Runner, budget: float, per_kind: int, size: int) -> dict[str, Any]:
-    env = {"MEMGOV_STRICT": "1"}
-    jobs = [runner.job(kind, f"{size // MiB}MiB", {**env, "MEMGOV_JOB": f"hand-{kind}"})
+    jobs = [runner.job(kind, f"{size // MiB}MiB", {"MEMGOV_JOB": f"hand-{kind}"})
             for _ in range(per_kind) for kind in KINDS]
     deadline = time.monotonic() + budget
     with Watch(runner.smoke) as watch:
@@ -319,7 +310,8 @@ def phase_hand(runner: Runner, budget: float, per_kind: int, size: int) -> dict[
 def phase_beside(runner: Runner, budget: float, neighbours: int) -> dict[str, Any]:
     before = [runner.job("mnist") for _ in range(neighbours // 2)]
     after = [runner.job("mnist") for _ in range(neighbours - neighbours // 2)]
-    first = runner.job("gpt2", gpt2_args=runner.args.beside_gpt2_args.split())
+    first = runner.job("gpt2", env={"MEMGOV_GIVE_BACK": f"{runner.args.give_back:g}"},
+                       gpt2_args=runner.args.beside_gpt2_args.split())
     deadline = time.monotonic() + budget
     with Watch(runner.smoke) as watch:
         runner.start(before)
@@ -355,7 +347,8 @@ def main() -> None:
     parser.add_argument("--neighbours", type=int, default=4)
     parser.add_argument("--beside", type=int, default=24)
     parser.add_argument("--give-back", type=float, default=10.0)
-    parser.add_argument("--gpt2-args", default="--batch 8 --seq 512 --steps 20")
+    # batch 4: 10 copies at batch 8 (9.7 GiB each) with 20 others exceed an H200's budget.
+    parser.add_argument("--gpt2-args", default="--batch 4 --seq 512 --steps 20")
     parser.add_argument("--beside-gpt2-args", default="--batch 4 --seq 512 --steps 150")
     parser.add_argument("--phases", default="first,auto,hand,beside")
     parser.add_argument("--budget", type=float, default=520.0)
