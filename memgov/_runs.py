@@ -152,9 +152,13 @@ def measure(run: Run) -> tuple[int | None, str]:
     from memgov import _nvml
 
     used = None
+    before, _ = _torch_reserved()
     with contextlib.suppress(Exception):
         used = (_nvml.processes(run.claim.device) or {}).get(os.getpid())
     held, most = _torch_reserved()
+    # What torch held while NVML looked: at most the larger of the two readings around it (a
+    # free in between must not count twice).
+    held = max(before, held)
     if used and most:
         return max(used, used - held + most), "nvml+torch"
     if used:
