@@ -110,8 +110,11 @@ def lower(budget: Budget, reports: dict[str, str]) -> str | None:
         if adapter.module not in sys.modules:
             continue
         lowering = getattr(adapter, "lower", None)
-        line = lowering(dataclasses.replace(budget, report=_report_into(reports, adapter.name))
-                        ) if lowering is not None else None
+        line = (
+            lowering(dataclasses.replace(budget, report=_report_into(reports, adapter.name)))
+            if lowering is not None
+            else None
+        )
         if line is None:
             return f"{adapter.name} cannot lower its cap once it has started"
         reports[adapter.name] = line

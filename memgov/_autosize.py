@@ -52,8 +52,9 @@ def size_for(device: Device, job: str, label: str) -> Sized:
     notes.extend(reading.problems)
     if reading.chosen is not None:
         size = reading.chosen.bytes
-        return Sized(size, "scheduler", f"auto: {format_size(size)} = {reading.chosen.source}",
-                     notes)
+        return Sized(
+            size, "scheduler", f"auto: {format_size(size)} = {reading.chosen.source}", notes
+        )
     capacity = max(MIB, device.total - _config.reserve(device.total, device.simulated))
     try:
         profile = _profiles.read(job)
@@ -82,11 +83,16 @@ def _first_run(device: Device, capacity: int, label: str, notes: list[str]) -> S
         flat = _settings.get("MEMGOV_GIVE_BACK")
     except Exception:
         flat = None
-    back = (f"; soft mode shrinks it to the peak + 10 % + 64 MiB once the peak is flat for "
-            f"{flat:g} s" if flat else "")
-    line = (f"auto: {format_size(size)} = first run of {label}: half of the "
-            f"{format_size(free)} free budget, at most a quarter of the device, at least "
-            f"{format_size(FIRST_RUN_MIN)}{back}")
+    back = (
+        f"; soft mode shrinks it to the peak + 10 % + 64 MiB once the peak is flat for {flat:g} s"
+        if flat
+        else ""
+    )
+    line = (
+        f"auto: {format_size(size)} = first run of {label}: half of the "
+        f"{format_size(free)} free budget, at most a quarter of the device, at least "
+        f"{format_size(FIRST_RUN_MIN)}{back}"
+    )
     return Sized(size, "first-run", line, notes)
 
 
@@ -106,12 +112,15 @@ def need(profile: _profiles.Profile, simulated: bool) -> tuple[int, str] | None:
     why = ""
     if peaks:
         runs_text = f"{len(peaks)} run{'s' if len(peaks) != 1 else ''}"
-        why = (f"peak {max(peaks) / MIB:,.0f} MiB over {runs_text} of {profile.label} "
-               "+ 10 % + 64 MiB")
+        why = (
+            f"peak {max(peaks) / MIB:,.0f} MiB over {runs_text} of {profile.label} + 10 % + 64 MiB"
+        )
     if floor > size:
         size = floor
-        why = (f"{_profiles.OOM_GROWTH:g} x the {format_size(failed)} that ran out of memory in "
-               f"a run of {profile.label}" + (f" ({why})" if why else ""))
+        why = (
+            f"{_profiles.OOM_GROWTH:g} x the {format_size(failed)} that ran out of memory in "
+            f"a run of {profile.label}" + (f" ({why})" if why else "")
+        )
     return size, why
 
 

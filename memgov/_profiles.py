@@ -103,8 +103,10 @@ def _open_private(parent: int, name: str, path: Path, create: bool) -> int:
         return _open_private(parent, name, path, create=False)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise ProfileError(f"profile folder {path} is a symlink or not a folder; memgov "
-                               "never follows symlinks: ignored") from None
+            raise ProfileError(
+                f"profile folder {path} is a symlink or not a folder; memgov "
+                "never follows symlinks: ignored"
+            ) from None
         raise ProfileError(f"profile folder {path}: {exc.strerror or exc}") from None
     info = os.fstat(fd)
     if info.st_uid != os.geteuid():
@@ -112,7 +114,8 @@ def _open_private(parent: int, name: str, path: Path, create: bool) -> int:
         raise ProfileError(
             f"profile folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
             "another user made it, so its profiles are ignored; ask root to remove it "
-            f"(`sudo rm -r {path}`)")
+            f"(`sudo rm -r {path}`)"
+        )
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
         os.fchmod(fd, PRIVATE_MODE)  # the umask or an old memgov: it is ours, make it private
     return fd
@@ -132,14 +135,16 @@ def _load(fd: int, path: Path, name: str) -> dict[str, Any] | None:
     profile of this user's (the message says which file and why)."""
     where = path / name
     try:
-        file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                          dir_fd=fd)
+        file_fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
+        )
     except FileNotFoundError:
         return None
     except OSError as exc:
         why = "a symlink (not followed)" if exc.errno == errno.ELOOP else exc.strerror
-        raise ProfileError(f"profile {where}: {why}; move it away or `memgov profiles forget`"
-                           ) from None
+        raise ProfileError(
+            f"profile {where}: {why}; move it away or `memgov profiles forget`"
+        ) from None
     try:
         info = os.fstat(file_fd)
         problem = None
@@ -156,8 +161,10 @@ def _load(fd: int, path: Path, name: str) -> dict[str, Any] | None:
         data, problem = _decode(raw)
         if data is not None:
             return data
-    raise ProfileError(f"profile {where} is not a memgov profile ({problem}); it is left as it "
-                       "is: move it away, or `memgov profiles forget JOB` removes it")
+    raise ProfileError(
+        f"profile {where} is not a memgov profile ({problem}); it is left as it "
+        "is: move it away, or `memgov profiles forget JOB` removes it"
+    )
 
 
 def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -165,8 +172,12 @@ def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         text = raw.decode()
         if _parse._depth(text) > _parse.MAX_DEPTH:
             return None, "nested too deep"
-        data = json.loads(text, parse_int=_parse._bounded_int,
-                          parse_float=_parse._bounded_float, parse_constant=_parse._no_constant)
+        data = json.loads(
+            text,
+            parse_int=_parse._bounded_int,
+            parse_float=_parse._bounded_float,
+            parse_constant=_parse._no_constant,
+        )
     except (UnicodeDecodeError, ValueError, RecursionError, OverflowError) as exc:
         return None, f"corrupt JSON: {str(exc)[:120]}"
     if not isinstance(data, dict) or data.get("version") != VERSION:
@@ -195,8 +206,9 @@ def _profile(data: dict[str, Any], name: str, fd: int) -> Profile:
     except OSError:
         updated = 0.0
     label = data.get("label")
-    return Profile(data["job"], label if isinstance(label, str) else data["job"],
-                   data["runs"], name, updated)
+    return Profile(
+        data["job"], label if isinstance(label, str) else data["job"], data["runs"], name, updated
+    )
 
 
 def read(job: str) -> Profile | None:
@@ -231,16 +243,16 @@ def every() -> tuple[list[Profile], list[str]]:
 # -- writing ------------------------------------------------------------------------------------
 
 
-def record(job: str, label: str, runs: list[dict[str, Any]], command: str | None = None
-           ) -> Profile:
+def record(job: str, label: str, runs: list[dict[str, Any]], command: str | None = None) -> Profile:
     """Add ``runs`` to ``job``'s profile (keeping the last KEEP); returns the profile. A bad
     file in the way raises ProfileError and is left as it is."""
     with folder() as (fd, path), _writing(fd, path):
         return _record(fd, path, job, label, runs, command)
 
 
-def _record(fd: int, path: Path, job: str, label: str, runs: list[dict[str, Any]],
-            command: str | None) -> Profile:
+def _record(
+    fd: int, path: Path, job: str, label: str, runs: list[dict[str, Any]], command: str | None
+) -> Profile:
     name = file_name(job)
     data = _load(fd, path, name)
     if data is None:
@@ -256,15 +268,18 @@ def _record(fd: int, path: Path, job: str, label: str, runs: list[dict[str, Any]
 
 def _evict(fd: int, path: Path, keep: int) -> None:
     """Remove the least recently recorded profiles beyond ``keep``."""
-    names = [n for n in os.listdir(fd) if n.endswith(".json")
-             and not n.startswith(_records.TMP_PREFIX)]
+    names = [
+        n for n in os.listdir(fd) if n.endswith(".json") and not n.startswith(_records.TMP_PREFIX)
+    ]
     if len(names) <= keep:
         return
+
     def age(name: str) -> float:
         try:
             return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime
         except OSError:
             return 0.0
+
     for name in sorted(names, key=age)[: len(names) - keep]:
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=fd)
@@ -288,8 +303,10 @@ def forget(job: str) -> bool:
 @contextlib.contextmanager
 def _live(create: bool) -> Iterator[tuple[int, Path]]:
     """This user's live-run folder (inside the checked private store)."""
-    with folder(create) as (_fd, path), _records.open_dir(
-            _config.ledger_dir(), (*PARTS, path.name, LIVE), create=create) as live:
+    with (
+        folder(create) as (_fd, path),
+        _records.open_dir(_config.ledger_dir(), (*PARTS, path.name, LIVE), create=create) as live,
+    ):
         yield live, path / LIVE
 
 

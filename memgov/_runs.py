@@ -70,17 +70,36 @@ class Run:
     def entry(self) -> dict[str, Any]:
         """The run as its profile keeps it."""
         c = self.claim
-        return {"peak": self.peak or None, "end": self.end or None, "time": time.time(),
-                "claim": c.bytes, "sized": self.sized, "measure": self.measure or None,
-                "mode": c.mode, "total": self.budget.device_total,
-                "simulated": self.budget.simulated, "pid": os.getpid()}
+        return {
+            "peak": self.peak or None,
+            "end": self.end or None,
+            "time": time.time(),
+            "claim": c.bytes,
+            "sized": self.sized,
+            "measure": self.measure or None,
+            "mode": c.mode,
+            "total": self.budget.device_total,
+            "simulated": self.budget.simulated,
+            "pid": os.getpid(),
+        }
 
     def payload(self) -> dict[str, Any]:
         """The live file: a ledger record (so _records reads it with its bounds) plus the run."""
-        return {"version": 1, "id": self.claim.id, "kind": "run", "device": self.claim.device,
-                "bytes": self.claim.bytes, "name": self.claim.name, "pid": os.getpid(),
-                "host": socket.gethostname(), "created": time.time(), "job": self.job,
-                "label": self.label, "command": self.command, "run": self.entry()}
+        return {
+            "version": 1,
+            "id": self.claim.id,
+            "kind": "run",
+            "device": self.claim.device,
+            "bytes": self.claim.bytes,
+            "name": self.claim.name,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "created": time.time(),
+            "job": self.job,
+            "label": self.label,
+            "command": self.command,
+            "run": self.entry(),
+        }
 
 
 def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> None:
@@ -90,6 +109,8 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
 
     run = Run(claim, budget, job, label, sized, " ".join(_command())[:1024])
     try:
+        if sized in ("given", "scheduler"):  # an auto claim read the store: folded already
+            _profiles.collect()  # dead processes' runs, so the live folder stays small
         run.held = _profiles.start_live(run.payload())
     except Exception as exc:  # no store: the claim stands, the run is not recorded
         claim.reports["profile"] = f"profile: not recorded ({type(exc).__name__}: {exc})"
@@ -97,8 +118,9 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
     with _lock:
         _run = run
     _install_excepthook()
-    run.thread = threading.Thread(target=_sample_loop, args=(run,), name="memgov-profile",
-                                  daemon=True)
+    run.thread = threading.Thread(
+        target=_sample_loop, args=(run,), name="memgov-profile", daemon=True
+    )
     run.thread.start()
 
 
@@ -263,17 +285,21 @@ def give_back(run: Run, new: int) -> str:
     claim = run.claim
     old = claim.bytes
     if claim.mode == "hard":
-        return (f"give back: none, {format_size(old)} stays claimed: MPS fixed this process's "
-                "limit when its CUDA context was made")
+        return (
+            f"give back: none, {format_size(old)} stays claimed: MPS fixed this process's "
+            "limit when its CUDA context was made"
+        )
     smaller = dataclasses.replace(run.budget, bytes=new)
     refused = _adapters.lower(smaller, claim.reports)
     if refused:
         return f"give back: none, {format_size(old)} stays claimed: {refused}"
     claim.shrink(new)
     run.budget = smaller
-    return (f"give back: {format_size(old)} -> {format_size(new)} = peak "
-            f"{run.peak / 2**20:,.0f} MiB, flat for a while, + 10 % + 64 MiB; "
-            f"{format_size(old - new)} returned to the ledger")
+    return (
+        f"give back: {format_size(old)} -> {format_size(new)} = peak "
+        f"{run.peak / 2**20:,.0f} MiB, flat for a while, + 10 % + 64 MiB; "
+        f"{format_size(old - new)} returned to the ledger"
+    )
 
 
 # -- how the process ends -----------------------------------------------------------------------

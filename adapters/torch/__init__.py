@@ -86,8 +86,10 @@ class TorchAdapter:
         fraction = min(1.0, cap / total, users[0] if users else 1.0)
         torch.cuda.set_per_process_memory_fraction(fraction, index)
         _state["cap"] = int(fraction * total)
-        return (f"torch: allocator cap lowered to {format_size(_state['cap'])} on cuda:{index} "
-                f"(budget {format_size(budget.bytes)})")
+        return (
+            f"torch: allocator cap lowered to {format_size(_state['cap'])} on cuda:{index} "
+            f"(budget {format_size(budget.bytes)})"
+        )
 
 
 def _threads(torch: Any, threads: int) -> list[str]:

@@ -72,14 +72,18 @@ class Job:
         pid = self.proc.pid if self.proc else None
         lines = [ln for ln in text.splitlines() if ln.startswith("memgov:")]
         return {
-            "name": self.name, "kind": self.kind, "pid": pid,
+            "name": self.name,
+            "kind": self.kind,
+            "pid": pid,
             "rc": self.proc.returncode if self.proc else None,
             "seconds": round(self.ended - self.started, 1),
-            "claims_mib": [round(c / MiB) for c in self.claims], "sized": self.sized,
+            "claims_mib": [round(c / MiB) for c in self.claims],
+            "sized": self.sized,
             "job": self.job,
             "nvml_peak_mib": round(peaks[pid] / MiB) if pid in peaks else None,
             "oom": "OutOfMemoryError" in text or "out of memory" in text.lower(),
-            "memgov_lines": lines[:20], "tail": text.splitlines()[-3:],
+            "memgov_lines": lines[:20],
+            "tail": text.splitlines()[-3:],
             "give_back": [ln for ln in lines if "give back" in ln],
         }
 
@@ -160,13 +164,17 @@ class Runner:
         self.count = 0
         self.base = {k: v for k, v in os.environ.items() if not k.startswith("MEMGOV_")}
         # Strict: a claim memgov cannot make fails the job, never lets it run ungoverned.
-        self.base.update(MEMGOV_DIR=str(work / "ledger"), PYTHONUNBUFFERED="1",
-                         MEMGOV_STRICT="1")
+        self.base.update(MEMGOV_DIR=str(work / "ledger"), PYTHONUNBUFFERED="1", MEMGOV_STRICT="1")
         if self.smoke:
             self.base["MEMGOV_DEVICES"] = "sim0:16GiB"
 
-    def job(self, kind: str, claim: str = "auto", env: dict[str, str] | None = None,
-            gpt2_args: list[str] | None = None) -> Job:
+    def job(
+        self,
+        kind: str,
+        claim: str = "auto",
+        env: dict[str, str] | None = None,
+        gpt2_args: list[str] | None = None,
+    ) -> Job:
         self.count += 1
         name = f"{kind}-{self.count:03d}"
         cwd = self.work / name  # a child of work: mnist's '../data' is work/data
@@ -176,12 +184,25 @@ class Runner:
             argv = [str(scripts / "mnist" / "main.py"), "--epochs", "1"]
             argv += ["--dry-run"] if self.smoke else []
         elif kind == "dcgan":
-            argv = [str(scripts / "dcgan" / "main.py"), "--dataset", "fake", "--niter", "1",
-                    "--outf", str(cwd / "out"), "--manualSeed", str(self.count)]
+            argv = [
+                str(scripts / "dcgan" / "main.py"),
+                "--dataset",
+                "fake",
+                "--niter",
+                "1",
+                "--outf",
+                str(cwd / "out"),
+                "--manualSeed",
+                str(self.count),
+            ]
             argv += ["--dry-run", "--workers", "0"] if self.smoke else ["--accel"]
         else:
-            argv = [str(GPT2), *(gpt2_args or self.args.gpt2_args.split()),
-                    "--seed", str(self.count)]
+            argv = [
+                str(GPT2),
+                *(gpt2_args or self.args.gpt2_args.split()),
+                "--seed",
+                str(self.count),
+            ]
             argv += ["--device", "cpu", "--tiny"] if self.smoke else []
         full_env = {**self.base, "MEMGOV_CLAIM": claim, **(env or {})}
         return Job(name, kind, [sys.executable, *argv], cwd, full_env)
@@ -190,8 +211,14 @@ class Runner:
         for job in jobs:
             job.log = job.cwd / "output.log"
             with open(job.log, "wb") as log:
-                job.proc = subprocess.Popen(job.argv, cwd=job.cwd, env=job.env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+                job.proc = subprocess.Popen(
+                    job.argv,
+                    cwd=job.cwd,
+                    env=job.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             job.started = time.monotonic()
 
     def wait(self, jobs: list[Job], deadline: float, watch: Watch) -> None:
@@ -213,24 +240,31 @@ class Runner:
 
 
 def profiles(runner: Runner) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "memgov", "profiles", "--json"],
-                          env=runner.base, capture_output=True, text=True, timeout=60)
-    data: dict[str, Any] = json.loads(done.stdout) if done.returncode == 0 else {
-        "error": done.stderr}
+    done = subprocess.run(
+        [sys.executable, "-m", "memgov", "profiles", "--json"],
+        env=runner.base,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    data: dict[str, Any] = (
+        json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr}
+    )
     return data
 
 
 def wait_admitted(watch: Watch, jobs: list[Job], deadline: float) -> None:
     while time.monotonic() < deadline:
-        if all(j.proc and (j.proc.pid in watch.by_pid or j.proc.poll() is not None)
-               for j in jobs):
+        if all(j.proc and (j.proc.pid in watch.by_pid or j.proc.poll() is not None) for j in jobs):
             return
         time.sleep(0.2)
 
 
 def phase_first(runner: Runner, budget: float) -> dict[str, Any]:
-    neighbours = [runner.job("mnist", "2GiB", {"MEMGOV_JOB": "neighbour-mnist"})
-                  for _ in range(runner.args.neighbours)]
+    neighbours = [
+        runner.job("mnist", "2GiB", {"MEMGOV_JOB": "neighbour-mnist"})
+        for _ in range(runner.args.neighbours)
+    ]
     firsts = [runner.job(kind) for kind in KINDS]
     deadline = time.monotonic() + budget
     with Watch(runner.smoke) as watch:
@@ -238,10 +272,12 @@ def phase_first(runner: Runner, budget: float) -> dict[str, Any]:
         wait_admitted(watch, neighbours, deadline)
         runner.start(firsts)
         runner.wait(firsts + neighbours, deadline, watch)
-    return {"neighbours": [j.summary(watch.peaks) for j in neighbours],
-            "first_runs": [j.summary(watch.peaks) for j in firsts],
-            "device_peak_mib": round(watch.device_peak / MiB),
-            "profiles": profiles(runner)}
+    return {
+        "neighbours": [j.summary(watch.peaks) for j in neighbours],
+        "first_runs": [j.summary(watch.peaks) for j in firsts],
+        "device_peak_mib": round(watch.device_peak / MiB),
+        "profiles": profiles(runner),
+    }
 
 
 def phase_auto(runner: Runner, budget: float, per_kind: int) -> dict[str, Any]:
@@ -252,14 +288,19 @@ def phase_auto(runner: Runner, budget: float, per_kind: int) -> dict[str, Any]:
         runner.wait(jobs, deadline, watch)
     found = profiles(runner)
     rows = [j.summary(watch.peaks) for j in jobs]
-    return {"jobs": rows, "checks": auto_checks(rows, found, watch.peaks, jobs),
-            "device_peak_mib": round(watch.device_peak / MiB),
-            "claimed_peak_mib": round(watch.claimed_peak / MiB),
-            "most_claims_at_once": watch.most_claims, "profiles": found}
+    return {
+        "jobs": rows,
+        "checks": auto_checks(rows, found, watch.peaks, jobs),
+        "device_peak_mib": round(watch.device_peak / MiB),
+        "claimed_peak_mib": round(watch.claimed_peak / MiB),
+        "most_claims_at_once": watch.most_claims,
+        "profiles": found,
+    }
 
 
-def auto_checks(rows: list[dict[str, Any]], found: dict[str, Any], nvml: dict[int, int],
-                jobs: list[Job]) -> dict[str, Any]:
+def auto_checks(
+    rows: list[dict[str, Any]], found: dict[str, Any], nvml: dict[int, int], jobs: list[Job]
+) -> dict[str, Any]:
     """Each claim against its job's measured peak (the largest of the job's recorded runs,
     this one included) and against its process's NVML peak sampled here."""
     by_job = {p["job"]: p for p in found.get("profiles", [])}
@@ -269,20 +310,25 @@ def auto_checks(rows: list[dict[str, Any]], found: dict[str, Any], nvml: dict[in
         profile = by_job.get(job.job or "")
         peak = nvml.get(row["pid"] or -1)
         job_peak = profile["peak"] if profile else None
-        per_job.append({
-            "name": row["name"], "job": job.job, "claim_mib": row["claims_mib"][:1],
-            "nvml_peak_mib": row["nvml_peak_mib"],
-            "job_peak_mib": round(job_peak / MiB) if job_peak else None,
-            "fits": bool(claim and (peak is None or peak <= claim)),
-            "within_margin": bool(job_peak and claim and claim <= margin(job_peak)),
-            "claim_over_nvml_peak": round(claim / peak, 3) if claim and peak else None,
-        })
+        per_job.append(
+            {
+                "name": row["name"],
+                "job": job.job,
+                "claim_mib": row["claims_mib"][:1],
+                "nvml_peak_mib": row["nvml_peak_mib"],
+                "job_peak_mib": round(job_peak / MiB) if job_peak else None,
+                "fits": bool(claim and (peak is None or peak <= claim)),
+                "within_margin": bool(job_peak and claim and claim <= margin(job_peak)),
+                "claim_over_nvml_peak": round(claim / peak, 3) if claim and peak else None,
+            }
+        )
     return {
         "all_finished": all(r["rc"] == 0 for r in rows),
         "no_oom": not any(r["oom"] for r in rows),
         "all_sized_by_profile": all(r["sized"] == "profile" for r in rows),
-        "every_claim_fits_and_within_margin": all(p["fits"] and p["within_margin"]
-                                                  for p in per_job),
+        "every_claim_fits_and_within_margin": all(
+            p["fits"] and p["within_margin"] for p in per_job
+        ),
         "per_job": per_job,
     }
 
@@ -292,26 +338,36 @@ def margin(peak: int) -> int:
 
 
 def phase_hand(runner: Runner, budget: float, per_kind: int, size: int) -> dict[str, Any]:
-    jobs = [runner.job(kind, f"{size // MiB}MiB", {"MEMGOV_JOB": f"hand-{kind}"})
-            for _ in range(per_kind) for kind in KINDS]
+    jobs = [
+        runner.job(kind, f"{size // MiB}MiB", {"MEMGOV_JOB": f"hand-{kind}"})
+        for _ in range(per_kind)
+        for kind in KINDS
+    ]
     deadline = time.monotonic() + budget
     with Watch(runner.smoke) as watch:
         runner.start(jobs)
         runner.wait(jobs, deadline, watch)
     rows = [j.summary(watch.peaks) for j in jobs]
-    refused = [r for r in rows if any("cannot claim" in ln for ln in r["tail"] + r[
-        "memgov_lines"])]
-    return {"size_mib": size // MiB, "jobs": rows, "admitted_at_once": watch.most_claims,
-            "finished": sum(r["rc"] == 0 for r in rows), "refused": len(refused),
-            "device_peak_mib": round(watch.device_peak / MiB),
-            "claimed_peak_mib": round(watch.claimed_peak / MiB)}
+    refused = [r for r in rows if any("cannot claim" in ln for ln in r["tail"] + r["memgov_lines"])]
+    return {
+        "size_mib": size // MiB,
+        "jobs": rows,
+        "admitted_at_once": watch.most_claims,
+        "finished": sum(r["rc"] == 0 for r in rows),
+        "refused": len(refused),
+        "device_peak_mib": round(watch.device_peak / MiB),
+        "claimed_peak_mib": round(watch.claimed_peak / MiB),
+    }
 
 
 def phase_beside(runner: Runner, budget: float, neighbours: int) -> dict[str, Any]:
     before = [runner.job("mnist") for _ in range(neighbours // 2)]
     after = [runner.job("mnist") for _ in range(neighbours - neighbours // 2)]
-    first = runner.job("gpt2", env={"MEMGOV_GIVE_BACK": f"{runner.args.give_back:g}"},
-                       gpt2_args=runner.args.beside_gpt2_args.split())
+    first = runner.job(
+        "gpt2",
+        env={"MEMGOV_GIVE_BACK": f"{runner.args.give_back:g}"},
+        gpt2_args=runner.args.beside_gpt2_args.split(),
+    )
     deadline = time.monotonic() + budget
     with Watch(runner.smoke) as watch:
         runner.start(before)
@@ -323,10 +379,13 @@ def phase_beside(runner: Runner, budget: float, neighbours: int) -> dict[str, An
     rows = [j.summary(watch.peaks) for j in [*before, *after]]
     newcomer = first.summary(watch.peaks)
     return {
-        "first_run": newcomer, "neighbours": rows,
-        "neighbours_ok": sum(r["rc"] == 0 for r in rows), "neighbours_n": len(rows),
+        "first_run": newcomer,
+        "neighbours": rows,
+        "neighbours_ok": sum(r["rc"] == 0 for r in rows),
+        "neighbours_n": len(rows),
         "none_failed": all(r["rc"] == 0 and not r["oom"] for r in rows),
-        "first_run_sized": newcomer["sized"], "first_run_claims_mib": newcomer["claims_mib"],
+        "first_run_sized": newcomer["sized"],
+        "first_run_claims_mib": newcomer["claims_mib"],
         "device_peak_mib": round(watch.device_peak / MiB),
     }
 
@@ -355,8 +414,10 @@ def main() -> None:
     args = parser.parse_args()
     for script in ("mnist/main.py", "dcgan/main.py"):
         if not (Path(args.scripts) / script).is_file():
-            raise SystemExit(f"{args.scripts}/{script} is missing: carry the PyTorch examples' "
-                             "unchanged mnist/ and dcgan/ folders (benchmarks/gpu/auto_checks.sh)")
+            raise SystemExit(
+                f"{args.scripts}/{script} is missing: carry the PyTorch examples' "
+                "unchanged mnist/ and dcgan/ folders (benchmarks/gpu/auto_checks.sh)"
+            )
     work = Path(tempfile.mkdtemp(prefix="memgov-auto-"))
     write_mnist(work / "data")
     runner = Runner(args, work)
@@ -375,8 +436,10 @@ def main() -> None:
             report["auto"] = phase_auto(runner, args.budget * share["auto"], args.per_kind)
             save(args.out, report, t0)
         if "hand" in phases:
-            measured = [*report.get("auto", {}).get("jobs", []),
-                        *report.get("first", {}).get("first_runs", [])]
+            measured = [
+                *report.get("auto", {}).get("jobs", []),
+                *report.get("first", {}).get("first_runs", []),
+            ]
             biggest = max((r["nvml_peak_mib"] or 0 for r in measured), default=0) * MiB
             size = math.ceil((biggest or 9 * GiB) / GiB) * GiB
             report["hand"] = phase_hand(runner, args.budget * share["hand"], args.per_kind, size)
@@ -398,24 +461,32 @@ def print_table(report: dict[str, Any]) -> None:
     dev = report["device"]
     print(f"device {dev['name']} {dev['total_mib']:,} MiB{' (smoke)' if dev['smoke'] else ''}")
     for row in report.get("first", {}).get("first_runs", []):
-        print(f"first run {row['kind']}: rc {row['rc']}, claims {row['claims_mib']} MiB "
-              f"({row['sized']}), NVML peak {row['nvml_peak_mib']} MiB")
+        print(
+            f"first run {row['kind']}: rc {row['rc']}, claims {row['claims_mib']} MiB "
+            f"({row['sized']}), NVML peak {row['nvml_peak_mib']} MiB"
+        )
     auto = report.get("auto")
     if auto:
         checks = {k: v for k, v in auto["checks"].items() if k != "per_job"}
-        print(f"auto, {len(auto['jobs'])} at once: {checks}; device peak "
-              f"{auto['device_peak_mib']:,} MiB, claimed {auto['claimed_peak_mib']:,} MiB")
+        print(
+            f"auto, {len(auto['jobs'])} at once: {checks}; device peak "
+            f"{auto['device_peak_mib']:,} MiB, claimed {auto['claimed_peak_mib']:,} MiB"
+        )
     hand = report.get("hand")
     if hand:
-        print(f"hand-picked {hand['size_mib']:,} MiB for all: {hand['admitted_at_once']} "
-              f"admitted at once, {hand['finished']} finished, {hand['refused']} refused; "
-              f"device peak {hand['device_peak_mib']:,} MiB")
+        print(
+            f"hand-picked {hand['size_mib']:,} MiB for all: {hand['admitted_at_once']} "
+            f"admitted at once, {hand['finished']} finished, {hand['refused']} refused; "
+            f"device peak {hand['device_peak_mib']:,} MiB"
+        )
     beside = report.get("beside")
     if beside:
-        print(f"first run beside {beside['neighbours_n']} neighbours: {beside['neighbours_ok']}"
-              f" ok, none failed: {beside['none_failed']}; first run "
-              f"{beside['first_run_sized']} {beside['first_run_claims_mib']} MiB, rc "
-              f"{beside['first_run']['rc']}")
+        print(
+            f"first run beside {beside['neighbours_n']} neighbours: {beside['neighbours_ok']}"
+            f" ok, none failed: {beside['none_failed']}; first run "
+            f"{beside['first_run_sized']} {beside['first_run_claims_mib']} MiB, rc "
+            f"{beside['first_run']['rc']}"
+        )
 
 
 if __name__ == "__main__":

@@ -40,12 +40,22 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
-    print(json.dumps({
-        "steps": args.steps, "seconds": round(time.monotonic() - start, 3),
-        "loss": round(float(loss), 4),
-        "peak_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
-        "peak_reserved_mib": round(torch.cuda.max_memory_reserved() / 2**20, 1) if cuda else None,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "seconds": round(time.monotonic() - start, 3),
+                "loss": round(float(loss), 4),
+                "peak_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)
+                if cuda
+                else None,
+                "peak_reserved_mib": round(torch.cuda.max_memory_reserved() / 2**20, 1)
+                if cuda
+                else None,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,10 @@ def listing(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         print_json({"profiles": rows, "problems": problems})
         return
     for row in rows:
-        typer.echo(f"{row['job']}  {row['runs']} run(s), peak {_mib(row['peak'])}, "
-                   f"last {row['last_end'] or '-'} {_ago(row['updated'])}; auto: {row['auto']}")
+        typer.echo(
+            f"{row['job']}  {row['runs']} run(s), peak {_mib(row['peak'])}, "
+            f"last {row['last_end'] or '-'} {_ago(row['updated'])}; auto: {row['auto']}"
+        )
     for problem in problems:
         typer.echo(f"problem: {problem}")
     if not rows and not problems:
@@ -61,10 +63,12 @@ def show(job: JobArg, as_json: JsonFlag = False) -> None:
         return
     typer.echo(f"job {profile.job} ({profile.label}): auto: {data['auto']}")
     for run in profile.runs:
-        typer.echo(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run['time']))}  "
-                   f"peak {_mib(run.get('peak'))} ({run.get('measure') or '-'}), "
-                   f"claim {_mib(run.get('claim'))} ({run.get('sized') or '-'}), "
-                   f"ended: {run['end']}")
+        typer.echo(
+            f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run['time']))}  "
+            f"peak {_mib(run.get('peak'))} ({run.get('measure') or '-'}), "
+            f"claim {_mib(run.get('claim'))} ({run.get('sized') or '-'}), "
+            f"ended: {run['end']}"
+        )
 
 
 @profiles_app.command("forget")

@@ -72,8 +72,7 @@ def request(
 
 
 def options(
-    budget: int | str, *, gpu: int | str | None = None, job: str | None = None,
-    **ray_options: Any
+    budget: int | str, *, gpu: int | str | None = None, job: str | None = None, **ray_options: Any
 ) -> dict[str, Any]:
     """Ray options for ``ray.remote(**opts)`` / ``f.options(**opts)``: the scheduling half.
 
@@ -159,9 +158,12 @@ class _LazyRemote:
         self._gpu = gpu
         self._wait = wait
         self._ray_options = ray_options
-        self._job = job or (None if not _is_auto(budget) else
-                            f"ray:{getattr(target, '__module__', '?')}."
-                            f"{getattr(target, '__qualname__', self.__class__.__name__)}")
+        self._job = job or (
+            None
+            if not _is_auto(budget)
+            else f"ray:{getattr(target, '__module__', '?')}."
+            f"{getattr(target, '__qualname__', self.__class__.__name__)}"
+        )
         self._built: Any = None
         self.__name__ = getattr(target, "__name__", "remote")
         self.__doc__ = getattr(target, "__doc__", None)
@@ -210,8 +212,9 @@ def _is_auto(budget: object) -> bool:
     return isinstance(budget, str) and budget.strip().lower() == "auto"
 
 
-def _governed_class(cls: type, budget: int | str, wait: float | None, job: str | None = None
-                    ) -> type:
+def _governed_class(
+    cls: type, budget: int | str, wait: float | None, job: str | None = None
+) -> type:
     """``cls`` whose instances claim in the constructor and hold the budget for their life."""
     original = cls.__init__  # type: ignore[misc]
 

@@ -129,8 +129,10 @@ def auto_budget(job: str | None, capacity_mib: int) -> tuple[int, str]:
         size = min(found[0], capacity_mib * MIB)
         return size, f"auto: {format_size(size)} = {found[1]}"
     size = int(capacity_mib * MIB * _autosize.FIRST_RUN_SHARE_OF_DEVICE) // MIB * MIB
-    return size, (f"auto: {format_size(size)} = first run of {job}: a quarter of the "
-                  f"{capacity_mib:,} MiB GPU type (no profile yet)")
+    return size, (
+        f"auto: {format_size(size)} = first run of {job}: a quarter of the "
+        f"{capacity_mib:,} MiB GPU type (no profile yet)"
+    )
 
 
 def _budget_bytes(budget: int | str, capacity_mib: int, where: str) -> int:

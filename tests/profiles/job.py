@@ -33,8 +33,14 @@ def main() -> None:
     parser.add_argument("--seed", default=None)  # volatile: not part of the job's identity
     args = parser.parse_args()
     claim = memgov.claim(args.size, job=args.job)
-    say("claimed", bytes=claim.bytes, sized=claim.sized, job=claim.job,
-        line=claim.reports.get("auto"), notes=claim.reports.get("profile"))
+    say(
+        "claimed",
+        bytes=claim.bytes,
+        sized=claim.sized,
+        job=claim.job,
+        line=claim.reports.get("auto"),
+        notes=claim.reports.get("profile"),
+    )
     used = bytearray(args.mib * 2**20)
     for i in range(0, len(used), 4096):
         used[i] = 1

@@ -23,17 +23,25 @@ JOB = Path(__file__).with_name("job.py")
 MiB = 2**20
 
 
-def run_job(env: dict[str, str], *args: str, cwd: Path | None = None,
-            script: str | None = None) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    done = subprocess.run([sys.executable, script or str(JOB), *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+def run_job(
+    env: dict[str, str], *args: str, cwd: Path | None = None, script: str | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, script or str(JOB), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     events = {e["event"]: e for e in map(json.loads, done.stdout.splitlines())}
     return done, events
 
 
 def memgov_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memgov", *args], env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "memgov", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def show(env: dict[str, str], job: str) -> dict[str, Any]:
@@ -79,8 +87,9 @@ def test_the_job_named_by_memgov_job_claim_job_and_memgov_run_job(env) -> None:
     assert json.loads(done.stdout.splitlines()[0])["job"] == "from-run"
     bad = memgov_cli(env, "run", "--job", "x" * 129, "--", sys.executable, str(JOB), "10")
     assert bad.returncode == 2 and "accepted a job name of 1 to 128" in bad.stderr
-    assert {p["job"] for p in json.loads(memgov_cli(env, "profiles", "--json").stdout)[
-        "profiles"]} == {"mnist-b64", "api-job", "from-run"}
+    assert {
+        p["job"] for p in json.loads(memgov_cli(env, "profiles", "--json").stdout)["profiles"]
+    } == {"mnist-b64", "api-job", "from-run"}
 
 
 def test_derived_identity_rules(tmp_path: Path) -> None:
@@ -93,7 +102,8 @@ def test_derived_identity_rules(tmp_path: Path) -> None:
     assert _jobid.derive(["python", "-c", "print(1)"])[1] == "python-c"
     assert _jobid.derive(["python", "-m", "pkg.train", "--x"])[1] == "pkg.train"
     assert _jobid.kept_arguments(["--seed", "3", "--save-model", "--seed=4", "--out", "d"]) == [
-        "--save-model"]
+        "--save-model"
+    ]
     with pytest.raises(ConfigError, match="accepted a job name"):
         _jobid.job_for("bell\x07")
 
@@ -123,8 +133,9 @@ def test_out_of_memory_is_recorded_and_the_next_claim_asks_for_more(env) -> None
     _, after = run_job(env, "60", "--job", "oomy")
     grown = -(-int(size * _profiles.OOM_GROWTH) // MiB) * MiB
     assert after["claimed"]["bytes"] == grown
-    assert "1.5 x the" in after["claimed"]["line"] and "ran out of memory" in after[
-        "claimed"]["line"]
+    assert (
+        "1.5 x the" in after["claimed"]["line"] and "ran out of memory" in after["claimed"]["line"]
+    )
     # A run at that size ended well: the measured peak sizes the job again.
     _, settled = run_job(env, "60", "--job", "oomy")
     history = show(env, "oomy")["history"]
@@ -139,9 +150,13 @@ def test_an_error_that_is_not_memory_is_recorded_as_error(env) -> None:
 
 
 def test_a_sigkilled_process_still_gets_its_peak_recorded(env, private_ledger) -> None:
-    child = subprocess.Popen([sys.executable, str(JOB), "150", "--job", "killed", "--hold",
-                              "stdin"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen(
+        [sys.executable, str(JOB), "150", "--job", "killed", "--hold", "stdin"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None
         while json.loads(child.stdout.readline())["event"] != "used":
@@ -172,17 +187,21 @@ def _live_peak(live: Path) -> int:
 
 def test_give_back_shrinks_a_first_run_claim_once_its_peak_is_flat(env) -> None:
     env = {**env, "MEMGOV_GIVE_BACK": "1"}
-    child = subprocess.Popen([sys.executable, str(JOB), "80", "--job", "giver", "--hold",
-                              "stdin"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, str(JOB), "80", "--job", "giver", "--hold", "stdin"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout is not None and child.stdin is not None
         first = json.loads(child.stdout.readline())
         assert first["sized"] == "first-run"
         deadline = time.monotonic() + 60
         while True:
-            claims = json.loads(memgov_cli(env, "status", "--json").stdout)["devices"][0][
-                "claims"]
+            claims = json.loads(memgov_cli(env, "status", "--json").stdout)["devices"][0]["claims"]
             assert claims[0]["sized"] == "first-run" and claims[0]["job"] == "giver"
             if claims[0]["bytes"] < first["bytes"]:
                 break
@@ -201,8 +220,7 @@ def test_give_back_shrinks_a_first_run_claim_once_its_peak_is_flat(env) -> None:
 
 
 def test_give_back_off_keeps_the_claim(env) -> None:
-    _, events = run_job({**env, "MEMGOV_GIVE_BACK": "off"}, "10", "--job", "keeper",
-                        "--hold", "3")
+    _, events = run_job({**env, "MEMGOV_GIVE_BACK": "off"}, "10", "--job", "keeper", "--hold", "3")
     assert events["ending"]["bytes"] == events["claimed"]["bytes"]
     assert events["ending"]["give_back"] is None
 
@@ -221,9 +239,13 @@ def test_auto_enable_sizes_from_the_profile(env, py) -> None:
 def test_a_first_run_takes_half_of_what_is_free_never_a_neighbours_budget(env) -> None:
     # 14 of 16 GiB held by a neighbour: the first run asks half of the 2 GiB left (at least
     # 1 GiB), and the neighbour keeps all of its budget.
-    neighbour = subprocess.Popen([sys.executable, str(JOB), "1", "--size", "14GiB", "--hold",
-                                  "stdin", "--job", "neighbour"], env=env, stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
+    neighbour = subprocess.Popen(
+        [sys.executable, str(JOB), "1", "--size", "14GiB", "--hold", "stdin", "--job", "neighbour"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert neighbour.stdout is not None and neighbour.stdin is not None
         json.loads(neighbour.stdout.readline())
@@ -312,10 +334,14 @@ def test_symlinks_foreign_files_and_a_loose_folder(private_ledger, tmp_path) -> 
 
 
 def test_oom_floor_rules() -> None:
-    profile = _profiles.Profile("j", "j", [
-        {**_run(100 * MiB), "claim": 200 * MiB},
-        {**_run(190 * MiB, "oom"), "claim": 200 * MiB},
-    ])
+    profile = _profiles.Profile(
+        "j",
+        "j",
+        [
+            {**_run(100 * MiB), "claim": 200 * MiB},
+            {**_run(190 * MiB, "oom"), "claim": 200 * MiB},
+        ],
+    )
     size, why = _autosize.need(profile, simulated=True) or (0, "")
     assert size == 300 * MiB and "1.5 x the 200 MiB" in why
     profile.runs.append({**_run(150 * MiB), "claim": 300 * MiB})
