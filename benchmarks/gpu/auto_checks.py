@@ -1,4 +1,4 @@
-"""Must-shows 1 and 2 of issue 25 (docs/profiles.md): claims that size themselves, on a real GPU.
+"""Claims that size themselves, on a real GPU (docs/profiles.md, "On a GPU"): the two GPU checks.
 
     python benchmarks/gpu/auto_checks.py --scripts DIR --out OUT/auto_checks.json [--smoke]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Claims that size themselves (issue 25, docs/profiles.md), must-shows 1 and 2, in one device call:
+# Claims that size themselves (docs/profiles.md, "On a GPU"), both GPU checks in one device call:
 #   AUTO_SCRIPTS=DIR bash benchmarks/gpu/auto_checks.sh "$OUT"   (verify.sh runs it as "auto")
 # DIR holds the PyTorch examples' unchanged mnist/main.py and dcgan/main.py (github.com/pytorch/
 # examples, carried to the GPU machine: it has no network; memgov never copies them). Nothing is
