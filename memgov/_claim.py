@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memgov import _adapters, _admission, _devices, _enforce, _settings, _threads
-from memgov._errors import MemgovError
+from memgov._errors import ConfigError, MemgovError
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
 from memgov._sizes import Size, format_size

@@ -24,7 +24,7 @@ from typing import Any
 
 from memgov import _settings
 from memgov._errors import ConfigError
-from memgov._sizes import Size, parse_size
+from memgov._sizes import Size, format_size, parse_size
 
 MIB = 2**20
 MEMORY_RESOURCE = "gpu_memory"
