@@ -50,10 +50,12 @@ KINDS: dict[str, dict[str, Any]] = {
     # with batches of 1,000 (peak 1,358 MiB alone on the H200: a 1 GiB claim is too small).
     "mnist": {"script": "mnist/main.py", "args": ["--epochs", "1", "--log-interval", "100000"],
               "claim": "1600MiB", "data": True},
-    # DCGAN on FakeData: two DataLoader workers, two networks, Adam.
+    # DCGAN on FakeData: two DataLoader workers, two networks, Adam, cudnn.benchmark. Alone it
+    # peaks at 3,338 MiB (NVML): cuDNN's benchmark tries algorithms with large workspaces. Under a
+    # 1 GiB claim it ran (962 MiB) with slower ones: 0.92x of the uncapped hand-tuned copies.
     "dcgan": {"script": "dcgan/main.py", "args": ["--dataset", "fake", "--niter", "4",
                                                  "--accel", "--workers", "2"],
-              "claim": "1GiB", "data": False},
+              "claim": "3584MiB", "data": False},
     # The VAE example: a DataLoader worker, a test pass, images written with save_image.
     "vae": {"script": "vae/main.py", "args": ["--epochs", "1", "--log-interval", "100000"],
             "claim": "1GiB", "data": True},

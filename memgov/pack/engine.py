@@ -26,7 +26,7 @@ from memgov.pack import stats, warmup
 from memgov.pack.config import PackConfig, cpu_sets, job_env, threads_for
 from memgov.pack.jobs import Job, JobSpec
 from memgov.pack.monitor import Sampler
-from memgov.pack.plan import Context, RunPlan, prepare
+from memgov.pack.plan import Context, RunPlan, learn_claim, prepare
 from memgov.pack.results import Results, complete_run
 
 STOP_GRACE_S = 10.0
@@ -70,8 +70,10 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
                     ctx.mps_info = stack.enter_context(ctx.mps_daemon())
                 record, stop = run_once(ctx, plan, watcher)
                 results.add_run(plan, record)
-                if plan.role == "solo" and ctx.host_gate is not None:
-                    ctx.host_gate.learn(_uss_peak(record))
+                if plan.role == "solo":
+                    learn_claim(ctx, _peak(record, "footprint_mib"))
+                    if ctx.host_gate is not None:
+                        ctx.host_gate.learn(_peak(record, "uss_mib"))
                 if stop is not None:
                     break
         except (KeyboardInterrupt, SystemExit) as exc:  # while starting the MPS daemon
@@ -249,7 +251,7 @@ def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str],
                   jobs: dict[str, Job]) -> str:
     """"start", "wait" (for running jobs to end) or "refuse" ``job`` (hostmem.py)."""
     gate = ctx.host_gate
-    if gate is None or gate.fits((sampler.jobs[label].uss, jobs[label].first("start") is not None)
+    if gate is None or gate.fits((sampler.jobs[label].uss, jobs[label].first("epoch") is not None)
                                  for label in running):
         return "start"
     if running:
@@ -261,9 +263,9 @@ def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str],
     return "refuse"
 
 
-def _uss_peak(record: dict[str, Any]) -> int | None:
-    """The largest host USS of a run's jobs that finished (bytes), or None."""
-    peaks = [j["uss_mib"] for j in record["jobs"] if j["status"] == "ok" and j.get("uss_mib")]
+def _peak(record: dict[str, Any], what: str) -> int | None:
+    """The largest ``what`` (a job record's MiB figure) of a run's jobs that finished, in bytes."""
+    peaks = [j[what] for j in record["jobs"] if j["status"] == "ok" and j.get(what)]
     return int(max(peaks) * 2**20) if peaks else None
 
 

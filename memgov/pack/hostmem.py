@@ -19,8 +19,8 @@ once) recorded for this experiment, framework, batch, device kind and runner by 
 this pack's own solo job once it has run (pack's first run on a fresh machine measures it before
 the packed runs start); else 2 GiB.
 
-Once jobs of the run train, their largest USS replaces the estimate (and they have no growth
-ahead), unless the user gave it: measured beats estimated.
+Once jobs of the run are past their first epoch, their largest USS replaces the estimate (and
+they have no growth ahead), unless the user gave it: measured beats estimated.
 
 A job that does not fit waits until running jobs end (the run goes on in waves); when nothing
 runs and it still does not fit, it is not started and fails with reason ``host_memory``.
@@ -56,10 +56,11 @@ class HostGate:
     most_running: int = 0
 
     def fits(self, running: Iterable[tuple[int | None, bool]]) -> bool:
-        """Whether one more job fits beside ``running``: (largest USS so far, training yet)
-        for each running job of this run.
+        """Whether one more job fits beside ``running``: (largest USS so far, past its first
+        epoch) for each running job of this run.
 
-        Unless the user gave the estimate, jobs that train are measured, not estimated: their
+        Unless the user gave the estimate, jobs past their first epoch are measured, not
+        estimated (at its start a forked job held 176 MiB, after its first epoch ~595): their
         largest USS becomes the estimate (the solo job ran with every core's threads and held
         1,003 MiB where each of 140 packed ones held ~595, H200), and they have no growth ahead
         (what they still grow, the reserve holds)."""
@@ -70,7 +71,8 @@ class HostGate:
         trained = [uss for uss, training in jobs if training and uss]
         if learns and trained and max(trained) != self.per_job:
             self.per_job = max(trained)
-            self.source = f"the largest host USS of this run's jobs in training ({len(trained)})"
+            self.source = (f"the largest host USS of this run's jobs past their first epoch "
+                           f"({len(trained)})")
         growth = sum(max(0, self.per_job - (uss or 0)) for uss, training in jobs
                      if not (learns and training))
         available = psutil.virtual_memory().available

@@ -206,8 +206,8 @@ def prepare(cfg: PackConfig) -> Context:
 
         snap = DeviceLedger(device).snapshot()
         claim_bytes, claim_source = _fit_to_device(
-            cfg, history.key(man.name, cfg.framework, batch or 0), snap.free, claim_bytes,
-            claim_source, max(sizes), mps)
+            cfg, history.largest(history.key(man.name, cfg.framework, batch or 0)), snap.free,
+            claim_bytes, claim_source, max(sizes), mps)
     contexts = None
     if device is not None and not device.simulated and not cpu:
         contexts = _config.context_limit(simulated=False)
@@ -347,17 +347,40 @@ MPS_SERVER_ALLOWANCE = 128 * 2**20
 """GPU memory kept aside per MPS server pack will start (each held 66 MiB on the H200)."""
 
 
-def _fit_to_device(cfg: PackConfig, key: str, free: int, claim: int | None,
+def learn_claim(ctx: Context, footprint: int | None) -> None:
+    """The solo job's footprint (bytes) sizes the packed runs' automatic claims where nothing
+    was recorded (the default claim), as a recorded footprint would: x 1.10 + 64 MiB, made
+    smaller so each run's jobs fit the GPU at once. From a fresh ledger on the H200, 140 default
+    1 GiB claims did not fit (the 140th was refused); 140 of 1,017 MiB did."""
+    cfg = ctx.cfg
+    automatic = cfg.mode == "claim" and cfg.claim.strip().lower() == "auto"
+    if not automatic or not footprint or ctx.device is None:  # a CPU job has no footprint
+        return
+    if not (ctx.claim_source or "").startswith("default"):
+        return
+    from memgov._ledger import DeviceLedger
+
+    free = DeviceLedger(ctx.device).snapshot().free
+    size, source = history.margin(footprint), (
+        f"this pack's solo job: footprint {format_size(footprint)} x "
+        f"{1 + history.MARGIN_FRACTION:.2f} + {format_size(history.MARGIN_BYTES)}")
+    for plan in ctx.plans:
+        if plan.role == "main" and plan.mode == "claim":
+            plan.claim_bytes, ctx.claim_source = _fit_to_device(
+                cfg, footprint, free, size, source, min(plan.n, plan.parallel), plan.mps)
+            ctx.claim_bytes = plan.claim_bytes
+
+
+def _fit_to_device(cfg: PackConfig, top: int | None, free: int, claim: int | None,
                    source: str | None, n: int, mps: bool) -> tuple[int | None, str | None]:
     """An automatic claim made smaller so ``n`` jobs fit the device's free budget at once, when
-    the recorded footprints allow it (at least the largest of them + 64 MiB); otherwise as is.
+    the measured footprints allow it (at least the largest, ``top``, + 64 MiB); otherwise as is.
 
     The automatic size is the largest footprint x 1.10 + 64 MiB; 140 such claims of an MNIST
     job (886 MiB) did not fit an H200, while 140 of its footprints did.
     """
     if claim is None or cfg.claim.strip().lower() != "auto":
         return claim, source  # an explicit --claim is never changed
-    top = history.largest(key)
     if top is None:
         return claim, source
     from memgov import _mpsctl

@@ -89,7 +89,7 @@ def test_jobs_in_training_are_measured_not_estimated() -> None:
     # still grow is counted at the measured size, and the trained ones have no growth ahead.
     small = available // 40
     assert gate.fits([(small, True), (small, True), (None, False), (None, False)])
-    assert gate.per_job == small and "in training (2)" in gate.source
+    assert gate.per_job == small and "first epoch (2)" in gate.source
     user = hostmem.HostGate(per_job=available // 4, source=hostmem.USER_SOURCE, reserve=0)
     assert not user.fits([(small, True), (small, True), (None, False), (None, False)])
     assert user.per_job == available // 4  # the user's estimate stays
@@ -153,3 +153,24 @@ def test_a_job_stopped_after_an_epoch_still_sizes_the_next_pack(
     hosts = list(store.glob("*-host-cpu-*.json"))
     assert len(hosts) == 1, hosts
     assert str(int(job["uss_mib"] * 2**20)) in hosts[0].read_text()
+
+
+def test_the_solo_footprint_sizes_default_claims_so_every_job_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memgov.pack.plan import learn_claim, prepare
+
+    # A fresh ledger: nothing recorded, so 1 GiB each, and 140 of them do not fit 139 GiB.
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:139GiB")
+    ctx = prepare(PackConfig(experiment=MNIST, n=140, history=False, device="cpu",
+                             out=tmp_path / "out"))
+    main = next(p for p in ctx.plans if p.role == "main")
+    assert main.claim_bytes == GiB and (ctx.claim_source or "").startswith("default")
+    learn_claim(ctx, 890 * 2**20)  # the solo job's footprint, as on the H200
+    assert main.claim_bytes is not None and main.claim_bytes * 140 <= 139 * GiB
+    assert main.claim_bytes >= (890 + 64) * 2**20
+    assert "this pack's solo job: footprint" in (ctx.claim_source or "")
+    explicit = prepare(PackConfig(experiment=MNIST, n=140, history=False, device="cpu",
+                                  claim="1GiB", out=tmp_path / "explicit"))
+    learn_claim(explicit, 890 * 2**20)
+    assert next(p for p in explicit.plans if p.role == "main").claim_bytes == GiB
