@@ -392,7 +392,7 @@ def _fit_to_device(cfg: PackConfig, top: int | None, free: int, claim: int | Non
     if claim * n <= free or share < floor:
         return claim, source
     return share, (f"{source}, made {format_size(share)} so that {n} jobs fit the "
-                   f"{format_size(free)} free on the GPU at once (the largest recorded footprint "
+                   f"{format_size(free)} free on the GPU at once (the largest measured footprint "
                    f"+ {format_size(history.MARGIN_BYTES)} is {format_size(floor)})")
 
 
