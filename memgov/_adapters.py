@@ -77,7 +77,7 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
 
     ``reports`` receives one line per adapter as it takes effect (a claim shows it).
     """
-    before = dict(os.environ)
+    before = _environ_now()
     for adapter in available():
         mine = dataclasses.replace(budget, report=_report_into(reports, adapter.name))
         note = adapter.configure_env(mine)
@@ -94,7 +94,14 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
         _importhook.when_imported(adapter.module, apply)
     from memgov import _note_env_set  # `memgov doctor` tells these from the user's
 
-    _note_env_set(k for k, v in os.environ.items() if before.get(k) != v)
+    _note_env_set(k for k, v in _environ_now().items() if before.get(k) != v)
+
+
+def _environ_now() -> dict[str, str]:
+    """A copy of os.environ that another thread's change cannot break: dict(os.environ) lists
+    the names, then reads each, and raised KeyError when a name went in between (a release in
+    another thread drops MEMGOV_HOLDER)."""
+    return {k: v for k in os.environ if (v := os.environ.get(k)) is not None}
 
 
 def lower(budget: Budget, reports: dict[str, str]) -> str | None:

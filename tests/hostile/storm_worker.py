@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 import memgov
 from memgov import _flock
@@ -80,10 +81,14 @@ def claimer(seed: int) -> None:
             kind = f"{type(exc).__name__}: {str(exc)[:40]}"
             kinds[kind] = kinds.get(kind, 0) + 1
             time.sleep(0.001)
-        except BaseException:
+        except BaseException as exc:
             counts["errors"] += 1
             counts.setdefault("unexpected", 0)
             counts["unexpected"] += 1
+            where = traceback.extract_tb(exc.__traceback__)[-1]  # the test's report names it
+            kind = f"unexpected {type(exc).__name__}: {str(exc)[:60]} at {where.name}"
+            kind += f":{where.lineno}"
+            kinds[kind] = kinds.get(kind, 0) + 1
 
 
 def injector(seed: int, threads: list[threading.Thread]) -> None:
