@@ -37,6 +37,9 @@ def governed(
 ) -> dict[str, str]:
     """The program's environment: MEMGOV_CLAIM on sim0:16GiB; the test reads the same ledger."""
     env.update(MEMGOV_CLAIM="1GiB", HANG_MARKS=str(tmp_path / "marks"))
+    # multiprocessing's folder (the forkserver's socket, pymp-*) outlives the forkserver in
+    # /tmp: in the test's own folder it goes with the test run
+    env["TMPDIR"] = str(tmp_path)
     monkeypatch.setenv("MEMGOV_DIR", env["MEMGOV_DIR"])
     monkeypatch.setenv("MEMGOV_DEVICES", env["MEMGOV_DEVICES"])
     return env
