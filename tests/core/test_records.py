@@ -237,6 +237,7 @@ def test_memgov_dir_that_is_a_file_is_refused(
         memgov.claim("1GiB")
 
 
+@needs_root  # a user who is not root makes a private ledger (0755 claims/): docs/ledger.md
 def test_folders_are_shared_and_records_readable(private_ledger: Path) -> None:
     with memgov.claim("1GiB") as held:
         device = private_ledger / "v1" / "sim0"
