@@ -18,7 +18,6 @@ from memgov._errors import (
     LedgerError,
     MemgovError,
     NoDeviceError,
-    ProfileError,
 )
 from memgov._sizes import format_size, parse_size
 
@@ -32,7 +31,6 @@ __all__ = [
     "MemgovError",
     "MpsError",
     "NoDeviceError",
-    "ProfileError",
     "__version__",
     "claim",
     "current",
