@@ -13,6 +13,7 @@ from memgov._mpsctl import MpsError
 from memgov.exporter import ExporterUnavailable
 from memgov.pack.manifest import ManifestError
 from memgov.pack.runners import RunnerError
+from memgov.placement.trace import TraceError
 
 SAMPLES = [
     _errors.MemgovError("base"),
@@ -26,6 +27,7 @@ SAMPLES = [
     ManifestError("bad manifest"),
     RunnerError("no docker"),
     ExporterUnavailable("no prometheus_client"),
+    TraceError("trace 'x.csv': no column gpu_milli"),
 ]
 
 
