@@ -18,6 +18,7 @@ from memgov._errors import (
     LedgerError,
     MemgovError,
     NoDeviceError,
+    ProfileError,
 )
 from memgov._sizes import format_size, parse_size
 
@@ -31,6 +32,7 @@ __all__ = [
     "MemgovError",
     "MpsError",
     "NoDeviceError",
+    "ProfileError",
     "__version__",
     "claim",
     "current",

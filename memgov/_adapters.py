@@ -104,6 +104,30 @@ def _environ_now() -> dict[str, str]:
     return {k: v for k in os.environ if (v := os.environ.get(k)) is not None}
 
 
+def lower(budget: Budget, reports: dict[str, str]) -> str | None:
+    """Lower the caps of the imported frameworks to ``budget`` (a claim giving memory back).
+
+    None when done (or nothing is capped: a simulated device, no framework imported yet, whose
+    pending apply then reads the smaller budget); else why not: an adapter without ``lower``
+    (JAX, TensorFlow: their limits are fixed at start-up) or one that declined.
+    """
+    if budget.simulated:
+        return None
+    for adapter in available():
+        if adapter.module not in sys.modules:
+            continue
+        lowering = getattr(adapter, "lower", None)
+        line = (
+            lowering(dataclasses.replace(budget, report=_report_into(reports, adapter.name)))
+            if lowering is not None
+            else None
+        )
+        if line is None:
+            return f"{adapter.name} cannot lower its cap once it has started"
+        reports[adapter.name] = line
+    return None
+
+
 def _report_into(reports: dict[str, str], name: str) -> Report:
     def report(line: str) -> None:
         reports[name] = line

@@ -61,12 +61,14 @@ def admit(
     compute: int | None = None,
     daemons: tuple[int, ...] = (),
     timing: AdmissionTiming | None = None,
+    info: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[DeviceLedger, Held, dict[str, Any]]:
     """Wait for (or refuse) room on one of ``ledgers``; write the claim record there.
 
     A hard claim also needs a client slot: with memgov's ``daemons`` it joins one that has room
     (recorded as ``mps_daemon``), else the one server's limit applies. A claim without MPS needs
-    a CUDA context the device will still create (MEMGOV_CONTEXTS).
+    a CUDA context the device will still create (MEMGOV_CONTEXTS). ``info``: per device UUID,
+    more fields for the record (the job and where its size came from, for ``memgov status``).
     """
 
     clock = timing or AdmissionTiming()
@@ -75,7 +77,7 @@ def admit(
                     ) -> dict[str, Any]:
         uuid = ledger.device.uuid
         mode, why = (modes or {}).get(uuid, ("soft", ""))
-        extra: dict[str, Any] = {"mode_reason": why}
+        extra: dict[str, Any] = {"mode_reason": why, **(info or {}).get(uuid, {})}
         if compute is not None:
             extra["compute"] = compute
         if daemon is not None:

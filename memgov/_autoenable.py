@@ -122,11 +122,9 @@ def read_settings(strict: bool) -> Settings:
 
 
 def auto_size(device: Device) -> tuple[int, str] | None:
-    """The budget for MEMGOV_CLAIM=auto (and unset): (bytes, where it came from), or None (growth).
-
-    The seam for sizing from history: today a GPU scheduler's budget if any; memgov pack will
-    add the ledger's measured peaks here.
-    """
+    """A GPU scheduler's budget for MEMGOV_CLAIM unset: (bytes, where it came from), or None
+    (growth); its variables' problems warn (strict: raise). ``auto`` goes further (a profile,
+    a first run): memgov/_autosize.py."""
     from memgov import _schedulers
 
     reading = _schedulers.read(device.total, device.visible_index)
@@ -180,18 +178,26 @@ def _govern(framework: str, strict: bool) -> None:
         _growth(settings, "MEMGOV_CLAIM=growth", quiet=settings.quiet)
         return
     size: int | str
-    if settings.claim in (None, "auto"):
+    device_arg: str | int | None = None
+    if settings.claim is None:
+        # Unset (a scheduler's variable woke auto-enable): its budget, else growth.
         device = _devices.candidates(settings.device)[0]
         found = auto_size(device)
         if found is None:
             why = "no GPU scheduler budget in the environment"
-            _growth(settings, f"MEMGOV_CLAIM={settings.claim or 'unset'}: {why}", settings.quiet)
+            _growth(settings, f"MEMGOV_CLAIM=unset: {why}", settings.quiet)
             return
         size, source = found
-        device_arg: str | None = device.uuid
+        device_arg = device.uuid
+    elif settings.claim == "auto":
+        # claim() sizes it (scheduler, profile, first run: memgov/_autosize.py) and says how;
+        # read here first so that a scheduler variable's garbage warns (or, strict, raises).
+        auto_size(_devices.candidates(settings.device)[0])
+        size, source = "auto", "MEMGOV_CLAIM=auto"
     else:
-        size, source, device_arg = settings.claim, f"MEMGOV_CLAIM={settings.claim}", None
-    held = _claim.claim(size, device=device_arg or _device_arg(settings.device), wait=settings.wait)
+        size, source = settings.claim, f"MEMGOV_CLAIM={settings.claim}"
+    held = _claim.claim(size, device=device_arg or _device_arg(settings.device),
+                        wait=settings.wait)
     outcome.update(mode="claim", source=source, claim=str(held), reports=held.reports)
     if not settings.quiet:
         _say(f"{held} [{source}; at import {framework}]")

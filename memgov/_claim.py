@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import weakref
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memgov import _adapters, _admission, _devices, _enforce, _settings, _threads
-from memgov._errors import MemgovError
+from memgov._errors import ConfigError, MemgovError
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
 from memgov._sizes import Size, format_size
@@ -54,18 +55,36 @@ class Claim:
     """Percent of the GPU's SMs asked for with ``compute=``; applied in hard mode only."""
     admission_s: float = 0.0
     """Seconds from the request to the written record (``reports["admission"]`` says where)."""
+    job: str = ""
+    """The job whose profile this process's run goes into (memgov/_jobid.py)."""
+    sized: str = "given"
+    """Where the size came from: given, scheduler, profile or first-run (``auto``)."""
     _ledger: DeviceLedger | None = field(default=None, repr=False)
     _held: Held | None = field(default=None, repr=False)
     _restore: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _payload: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def released(self) -> bool:
         return self._held is None
 
+    def shrink(self, size: int) -> None:
+        """Hold ``size`` bytes from now on (less than now: the rest returns to the ledger). The
+        record is rewritten under the device's admission lock; its flock never drops."""
+        held, ledger = self._held, self._ledger
+        if held is None or ledger is None or size >= self.bytes:
+            return
+        payload = {**self._payload, "bytes": size, "given_back": self.bytes - size}
+        with ledger.locked():
+            ledger.update("claims", held, payload)
+        self._payload, self.bytes = payload, size
+
     def release(self) -> None:
         """Give the budget back. Frameworks cannot lift a cap once set, so release at the end."""
         global _current
         held, ledger = self._held, self._ledger
+        if held is not None:
+            _end_run(self)
         try:
             self._held = None
             restore, self._restore = self._restore, {}
@@ -103,10 +122,15 @@ def claim(
     wait: float | None = None,
     name: str | None = None,
     compute: int | None = None,
+    job: str | None = None,
 ) -> Claim:
     """Reserve ``size`` of GPU memory for this process and cap its frameworks to it.
 
-    ``size``: bytes, "2GiB", "512MiB", "2G" (binary), "2GB" (decimal) or "25%" of the device.
+    ``size``: bytes, "2GiB", "512MiB", "2G" (binary), "2GB" (decimal), "25%" of the device, or
+    "auto": a GPU scheduler's budget, else the job's measured profile, else a first-run share
+    of the free budget (docs/profiles.md); an auto claim prints where its size came from.
+    ``job``: the name this process's run is recorded under (default: MEMGOV_JOB, else derived
+    from the command, memgov/_jobid.py); its profile sizes later ``auto`` claims.
     ``device``: None (first visible GPU), an index (cuda:N), a GPU UUID, or "auto" (most free).
     ``wait``: None fails at once; seconds queue first-come-first-served for that long.
     ``compute``: percent of the GPU's SMs (1-100) this process may use; needs hard mode.
@@ -115,9 +139,14 @@ def claim(
     ``Claim.mode_reason`` say which and why.
     Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
     """
-    request = Size.of(size, "claim size")  # a Size from a setting keeps its variable's name
+    from memgov import _autosize, _jobid
+
+    auto = isinstance(size, str) and size.strip().lower() == "auto"
+    # A Size from a setting keeps its variable's name.
+    request = _autosize.AUTO if auto else Size.of(size, "claim size")
     wait_s = _settings.wait_seconds(wait, "wait")
     label = _check_name(name)
+    job_name, job_label = _jobid.job_for(job)
     chosen_threads = _threads.setting()  # checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
     if _current is not None:
@@ -138,7 +167,8 @@ def claim(
             )
         _claiming["now"] = mark  # a mark whose attempt ended without clearing it
     try:
-        result, touched, chosen = _claim_now(request, device, wait_s, label, compute_pct)
+        result, touched, chosen = _claim_now(request, device, wait_s, label, compute_pct,
+                                             (job_name, job_label))
     finally:
         del attempt  # ends the mark (the weak reference dies with it)
     try:
@@ -169,7 +199,29 @@ def claim(
         finally:
             _enforce.restore(touched)
         raise
+    from memgov import _runs
+
+    _runs.start(result, budget, job_name, job_label, result.sized)
+    if auto and "auto" in result.reports and not _quiet():
+        sys.stderr.write(f"memgov: {result.reports['auto']}\n")
+        sys.stderr.flush()
     return result
+
+
+def _quiet() -> bool:
+    try:
+        return bool(_settings.get("MEMGOV_QUIET"))
+    except ConfigError:
+        return False
+
+
+def _end_run(claim: Claim) -> None:
+    """The claim ends before the process: its run ends now (memgov/_runs.py)."""
+    runs = sys.modules.get("memgov._runs")
+    run = runs.current() if runs is not None else None
+    if run is not None and run.claim is claim:
+        with contextlib.suppress(Exception):  # a sizing aid: never fail a release for it
+            runs.finish("released")  # type: ignore[union-attr]
 
 
 def _unmark(mark: weakref.ref[_Attempt]) -> None:
@@ -179,23 +231,33 @@ def _unmark(mark: weakref.ref[_Attempt]) -> None:
 
 
 def _claim_now(
-    size: Size,
+    size: Size | str,
     device: int | str | None,
     wait_s: float | None,
     label: str,
     compute_pct: int | None,
+    job: tuple[str, str],
 ) -> tuple[Claim, dict[str, str | None], _devices.Device]:
     global _current
+    from memgov import _autosize
+
     candidates = _devices.candidates(device)
-    sizes = _devices.sizes_on(size, candidates)  # ConfigError when no device can hold it
+    auto: dict[str, _autosize.Sized] = {}
+    if isinstance(size, Size):
+        sizes = _devices.sizes_on(size, candidates)  # ConfigError when no device can hold it
+    else:
+        auto = {d.uuid: _autosize.size_for(d, *job) for d in candidates}
+        sizes = {uuid: sized.bytes for uuid, sized in auto.items()}
     candidates = [d for d in candidates if d.uuid in sizes]
     # The mode goes into the record, so it is decided before admission writes one.
     plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
     modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
     timing = _admission.AdmissionTiming()
+    info = {uuid: {"job": job[0], "sized": auto[uuid].kind if auto else "given"}
+            for uuid in sizes}
     ledger, held, payload = _admission.admit(
         [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct,
-        plan.daemons, timing,
+        plan.daemons, timing, info,
     )
     chosen = ledger.device
     # Everything from here to the return can still fail (an adapter's configure_env, the
@@ -204,6 +266,9 @@ def _claim_now(
     touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
     try:
         result = _settle(ledger, held, payload, plan, label, compute_pct)
+        result.job, result.sized = job[0], payload["sized"]
+        if auto:
+            result.reports["auto"] = auto[chosen.uuid].line
         result.admission_s = timing.seconds()
         result.reports["admission"] = timing.report()
         _current = result
@@ -254,6 +319,7 @@ def _settle(
         _ledger=ledger,
         _held=held,
         _restore=restore,
+        _payload=payload,
     )
     if restore:
         result.reports["mps"] = _enforce.describe()

@@ -57,3 +57,8 @@ def _rebuild_budget_exceeded(message: str, facts: dict[str, object]) -> BudgetEx
     Exception.__init__(error, message)
     error.__dict__.update(facts)
     return error
+
+
+class ProfileError(LedgerError):
+    """A job's profile (its measured peaks) cannot be read or written: a bad or foreign file,
+    or a profile folder that is not this user's. Nothing is overwritten or lost."""

@@ -48,8 +48,9 @@ MAX_BYTES = 64 * 1024
 SHARED_DIR_MODE = 0o1777
 """Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
 PRIVATE_DIR_MODE = 0o755
-SHARED_FOLDERS = ("claims", "queue", "cpu", "stats")
-"""Folders another user makes: only that user's own claims can live in them."""
+SHARED_FOLDERS = ("claims", "queue", "cpu", "stats", "_profiles")
+"""Folders every user writes in (root makes them 1777, sticky): claim records, queue tickets,
+CPU-share records, counters, and each user's private profile folder (memgov/_profiles.py)."""
 RECORD_MODE = 0o644
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

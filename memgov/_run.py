@@ -21,6 +21,7 @@ def command_env(
     strict: bool,
     threads: int | None,
     environ: dict[str, str] | None = None,
+    job: str | None = None,
 ) -> dict[str, str]:
     """The environment CMD gets; raises ConfigError for options memgov cannot use (checked by
     the rules of the variables they become, named as options)."""
@@ -29,6 +30,8 @@ def command_env(
     env = dict(os.environ if environ is None else environ)
     chosen = _settings.claim_setting(claim, "--claim")
     _settings.wait_seconds(wait, "--wait")
+    if job is not None:
+        job = _settings.job_name(job, "--job")
     if threads is not None and threads < 1:  # an int option: MEMGOV_THREADS's other forms
         raise ConfigError(f"--threads {threads!r}: accepted a whole number of CPU threads >= 1")
     _check_devices(chosen, device)
@@ -39,6 +42,7 @@ def command_env(
         ("MEMGOV_DEVICE", device),
         ("MEMGOV_WAIT", None if wait is None else f"{wait:g}"),
         ("MEMGOV_THREADS", None if threads is None else str(threads)),
+        ("MEMGOV_JOB", job),
     ):
         if setting is not None:
             env[name] = setting

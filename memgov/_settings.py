@@ -40,10 +40,17 @@ free; 72 stays under both. Simulated devices have no contexts: no limit unless s
 DEFAULT_MPS_CLIENTS = 48
 """Clients one MPS server admits per GPU: 48 measured on the H200 (Volta and later; 16 before)."""
 MPS_POLICIES = ("fill", "spread")
+DEFAULT_GIVE_BACK_S = 120.0
+"""How long a first-run claim's peak must stay flat before the claim shrinks (docs/profiles.md)."""
 
 CLAIM_ACCEPTED = (
     "accepted a size (e.g. 2GiB, 512MiB, 25%), 'growth' (no cap, no greedy preallocation), "
-    "'auto' (a GPU scheduler's budget if there is one, else growth) or 'off'"
+    "'auto' (a GPU scheduler's budget, else the job's measured profile, else a first-run share "
+    "of what is free; docs/profiles.md) or 'off'"
+)
+JOB_ACCEPTED = (
+    "accepted a job name of 1 to 128 printable characters (e.g. mnist-b64), or unset: derived "
+    "from the command (docs/profiles.md)"
 )
 WAIT_ACCEPTED = (
     "accepted seconds >= 0 to queue for the budget (e.g. 60); 0 (or None, or unset) fails at once"
@@ -131,6 +138,31 @@ def threads_setting(value: str, what: str = "MEMGOV_THREADS") -> Threads:
     if text.isdigit() and int(text) >= 1:
         return Threads("fixed", int(text))
     raise ConfigError(f"{named(what, value)}: {THREADS_ACCEPTED}")
+
+
+def job_name(value: object, what: str = "MEMGOV_JOB") -> str:
+    """A job's name for its profile: printable, 1-128 characters, no surrounding blanks."""
+    text = value.strip() if isinstance(value, str) else None
+    if not text or len(text) > 128 or not text.isprintable():
+        raise ConfigError(f"{named(what, value)}: {JOB_ACCEPTED}")
+    return text
+
+
+def _give_back(value: str, what: str) -> float | None:
+    """Seconds a first-run claim's peak must stay flat before it shrinks; ``off``: never."""
+    text = value.strip().lower()
+    if text == "off":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(
+            f"{named(what, value)}: accepted seconds > 0 (how long a first-run claim's peak must "
+            "stay flat before the claim shrinks to it) or off"
+        )
+    return seconds
 
 
 def flag(value: str, what: str) -> bool:
@@ -251,9 +283,18 @@ TABLE: tuple[Row, ...] = (
     Row("MEMGOV_CLAIM", "a size (`2GiB`, `512MiB`, `25%`, bytes), `growth`, `auto`, `off`",
         "unset: `auto` when a scheduler's variable woke auto-enable",
         "the budget claimed at the first framework import; `growth`: no claim and no cap, "
-        "frameworks only stop preallocating; `auto`: a GPU scheduler's budget if there is one, "
-        "else growth; `off`: nothing, even with scheduler variables set",
+        "frameworks only stop preallocating; `auto`: a GPU scheduler's budget, else the job's "
+        "measured profile (peak + 10 % + 64 MiB), else a first-run share of the free budget "
+        "(docs/profiles.md); unset: a scheduler's budget, else growth; `off`: nothing, even with "
+        "scheduler variables set",
         claim_setting, job=True),
+    Row("MEMGOV_JOB", "a name (1-128 printable characters)", "derived from the command",
+        "the job whose profile (measured peaks) sizes `auto` claims and records this run; as "
+        "`claim(job=...)`, `memgov run --job`", job_name, job=True),
+    Row("MEMGOV_GIVE_BACK", "seconds > 0, `off`", f"`{DEFAULT_GIVE_BACK_S:g}`",
+        "a soft first-run `auto` claim shrinks to its peak + 10 % + 64 MiB once the peak has "
+        "stayed flat this long, counted from its first GPU work (docs/profiles.md)", _give_back,
+        DEFAULT_GIVE_BACK_S, job=True),
     Row("MEMGOV_DEVICE", "index (`cuda:N`, `N`), GPU UUID, `auto`", "the first visible GPU",
         "the GPU to claim on, as `claim(device=...)`", _text, job=True),
     Row("MEMGOV_WAIT", "seconds >= 0", "`0`: fail at once",

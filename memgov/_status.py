@@ -16,8 +16,9 @@ def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
     unless ``set_up``: root's `memgov gc` is the admin set-up of a shared ledger and makes every
     device's folders (and the CPU-share folder) with the modes other users need."""
     if set_up:
-        with _records.open_dir(_config.ledger_dir(), ("v1", "cpu"), create=True):
-            pass
+        for shared in (("v1", "cpu"), ("v1", "_profiles")):  # every user's, sticky
+            with _records.open_dir(_config.ledger_dir(), shared, create=True):
+                pass
     return [snapshot(device, clean=clean, set_up=set_up) for device in devices()]
 
 
@@ -94,6 +95,10 @@ def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) 
                 "id": c.id,
                 "record": c.record,
                 "threads": (threads or {}).get(f"{snap.device.uuid}/{c.record}"),
+                # Where the size came from (given, scheduler, profile, first-run) and the job
+                # whose profile it is (docs/profiles.md); other users' text: strings or None.
+                "sized": _text(c.extra.get("sized")),
+                "job": _text(c.extra.get("job")),
             }
             for c in snap.claims
         ],
@@ -103,6 +108,10 @@ def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) 
         ],
         "problems": snap.problems,
     }
+
+
+def _text(value: object) -> str | None:
+    return value[:128] if isinstance(value, str) else None
 
 
 def status() -> dict[str, Any]:

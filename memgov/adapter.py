@@ -86,6 +86,11 @@ class Adapter(Protocol):
     def cuda_initialized(self) -> bool:
         """Whether this framework has initialised CUDA in this process. Never imports it."""
 
+    # Optional: ``lower(budget) -> str | None``. A claim that gives memory back (a first-run
+    # ``auto`` claim, docs/profiles.md) calls it with the smaller budget once the framework is
+    # imported; it returns a report line when its cap now fits, None when it cannot lower it. An
+    # adapter without it (JAX, TensorFlow: limits fixed at start-up) keeps the claim as it was.
+
 
 def own_device_memory(device_uuid: str) -> int | None:
     """This process's device memory on ``device_uuid`` as NVML counts it, or None if not listed.

@@ -60,9 +60,35 @@ class TorchAdapter:
         _explain_out_of_memory(torch)
         if torch.cuda.is_initialized():
             return ", ".join([_cap(budget), *notes])
-        torch.cuda._lazy_call(lambda: _cap(budget))
+        # Reads the budget when CUDA initialises: a claim that gave memory back by then
+        # (lower() below) is capped at its smaller size.
+        torch.cuda._lazy_call(lambda: _cap(_state["budget"]))
         return "torch: " + ", ".join(
             [*notes, f"allocator cap from {format_size(budget.bytes)} when CUDA initialises"]
+        )
+
+    def lower(self, budget: Budget) -> str | None:
+        """A claim gave memory back: lower the allocator's cap to the smaller budget (torch's
+        fraction can be changed at any time; memory already cached above it stays until freed)."""
+        import torch
+
+        if budget.bytes is None or budget.simulated or budget.device_index is None:
+            return "torch: no CUDA cap on a simulated device"
+        if not torch.cuda.is_initialized() or "overhead" not in _state:
+            return None  # the cap is not applied yet: nothing measured to lower it from
+        index = _torch_index(torch, budget)
+        total = torch.cuda.get_device_properties(index).total_memory
+        cap = budget.bytes - _state["overhead"]
+        if cap < torch.cuda.memory_reserved(index):
+            return None  # it holds more than that already: the claim stays as it is
+        _state["budget"] = budget
+        users = user_fraction()
+        fraction = min(1.0, cap / total, users[0] if users else 1.0)
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
+        _state["cap"] = int(fraction * total)
+        return (
+            f"torch: allocator cap lowered to {format_size(_state['cap'])} on cuda:{index} "
+            f"(budget {format_size(budget.bytes)})"
         )
 
 

@@ -24,6 +24,9 @@
 #                               the plain loop with Adam and a pinned-memory gather
 #   probes                      the JAX trainer's upload probe and the bare-context wall with and
 #                               without CUDA_DEVICE_MAX_CONNECTIONS=1 (about 2 minutes)
+#   auto                        claims that size themselves (docs/profiles.md): first runs, 30 jobs
+#                               under MEMGOV_CLAIM=auto vs one hand-picked size, a first run beside
+#                               24 neighbours (benchmarks/gpu/auto_checks.sh; needs AUTO_SCRIPTS)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -95,6 +98,7 @@ python3 -m memgov devices' ;;
       run wall_default 170 python3 benchmarks/gpu/context_wall.py --out "$OUT/wall_default.json"
       run wall_one_connection 170 python3 benchmarks/gpu/context_wall.py \
         --out "$OUT/wall_one_connection.json" --env CUDA_DEVICE_MAX_CONNECTIONS=1 ;;
+    auto) run auto 560 bash benchmarks/gpu/auto_checks.sh "$OUT" ;;
     gpu) run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
       --junitxml="$OUT/gpu_tests.xml" ;;
     # pack gets what is left of TOTAL_S (its last check, the dense one, is cut first).

@@ -1,9 +1,9 @@
 """The `memgov` command: a thin layer over the library (heavy imports happen inside commands).
 
 typer's layout, one module per command group: status.py (status, gc, devices), run.py, doctor.py,
-mps.py, pack.py (with progress.py), ray.py, exporter.py, queue.py; render.py holds the rich
-tables they share. This file makes the app, its global options (--version) and `main`, the entry
-point (`memgov = "memgov.cli:main"`). The library never imports this package.
+profiles.py, mps.py, pack.py (with progress.py), ray.py, exporter.py, queue.py; render.py holds the
+rich tables they share. This file makes the app, its global options (--version) and `main`, the
+entry point (`memgov = "memgov.cli:main"`). The library never imports this package.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from memgov.cli import doctor, exporter, mps, pack, queue, ray, run, status
+from memgov.cli import doctor, exporter, mps, pack, profiles, queue, ray, run, status
 
 app = typer.Typer(
     name="memgov",
@@ -55,6 +55,7 @@ app.command("gc")(status.gc)
 app.command("devices")(status.devices)
 app.command("run", context_settings=run.RUN_SETTINGS)(run.run)
 app.command("doctor")(doctor.doctor)
+app.add_typer(profiles.profiles_app, name="profiles")  # `memgov profiles` (docs/profiles.md)
 app.add_typer(mps.mps_app, name="mps")  # `memgov mps start|stop|status` (docs/hard-limits.md)
 app.command("pack", help=pack.HELP)(pack.pack)  # `memgov pack` (docs/pack.md)
 app.add_typer(ray.ray_app, name="ray")  # `memgov ray node-resources|status|pack` (docs/ray.md)

@@ -49,7 +49,7 @@ def status_table(data: dict[str, Any]) -> Table:
 
     here = socket.gethostname()
     table = Table(title="memgov status", show_lines=False)
-    for column in ("GPU", "claim", "pid", "budget", "use", "mode", "threads"):
+    for column in ("GPU", "claim", "pid", "budget", "sized", "use", "mode", "threads"):
         right = column in ("budget", "use", "pid", "threads")
         table.add_column(column, justify="right" if right else "left")
     for dev in data["devices"]:
@@ -59,22 +59,23 @@ def status_table(data: dict[str, Any]) -> Table:
             f"claimed {format_size(dev['claimed'])}  [green]free {format_size(dev['free'])}[/]"
         )
         if not dev["claims"]:
-            table.add_row(head, "[dim](no claims)[/]", "", "", "", "", "")
+            table.add_row(head, "[dim](no claims)[/]", "", "", "", "", "", "")
         for i, c in enumerate(dev["claims"]):
             table.add_row(
                 head if i == 0 else "",
                 _text(c["name"]),
                 _text(_holder(c, here)),
                 format_size(c["bytes"]),
+                _text(c.get("sized") or "-"),
                 format_size(c["use"]),
                 _text(c["mode"]),
                 "-" if c.get("threads") is None else str(c["threads"]),
             )
         for q in dev["queue"]:
             table.add_row("", f"[yellow]waiting[/] {_text(q['name'])}", str(q["pid"]),
-                          format_size(q["bytes"]), "", "queued", "")
+                          format_size(q["bytes"]), "", "", "queued", "")
         for p in dev["problems"]:
-            table.add_row("", f"[red]skipped[/] {_text(p)}", "", "", "", "", "")
+            table.add_row("", f"[red]skipped[/] {_text(p)}", "", "", "", "", "", "")
         table.add_section()
     return table
 

@@ -17,7 +17,7 @@ RUN_SETTINGS = {"allow_interspersed_args": False}
 def run(
     command: Annotated[list[str], typer.Argument(help="The command, after --.")],
     claim: Annotated[
-        str, typer.Option("--claim", help="SIZE (2GiB, 25%), growth, auto or off.")
+        str, typer.Option("--claim", help="SIZE (2GiB, 25%), growth, auto (measured) or off.")
     ] = "auto",
     device: Annotated[
         str | None, typer.Option("--device", help="Index (cuda:N), GPU UUID or auto.")
@@ -31,12 +31,16 @@ def run(
     threads: Annotated[
         int | None, typer.Option("--threads", help="CPU threads for the command's frameworks.")
     ] = None,
+    job: Annotated[
+        str | None,
+        typer.Option("--job", help="The job's name for its profile (default: from the command)."),
+    ] = None,
 ) -> None:
     """Run CMD governed by env alone: memgov run --claim 2GiB -- python train.py"""
     from memgov import _autoenable, _run
 
     try:
-        env = _run.command_env(claim, device, wait, strict, threads)
+        env = _run.command_env(claim, device, wait, strict, threads, job=job)
         if not _autoenable.installed_pth():
             typer.echo(
                 f"memgov: warning: {_autoenable.PTH_NAME} is not installed for {sys.executable}; "

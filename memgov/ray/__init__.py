@@ -54,25 +54,32 @@ def _known_types() -> list[int] | None:
 
 
 def request(
-    budget: int | str, *, gpu: int | str | None = None, wait: float | None = None
+    budget: int | str,
+    *,
+    gpu: int | str | None = None,
+    wait: float | None = None,
+    job: str | None = None,
 ) -> Request:
-    """The Request for ``budget`` (bytes, "2GiB", "25%" of the GPU type) on GPU type ``gpu``.
+    """The Request for ``budget`` (bytes, "2GiB", "25%" of the GPU type, or "auto") on GPU
+    type ``gpu``.
 
     ``gpu``: the per-GPU capacity of the type to run on ("16GiB", or a marker such as
     "memgov_gpu_16384MiB"); None takes the cluster's only type (after ray.init()).
+    ``job``: the name the task's runs are recorded under; ``"auto"`` sizes from its profile
+    (peak + 10 % + 64 MiB), else a first run of a quarter of the GPU type (docs/profiles.md).
     """
-    return build(budget, gpu, _known_types(), wait)
+    return build(budget, gpu, _known_types(), wait, job)
 
 
 def options(
-    budget: int | str, *, gpu: int | str | None = None, **ray_options: Any
+    budget: int | str, *, gpu: int | str | None = None, job: str | None = None, **ray_options: Any
 ) -> dict[str, Any]:
     """Ray options for ``ray.remote(**opts)`` / ``f.options(**opts)``: the scheduling half.
 
     The task itself claims with ``memgov.ray.claim(budget)`` (or use ``memgov.ray.remote``,
     which does both). ``ray_options`` are merged (their ``resources`` too).
     """
-    req = request(budget, gpu=gpu)
+    req = request(budget, gpu=gpu, job=job)
     merged = dict(ray_options)
     merged["num_gpus"] = req.fraction
     merged["resources"] = {**ray_options.get("resources", {}), **req.resources()}
@@ -93,13 +100,20 @@ def placement(budget: int | str, *, gpu: int | str | None = None, cpus: float = 
     return PlacementGroupFactory([resources(budget, gpu=gpu, cpus=cpus)])
 
 
-def claim(budget: int | str, *, wait: float | None = None, name: str | None = None) -> Any:
+def claim(
+    budget: int | str,
+    *,
+    wait: float | None = None,
+    name: str | None = None,
+    job: str | None = None,
+) -> Any:
     """Inside a task, actor or trial: claim ``budget`` on the GPU Ray assigned (never re-picked).
 
     Returns the memgov Claim (a context manager); raises BudgetExceeded when the ledger says the
     GPU has no room (someone outside Ray holds memory), after ``wait`` seconds if given.
+    ``budget="auto"`` is sized on the node, as ``memgov.claim("auto")`` (docs/profiles.md).
     """
-    return claim_assigned(budget, wait, name)
+    return claim_assigned(budget, wait, name, job)
 
 
 def remote(
@@ -107,6 +121,7 @@ def remote(
     *,
     gpu: int | str | None = None,
     wait: float | None = None,
+    job: str | None = None,
     **ray_options: Any,
 ) -> Callable[[Any], Any]:
     """``@memgov.ray.remote(budget="2GiB")``: a Ray remote function or actor class that Ray
@@ -116,10 +131,12 @@ def remote(
     constructor and holds the budget for its life. Functions retry BudgetExceeded (the ledger had
     no room yet) up to ``max_retries`` (default 3) unless ``retry_exceptions`` is given. The Ray
     options are computed at the first ``.remote()`` when ``gpu`` is None and Ray is not up yet.
+    ``budget="auto"``: sized from the job's profile (``job``, default ``ray:<module>.<name>``),
+    else a first run of a quarter of the GPU type; the line saying which is printed once.
     """
 
     def wrap(target: Any) -> Any:
-        return _LazyRemote(target, budget, gpu, wait, ray_options)
+        return _LazyRemote(target, budget, gpu, wait, ray_options, job)
 
     return wrap
 
@@ -134,12 +151,19 @@ class _LazyRemote:
         gpu: int | str | None,
         wait: float | None,
         ray_options: dict[str, Any],
+        job: str | None = None,
     ) -> None:
         self._target = target
         self._budget = budget
         self._gpu = gpu
         self._wait = wait
         self._ray_options = ray_options
+        self._job = job or (
+            None
+            if not _is_auto(budget)
+            else f"ray:{getattr(target, '__module__', '?')}."
+            f"{getattr(target, '__qualname__', self.__class__.__name__)}"
+        )
         self._built: Any = None
         self.__name__ = getattr(target, "__name__", "remote")
         self.__doc__ = getattr(target, "__doc__", None)
@@ -148,11 +172,18 @@ class _LazyRemote:
         if self._built is None:
             import ray
 
-            opts = options(self._budget, gpu=self._gpu, **self._ray_options)
+            req = request(self._budget, gpu=self._gpu, job=self._job)
+            if req.source:
+                import sys
+
+                sys.stderr.write(f"memgov: {req.source}\n")
+            opts = dict(self._ray_options)
+            opts["num_gpus"] = req.fraction
+            opts["resources"] = {**self._ray_options.get("resources", {}), **req.resources()}
             if inspect.isclass(self._target):
-                body = _governed_class(self._target, self._budget, self._wait)
+                body = _governed_class(self._target, req.budget, self._wait, req.job)
             else:
-                body = governed(self._target, self._budget, self._wait)
+                body = governed(self._target, req.budget, self._wait, req.job)
                 opts.setdefault("retry_exceptions", list(_retryable()))
                 opts.setdefault("max_retries", 3)
                 # Ray 2.60 gives GPU tasks max_calls=1, and a worker leaving after its one call
@@ -177,12 +208,18 @@ def _retryable() -> tuple[type[BaseException], ...]:
     return (BudgetExceeded,)
 
 
-def _governed_class(cls: type, budget: int | str, wait: float | None) -> type:
+def _is_auto(budget: object) -> bool:
+    return isinstance(budget, str) and budget.strip().lower() == "auto"
+
+
+def _governed_class(
+    cls: type, budget: int | str, wait: float | None, job: str | None = None
+) -> type:
     """``cls`` whose instances claim in the constructor and hold the budget for their life."""
     original = cls.__init__  # type: ignore[misc]
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        held = claim_assigned(budget, wait, name=f"ray:{cls.__name__}:{os.getpid()}")
+        held = claim_assigned(budget, wait, name=f"ray:{cls.__name__}:{os.getpid()}", job=job)
         try:
             original(self, *args, **kwargs)
         except BaseException:

@@ -24,7 +24,7 @@ from typing import Any
 
 from memgov import _settings
 from memgov._errors import ConfigError
-from memgov._sizes import Size, parse_size
+from memgov._sizes import Size, format_size, parse_size
 
 MIB = 2**20
 MEMORY_RESOURCE = "gpu_memory"
@@ -56,6 +56,10 @@ class Request:
     """The per-GPU capacity of the type (MiB)."""
     wait: float | None = None
     """Seconds the worker queues for its budget in the ledger; None fails at once."""
+    job: str | None = None
+    """The job the worker's run is recorded under (its profile sizes ``budget="auto"``)."""
+    source: str = ""
+    """Where an ``auto`` budget came from (one line), else empty."""
 
     @property
     def budget_mib(self) -> int:
@@ -83,7 +87,11 @@ class Request:
 
 
 def build(
-    budget: int | str, gpu: int | str | None, known: list[int] | None, wait: float | None
+    budget: int | str,
+    gpu: int | str | None,
+    known: list[int] | None,
+    wait: float | None,
+    job: str | None = None,
 ) -> Request:
     """The Request for ``budget`` on GPU type ``gpu`` (a size such as "16GiB", or a marker).
 
@@ -93,8 +101,38 @@ def build(
     """
     capacity = _pick_type(gpu, known, budget)
     seconds = _settings.wait_seconds(wait, "wait")
+    if job is not None:
+        job = _settings.job_name(job, "job")
+    source = ""
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        budget, source = auto_budget(job, capacity)
     where = f"GPUs of {capacity} MiB" if gpu is not None else "each GPU of the cluster"
-    return Request(_budget_bytes(budget, capacity, where), capacity, seconds)
+    return Request(_budget_bytes(budget, capacity, where), capacity, seconds, job, source)
+
+
+def auto_budget(job: str | None, capacity_mib: int) -> tuple[int, str]:
+    """``budget="auto"`` in the driver (Ray needs a number before it schedules): the job's
+    profile in this host's store (peak + 10 % + 64 MiB), else a first run of a quarter of the
+    GPU type, which the worker's ledger still admits only where it is free."""
+    from memgov import _autosize, _profiles
+
+    if job is None:
+        raise ConfigError(
+            "budget='auto' needs job=NAME: the name the task's runs are recorded under, whose "
+            "measured peaks size it (memgov.ray.remote names it after the function)"
+        )
+    profile = _profiles.read(job)
+    found = None
+    if profile is not None:
+        found = _autosize.need(profile, False) or _autosize.need(profile, True)
+    if found is not None:
+        size = min(found[0], capacity_mib * MIB)
+        return size, f"auto: {format_size(size)} = {found[1]}"
+    size = int(capacity_mib * MIB * _autosize.FIRST_RUN_SHARE_OF_DEVICE) // MIB * MIB
+    return size, (
+        f"auto: {format_size(size)} = first run of {job}: a quarter of the "
+        f"{capacity_mib:,} MiB GPU type (no profile yet)"
+    )
 
 
 def _budget_bytes(budget: int | str, capacity_mib: int, where: str) -> int:

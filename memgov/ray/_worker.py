@@ -65,22 +65,24 @@ def assigned_device() -> Any:
     return _devices.candidates(None)[0]
 
 
-def claim_assigned(budget: int | str, wait: float | None = None, name: str | None = None) -> Any:
-    """Claim ``budget`` on the GPU Ray assigned; returns the memgov Claim."""
+def claim_assigned(
+    budget: int | str, wait: float | None = None, name: str | None = None, job: str | None = None
+) -> Any:
+    """Claim ``budget`` on the GPU Ray assigned (its run recorded under ``job``); the Claim."""
     import memgov
 
     device = assigned_device()
     label = name or f"ray:{os.getpid()}"
-    return memgov.claim(budget, device=device.uuid, wait=wait, name=label)
+    return memgov.claim(budget, device=device.uuid, wait=wait, name=label, job=job)
 
 
-def governed(fn: F, budget: int | str, wait: float | None = None) -> F:
+def governed(fn: F, budget: int | str, wait: float | None = None, job: str | None = None) -> F:
     """``fn`` with a claim around every call: taken before, released after, however it ends."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         label = f"ray:{getattr(fn, '__name__', 'task')}:{os.getpid()}"
-        held = claim_assigned(budget, wait, name=label)
+        held = claim_assigned(budget, wait, name=label, job=job)
         try:
             return fn(*args, **kwargs)
         finally:

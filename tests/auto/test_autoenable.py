@@ -90,8 +90,21 @@ def test_scheduler_budget_without_memgov_claim(env, py):
     assert any("HAMi CUDA_DEVICE_MEMORY_LIMIT='4g'" in line for line in memgov_lines(result.stderr))
 
 
-def test_auto_without_scheduler_budget_is_growth(env, py):
+def test_auto_without_scheduler_budget_is_a_first_run_then_the_profile(env, py):
+    # No scheduler budget: a first run (half of the free budget, at most a quarter of the
+    # 16 GiB device), then the job's measured peak sizes it (docs/profiles.md).
     env["MEMGOV_CLAIM"] = "auto"
+    result = py("import jax\n" + REPORT, env)
+    assert report(result) == {"bytes": 4 * GIB, "mode": "claim", "claims": 1}
+    assert any(line.startswith("memgov: auto: 4.00 GiB = first run of python-c")
+               for line in memgov_lines(result.stderr))
+    again = py("import jax\n" + REPORT, env)
+    assert report(again)["bytes"] < 4 * GIB
+    assert any("run of python-c + 10 % + 64 MiB" in line for line in memgov_lines(again.stderr))
+
+
+def test_unset_claim_without_scheduler_budget_is_growth(env, py):
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = ""  # wakes auto-enable; blank is unset: no budget
     result = py("import jax\n" + REPORT, env)
     assert report(result) == {"bytes": None, "mode": "growth", "claims": 0}
 

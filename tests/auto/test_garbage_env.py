@@ -24,6 +24,8 @@ GARBAGE = [
     ("MEMGOV_MPS_POLICY", "random", "MEMGOV_MPS_POLICY='random': accepted fill"),
     ("MEMGOV_SHARD_SIZE", "big", "MEMGOV_SHARD_SIZE: cannot read 'big' as a size; accepted"),
     ("MEMGOV_TORCH_MARGIN", "10%", "MEMGOV_TORCH_MARGIN='10%': accepted a size"),
+    ("MEMGOV_JOB", "j" * 129, "': accepted a job name of 1 to 128 printable characters"),
+    ("MEMGOV_GIVE_BACK", "soon", "MEMGOV_GIVE_BACK='soon': accepted seconds > 0"),
     ("CUDA_DEVICE_MEMORY_LIMIT", "4 gigs", "HAMi CUDA_DEVICE_MEMORY_LIMIT='4 gigs': accepted"),
     ("CUDA_DEVICE_MEMORY_LIMIT_0", "-1", "HAMi CUDA_DEVICE_MEMORY_LIMIT_0='-1': accepted"),
     ("ALIYUN_COM_GPU_MEM_CONTAINER", "half", "ALIYUN_COM_GPU_MEM_CONTAINER='half': accepted"),

@@ -35,6 +35,8 @@ GARBAGE = {
     "MEMGOV_MPS_POLICY": "random",
     "MEMGOV_SHARD_SIZE": "big",
     "MEMGOV_TORCH_MARGIN": "10%",
+    "MEMGOV_JOB": "j" * 129,
+    "MEMGOV_GIVE_BACK": "soon",
 }
 """A value each user setting refuses (None: it accepts any text)."""
 

@@ -3,6 +3,7 @@ host has free wait in waves, or are refused when they could never fit; nothing i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -148,7 +149,8 @@ def test_a_job_stopped_after_an_epoch_still_sizes_the_next_pack(
     job = data["jobs"][0]
     assert (job["status"], job["reason"]) == ("failed", "timeout"), done.stderr
     assert job["epochs_done"] >= 1 and job["uss_mib"]
-    hosts = list((private_ledger / "v1" / "_history").glob("*-host-cpu-*.json"))
+    store = private_ledger / "v1" / "_profiles" / str(os.geteuid())
+    hosts = list(store.glob("*-host-cpu-*.json"))
     assert len(hosts) == 1, hosts
     assert str(int(job["uss_mib"] * 2**20)) in hosts[0].read_text()
 

@@ -122,17 +122,26 @@ def test_history_margin_and_keep() -> None:
     size, source = history.auto_size(key) or (0, "")
     # max peak x 1.10 + 64 MiB, rounded up to a whole MiB: 884 * 1.1 + 64 = 1036.4 -> 1037 MiB
     assert size == 1037 * MiB == history.margin(884 * MiB)
-    assert "largest of 2 recorded peak(s) 884 MiB" in source
+    assert "peak 884 MiB over 2 runs of mnist-torch-b32 + 10 % + 64 MiB" in source
     history.record(key, [100 * MiB] * (history.KEEP + 5))
     kept = history.read(key)
     assert len(kept) == history.KEEP and {p["bytes"] for p in kept} == {100 * MiB}
 
 
-def test_history_never_follows_a_symlink(private_ledger: Path, tmp_path: Path) -> None:
-    history.read("warm-up")  # creates the folder
+def _store(ledger: Path) -> Path:
+    return ledger / "v1" / "_profiles" / str(os.geteuid())
+
+
+def test_history_is_the_profile_store_and_never_follows_a_symlink(
+    private_ledger: Path, tmp_path: Path
+) -> None:
+    from memgov import _profiles
+
+    history.record("warm-up", [MiB])  # one store: pack's peaks are a job's profile
+    assert _profiles.read("warm-up") is not None
     target = tmp_path / "elsewhere.json"
     target.write_text('{"peaks": [{"bytes": 1}]}')
-    os.symlink(target, private_ledger / "v1" / "_history" / "evil.json")
+    os.symlink(target, _store(private_ledger) / _profiles.file_name("evil"))
     with pytest.raises(LedgerError, match="symlink"):
         history.read("evil")
 
@@ -142,12 +151,13 @@ def test_history_writes_whole_files_and_a_held_lock_fails_not_hangs(
 ) -> None:
     import fcntl
 
-    from memgov import _config
+    from memgov import _config, _profiles
 
     history.record("k", [MiB])
-    folder = private_ledger / "v1" / "_history"
-    assert sorted(p.name for p in folder.iterdir()) == [".lock", "k.json"]  # no temporary left
-    assert json.loads((folder / "k.json").read_text())["version"] == history.VERSION
+    folder = _store(private_ledger)
+    files = sorted(p.name for p in folder.iterdir() if p.is_file())
+    assert files == [".lock", _profiles.file_name("k")]  # no temporary left
+    assert json.loads((folder / _profiles.file_name("k")).read_text())["version"] == 1
     monkeypatch.setattr(_config, "LOCK_TIMEOUT_S", 0.2)
     with open(folder / ".lock") as held:  # e.g. a writer that was stopped (SIGSTOP)
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -167,8 +177,7 @@ def test_claim_auto_uses_recorded_peaks(tmp_path: Path) -> None:
     data = report(out)
     assert [r["role"] for r in data["runs"]] == ["main"]  # --n 1 is its own one-job run
     expected = history.margin(900 * MiB)
-    assert data["claim"]["bytes"] == expected and "history mnist-torch-b32" in data["claim"][
-        "source"]
+    assert data["claim"]["bytes"] == expected and "of mnist-torch-b32" in data["claim"]["source"]
     assert data["jobs"][0]["claim_mib"] == expected / MiB  # the job claimed exactly that
     assert data["history"] is None  # a CPU pack measures no GPU peak, so records none
 

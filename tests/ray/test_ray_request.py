@@ -192,3 +192,21 @@ def test_without_ray_node_resources_still_prints_the_flags(env: dict[str, str]) 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("--num-gpus=1 --resources=")
+
+
+def test_auto_budget_from_the_jobs_profile_else_a_first_run() -> None:
+    import time
+
+    from memgov import _profiles
+
+    first = build("auto", "16GiB", None, None, job="ray:train")
+    assert first.budget == 4 * 2**30 and first.job == "ray:train"
+    assert first.source.startswith("auto: 4.00 GiB = first run of ray:train")
+    run = {"peak": 1000 * 2**20, "end": "exit", "time": time.time(), "claim": 4 * 2**30,
+           "simulated": False}
+    _profiles.record("ray:train", "ray:train", [run])
+    learned = build("auto", "16GiB", None, None, job="ray:train")
+    assert learned.budget == _profiles.margin(1000 * 2**20)
+    assert "peak 1,000 MiB over 1 run of ray:train + 10 % + 64 MiB" in learned.source
+    with pytest.raises(ConfigError, match="budget='auto' needs job=NAME"):
+        build("auto", "16GiB", None, None)

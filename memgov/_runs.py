@@ -1,0 +1,346 @@
+"""This process's run: its peak footprint sampled while it lives, how it ended, into its profile.
+
+Every claim starts a run (memgov/_claim.py). What is measured, once a second by a daemon thread:
+
+- a real GPU: this process's device memory as NVML counts it (CUDA context included); where
+  NVML cannot see the process (inside a PID namespace), torch's peak reserved memory
+  (``torch-reserved``: the context is not in it);
+- a simulated GPU (``MEMGOV_DEVICES``): no device memory exists, so the process's peak resident
+  host memory (``host-rss``, VmHWM) stands in; runs measured one way never size claims of the
+  other kind of device.
+
+Crash safety: the run lives in a flock-held file of this user's profile store
+(memgov/_profiles.py, ``live/``), rewritten whenever the peak grows. A process that ends normally
+(or releases its claim) folds its run into its profile itself; one killed by a signal leaves its
+file unlocked, and the next reader of the store (an ``auto`` claim, ``memgov profiles``) folds
+its last sampled peak in as ``killed``. An out-of-memory error that ends the program is caught
+by a ``sys.excepthook`` wrapper and recorded as ``oom``, so the next ``auto`` asks for more.
+
+Give back: a soft first-run ``auto`` claim shrinks to its peak + 10 % + 64 MiB once the peak has
+not risen (by more than 16 MiB or 1 %) for MEMGOV_GIVE_BACK seconds (default 120) of GPU work:
+counted from when torch's cap is applied and its allocator holds memory (a simulated GPU: from
+the start). Only if every framework in the process can lower its cap (torch can, unless it
+already holds more than the smaller budget; JAX and TensorFlow fix theirs at start-up); the
+claim record is rewritten under the device's admission lock, so the budget returns to the ledger
+for others. Once per run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import os
+import socket
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memgov._claim import Claim
+    from memgov.adapter import Budget
+
+SAMPLE_S = 1.0
+RISE = 16 * 2**20
+"""A peak that grows less than this (or 1 %) since the last rise counts as flat for give back."""
+
+_lock = threading.Lock()
+_run: Run | None = None
+
+
+@dataclasses.dataclass
+class Run:
+    claim: Claim
+    budget: Budget
+    job: str
+    label: str
+    sized: str
+    command: str
+    held: Any = None
+    peak: int = 0
+    measure: str = ""
+    end: str = ""
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    last_rise: float = dataclasses.field(default_factory=time.monotonic)
+    given_back: bool = False
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def entry(self) -> dict[str, Any]:
+        """The run as its profile keeps it."""
+        c = self.claim
+        return {
+            "peak": self.peak or None,
+            "end": self.end or None,
+            "time": time.time(),
+            "claim": c.bytes,
+            "sized": self.sized,
+            "measure": self.measure or None,
+            "mode": c.mode,
+            "total": self.budget.device_total,
+            "simulated": self.budget.simulated,
+            "pid": os.getpid(),
+        }
+
+    def payload(self) -> dict[str, Any]:
+        """The live file: a ledger record (so _records reads it with its bounds) plus the run."""
+        return {
+            "version": 1,
+            "id": self.claim.id,
+            "kind": "run",
+            "device": self.claim.device,
+            "bytes": self.claim.bytes,
+            "name": self.claim.name,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "created": time.time(),
+            "job": self.job,
+            "label": self.label,
+            "command": self.command,
+            "run": self.entry(),
+        }
+
+
+def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> None:
+    """Begin recording this process's run of ``job`` under ``claim``; never raises."""
+    global _run
+    from memgov import _profiles
+
+    run = Run(claim, budget, job, label, sized, " ".join(_command())[:1024])
+    try:
+        if sized in ("given", "scheduler"):  # an auto claim read the store: folded already
+            _profiles.collect()  # dead processes' runs, so the live folder stays small
+        run.held = _profiles.start_live(run.payload())
+    except Exception as exc:  # no store: the claim stands, the run is not recorded
+        claim.reports["profile"] = f"profile: not recorded ({type(exc).__name__}: {exc})"
+        return
+    with _lock:
+        _run = run
+    _install_excepthook()
+    run.thread = threading.Thread(
+        target=_sample_loop, args=(run,), name="memgov-profile", daemon=True
+    )
+    run.thread.start()
+
+
+def current() -> Run | None:
+    return _run
+
+
+def finish(end: str) -> None:
+    """End this process's run (``exit``, ``released``...): sample once more, fold it into the
+    profile, remove the live file. A profile that cannot be written keeps the live file."""
+    global _run
+    with _lock:
+        run, _run = _run, None
+    if run is None:
+        return
+    run.stop.set()
+    if run.thread is not None and run.thread is not threading.current_thread():
+        run.thread.join(timeout=5)
+    with contextlib.suppress(Exception):
+        _sample(run)
+    run.end = run.end or end
+    from memgov import _profiles
+
+    try:
+        _profiles.record(run.job, run.label, [run.entry()], run.command)
+    except Exception:
+        # Kept for the next reader: the live file says how it ended; closing drops the lock.
+        with contextlib.suppress(Exception):
+            _profiles.update_live(run.held, run.payload())
+        run.held.file.close()
+        return
+    with contextlib.suppress(Exception):
+        _profiles.end_live(run.held)
+
+
+def _command() -> list[str]:
+    return [os.path.basename(sys.executable), *sys.argv]
+
+
+# -- measuring ----------------------------------------------------------------------------------
+
+
+def measure(run: Run) -> tuple[int | None, str]:
+    """This process's peak footprint so far, as far as one look can tell, and how it was
+    measured. NVML is read once a second; torch's allocator keeps its own high-water mark, so
+    where torch runs on the GPU the peak between two looks is NVML's figure now minus what the
+    allocator holds now plus the most it ever held (``nvml+torch``): a spike between samples
+    (cuDNN's benchmark workspaces, an evaluation batch) is not missed."""
+    if run.budget.simulated:
+        return _host_peak(), "host-rss"
+    from memgov import _nvml
+
+    used = None
+    before, _ = _torch_reserved()
+    with contextlib.suppress(Exception):
+        used = (_nvml.processes(run.claim.device) or {}).get(os.getpid())
+    held, most = _torch_reserved()
+    # What torch held while NVML looked: at most the larger of the two readings around it (a
+    # free in between must not count twice).
+    held = max(before, held)
+    if used and most:
+        return max(used, used - held + most), "nvml+torch"
+    if used:
+        return used, "nvml"
+    if most:
+        return most, "torch-reserved"
+    return None, run.measure
+
+
+def _torch_reserved() -> tuple[int, int]:
+    """(bytes torch's CUDA allocator holds now, the most it ever held); zeros without CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0, 0
+    try:
+        if not torch.cuda.is_initialized():
+            return 0, 0
+        return int(torch.cuda.memory_reserved()), int(torch.cuda.max_memory_reserved())
+    except Exception:
+        return 0, 0
+
+
+def _host_peak() -> int | None:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _sample(run: Run) -> bool:
+    """Take one sample; True when the peak grew (the live file is then rewritten)."""
+    used, how = measure(run)
+    if used is None or used <= run.peak:
+        return False
+    if used - run.peak > max(RISE, run.peak // 100) or not _working(run):
+        run.last_rise = time.monotonic()
+    run.peak, run.measure = used, how
+    return True
+
+
+def _working(run: Run) -> bool:
+    """Whether the job has started its GPU work, so that a flat peak means something: on a
+    simulated GPU always (host memory); on a real one, once torch's cap is applied (CUDA up,
+    context measured) and its allocator has held memory. Before that, a process building its
+    model on the CPU looks flat at a few MiB; JAX and TensorFlow cannot lower their caps, so
+    their claims never give back anyway."""
+    if run.budget.simulated:
+        return True
+    capped = run.claim.reports.get("torch", "").startswith("torch: allocator capped")
+    return capped and _torch_reserved()[1] > 0
+
+
+def _sample_loop(run: Run) -> None:
+    from memgov import _profiles
+
+    while not run.stop.wait(SAMPLE_S):
+        try:
+            if _sample(run):
+                _profiles.update_live(run.held, run.payload())
+            _maybe_give_back(run)
+        except Exception:  # a sampler must never disturb the program
+            continue
+
+
+# -- give back ----------------------------------------------------------------------------------
+
+
+def _maybe_give_back(run: Run) -> None:
+    from memgov import _profiles, _settings
+
+    if run.given_back or run.sized != "first-run" or not run.peak:
+        return
+    flat_s = _settings.get("MEMGOV_GIVE_BACK")
+    now = time.monotonic()
+    if not _working(run):
+        run.last_rise = now  # the flat window starts once the GPU work has
+        return
+    if flat_s is None or now - run.last_rise < flat_s or now - run.started < flat_s:
+        return
+    run.given_back = True  # one try per run
+    new = _profiles.margin(run.peak)
+    if new + _profiles.MARGIN_BYTES > run.claim.bytes:
+        return
+    line = give_back(run, new)
+    run.claim.reports["give-back"] = line
+    from memgov import _settings as settings
+
+    if not settings.get("MEMGOV_QUIET"):
+        sys.stderr.write(f"memgov: {line}\n")
+        sys.stderr.flush()
+
+
+def give_back(run: Run, new: int) -> str:
+    """Shrink the claim to ``new`` bytes: the frameworks' caps first, then the ledger record."""
+    from memgov import _adapters
+    from memgov._sizes import format_size
+
+    claim = run.claim
+    old = claim.bytes
+    if claim.mode == "hard":
+        return (
+            f"give back: none, {format_size(old)} stays claimed: MPS fixed this process's "
+            "limit when its CUDA context was made"
+        )
+    smaller = dataclasses.replace(run.budget, bytes=new)
+    refused = _adapters.lower(smaller, claim.reports)
+    if refused:
+        return f"give back: none, {format_size(old)} stays claimed: {refused}"
+    claim.shrink(new)
+    run.budget = smaller
+    return (
+        f"give back: {format_size(old)} -> {format_size(new)} = peak "
+        f"{run.peak / 2**20:,.0f} MiB, flat for a while, + 10 % + 64 MiB; "
+        f"{format_size(old - new)} returned to the ledger"
+    )
+
+
+# -- how the process ends -----------------------------------------------------------------------
+
+OOM_NAMES = ("OutOfMemoryError", "ResourceExhaustedError", "MemoryError")
+
+
+def is_oom(exc: BaseException | None) -> bool:
+    """Whether an exception (or one it came from) is a framework's out-of-memory error."""
+    seen = 0
+    while exc is not None and seen < 8:
+        name = type(exc).__name__
+        if name in OOM_NAMES:
+            return True
+        if "RESOURCE_EXHAUSTED" in str(exc)[:4096] and "Runtime" in name:  # XLA / JAX
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def _install_excepthook() -> None:
+    previous = sys.excepthook
+    if getattr(previous, "_memgov", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        run = _run
+        if run is not None:
+            run.end = "oom" if is_oom(value) else "error"
+        previous(kind, value, tb)
+
+    hook._memgov = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _forget_in_child() -> None:
+    # A forked child (DataLoader worker) is not the run: its parent records it.
+    global _run
+    _run = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(finish, "exit")
