@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memgov import _profiles
+from memgov import _config, _profiles, _schedulers, _settings
+from memgov._ledger import DeviceLedger
 from memgov._sizes import format_size
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ class Sized:
 
 def size_for(device: Device, job: str, label: str) -> Sized:
     """The ``auto`` size of ``job`` on ``device``."""
-    from memgov import _config, _schedulers
-
     notes: list[str] = []
     reading = _schedulers.read(device.total, device.visible_index)
     notes.extend(reading.problems)
@@ -72,9 +71,6 @@ def size_for(device: Device, job: str, label: str) -> Sized:
 
 
 def _first_run(device: Device, capacity: int, label: str, notes: list[str]) -> Sized:
-    from memgov import _settings
-    from memgov._ledger import DeviceLedger
-
     free = DeviceLedger(device).snapshot().free
     cap = int(device.total * FIRST_RUN_SHARE_OF_DEVICE)
     size = min(int(free * FIRST_RUN_SHARE_OF_FREE), cap)

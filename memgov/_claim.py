@@ -10,7 +10,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _adapters, _admission, _devices, _enforce, _settings, _threads
+# Imported here, not where used: a lazy import opens a file, and a claim must work with the
+# process's descriptors spent (tests/hostile/test_users.py).
+from memgov import _adapters, _admission, _autosize, _devices, _enforce, _jobid, _settings, _threads
 from memgov._errors import ConfigError, MemgovError
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
@@ -139,8 +141,6 @@ def claim(
     ``Claim.mode_reason`` say which and why.
     Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
     """
-    from memgov import _autosize, _jobid
-
     auto = isinstance(size, str) and size.strip().lower() == "auto"
     # A Size from a setting keeps its variable's name.
     request = _autosize.AUTO if auto else Size.of(size, "claim size")
@@ -167,8 +167,9 @@ def claim(
             )
         _claiming["now"] = mark  # a mark whose attempt ended without clearing it
     try:
-        result, touched, chosen = _claim_now(request, device, wait_s, label, compute_pct,
-                                             (job_name, job_label))
+        result, touched, chosen = _claim_now(
+            request, device, wait_s, label, compute_pct, (job_name, job_label)
+        )
     finally:
         del attempt  # ends the mark (the weak reference dies with it)
     try:
@@ -253,11 +254,17 @@ def _claim_now(
     plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
     modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
     timing = _admission.AdmissionTiming()
-    info = {uuid: {"job": job[0], "sized": auto[uuid].kind if auto else "given"}
-            for uuid in sizes}
+    info = {uuid: {"job": job[0], "sized": auto[uuid].kind if auto else "given"} for uuid in sizes}
     ledger, held, payload = _admission.admit(
-        [DeviceLedger(d) for d in candidates], sizes, wait_s, label, modes, compute_pct,
-        plan.daemons, timing, info,
+        [DeviceLedger(d) for d in candidates],
+        sizes,
+        wait_s,
+        label,
+        modes,
+        compute_pct,
+        plan.daemons,
+        timing,
+        info,
     )
     chosen = ledger.device
     # Everything from here to the return can still fail (an adapter's configure_env, the
@@ -304,8 +311,9 @@ def _settle(
         index = 0
     restore: dict[str, str | None] = {}
     if payload["mode"] == "hard":
-        restore = _enforce.apply(plan, payload["bytes"], index or 0, compute_pct,
-                                 payload.get("mps_daemon"))
+        restore = _enforce.apply(
+            plan, payload["bytes"], index or 0, compute_pct, payload.get("mps_daemon")
+        )
     result = Claim(
         bytes=payload["bytes"],
         device=chosen.uuid,

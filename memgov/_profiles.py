@@ -35,6 +35,7 @@ from typing import Any
 from memgov import _config, _parse, _records
 from memgov._errors import LedgerError, ProfileError
 from memgov._flock import AdmissionLock
+from memgov._ledger import new_record_name
 
 PARTS = ("v1", "_profiles")
 """``_profiles``: a name no device folder takes (simulated names start with a letter or digit,
@@ -312,8 +313,6 @@ def _live(create: bool) -> Iterator[tuple[int, Path]]:
 
 def start_live(payload: dict[str, Any]) -> _records.Held:
     """This process's live run file, flock-held for its life; its holder updates the peak."""
-    from memgov._ledger import new_record_name
-
     with _live(create=True) as (fd, path):
         return _records.create(fd, path, new_record_name(), payload)
 
