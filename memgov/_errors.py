@@ -62,3 +62,8 @@ def _rebuild_budget_exceeded(message: str, facts: dict[str, object]) -> BudgetEx
 class ProfileError(LedgerError):
     """A job's profile (its measured peaks) cannot be read or written: a bad or foreign file,
     or a profile folder that is not this user's. Nothing is overwritten or lost."""
+
+
+class QueueError(LedgerError):
+    """The job queue's store cannot be used or holds a bad file (memgov/queue/store.py): a
+    folder that is not this user's, a job file that is not one. Nothing is overwritten or lost."""

@@ -72,6 +72,14 @@ LAYERS = (
         may_import=frozenset({"core", "placement"}),
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + ("matplotlib",),
     ),
+    # The job queue (memgov.queue): store, runner, shepherd, policies, report. Over the core; the
+    # placement library (numpy) and Ray only inside functions (bestfit, --ray).
+    Layer(
+        "queue",
+        ("memgov/queue/*.py",),
+        may_import=frozenset({"core", "queue", "placement", "ray"}),
+        not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
+    ),
     # The library: the public facade (memgov/__init__.py, memgov/adapter.py) and the private
     # modules behind it. Imported in every interpreter that auto-enable governs.
     Layer(
@@ -108,7 +116,7 @@ def memgov_layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in ("cli", "__main__"):
         return "cli"
-    if len(parts) > 1 and parts[1] in ("pack", "ray", "exporter", "placement"):
+    if len(parts) > 1 and parts[1] in ("pack", "ray", "exporter", "placement", "queue"):
         return parts[1]
     return "core"
 

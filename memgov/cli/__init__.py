@@ -60,7 +60,7 @@ app.add_typer(mps.mps_app, name="mps")  # `memgov mps start|stop|status` (docs/h
 app.command("pack", help=pack.HELP)(pack.pack)  # `memgov pack` (docs/pack.md)
 app.add_typer(ray.ray_app, name="ray")  # `memgov ray node-resources|status|pack` (docs/ray.md)
 app.command("exporter", help=exporter.HELP)(exporter.exporter)  # Prometheus (docs/metrics.md)
-app.add_typer(queue.queue_app, name="queue")  # `memgov queue simulate` (docs/placement.md)
+app.add_typer(queue.queue_app, name="queue")  # `memgov queue` (docs/queue.md, docs/placement.md)
 
 
 def main() -> None:

@@ -1,16 +1,23 @@
-"""`memgov queue ...`: jobs placed on GPUs by one policy (docs/placement.md).
+"""`memgov queue ...`: a job queue that places jobs on the host's GPUs by a policy (docs/queue.md),
+and the cluster simulator (docs/placement.md).
 
+- ``memgov queue [--json]``: this user's jobs; ``add [--claim SIZE|auto] [--name N] [--gpu G] --
+  CMD ...`` (its folder and environment kept); ``cancel ID``; ``log ID``;
+- ``memgov queue run [--policy P] [--out REPORT.json] [--solo REPORT.json] [--plot FILE] [FILE]``:
+  a queue file (or every queued job) to the end, then the report; ``--ray ADDRESS`` runs the
+  jobs as Ray tasks; ``memgov queue serve``: runs what is submitted until Ctrl-C;
 - ``memgov queue simulate --trace FILE --nodes FILE --policy P``: replay a trace on a simulated
-  cluster by the FGD paper's protocol (memgov/placement/simulate.py) and print the allocation
-  curve and the final share of GPUs allocated.
+  cluster by the FGD paper's protocol (memgov/placement/simulate.py).
 
-The placement library needs numpy, imported in the command only.
+Thin: the engine is memgov.queue (imported in the commands). The placement library needs numpy,
+imported in `simulate` only.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,13 +25,186 @@ from memgov._errors import MemgovError
 from memgov.cli._common import JsonFlag, fail, print_json
 
 queue_app = typer.Typer(
-    help="Place jobs on GPUs by a policy; simulate a policy on a cluster trace.",
-    no_args_is_help=True,
+    help="A job queue on the GPUs (add, list, cancel, log, run, serve); simulate a policy.",
+    invoke_without_command=True,
     add_completion=False,
 )
 
 CURVE_POINTS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)
+QUEUE_POLICIES = "memgov (default), fifo-exclusive, sjf-exclusive, fifo, bestfit, tetris"
+PolicyOption = Annotated[str | None, typer.Option("--policy", help=f"One of {QUEUE_POLICIES}.")]
+GraceOption = Annotated[
+    float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL when stopping jobs.")
+]
+JobId = Annotated[int, typer.Argument(help="The job's id (`memgov queue` lists them).")]
+ADD_SETTINGS = {"allow_interspersed_args": False}
+"""Options after CMD belong to CMD."""
 
+
+@queue_app.callback()
+def jobs(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """This user's queued, running and finished jobs."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import memgov.queue as q
+
+    try:
+        found, problems = q.jobs()
+    except MemgovError as exc:
+        raise fail(exc) from None
+    if as_json:
+        print_json({"jobs": [j.to_json() | {"env": None} for j in found], "problems": problems})
+        return
+    for job in found:
+        typer.echo(_job_line(job))
+    for problem in problems:
+        typer.echo(f"problem: {problem}", err=True)
+    if not found and not problems:
+        typer.echo("no jobs: memgov queue add -- CMD ..., or memgov queue run FILE")
+
+
+def _job_line(job: Any) -> str:
+    last = job.last
+    claim = "auto" if job.claim == "auto" else str(job.claim)
+    where = f" gpu {last.gpu}" if last else ""
+    size = f" {last.claim_bytes / 2**20:,.0f} MiB" if last else ""
+    end = f" ({last.result})" if last and last.result and job.state != "running" else ""
+    ago = time.time() - job.created
+    return (f"{job.id:>5} {job.state:<9}{end} {job.name[:40]:<40} claim {claim}{size}{where}; "
+            f"added {ago:,.0f} s ago")
+
+
+@queue_app.command("add", context_settings=ADD_SETTINGS)
+def add(
+    command: Annotated[list[str], typer.Argument(help="The command, after --.")],
+    claim: Annotated[str, typer.Option("--claim", help="SIZE (2GiB, 25%) or auto.")] = "auto",
+    name: Annotated[str | None, typer.Option("--name", help="The job's name.")] = None,
+    gpu: Annotated[int | None, typer.Option("--gpu", help="Pin to this GPU index.")] = None,
+    kind: Annotated[str, typer.Option("--kind", help="A label grouping jobs.")] = "",
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="Expected solo seconds (for SJF).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Queue CMD (its folder and environment kept): memgov queue add -- python train.py"""
+    import os
+
+    import memgov.queue as q
+    from memgov.queue.queuefile import job_spec
+
+    table: dict[str, Any] = {"cmd": command, "claim": claim}
+    for key, value in (("name", name), ("gpu", gpu), ("duration", duration)):
+        if value is not None:
+            table[key] = value
+    if kind:
+        table["kind"] = kind
+    try:
+        spec = job_spec(table, "memgov queue add", Path(os.getcwd()))
+        (job,) = q.add([spec])
+    except MemgovError as exc:
+        raise fail(exc) from None
+    if as_json:
+        print_json({"id": job.id, "name": job.name, "job": job.job})
+        return
+    typer.echo(f"queued job {job.id} ({job.name}); `memgov queue serve` runs it")
+
+
+@queue_app.command("cancel")
+def cancel(job_id: JobId, as_json: JsonFlag = False) -> None:
+    """Cancel a queued job or stop a running one."""
+    import memgov.queue as q
+
+    try:
+        said = q.cancel(job_id)
+    except MemgovError as exc:
+        raise fail(exc) from None
+    if as_json:
+        print_json({"id": job_id, "done": said})
+        return
+    typer.echo(said)
+
+
+@queue_app.command("log")
+def log(
+    job_id: JobId,
+    tail: Annotated[int, typer.Option("--tail", help="Bytes from the end.")] = 64 * 1024,
+    as_json: JsonFlag = False,
+) -> None:
+    """A job's output (every attempt)."""
+    from memgov.queue.store import Store
+
+    try:
+        store = Store()
+        store.get(job_id)  # a clear error for an id that is not in this user's queue
+        data, size = store.read_log(job_id, max(1, tail))
+    except MemgovError as exc:
+        raise fail(exc) from None
+    text = data.decode(errors="replace")
+    if as_json:
+        print_json({"id": job_id, "bytes": size, "log": text})
+        return
+    typer.echo(text, nl=False)
+
+
+@queue_app.command("run")
+def run(
+    file: Annotated[Path | None, typer.Argument(help="A queue file (TOML); none: every queued job.")] = None,
+    policy: PolicyOption = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the report (JSON) here.")] = None,
+    solo: Annotated[
+        Path | None, typer.Option("--solo", help="An exclusive run's report: solo times.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Draw the run (matplotlib).")] = None,
+    ray: Annotated[
+        str | None, typer.Option("--ray", help="Run the jobs as Ray tasks on this cluster.")
+    ] = None,
+    grace: GraceOption = 10.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a queue file (or every queued job) to the end; print the report."""
+    import memgov.queue as q
+
+    try:
+        if ray is not None:
+            from memgov.queue.onray import run_on_ray
+
+            report = run_on_ray(file, ray, policy=policy, solo=solo)
+        else:
+            report = q.run(file, policy, solo=solo, grace_s=grace)
+        data = report.to_json()
+        if out is not None:
+            report.write(out)
+        if plot is not None:
+            from memgov.queue.report import plot as draw
+
+            draw(data, plot)
+    except MemgovError as exc:
+        raise fail(exc) from None
+    _show(data, as_json)
+
+
+@queue_app.command("serve")
+def serve(policy: PolicyOption = None, grace: GraceOption = 10.0, as_json: JsonFlag = False) -> None:
+    """Run what is submitted (`memgov queue add`) until Ctrl-C or SIGTERM."""
+    import memgov.queue as q
+
+    try:
+        report = q.serve(policy, grace_s=grace)
+    except MemgovError as exc:
+        raise fail(exc) from None
+    _show(report.to_json(), as_json)
+
+
+def _show(data: dict[str, Any], as_json: bool) -> None:
+    from memgov.queue.report import table
+
+    if as_json:
+        print_json(data)
+        return
+    typer.echo(table(data))
+    failed = [j for j in data["jobs"] if j["end"] not in ("ok",)]
+    if failed:
+        raise typer.Exit(1)
 
 @queue_app.command("simulate")
 def simulate(

@@ -1,0 +1,177 @@
+"""memgov's job queue: many jobs placed on the host's GPUs by one policy (docs/queue.md).
+
+    import memgov.queue
+    report = memgov.queue.run("jobs.toml", policy="memgov")       # a file of jobs, to the end
+    report = memgov.queue.run([{"cmd": ["python", "train.py"], "claim": "2GiB"}])
+    memgov.queue.add([...]); memgov.queue.cancel(3); memgov.queue.jobs()
+
+Jobs live in each user's private store beside the ledger (memgov/queue/store.py); each attempt
+runs under a shepherd (memgov/queue/shepherd.py) so a runner's death loses nothing and runs
+nothing twice; policies are in memgov/queue/policies.py.
+
+``pack`` (N copies of one job and a solo reference) is this engine's caller: it would call
+``run(jobs, policy="fifo", solo=...)`` with N identical specs and one ``fifo-exclusive`` run of
+a single copy first (the solo reference), then read each job's ``run_s`` and ``slowdown``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memgov._errors import ConfigError, QueueError
+from memgov.queue.model import FINISHED, Job
+from memgov.queue.queuefile import JobSpec, QueueFile, job_spec, load
+from memgov.queue.report import Report, table
+from memgov.queue.store import Store
+from memgov.queue.submit import add as _add
+
+__all__ = [
+    "Job",
+    "JobSpec",
+    "QueueError",
+    "Report",
+    "Store",
+    "add",
+    "cancel",
+    "jobs",
+    "load",
+    "run",
+    "serve",
+    "table",
+]
+
+
+def add(specs: Sequence[JobSpec], store: Store | None = None) -> list[Job]:
+    """Queue jobs for the user's runner (`memgov queue serve` or the next `memgov queue run`)."""
+    return _add(list(specs), store)
+
+
+def jobs(store: Store | None = None) -> tuple[list[Job], list[str]]:
+    """Every job of this user's queue and the problems of files that are not jobs."""
+    return (store or Store()).jobs()
+
+
+def cancel(job_id: int, store: Store | None = None) -> str:
+    """Cancel a queued job, stop a running one (SIGTERM, then SIGKILL after the grace), or
+    remove a job file that is not one. Returns what was done."""
+    store = store or Store()
+    try:
+        job = store.get(job_id)
+    except QueueError as exc:
+        if "no job" in str(exc):
+            raise
+        store.remove(job_id)
+        return f"removed job file {job_id}: {exc}"
+    if job.state in FINISHED:
+        raise QueueError(f"job {job.label} is {job.state} already; nothing to cancel")
+
+    def mark(stored: Job) -> None:
+        if stored.state == "queued":
+            stored.state = "cancelled"
+        else:
+            stored.cancel = True
+
+    job = store.update(job_id, mark)
+    if job.state == "cancelled":
+        return f"cancelled job {job.label}"
+    _stop_attempt(store, job)
+    return f"stopping job {job.label} (SIGTERM, then SIGKILL after the runner's grace period)"
+
+
+def _stop_attempt(store: Store, job: Job) -> None:
+    if job.last is None:
+        return
+    _exists, alive, data = store.live(job.last.live)
+    pid = (data or {}).get("pid")
+    if alive and isinstance(pid, int):  # held: the pid is that attempt's shepherd still
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run(
+    file_or_jobs: str | os.PathLike[str] | Sequence[JobSpec | dict[str, Any]] | None = None,
+    policy: str | None = None,
+    *,
+    solo: str | os.PathLike[str] | dict[str, float] | None = None,
+    grace_s: float = 10.0,
+    store: Store | None = None,
+) -> Report:
+    """Run a queue file (or job specs, or with None every queued job) to the end; the report.
+
+    A file whose run was interrupted (the runner killed or stopped) is resumed, not added again:
+    its unfinished jobs run, its finished ones are kept.
+    """
+    from memgov.queue.runner import Options, Runner
+
+    store = store or Store()
+    batch, file_policy = _submit(file_or_jobs, store)
+    options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch,
+                      solo=_solo(solo))
+    return Runner(options, store).run()
+
+
+def serve(policy: str | None = None, *, grace_s: float = 10.0, store: Store | None = None) -> Report:
+    """Run whatever is submitted until SIGINT or SIGTERM."""
+    from memgov.queue.runner import Options, Runner
+
+    options = Options(policy=policy, grace_s=grace_s, serve=True, what="memgov queue serve")
+    return Runner(options, store or Store()).run()
+
+
+def _submit(
+    file_or_jobs: str | os.PathLike[str] | Sequence[JobSpec | dict[str, Any]] | None, store: Store
+) -> tuple[str | None, str | None]:
+    """(the batch to run, the file's policy)."""
+    if file_or_jobs is None:
+        return None, None
+    if isinstance(file_or_jobs, (str, os.PathLike)):
+        parsed: QueueFile = load(file_or_jobs)
+        resumed = _unfinished_batch(store, parsed.digest)
+        if resumed is not None:
+            return resumed, parsed.policy
+        batch = f"{parsed.digest}-{int(time.time())}"
+        _add(parsed.jobs, store, batch=batch)
+        return batch, parsed.policy
+    specs = [
+        s if isinstance(s, JobSpec) else job_spec(s, f"job {i}", Path.cwd())
+        for i, s in enumerate(file_or_jobs, 1)
+    ]
+    batch = f"jobs-{secrets.token_hex(6)}"
+    _add(specs, store, batch=batch)
+    return batch, None
+
+
+def _unfinished_batch(store: Store, digest: str) -> str | None:
+    found, _problems = store.jobs()
+    for job in found:
+        if job.batch.startswith(digest + "-") and job.state not in FINISHED:
+            return job.batch
+    return None
+
+
+def _solo(solo: str | os.PathLike[str] | dict[str, float] | None) -> dict[str, float]:
+    """Job name -> solo run time, from a report of an exclusive run (``--solo REPORT.json``)."""
+    if solo is None or isinstance(solo, dict):
+        return dict(solo or {})
+    try:
+        data = json.loads(Path(solo).read_text())
+        rows = data["jobs"]
+        return {
+            r["name"]: float(r["run_s"]) for r in rows
+            if r.get("end") == "ok" and isinstance(r.get("run_s"), (int, float))
+        }
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"--solo {solo}: not a queue report ({exc}); accepted the --out JSON of a "
+            "`memgov queue run --policy fifo-exclusive` run of the same jobs"
+        ) from None
+

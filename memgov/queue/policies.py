@@ -1,0 +1,319 @@
+"""The queue's policies: which ready jobs start now, and on which GPU. One interface.
+
+A policy sees a :class:`View` (the ready jobs in submission order, each GPU's free budget and
+running jobs, the learned figures) and returns placements ``(job id, gpu index)``. The runner
+checks every placement against the GPU's free budget again: no policy can start a job that
+does not fit (docs/queue.md).
+
+- ``fifo-exclusive``: one job per GPU at a time, in submission order (the paper's baseline).
+- ``sjf-exclusive``: one job per GPU at a time, shortest expected solo time first (the job's
+  past runs, else its ``duration`` hint; jobs with neither go last, in submission order).
+- ``fifo``: every job that fits, in submission order, on the first GPU (by index) with room.
+- ``bestfit``: every job that fits, in submission order, on the fullest GPU with room: the
+  placement library's ``bestfit`` score (memgov/placement/policies.py; needs numpy).
+- ``tetris``: repeatedly the (job, GPU) pair whose demand vector (memory, CPU, GPU utilisation)
+  aligns best with the GPU's free vector (dot product; Grandl et al., SIGCOMM 2014).
+- ``memgov``: longest expected job first, each on the GPU where it adds the most work done per
+  second (the learned slowdowns, memgov/queue/learn.py); a co-location that would make the GPU
+  do less work per second than leaving the job to wait is held back; the first job that fits
+  nowhere gets a reservation (EASY backfilling): on the GPU that frees room for it first, other
+  jobs start only if they are expected to end before then or leave it room.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from memgov._errors import ConfigError
+from memgov.queue.learn import Learned
+
+DEFAULT_DURATION_S = 60.0
+"""An unknown job's expected time where a policy must assume one (memgov's reservation)."""
+HOLD_MARGIN = 0.05
+"""memgov co-locates only when the GPU's predicted work per second grows by more than this."""
+
+
+@dataclass
+class Candidate:
+    id: int
+    kind: str
+    claim: int
+    expected_s: float | None
+    gpu: int | None
+    """A pin to this GPU index, or None."""
+    util: float = 1.0
+    """GPU utilisation it needs alone (0-1); 1 unless measured."""
+
+
+@dataclass
+class Running:
+    id: int
+    kind: str
+    claim: int
+    started: float
+    expected_s: float | None
+    util: float = 1.0
+
+
+@dataclass
+class Gpu:
+    index: int
+    capacity: int
+    free: int
+    """Bytes the queue may still place here now (the ledger's free budget, others counted)."""
+    running: list[Running] = field(default_factory=list)
+
+
+@dataclass
+class View:
+    now: float
+    jobs: list[Candidate]
+    gpus: list[Gpu]
+    cores: int
+    learned: Learned
+
+
+Placement = tuple[int, int]
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, view: View) -> list[Placement]: ...
+
+    def order(self, jobs: list[Candidate]) -> list[Candidate]:
+        """The order it considers jobs in (Ray's submission order)."""
+        ...
+
+
+class _Book:
+    """What one decision has placed so far, on top of the view."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self.free = {g.index: g.free for g in view.gpus}
+        self.added: dict[int, list[Candidate]] = {g.index: [] for g in view.gpus}
+        self.out: list[Placement] = []
+
+    def gpus_for(self, job: Candidate) -> list[Gpu]:
+        return [
+            g
+            for g in self.view.gpus
+            if (job.gpu is None or job.gpu == g.index) and self.free[g.index] >= job.claim
+        ]
+
+    def busy(self, gpu: Gpu) -> bool:
+        return bool(gpu.running or self.added[gpu.index])
+
+    def kinds_on(self, gpu: Gpu) -> list[str]:
+        return [r.kind for r in gpu.running] + [c.kind for c in self.added[gpu.index]]
+
+    def place(self, job: Candidate, gpu: Gpu) -> None:
+        self.free[gpu.index] -= job.claim
+        self.added[gpu.index].append(job)
+        self.out.append((job.id, gpu.index))
+
+
+class Fifo:
+    name = "fifo"
+    exclusive = False
+
+    def order(self, jobs: list[Candidate]) -> list[Candidate]:
+        return list(jobs)
+
+    def decide(self, view: View) -> list[Placement]:
+        book = _Book(view)
+        for job in self.order(view.jobs):
+            gpus = [g for g in book.gpus_for(job) if not (self.exclusive and book.busy(g))]
+            if gpus:
+                book.place(job, self.pick(job, gpus, book))
+        return book.out
+
+    def pick(self, job: Candidate, gpus: list[Gpu], book: _Book) -> Gpu:
+        return gpus[0]
+
+
+class FifoExclusive(Fifo):
+    name = "fifo-exclusive"
+    exclusive = True
+
+
+class SjfExclusive(Fifo):
+    name = "sjf-exclusive"
+    exclusive = True
+
+    def order(self, jobs: list[Candidate]) -> list[Candidate]:
+        known = sorted((j for j in jobs if j.expected_s is not None), key=_expected)
+        return known + [j for j in jobs if j.expected_s is None]
+
+
+class BestFit(Fifo):
+    """The placement library's bestfit score over the GPUs where the job fits."""
+
+    name = "bestfit"
+
+    def pick(self, job: Candidate, gpus: list[Gpu], book: _Book) -> Gpu:
+        try:
+            import numpy as np
+
+            from memgov.placement import ClusterState, Demand, Node, choose
+            from memgov.placement.policies import BestFitPolicy
+        except ImportError as exc:
+            raise ConfigError(
+                f"policy bestfit needs numpy ({exc}): pip install 'memgov-gpu[placement]'"
+            ) from None
+        mib = [max(1, g.capacity // 2**20) for g in gpus]
+        nodes = [Node(f"gpu{g.index}", 1000, 0, 1, gpu_memory_mib=m) for g, m in zip(gpus, mib)]
+        state = ClusterState(nodes)
+        for row, gpu in enumerate(gpus):  # each GPU a node of one GPU, its free budget in milli
+            state.gpu_left[row, 0] = math.floor(1000 * book.free[gpu.index] / gpu.capacity)
+        need = min(1000, max(1, math.ceil(1000 * job.claim / max(g.capacity for g in gpus))))
+        demand = Demand(f"job{job.id}", 0, num_gpu=1, gpu_milli=min(need, 999))
+        rng = np.random.default_rng(0)
+        chosen = choose(BestFitPolicy(), state, demand, rng, nodes=np.arange(len(gpus)))
+        return gpus[chosen.node] if chosen is not None else gpus[0]
+
+
+class Tetris:
+    name = "tetris"
+
+    def order(self, jobs: list[Candidate]) -> list[Candidate]:
+        return list(jobs)
+
+    def decide(self, view: View) -> list[Placement]:
+        book = _Book(view)
+        left = list(view.jobs)
+        while left:
+            pairs = [(self.score(j, g, book), -j.id, j, g) for j in left for g in book.gpus_for(j)]
+            if not pairs:
+                break
+            _, _, job, gpu = max(pairs, key=lambda p: (p[0], p[1], -p[3].index))
+            book.place(job, gpu)
+            left.remove(job)
+        return book.out
+
+    @staticmethod
+    def score(job: Candidate, gpu: Gpu, book: _Book) -> float:
+        view = book.view
+        cores = max(1, view.cores)
+        jobs_now = sum(len(g.running) + len(book.added[g.index]) for g in view.gpus)
+        util_used = sum(r.util for r in gpu.running)
+        util_used += sum(c.util for c in book.added[gpu.index])
+        memory = (job.claim / gpu.capacity) * (book.free[gpu.index] / gpu.capacity)
+        cpu = (1 / cores) * max(0.0, (cores - jobs_now) / cores)
+        util = job.util * max(0.0, 1.0 - util_used)
+        return memory + cpu + util
+
+
+class Memgov:
+    name = "memgov"
+
+    def order(self, jobs: list[Candidate]) -> list[Candidate]:
+        """Longest expected first (unknown: the default), larger claims first among equals:
+        long jobs started early do not end alone at the end of the run."""
+        return sorted(jobs, key=lambda j: (-(j.expected_s or DEFAULT_DURATION_S), -j.claim, j.id))
+
+    def decide(self, view: View) -> list[Placement]:
+        book = _Book(view)
+        reservation: tuple[int, float, int] | None = None  # (gpu, time, bytes it needs then)
+        for job in self.order(view.jobs):
+            best = self._best(job, book, reservation)
+            if best is not None:
+                book.place(job, best)
+            elif reservation is None and not book.gpus_for(job):
+                reservation = self._reserve(job, book)
+        return book.out
+
+    def _best(
+        self, job: Candidate, book: _Book, reservation: tuple[int, float, int] | None
+    ) -> Gpu | None:
+        scored: list[tuple[float, int, Gpu]] = []
+        for gpu in book.gpus_for(job):
+            if reservation is not None and not self._respects(job, gpu, book, reservation):
+                continue
+            gain = self._gain(job, gpu, book)
+            if book.busy(gpu) and gain <= HOLD_MARGIN:
+                continue  # sharing would make this GPU do less work per second: wait
+            scored.append((gain, -book.free[gpu.index], gpu))
+        if not scored:
+            return None
+        return max(scored, key=lambda s: (s[0], s[1], -s[2].index))[2]
+
+    @staticmethod
+    def _gain(job: Candidate, gpu: Gpu, book: _Book) -> float:
+        """Work per second the GPU gains by running ``job`` too (1.0 on an idle GPU)."""
+        learned = book.view.learned
+        kinds = book.kinds_on(gpu)
+
+        def rate(members: list[str]) -> float:
+            return sum(
+                1.0 / learned.slowdown(k, members[:i] + members[i + 1 :])
+                for i, k in enumerate(members)
+            )
+
+        return rate([*kinds, job.kind]) - rate(kinds)
+
+    def _reserve(self, job: Candidate, book: _Book) -> tuple[int, float, int] | None:
+        """The GPU that frees room for ``job`` first, and when (EASY backfilling)."""
+        view = book.view
+        best: tuple[int, float, int] | None = None
+        for gpu in view.gpus:
+            if job.gpu is not None and job.gpu != gpu.index or gpu.capacity < job.claim:
+                continue
+            free = book.free[gpu.index]
+            for end, claim in sorted((self._end(r, gpu, view), r.claim) for r in gpu.running):
+                free += claim
+                if free >= job.claim:
+                    if best is None or end < best[1]:
+                        best = (gpu.index, end, job.claim)
+                    break
+        return best
+
+    @staticmethod
+    def _end(run: Running, gpu: Gpu, view: View) -> float:
+        expected = run.expected_s or DEFAULT_DURATION_S
+        others = [r.kind for r in gpu.running if r.id != run.id]
+        end = run.started + expected * view.learned.slowdown(run.kind, others)
+        return end if end > view.now else view.now + 0.1 * expected
+
+    @staticmethod
+    def _respects(
+        job: Candidate, gpu: Gpu, book: _Book, reservation: tuple[int, float, int]
+    ) -> bool:
+        where, when, need = reservation
+        if gpu.index != where:
+            return True
+        view = book.view
+        expected = job.expected_s or DEFAULT_DURATION_S
+        if view.now + expected * view.learned.slowdown(job.kind, book.kinds_on(gpu)) <= when:
+            return True  # ends before the reserved job can start
+        freed_by_then = sum(
+            r.claim for r in gpu.running if Memgov._end(r, gpu, view) <= when
+        )
+        return book.free[gpu.index] - job.claim + freed_by_then >= need
+
+
+def _expected(job: Candidate) -> tuple[float, int]:
+    return (job.expected_s or 0.0, job.id)
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "memgov": Memgov,
+    "fifo-exclusive": FifoExclusive,
+    "sjf-exclusive": SjfExclusive,
+    "fifo": Fifo,
+    "bestfit": BestFit,
+    "tetris": Tetris,
+}
+DEFAULT = "memgov"
+
+
+def get(name: str | None) -> Policy:
+    """A policy by name; an unknown one says which are accepted."""
+    key = (name or DEFAULT).strip().lower()
+    if key not in POLICIES:
+        raise ConfigError(f"queue policy {name!r}: accepted {', '.join(POLICIES)}")
+    return POLICIES[key]()

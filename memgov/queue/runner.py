@@ -1,0 +1,501 @@
+"""The runner: starts queued jobs where the policy places them, follows them to their end.
+
+One runner per user at a time (its record in the store is flock-held for its life). Each start
+is an attempt, written to the job's file *before* its shepherd starts (memgov/queue/shepherd.py),
+so a runner killed at any moment leaves the store saying what runs. A restarted runner adopts
+what the store says runs:
+
+- the attempt's result is there: it ended; folded in as if the runner had seen it end;
+- its live record is held: its shepherd runs it still; the runner waits for its result;
+- its live record is gone or unheld and there is no result: if the shepherd never reached the
+  point where it starts the command (``phase: created``, or no live record at all), the command
+  provably never ran and the job is queued again; otherwise it is ``failed`` with end ``lost``
+  (the shepherd was killed while the command ran: whether it finished is unknown, so it is not
+  run a second time; `memgov queue log ID` shows its output).
+
+Stopping (Ctrl-C, SIGTERM, SIGHUP to the runner): every shepherd gets SIGTERM and passes it to
+its command, SIGKILL after the grace period; each attempt's result is saved and the jobs that
+did not finish are queued again (end ``stopped``), to run at the next `memgov queue run`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from memgov import _autosize, _devices, _profiles, _run
+from memgov._devices import Device
+from memgov._errors import MemgovError, QueueError
+from memgov._ledger import DeviceLedger, new_record_name
+from memgov._sizes import Size
+from memgov.queue import learn, policies
+from memgov.queue.model import FINISHED, MAX_RETRIES, OOM_GROWTH, Attempt, Job
+from memgov.queue.report import Report, Sampler, build_report
+from memgov.queue.store import Store
+
+POLL_S = 0.1
+REFRESH_S = 0.5
+"""How often the store is read again (new jobs, cancels)."""
+CHECK_S = 1.0
+"""How often a running attempt's shepherd is checked for life (its result is looked for at
+every poll)."""
+DECIDE_EVERY_S = 1.0
+"""Without any event (a job ended, arrived or was added), the policy is asked again this often:
+the time a reservation waits for passes."""
+WAIT_BUDGET_S = 600
+"""MEMGOV_WAIT of each job: a claim that meets a neighbour outside the queue waits for it."""
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "RESOURCE_EXHAUSTED", "MemoryError")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class Options:
+    policy: str | None = None
+    grace_s: float = 10.0
+    serve: bool = False
+    batch: str | None = None
+    """Run only the jobs of this batch (a queue file's run); None: every queued job."""
+    solo: dict[str, float] = field(default_factory=dict)
+    """Job name -> its solo run time (``--solo REPORT.json``)."""
+    what: str = "memgov queue run"
+
+
+@dataclass
+class Tracked:
+    """A running attempt the runner follows."""
+
+    job: Job
+    attempt: Attempt
+    proc: subprocess.Popen[bytes] | None
+    shepherd_pid: int | None
+    checked: float = 0.0
+
+
+class _Stop:
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+
+class Runner:
+    def __init__(self, options: Options, store: Store | None = None) -> None:
+        self.options = options
+        self.store = store or Store()
+        self.policy = policies.get(options.policy)
+        self.devices = _devices.candidates("auto")
+        self.tracked: dict[int, Tracked] = {}
+        self.jobs: dict[int, Job] = {}
+        self.learned = learn.Learned.from_json(self.store.read_extra("learned.json"))
+        self.sizes: dict[int, tuple[int, str]] = {}
+        self.latencies: list[float] = []
+        self.timeline: list[tuple[int, str, int, float, float | None]] = []
+        """(job id, kind, gpu, start, end) of every attempt seen: the co-location record."""
+        self.stop = _Stop()
+        self.sampler = Sampler(self.devices)
+        self.changed = True
+        self.problems: list[str] = []
+        self.last_decision = 0.0
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        held = self.store.hold_runner(
+            {"version": 1, "id": new_record_name(), "kind": "queue-runner", "device": "-",
+             "bytes": 1, "name": self.options.what, "pid": os.getpid(), "created": time.time(),
+             "what": self.options.what}
+        )
+        saved = {sig: signal.signal(sig, self.stop) for sig in STOP_SIGNALS}
+        started = time.time()
+        try:
+            self._refresh()
+            self._adopt()
+            last_refresh = time.monotonic()
+            while self.stop.signal is None:
+                if time.monotonic() - last_refresh >= REFRESH_S:
+                    self._refresh()
+                    last_refresh = time.monotonic()
+                self._reap()
+                if not self.options.serve and not self._pending():
+                    break
+                self._decide()
+                self.sampler.maybe(self._queue_bytes())
+                time.sleep(POLL_S)
+            if self.stop.signal is not None:
+                self._stop_all()
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+            self.store.release_runner(held)
+        return self._report(started)
+
+    def _scope(self, job: Job) -> bool:
+        return self.options.batch is None or job.batch == self.options.batch
+
+    def _pending(self) -> bool:
+        return bool(self.tracked) or any(
+            j.state == "queued" and self._scope(j) for j in self.jobs.values()
+        )
+
+    def _refresh(self) -> None:
+        jobs, problems = self.store.jobs()
+        self.problems = problems
+        for job in jobs:
+            old = self.jobs.get(job.id)
+            if old is None or old.state != job.state or old.cancel != job.cancel:
+                self.changed = True
+            self.jobs[job.id] = job
+            tracked = self.tracked.get(job.id)
+            if tracked is not None:
+                tracked.job = job
+                if job.cancel:
+                    self._signal(tracked, signal.SIGTERM)
+
+    # -- deciding -------------------------------------------------------------------------------
+
+    def _decide(self) -> None:
+        now = time.time()
+        ready = [
+            j for j in self.jobs.values()
+            if j.state == "queued" and self._scope(j) and j.not_before <= now
+        ]
+        again = time.monotonic() - self.last_decision >= DECIDE_EVERY_S
+        if not ready or not (self.changed or again or self._arrivals_due(now)):
+            return
+        self.changed = False
+        self.last_decision = time.monotonic()
+        began = time.perf_counter()
+        view = self._view(ready, now)
+        placements = self.policy.decide(view)
+        self.latencies.append(time.perf_counter() - began)
+        gpus = {g.index: g for g in view.gpus}
+        claims = {c.id: c.claim for c in view.jobs}
+        for job_id, gpu in placements:
+            if claims[job_id] > gpus[gpu].free:
+                continue  # the policy overcommitted: never started (the runner's own check)
+            gpus[gpu].free -= claims[job_id]
+            self._start(self.jobs[job_id], self.devices[gpu], claims[job_id])
+
+    def _arrivals_due(self, now: float) -> bool:
+        due = [j.not_before for j in self.jobs.values() if j.state == "queued" and self._scope(j)]
+        return any(now - POLL_S * 2 <= t <= now for t in due)
+
+    def _view(self, ready: list[Job], now: float) -> policies.View:
+        gpus = self._gpus(now)
+        candidates = []
+        for job in sorted(ready, key=lambda j: (j.not_before, j.id)):
+            claim = self._claim(job)
+            if claim is None:
+                continue
+            expected = self.learned.expected(job.job, job.kind, job.duration)
+            util = self.learned.util.get(job.job, 1.0)
+            candidates.append(policies.Candidate(job.id, job.kind, claim, expected, job.gpu, util))
+        return policies.View(now, candidates, gpus, os.cpu_count() or 1, self.learned)
+
+    def _gpus(self, now: float) -> list[policies.Gpu]:
+        children = self._children()
+        gpus = []
+        for device in self.devices:
+            snap = DeviceLedger(device).snapshot()
+            mine = sum(c.bytes for c in snap.claims if c.pid in children)
+            running = [t for t in self.tracked.values() if t.attempt.gpu == device.index]
+            placed = sum(t.attempt.claim_bytes for t in running)
+            free = max(0, snap.free + mine - placed)
+            gpus.append(policies.Gpu(device.index, snap.capacity, free, [
+                policies.Running(
+                    t.job.id, t.job.kind, t.attempt.claim_bytes, t.attempt.start,
+                    self.learned.expected(t.job.job, t.job.kind, t.job.duration),
+                    self.learned.util.get(t.job.job, 1.0),
+                )
+                for t in running
+            ]))
+        return gpus
+
+    def _children(self) -> set[int]:
+        """The pids of the commands the queue runs (their claims are counted in the queue's)."""
+        pids = set()
+        for tracked in self.tracked.values():
+            _exists, _alive, data = self.store.live(tracked.attempt.live)
+            child = (data or {}).get("child")
+            if isinstance(child, int):
+                pids.add(child)
+        return pids
+
+    def _claim(self, job: Job) -> int | None:
+        """The bytes the job's next attempt claims; None when it can never fit (failed)."""
+        if job.next_claim:
+            return job.next_claim
+        device = self.devices[job.gpu] if job.gpu is not None else self.devices[0]
+        if isinstance(job.claim, int):
+            return job.claim
+        if job.claim != "auto":
+            return Size(job.claim, "claim").on(max(d.total for d in self.devices))
+        if job.id not in self.sizes:
+            sized = _autosize.size_for(device, job.job, job.name)
+            self.sizes[job.id] = (sized.bytes, sized.line)
+        return self.sizes[job.id][0]
+
+    # -- starting -------------------------------------------------------------------------------
+
+    def _start(self, job: Job, device: Device, claim: int) -> None:
+        attempt = Attempt(len(job.attempts) + 1, claim, device.index, device.uuid,
+                          new_record_name(), start=time.time())
+
+        def begin(stored: Job) -> None:
+            stored.state = "running"
+            stored.attempts.append(attempt)
+
+        if job.state != "queued":
+            return
+        job = self.store.update(job.id, begin)  # written before anything starts
+        self.jobs[job.id] = job
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memgov.queue.shepherd"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C on the terminal reaches the runner, which stops it
+            env={**os.environ, "PYTHONPATH": _python_path()},
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(self._orders(job, attempt, device)).encode())
+        proc.stdin.close()
+        self.tracked[job.id] = Tracked(job, attempt, proc, proc.pid, time.monotonic())
+        self.timeline.append((job.id, job.kind, device.index, attempt.start, None))
+        self.sizes.pop(job.id, None)
+
+    def _orders(self, job: Job, attempt: Attempt, device: Device) -> dict[str, Any]:
+        env = _run.command_env(str(attempt.claim_bytes), device.uuid, WAIT_BUDGET_S, False,
+                               None, environ=job.env, job=job.job)
+        for name in ("MEMGOV_DIR", "MEMGOV_DEVICES"):
+            if name in os.environ:
+                env[name] = os.environ[name]  # the ledger and GPUs the runner placed it on
+            else:
+                env.pop(name, None)
+        if not device.simulated:
+            env["CUDA_VISIBLE_DEVICES"] = device.uuid
+        return {"id": job.id, "attempt": attempt.n, "live": attempt.live, "cmd": job.cmd,
+                "cwd": job.cwd, "env": env, "grace": self.options.grace_s,
+                "device": device.uuid, "gpu": device.index, "bytes": attempt.claim_bytes,
+                "name": job.name}
+
+    # -- following ------------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        for tracked in list(self.tracked.values()):
+            if tracked.proc is not None:
+                tracked.proc.poll()  # no zombie shepherds
+            result = self.store.read_result(tracked.job.id, tracked.attempt.n)
+            if result is not None:
+                self._finish(tracked, result)
+            elif time.monotonic() - tracked.checked >= CHECK_S:
+                tracked.checked = time.monotonic()
+                self._check_alive(tracked)
+
+    def _check_alive(self, tracked: Tracked) -> None:
+        exists, alive, data = self.store.live(tracked.attempt.live)
+        if alive:
+            return
+        proc = tracked.proc
+        if proc is not None and proc.poll() is None and not exists:
+            return  # its shepherd has not written its live record yet
+        if self.store.read_result(tracked.job.id, tracked.attempt.n) is not None:
+            return  # ended between the two looks: reaped at the next poll
+        phase = (data or {}).get("phase")
+        if not exists or phase in (None, "created"):
+            self._finish(tracked, {"not_started": True, "end": time.time()})
+        else:
+            self._finish(tracked, {"lost": True, "end": time.time(),
+                                   "detail": "its shepherd died while the command ran"})
+
+    def _adopt(self) -> None:
+        """Follow the attempts a previous runner started (module docstring)."""
+        for job in list(self.jobs.values()):
+            if job.state != "running" or job.last is None:
+                continue
+            _exists, _alive, data = self.store.live(job.last.live)
+            pid = (data or {}).get("pid")
+            tracked = Tracked(job, job.last, None, pid if isinstance(pid, int) else None, 0.0)
+            self.tracked[job.id] = tracked
+            self.timeline.append((job.id, job.kind, job.last.gpu, job.last.start, None))
+        self._reap()
+
+    def _signal(self, tracked: Tracked, sig: int) -> None:
+        if tracked.proc is not None:
+            if tracked.proc.poll() is None:
+                tracked.proc.send_signal(sig)
+            return
+        _exists, alive, data = self.store.live(tracked.attempt.live)
+        pid = (data or {}).get("pid")
+        if alive and isinstance(pid, int):  # held: the pid is still that shepherd's
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _stop_all(self) -> None:
+        for tracked in self.tracked.values():
+            self._signal(tracked, signal.SIGTERM)
+        deadline = time.monotonic() + self.options.grace_s + 10
+        while self.tracked and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(POLL_S)
+        for tracked in list(self.tracked.values()):  # a shepherd that ignored SIGTERM
+            self._signal(tracked, signal.SIGKILL)
+            self._check_alive(tracked)
+
+    # -- ends -----------------------------------------------------------------------------------
+
+    def _finish(self, tracked: Tracked, result: dict[str, Any]) -> None:
+        job, attempt = tracked.job, tracked.attempt
+        end = float(result.get("end") or time.time())
+        attempt.end = end
+        attempt.returncode = result.get("returncode")
+        attempt.pid = result.get("pid")
+        attempt.start = float(result.get("start") or attempt.start)
+        attempt.result, attempt.detail = self._classify(job, result)
+        attempt.peak_bytes = self._peak(job, attempt.pid)
+        overlap = self._overlap(job.id, attempt.gpu, attempt.start, end)
+        attempt.sharing = round(sum(overlap.values()), 3)
+        if attempt.result == "ok":
+            solo = self._solo_known(job)
+            self.learned.finished(job.job, job.kind, end - attempt.start, overlap, solo)
+            self.store.write_extra("learned.json", self.learned.to_json())
+        fresh = self.store.update(job.id, lambda stored: self._settle(stored, attempt))
+        self.jobs[job.id] = fresh
+        self.store.drop_result(job.id, attempt.n)
+        self.store.drop_live(attempt.live)
+        self.tracked.pop(job.id, None)
+        self.timeline = [
+            (i, k, g, s, end if i == job.id and e is None else e)
+            for i, k, g, s, e in self.timeline
+        ]
+        self.sizes.clear()  # a new profile run may size the others differently
+        self.changed = True
+
+    def _settle(self, stored: Job, attempt: Attempt) -> None:
+        """The job's state after an attempt ended."""
+        stored.attempts[-1] = attempt
+        end = attempt.result
+        if end == "ok":
+            stored.state = "done"
+        elif end in ("stopped", "not_started"):
+            stored.state = "queued"
+        elif end == "cancelled":
+            stored.state = "cancelled"
+        elif end == "oom":
+            stored.ooms += 1
+            learned_size = stored.claim == "auto"
+            if learned_size and stored.retries < MAX_RETRIES:
+                stored.retries += 1
+                grown = math.ceil(attempt.claim_bytes * OOM_GROWTH / 2**20) * 2**20
+                stored.next_claim = grown
+                stored.state = "queued"
+            else:
+                stored.state = "failed"
+        else:
+            stored.state = "failed"
+
+    def _classify(self, job: Job, result: dict[str, Any]) -> tuple[str, str]:
+        if result.get("not_started"):
+            return "not_started", "its shepherd ended before starting it: queued again"
+        if result.get("lost") or result.get("unreadable"):
+            return "lost", str(result.get("detail", ""))
+        code = result.get("returncode")
+        if result.get("stopped") and code != 0:
+            if job.cancel:
+                return "cancelled", "memgov queue cancel"
+            return "stopped", "the runner stopped: queued again"
+        if code == 0:
+            return "ok", ""
+        if self._ran_out(job, result):
+            return "oom", f"out of memory (exit {code})"
+        if isinstance(code, int) and code < 0:
+            return "killed", f"killed by {_signal_name(-code)}"
+        detail = str(result.get("detail") or f"exit code {code}")
+        return "failed", detail
+
+    def _ran_out(self, job: Job, result: dict[str, Any]) -> bool:
+        run = self._profile_run(job, result.get("pid"))
+        if run is not None and run.get("end") == "oom":
+            return True
+        tail, _size = self.store.read_log(job.id, 16 * 1024)
+        text = tail.decode(errors="replace")
+        return any(marker in text for marker in OOM_MARKERS)
+
+    def _profile_run(self, job: Job, pid: Any) -> dict[str, Any] | None:
+        if not isinstance(pid, int):
+            return None
+        try:
+            profile = _profiles.read(job.job)
+        except MemgovError:
+            return None
+        runs = [r for r in (profile.runs if profile else []) if r.get("pid") == pid]
+        return runs[-1] if runs else None
+
+    def _peak(self, job: Job, pid: int | None) -> int | None:
+        run = self._profile_run(job, pid)
+        peak = run.get("peak") if run else None
+        return peak if isinstance(peak, int) else None
+
+    def _overlap(self, job_id: int, gpu: int, start: float, end: float) -> dict[str, float]:
+        """Per kind: job-seconds of other queue jobs beside this one, over its run time."""
+        span = max(end - start, 1e-6)
+        shared: dict[str, float] = {}
+        for other, kind, other_gpu, s, e in self.timeline:
+            if other == job_id or other_gpu != gpu:
+                continue
+            overlap = min(end, e if e is not None else end) - max(start, s)
+            if overlap > 0:
+                shared[kind] = shared.get(kind, 0.0) + overlap / span
+        return shared
+
+    def _solo_known(self, job: Job) -> float | None:
+        times = self.learned.solo.get(job.job)
+        if times:
+            return sorted(times)[len(times) // 2]
+        return self.options.solo.get(job.name)
+
+    def _queue_bytes(self) -> dict[int, int]:
+        placed: dict[int, int] = {}
+        for tracked in self.tracked.values():
+            gpu = tracked.attempt.gpu
+            placed[gpu] = placed.get(gpu, 0) + tracked.attempt.claim_bytes
+        return placed
+
+    def _report(self, started: float) -> Report:
+        jobs = [j for j in self.jobs.values() if self._scope(j) and j.attempts]
+        return build_report(
+            self.policy.name, jobs, self.latencies, self.sampler, self.devices,
+            self.options.solo, self.learned, started,
+        )
+
+
+def _python_path() -> str:
+    """The shepherd imports this memgov, wherever it is installed or checked out."""
+    import memgov
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(memgov.__file__)))
+    rest = os.environ.get("PYTHONPATH", "")
+    return here + (os.pathsep + rest if rest else "")
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def finished(job: Job) -> bool:
+    return job.state in FINISHED
+
+
+__all__ = ["Options", "QueueError", "Runner", "finished"]
