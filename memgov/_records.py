@@ -48,7 +48,7 @@ MAX_BYTES = 64 * 1024
 SHARED_DIR_MODE = 0o1777
 """Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
 PRIVATE_DIR_MODE = 0o755
-SHARED_FOLDERS = ("claims", "queue", "cpu", "stats", "_profiles")
+SHARED_FOLDERS = ("claims", "queue", "cpu", "stats", "_profiles", "_queue")
 """Folders every user writes in (root makes them 1777, sticky): claim records, queue tickets,
 CPU-share records, counters, and each user's private profile folder (memgov/_profiles.py)."""
 RECORD_MODE = 0o644

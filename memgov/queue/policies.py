@@ -13,11 +13,12 @@ does not fit (docs/queue.md).
   placement library's ``bestfit`` score (memgov/placement/policies.py; needs numpy).
 - ``tetris``: repeatedly the (job, GPU) pair whose demand vector (memory, CPU, GPU utilisation)
   aligns best with the GPU's free vector (dot product; Grandl et al., SIGCOMM 2014).
-- ``memgov``: longest expected job first, each on the GPU where it adds the most work done per
-  second (the learned slowdowns, memgov/queue/learn.py); a co-location that would make the GPU
-  do less work per second than leaving the job to wait is held back; the first job that fits
-  nowhere gets a reservation (EASY backfilling): on the GPU that frees room for it first, other
-  jobs start only if they are expected to end before then or leave it room.
+- ``memgov``: the oldest job first (among jobs that arrived together, the longest), then the
+  others longest expected first, each on the GPU where it adds the most work done per second
+  (the learned slowdowns, memgov/queue/learn.py); a co-location that would make the GPU do less
+  work per second than leaving the job to wait is held back. When the oldest job cannot start,
+  it gets a reservation (EASY backfilling): on the GPU that frees room for it first, other jobs
+  start only if they are expected to end before then or leave it room.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Candidate:
     """A pin to this GPU index, or None."""
     util: float = 1.0
     """GPU utilisation it needs alone (0-1); 1 unless measured."""
+    arrival: float = 0.0
+    """When it became ready (wall time): the oldest goes first where it fits (memgov)."""
 
 
 @dataclass
@@ -214,17 +217,32 @@ class Memgov:
     def order(self, jobs: list[Candidate]) -> list[Candidate]:
         """Longest expected first (unknown: the default), larger claims first among equals:
         long jobs started early do not end alone at the end of the run."""
-        return sorted(jobs, key=lambda j: (-(j.expected_s or DEFAULT_DURATION_S), -j.claim, j.id))
+        return sorted(jobs, key=self._rank)
+
+    @staticmethod
+    def _rank(job: Candidate) -> tuple[float, int, int]:
+        return (-(job.expected_s or DEFAULT_DURATION_S), -job.claim, job.id)
 
     def decide(self, view: View) -> list[Placement]:
         book = _Book(view)
-        reservation: tuple[int, float, int] | None = None  # (gpu, time, bytes it needs then)
+        if not view.jobs:
+            return []
+        # The head (the oldest job; among those that arrived together, the longest) starts
+        # first where it may; otherwise it gets a reservation (gpu, time, bytes it needs then)
+        # that the others must respect: none waits for ever.
+        head = min(view.jobs, key=lambda j: (j.arrival, *self._rank(j)))
+        reservation = None
+        where = self._best(head, book, None)
+        if where is not None:
+            book.place(head, where)
+        else:
+            reservation = self._reserve(head, book)
         for job in self.order(view.jobs):
+            if job is head:
+                continue
             best = self._best(job, book, reservation)
             if best is not None:
                 book.place(job, best)
-            elif reservation is None and not book.gpus_for(job):
-                reservation = self._reserve(job, book)
         return book.out
 
     def _best(

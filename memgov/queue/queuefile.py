@@ -165,7 +165,8 @@ def default_name(cmd: list[str]) -> str:
     words = [os.path.basename(cmd[0]), *cmd[1:]]
     if words[0].startswith("python") and len(words) > 1:
         words = words[1:]
-    return " ".join(words)[:64] or "job"
+    text = "".join(c if c.isprintable() else " " for c in " ".join(words))
+    return " ".join(text.split())[:64] or "job"
 
 
 def claim_value(value: Any, what: str) -> str | Size:

@@ -197,7 +197,9 @@ class Runner:
                 continue
             expected = self.learned.expected(job.job, job.kind, job.duration)
             util = self.learned.util.get(job.job, 1.0)
-            candidates.append(policies.Candidate(job.id, job.kind, claim, expected, job.gpu, util))
+            candidates.append(policies.Candidate(
+                job.id, job.kind, claim, expected, job.gpu, util, job.not_before
+            ))
         return policies.View(now, candidates, gpus, os.cpu_count() or 1, self.learned)
 
     def _gpus(self, now: float) -> list[policies.Gpu]:
