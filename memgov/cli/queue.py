@@ -200,10 +200,11 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
 
     if as_json:
         print_json(data)
-        return
-    typer.echo(table(data))
-    failed = [j for j in data["jobs"] if j["end"] not in ("ok",)]
-    if failed:
+    else:
+        typer.echo(table(data))
+    if data.get("interrupted"):
+        raise typer.Exit(128 + int(data["interrupted"]))  # its unfinished jobs queued again
+    if any(j["end"] != "ok" for j in data["jobs"]):
         raise typer.Exit(1)
 
 @queue_app.command("simulate")

@@ -101,6 +101,8 @@ class Report:
     device: dict[str, Any]
     devices: list[dict[str, Any]] = field(default_factory=list)
     learned: dict[str, Any] = field(default_factory=dict)
+    interrupted: int | None = None
+    """The signal that stopped the runner (its unfinished jobs were queued again), or None."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,6 +117,7 @@ class Report:
             "device": self.device,
             "devices": self.devices,
             "learned": self.learned,
+            "interrupted": self.interrupted,
         }
 
     def write(self, path: str | Path) -> None:

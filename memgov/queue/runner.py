@@ -474,10 +474,12 @@ class Runner:
 
     def _report(self, started: float) -> Report:
         jobs = [j for j in self.jobs.values() if self._scope(j) and j.attempts]
-        return build_report(
+        report = build_report(
             self.policy.name, jobs, self.latencies, self.sampler, self.devices,
             self.options.solo, self.learned, started,
         )
+        report.interrupted = self.stop.signal
+        return report
 
 
 def _python_path() -> str:

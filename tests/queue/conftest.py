@@ -48,7 +48,7 @@ def write_queue(path: Path, jobs: list[dict[str, Any]], policy: str | None = Non
 
 
 def memgov_cli(*args: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **kw.pop("env", {}), "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "memgov", *args], capture_output=True, text=True,
         timeout=timeout, env=env, **kw,
