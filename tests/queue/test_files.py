@@ -1,0 +1,104 @@
+"""Bad queue files get clear errors saying what is accepted; bad store files lose nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import memgov.queue as q
+from memgov._errors import ConfigError, QueueError
+from memgov.queue.store import Store
+
+from .conftest import memgov_cli, sleeper
+
+BAD = {
+    "not TOML": ("[[job]\ncmd = 1", "is not TOML.*accepted: an optional \\[queue\\]"),
+    "no jobs": ("[queue]\npolicy = 'fifo'\n", "no jobs; write each as a \\[\\[job\\]\\]"),
+    "unknown top key": ("[[job]]\ncmd = 'true'\n[jobs]\nx = 1\n", "unknown top-level key.*'jobs'"),
+    "unknown job key": ("[[job]]\ncmd = 'true'\nclam = '2GiB'\n",
+                        "job 1.*unknown key\\(s\\) 'clam'; accepted: name, cmd, cwd, claim"),
+    "unknown queue key": ("[queue]\npolcy = 'x'\n[[job]]\ncmd = 'true'\n",
+                          "\\[queue\\] has unknown key.*accepted: policy"),
+    "bad size": ("[[job]]\ncmd = 'true'\nclaim = '2 gigs'\n",
+                 "claim '2 gigs': accepted 'auto' or a size such as 2GiB"),
+    "zero size": ("[[job]]\ncmd = 'true'\nclaim = 0\n", "claim 0: accepted 'auto' or a size"),
+    "no cmd": ("[[job]]\nname = 'x'\n", "cmd is missing.*accepted a list of strings"),
+    "cmd list of numbers": ("[[job]]\ncmd = [1, 2]\n", "accepted a list of strings"),
+    "twice the name": ("[[job]]\ncmd = 'true'\nname = 'a'\n[[job]]\ncmd = 'false'\nname = 'a'\n",
+                       "names must be unique.*'a'"),
+    "no such cwd": ("[[job]]\ncmd = 'true'\ncwd = 'nowhere'\n", "cwd 'nowhere' is not a folder"),
+    "negative arrival": ("[[job]]\ncmd = 'true'\narrival = -1\n",
+                         "arrival -1: accepted a number of seconds >= 0"),
+    "zero duration": ("[[job]]\ncmd = 'true'\nduration = 0\n",
+                      "duration 0: accepted a number of seconds > 0"),
+    "gpu as text": ("[[job]]\ncmd = 'true'\ngpu = '0'\n", "gpu '0': accepted a GPU index"),
+    "env of numbers": ("[[job]]\ncmd = 'true'\nenv = { A = 1 }\n", "env must be a table of strings"),
+    "unbalanced quote": ("[[job]]\ncmd = \"python 'x\"\n", "cannot be split as a shell would"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_queue_file_says_what_is_accepted_and_runs_nothing(tmp_path: Path, case: str) -> None:
+    text, message = BAD[case]
+    path = tmp_path / "q.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        q.run(path)
+    assert q.jobs()[0] == []  # nothing was queued
+
+
+def test_the_cli_exits_2_with_the_message(tmp_path: Path) -> None:
+    path = tmp_path / "q.toml"
+    path.write_text("[[job]]\ncmd = 'true'\nclam = 1\n")
+    result = memgov_cli("queue", "run", str(path))
+    assert result.returncode == 2
+    assert "unknown key(s) 'clam'; accepted:" in result.stderr
+    missing = memgov_cli("queue", "run", str(tmp_path / "none.toml"))
+    assert missing.returncode == 2 and "No such file" in missing.stderr
+    bad_claim = memgov_cli("queue", "add", "--claim", "lots", "--", "true")
+    assert bad_claim.returncode == 2 and "accepted 'auto' or a size" in bad_claim.stderr
+
+
+def test_a_bad_job_file_is_named_kept_and_removed_only_by_cancel(tmp_path: Path) -> None:
+    (good,) = q.add([q.JobSpec("ok", sleeper(0), str(tmp_path), {})])
+    store = Store()
+    bad = store.path / "jobs" / "7.json"
+    bad.write_text("{torn")
+    os.chmod(bad, 0o600)
+    found, problems = q.jobs()
+    assert [j.id for j in found] == [good.id]
+    assert len(problems) == 1 and "7.json" in problems[0] and "corrupt JSON" in problems[0]
+    report = q.run(None, "fifo").to_json()  # the good job runs; the bad file stays as it was
+    assert [j["end"] for j in report["jobs"]] == ["ok"]
+    assert bad.read_text() == "{torn"
+    listed = memgov_cli("queue")
+    assert "7.json" in listed.stderr
+    assert "removed job file 7" in q.cancel(7)
+    assert not bad.exists()
+
+
+def test_a_symlink_in_place_of_the_store_is_refused(tmp_path: Path) -> None:
+    store = Store()
+    with store.folder():
+        pass
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.rmdir(store.path)
+    os.symlink(elsewhere, store.path)
+    with pytest.raises(QueueError, match="symlink or not a folder"):
+        q.jobs()
+    result = memgov_cli("queue", "add", "--", "true")
+    assert result.returncode == 2 and "never follows symlinks" in result.stderr
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a folder to another uid: needs root")
+def test_a_store_folder_another_user_made_is_refused(tmp_path: Path) -> None:
+    store = Store()
+    with store.folder():
+        pass
+    os.chown(store.path, 65534, 65534)
+    with pytest.raises(QueueError, match="belongs to uid 65534, not you"):
+        q.add([q.JobSpec("x", ["true"], str(tmp_path), {})])
