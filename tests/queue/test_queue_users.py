@@ -1,0 +1,119 @@
+"""Two real users of one host, each with a queue, sharing the GPUs through the ledger: neither
+can see, cancel or alter the other's jobs (memgov/queue/store.py).
+
+Users are made as tests/hostile makes them (root, useradd; ``--host-changes``). Each user runs
+``memgov queue`` commands in a process of its own uid; the interpreter is the system's
+/usr/bin/python3 of the test's version (the test's may live under /root, which users cannot
+enter), with memgov and its dependencies on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hostile.conftest import User, base, shared, users  # noqa: F401  (fixtures)
+
+from .conftest import ROOT
+
+pytestmark = [
+    pytest.mark.host_changes("creates users mgl_a and mgl_b (useradd), removed after"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="creates users: needs root"),
+]
+SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+DEVICES = "sim0:64GiB"
+
+
+def as_user(user: User, folder: Path, *args: str, timeout: float = 120) -> Any:
+    """`memgov ARGS` as ``user`` in ``folder``; (exit status, stdout, stderr)."""
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip(f"needs {SYSTEM_PYTHON} (an interpreter other users may run)")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(folder),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), sysconfig.get_paths()["purelib"]]),
+        "MEMGOV_DIR": os.environ["MEMGOV_DIR"],
+        "MEMGOV_DEVICES": DEVICES,
+    }
+    result = subprocess.run(
+        [SYSTEM_PYTHON, "-m", "memgov", *args], capture_output=True, text=True, env=env,
+        cwd=folder, timeout=timeout, user=user.uid, group=user.uid, extra_groups=[],
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+def claimer(seconds: float) -> list[str]:
+    """A job that claims its MEMGOV_CLAIM on its MEMGOV_DEVICE in the shared ledger, holds it."""
+    code = (
+        "import os, time, memgov\n"
+        "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'],"
+        " wait=60)\n"
+        f"time.sleep({seconds})\n"
+        "print('held', c.bytes)\n"
+    )
+    return ["python3", "-c", code]
+
+
+def home(base_folder: Path, user: User) -> Path:
+    folder = base_folder / user.name
+    folder.mkdir()
+    shutil.chown(folder, user.uid, user.uid)
+    return folder
+
+
+def test_two_users_queues_are_private_and_share_the_gpu_through_the_ledger(
+    users: dict[str, User], shared: Path, base: Path  # noqa: F811
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    where = {u.name: home(base, u) for u in (a, b)}
+    for user in (a, b):
+        for _ in range(3):  # 3 x 30 GiB each: at most two of the six fit the 64 GiB GPU at once
+            code, out, err = as_user(user, where[user.name], "queue", "add", "--json",
+                                     "--claim", "30GiB", "--", *claimer(0.5))
+            assert code == 0, err
+    _, listed_a, _ = as_user(a, where["mgl_a"], "queue", "--json")
+    ids_a = [j["id"] for j in json.loads(listed_a)["jobs"]]
+    _, listed_b, _ = as_user(b, where["mgl_b"], "queue", "--json")
+    assert len(ids_a) == 3 and len(json.loads(listed_b)["jobs"]) == 3  # each sees only its own
+
+    # b can neither cancel a's job (ids are per user: b's job of the same id is b's own), nor
+    # read or write a's store.
+    store_a = shared / "v1" / "_queue" / str(a.uid)
+    assert store_a.stat().st_uid == a.uid and store_a.stat().st_mode & 0o777 == 0o700
+    peek = subprocess.run(
+        [SYSTEM_PYTHON, "-c", f"import os; print(os.listdir({str(store_a / 'jobs')!r}))"],
+        capture_output=True, text=True, user=b.uid, group=b.uid, extra_groups=[], timeout=60,
+    )
+    assert peek.returncode != 0 and "PermissionError" in peek.stderr
+    code, out, err = as_user(b, where["mgl_b"], "queue", "cancel", "99")
+    assert code == 2 and "no job 99 in your queue" in err
+    code, out, err = as_user(b, where["mgl_b"], "queue", "log", str(ids_a[0]))
+    assert code == 0 and "mgl_a" not in out  # b's own (empty) log of b's job, never a's
+
+    results: dict[str, Any] = {}
+
+    def run(user: User) -> None:
+        results[user.name] = as_user(user, where[user.name], "queue", "run", "--json",
+                                     "--policy", "fifo", timeout=240)
+
+    threads = [threading.Thread(target=run, args=(u,)) for u in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name, (code, out, err) in results.items():
+        assert code == 0, f"{name}: {err}"
+        report = json.loads(out)
+        assert [j["end"] for j in report["jobs"]] == ["ok"] * 3, report["jobs"]
+    for user in (a, b):
+        _, listed, _ = as_user(user, where[user.name], "queue", "--json")
+        assert {j["state"] for j in json.loads(listed)["jobs"]} == {"done"}
