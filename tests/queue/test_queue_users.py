@@ -33,7 +33,7 @@ SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.mino
 DEVICES = "sim0:64GiB"
 
 
-def as_user(user: User, folder: Path, *args: str, timeout: float = 120) -> Any:
+def as_user(user: User, folder: Path, *args: str, timeout: float = 300) -> Any:
     """`memgov ARGS` as ``user`` in ``folder``; (exit status, stdout, stderr)."""
     if not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.skip(f"needs {SYSTEM_PYTHON} (an interpreter other users may run)")
@@ -56,7 +56,7 @@ def claimer(seconds: float) -> list[str]:
     code = (
         "import os, time, memgov\n"
         "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'],"
-        " wait=60)\n"
+        " wait=300)\n"
         f"time.sleep({seconds})\n"
         "print('held', c.bytes)\n"
     )
