@@ -1,18 +1,9 @@
-"""The queue's tests: two simulated 16 GiB GPUs, real child processes, a private ledger each."""
+"""The queue's tests (no __init__.py here: a package named ``queue`` would hide the standard
+library's): two simulated 16 GiB GPUs for every test, real child processes, a private ledger."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
-
-GIB = 2**30
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -20,59 +11,3 @@ def two_gpus(monkeypatch: pytest.MonkeyPatch) -> str:
     spec = "sim0:16GiB,sim1:16GiB"
     monkeypatch.setenv("MEMGOV_DEVICES", spec)
     return spec
-
-
-def sleeper(seconds: float, mark: Path | None = None, name: str = "") -> list[str]:
-    """A job that appends its name to ``mark`` when it starts, then sleeps."""
-    code = "import sys, time\n"
-    if mark is not None:
-        code += f"open({str(mark)!r}, 'a').write({name!r} + '\\n')\n"
-    code += f"time.sleep({seconds})\n"
-    return [sys.executable, "-c", code]
-
-
-def write_queue(path: Path, jobs: list[dict[str, Any]], policy: str | None = None) -> Path:
-    """A queue file (TOML) of ``jobs`` (JSON-compatible values are valid TOML inline values)."""
-    lines = [f"[queue]\npolicy = {json.dumps(policy)}\n"] if policy else []
-    for job in jobs:
-        lines.append("[[job]]")
-        for key, value in job.items():
-            if isinstance(value, dict):
-                inner = ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items())
-                lines.append(f"{key} = {{ {inner} }}")
-            else:
-                lines.append(f"{key} = {json.dumps(value)}")
-        lines.append("")
-    path.write_text("\n".join(lines))
-    return path
-
-
-def memgov_cli(*args: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **kw.pop("env", {}), "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "memgov", *args], capture_output=True, text=True,
-        timeout=timeout, env=env, **kw,
-    )
-
-
-def intervals(report: dict[str, Any]) -> list[tuple[int, float, float, int, str]]:
-    """(gpu, start, end, claim, kind) of every job of a report."""
-    return [
-        (j["gpu"], j["start_s"], j["end_s"], j["claim_bytes"], j["kind"])
-        for j in report["jobs"]
-    ]
-
-
-def peak_claims(report: dict[str, Any]) -> dict[int, int]:
-    """Per GPU, the most the queue's running jobs claimed at once."""
-    peaks: dict[int, int] = {}
-    spans = intervals(report)
-    for gpu, start, _end, _claim, _kind in spans:
-        at = sum(c for g, s, e, c, _k in spans if g == gpu and s <= start < e)
-        peaks[gpu] = max(peaks.get(gpu, 0), at)
-    return peaks
-
-
-def overlapping(report: dict[str, Any], gpu: int) -> bool:
-    spans = sorted((s, e) for g, s, e, _c, _k in intervals(report) if g == gpu)
-    return any(b[0] < a[1] for a, b in zip(spans, spans[1:]))

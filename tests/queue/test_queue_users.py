@@ -23,7 +23,7 @@ import pytest
 
 from hostile.conftest import User, base, shared, users  # noqa: F401  (fixtures)
 
-from .conftest import ROOT
+from helpers.queuejobs import ROOT
 
 pytestmark = [
     pytest.mark.host_changes("creates users mgl_a and mgl_b (useradd), removed after"),

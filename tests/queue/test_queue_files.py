@@ -11,7 +11,7 @@ import memgov.queue as q
 from memgov._errors import ConfigError, QueueError
 from memgov.queue.store import Store
 
-from .conftest import memgov_cli, sleeper
+from helpers.queuejobs import memgov_cli, sleeper
 
 BAD = {
     "not TOML": ("[[job]\ncmd = 1", "is not TOML.*accepted: an optional \\[queue\\]"),

@@ -19,7 +19,7 @@ from memgov.queue.model import Attempt
 from memgov.queue.queuefile import job_spec
 from memgov.queue.store import Store
 
-from .conftest import ROOT, memgov_cli, sleeper, write_queue
+from helpers.queuejobs import ROOT, memgov_cli, sleeper, write_queue
 
 
 def lines(path: Path) -> list[str]:

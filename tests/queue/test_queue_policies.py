@@ -11,7 +11,7 @@ import memgov.queue as q
 from memgov.queue import learn
 from memgov.queue.store import Store
 
-from .conftest import GIB, overlapping, peak_claims, sleeper, write_queue
+from helpers.queuejobs import GIB, overlapping, peak_claims, sleeper, write_queue
 
 POLICIES = ("fifo-exclusive", "sjf-exclusive", "fifo", "bestfit", "tetris", "memgov")
 
