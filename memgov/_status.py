@@ -16,7 +16,11 @@ def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
     unless ``set_up``: root's `memgov gc` is the admin set-up of a shared ledger and makes every
     device's folders (and the CPU-share folder) with the modes other users need."""
     if set_up:
-        for shared in (("v1", "cpu"), ("v1", "_profiles"), ("v1", "_queue")):  # every user's, sticky
+        for shared in (
+            ("v1", "cpu"),
+            ("v1", "_profiles"),
+            ("v1", "_queue"),
+        ):  # every user's, sticky
             with _records.open_dir(_config.ledger_dir(), shared, create=True):
                 pass
     return [snapshot(device, clean=clean, set_up=set_up) for device in devices()]

@@ -70,8 +70,10 @@ def _job_line(job: Any) -> str:
     size = f" {last.claim_bytes / 2**20:,.0f} MiB" if last else ""
     end = f" ({last.result})" if last and last.result and job.state != "running" else ""
     ago = time.time() - job.created
-    return (f"{job.id:>5} {job.state:<9}{end} {job.name[:40]:<40} claim {claim}{size}{where}; "
-            f"added {ago:,.0f} s ago")
+    return (
+        f"{job.id:>5} {job.state:<9}{end} {job.name[:40]:<40} claim {claim}{size}{where}; "
+        f"added {ago:,.0f} s ago"
+    )
 
 
 @queue_app.command("add", context_settings=ADD_SETTINGS)
@@ -148,7 +150,9 @@ def log(
 
 @queue_app.command("run")
 def run(
-    file: Annotated[Path | None, typer.Argument(help="A queue file (TOML); none: every queued job.")] = None,
+    file: Annotated[
+        Path | None, typer.Argument(help="A queue file (TOML); none: every queued job.")
+    ] = None,
     policy: PolicyOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the report (JSON) here.")] = None,
     solo: Annotated[
@@ -184,7 +188,9 @@ def run(
 
 
 @queue_app.command("serve")
-def serve(policy: PolicyOption = None, grace: GraceOption = 10.0, as_json: JsonFlag = False) -> None:
+def serve(
+    policy: PolicyOption = None, grace: GraceOption = 10.0, as_json: JsonFlag = False
+) -> None:
     """Run what is submitted (`memgov queue add`) until Ctrl-C or SIGTERM."""
     import memgov.queue as q
 
@@ -206,6 +212,7 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
         raise typer.Exit(128 + int(data["interrupted"]))  # its unfinished jobs queued again
     if any(j["end"] != "ok" for j in data["jobs"]):
         raise typer.Exit(1)
+
 
 @queue_app.command("simulate")
 def simulate(

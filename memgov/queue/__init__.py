@@ -16,6 +16,7 @@ a single copy first (the solo reference), then read each job's ``run_s`` and ``s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -91,10 +92,8 @@ def _stop_attempt(store: Store, job: Job) -> None:
     _exists, alive, data = store.live(job.last.live)
     pid = (data or {}).get("pid")
     if alive and isinstance(pid, int):  # held: the pid is that attempt's shepherd still
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def run(
@@ -114,12 +113,13 @@ def run(
 
     store = store or Store()
     batch, file_policy = _submit(file_or_jobs, store)
-    options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch,
-                      solo=_solo(solo))
+    options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch, solo=_solo(solo))
     return Runner(options, store).run()
 
 
-def serve(policy: str | None = None, *, grace_s: float = 10.0, store: Store | None = None) -> Report:
+def serve(
+    policy: str | None = None, *, grace_s: float = 10.0, store: Store | None = None
+) -> Report:
     """Run whatever is submitted until SIGINT or SIGTERM."""
     from memgov.queue.runner import Options, Runner
 
@@ -166,7 +166,8 @@ def _solo(solo: str | os.PathLike[str] | dict[str, float] | None) -> dict[str, f
         data = json.loads(Path(solo).read_text())
         rows = data["jobs"]
         return {
-            r["name"]: float(r["run_s"]) for r in rows
+            r["name"]: float(r["run_s"])
+            for r in rows
             if r.get("end") == "ok" and isinstance(r.get("run_s"), (int, float))
         }
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -174,4 +175,3 @@ def _solo(solo: str | os.PathLike[str] | dict[str, float] | None) -> dict[str, f
             f"--solo {solo}: not a queue report ({exc}); accepted the --out JSON of a "
             "`memgov queue run --policy fifo-exclusive` run of the same jobs"
         ) from None
-

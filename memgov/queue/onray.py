@@ -12,6 +12,7 @@ is its budget and MEMGOV_DEVICE the GPU Ray assigned (never re-picked), in the n
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
@@ -36,19 +37,35 @@ def run_job(orders: dict[str, Any]) -> dict[str, Any]:
     from memgov.ray import assigned_device
 
     device = assigned_device()
-    env = {**orders["env"], "MEMGOV_CLAIM": str(orders["budget"]), "MEMGOV_DEVICE": device.uuid,
-           "MEMGOV_JOB": orders["job"]}
+    env = {
+        **orders["env"],
+        "MEMGOV_CLAIM": str(orders["budget"]),
+        "MEMGOV_DEVICE": device.uuid,
+        "MEMGOV_JOB": orders["job"],
+    }
     for name in NODE_VARIABLES:
         if name in os.environ:
             env[name] = os.environ[name]
         else:
             env.pop(name, None)
     start = time.time()
-    done = subprocess.run(orders["cmd"], cwd=orders["cwd"], env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, check=False)
-    return {"start": start, "end": time.time(), "returncode": done.returncode,
-            "device": device.uuid, "index": device.index, "node": os.uname().nodename,
-            "tail": (done.stdout + done.stderr)[-4096:].decode(errors="replace")}
+    done = subprocess.run(
+        orders["cmd"],
+        cwd=orders["cwd"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        check=False,
+    )
+    return {
+        "start": start,
+        "end": time.time(),
+        "returncode": done.returncode,
+        "device": device.uuid,
+        "index": device.index,
+        "node": os.uname().nodename,
+        "tail": (done.stdout + done.stderr)[-4096:].decode(errors="replace"),
+    }
 
 
 def run_on_ray(
@@ -69,7 +86,7 @@ def run_on_ray(
     specs, file_policy = (file, None) if isinstance(file, list) else _specs(file)
     chosen = policies.get(policy or file_policy)
     if not ray.is_initialized():
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     types = cluster_types(ray.cluster_resources())
     if not types:
         raise ConfigError(
@@ -88,15 +105,15 @@ def run_on_ray(
     for job in order:
         budget, capacity = budgets[job.id]
         opts = mray.options(budget, gpu=f"{capacity}MiB", num_cpus=1)
-        orders = {"cmd": job.cmd, "cwd": job.cwd, "env": job.env, "budget": budget,
-                  "job": job.job}
+        orders = {"cmd": job.cmd, "cwd": job.cwd, "env": job.env, "budget": budget, "job": job.job}
         refs[job.id] = task.options(**opts).remote(orders)
     for job in jobs:
         _settle(job, ray.get(refs[job.id]), budgets[job.id][0])
     device = Device(0, "ray", f"ray cluster at {address}", max(types) * MIB, 0, True, None)
     sampler = Sampler([])
-    return build_report(chosen.name, jobs, [latency], sampler, [device], _solo(solo),
-                        learn.Learned(), started)
+    return build_report(
+        chosen.name, jobs, [latency], sampler, [device], _solo(solo), learn.Learned(), started
+    )
 
 
 def _specs(file: str | os.PathLike[str]) -> tuple[list[JobSpec], str | None]:
@@ -129,8 +146,9 @@ def _plan(
         budgets[job.id] = (budget, capacity)
     learned = learn.Learned()
     candidates = [
-        policies.Candidate(j.id, j.kind, budgets[j.id][0],
-                           learned.expected(j.job, j.kind, j.duration), j.gpu)
+        policies.Candidate(
+            j.id, j.kind, budgets[j.id][0], learned.expected(j.job, j.kind, j.duration), j.gpu
+        )
         for j in jobs
     ]
     by_id = {j.id: j for j in jobs}
@@ -141,11 +159,20 @@ def _settle(job: Job, result: dict[str, Any], budget: int) -> None:
     code = result["returncode"]
     ran_out = any(m in result["tail"] for m in ("OutOfMemoryError", "CUDA out of memory"))
     end = "ok" if code == 0 else "oom" if ran_out else "killed" if code < 0 else "failed"
-    job.attempts.append(Attempt(
-        1, budget, int(result["index"]), result["device"], "", start=result["start"],
-        end=result["end"], result=end, returncode=code,
-        detail=f"node {result['node']}" + ("" if code == 0 else f"; {result['tail'][-300:]}"),
-    ))
+    job.attempts.append(
+        Attempt(
+            1,
+            budget,
+            int(result["index"]),
+            result["device"],
+            "",
+            start=result["start"],
+            end=result["end"],
+            result=end,
+            returncode=code,
+            detail=f"node {result['node']}" + ("" if code == 0 else f"; {result['tail'][-300:]}"),
+        )
+    )
     job.state = "done" if code == 0 else "failed"
     job.ooms = int(end == "oom")
 

@@ -169,7 +169,10 @@ class BestFit(Fifo):
                 f"policy bestfit needs numpy ({exc}): pip install 'memgov-gpu[placement]'"
             ) from None
         mib = [max(1, g.capacity // 2**20) for g in gpus]
-        nodes = [Node(f"gpu{g.index}", 1000, 0, 1, gpu_memory_mib=m) for g, m in zip(gpus, mib)]
+        nodes = [
+            Node(f"gpu{g.index}", 1000, 0, 1, gpu_memory_mib=m)
+            for g, m in zip(gpus, mib, strict=True)
+        ]
         state = ClusterState(nodes)
         for row, gpu in enumerate(gpus):  # each GPU a node of one GPU, its free budget in milli
             state.gpu_left[row, 0] = math.floor(1000 * book.free[gpu.index] / gpu.capacity)
@@ -279,7 +282,7 @@ class Memgov:
         view = book.view
         best: tuple[int, float, int] | None = None
         for gpu in view.gpus:
-            if job.gpu is not None and job.gpu != gpu.index or gpu.capacity < job.claim:
+            if (job.gpu is not None and job.gpu != gpu.index) or gpu.capacity < job.claim:
                 continue
             free = book.free[gpu.index]
             for end, claim in sorted((self._end(r, gpu, view), r.claim) for r in gpu.running):
@@ -308,9 +311,7 @@ class Memgov:
         expected = job.expected_s or DEFAULT_DURATION_S
         if view.now + expected * view.learned.slowdown(job.kind, book.kinds_on(gpu)) <= when:
             return True  # ends before the reserved job can start
-        freed_by_then = sum(
-            r.claim for r in gpu.running if Memgov._end(r, gpu, view) <= when
-        )
+        freed_by_then = sum(r.claim for r in gpu.running if Memgov._end(r, gpu, view) <= when)
         return book.free[gpu.index] - job.claim + freed_by_then >= need
 
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import math
 import os
 import shlex
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from memgov._errors import ConfigError
 from memgov._sizes import Size
@@ -183,11 +184,13 @@ def _cmd(value: Any, what: str) -> list[str]:
         try:
             value = shlex.split(value)
         except ValueError as exc:
-            raise ConfigError(f"{what}: cmd {value!r} cannot be split as a shell would ({exc})")
+            raise ConfigError(
+                f"{what}: cmd {value!r} cannot be split as a shell would ({exc})"
+            ) from None
     if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
         raise ConfigError(
             f"{what}: cmd is missing or not a command; accepted a list of strings "
-            "(cmd = [\"python3\", \"train.py\"]) or one string split as a shell would"
+            '(cmd = ["python3", "train.py"]) or one string split as a shell would'
         )
     return list(value)
 
@@ -197,7 +200,7 @@ def _env(value: Any, what: str) -> dict[str, str]:
         isinstance(k, str) and k and "=" not in k and isinstance(v, str) for k, v in value.items()
     )
     if not ok:
-        raise ConfigError(f"{what}: env must be a table of strings (env = {{ KEY = \"value\" }})")
+        raise ConfigError(f'{what}: env must be a table of strings (env = {{ KEY = "value" }})')
     return dict(value)
 
 

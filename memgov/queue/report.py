@@ -58,12 +58,14 @@ class Sampler:
             util = _nvml_util(device)
             if util is not None:
                 utils.append(util)
-        self.samples.append({
-            "t": round(time.time() - self.started, 3),
-            "used_bytes": used,
-            "claimed_bytes": claimed,
-            "util_pct": round(statistics.mean(utils), 1) if utils else None,
-        })
+        self.samples.append(
+            {
+                "t": round(time.time() - self.started, 3),
+                "used_bytes": used,
+                "claimed_bytes": claimed,
+                "util_pct": round(statistics.mean(utils), 1) if utils else None,
+            }
+        )
 
 
 def _nvml_used(device: Device, fallback: int) -> int:
@@ -141,7 +143,8 @@ def build_report(
         1
         for j in jobs
         for a in j.attempts
-        if a.result == "oom" and a.peak_bytes is not None
+        if a.result == "oom"
+        and a.peak_bytes is not None
         and a.peak_bytes < NEIGHBOUR_SHARE * a.claim_bytes
     )
     first = devices[0]
@@ -155,8 +158,10 @@ def build_report(
         killed_by_neighbour=neighbour,
         retries=sum(j.retries for j in jobs),
         device={"name": first.name, "total_bytes": first.total},
-        devices=[{"index": d.index, "uuid": d.uuid, "name": d.name, "total_bytes": d.total}
-                 for d in devices],
+        devices=[
+            {"index": d.index, "uuid": d.uuid, "name": d.name, "total_bytes": d.total}
+            for d in devices
+        ],
         learned={"alpha": dict(learned.alpha)},
     )
 
@@ -207,8 +212,12 @@ def decision_stats(latencies: list[float]) -> dict[str, Any]:
     def at(q: float) -> float:
         return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
-    return {"count": len(ordered), "p50_ms": at(0.5), "p99_ms": at(0.99),
-            "max_ms": round(1000 * ordered[-1], 3)}
+    return {
+        "count": len(ordered),
+        "p50_ms": at(0.5),
+        "p99_ms": at(0.99),
+        "max_ms": round(1000 * ordered[-1], 3),
+    }
 
 
 def _shift(samples: list[dict[str, Any]], offset: float) -> list[dict[str, Any]]:
@@ -217,8 +226,10 @@ def _shift(samples: list[dict[str, Any]], offset: float) -> list[dict[str, Any]]
 
 def table(report: dict[str, Any]) -> str:
     """The report for people: one line per job, then the totals."""
-    lines = [f"{'id':>4} {'name':<24} {'kind':<10} {'gpu':>3} {'claim':>10} {'start':>8} "
-             f"{'run':>8} {'jct':>8} {'slow':>5} end"]
+    lines = [
+        f"{'id':>4} {'name':<24} {'kind':<10} {'gpu':>3} {'claim':>10} {'start':>8} "
+        f"{'run':>8} {'jct':>8} {'slow':>5} end"
+    ]
     for row in report["jobs"]:
         claim = f"{row['claim_bytes'] / 2**20:,.0f}MiB"
         lines.append(

@@ -20,6 +20,7 @@ did not finish are queued again (end ``stopped``), to run at the next `memgov qu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -109,9 +110,17 @@ class Runner:
 
     def run(self) -> Report:
         held = self.store.hold_runner(
-            {"version": 1, "id": new_record_name(), "kind": "queue-runner", "device": "-",
-             "bytes": 1, "name": self.options.what, "pid": os.getpid(), "created": time.time(),
-             "what": self.options.what}
+            {
+                "version": 1,
+                "id": new_record_name(),
+                "kind": "queue-runner",
+                "device": "-",
+                "bytes": 1,
+                "name": self.options.what,
+                "pid": os.getpid(),
+                "created": time.time(),
+                "what": self.options.what,
+            }
         )
         saved = {sig: signal.signal(sig, self.stop) for sig in STOP_SIGNALS}
         started = time.time()
@@ -164,7 +173,8 @@ class Runner:
     def _decide(self) -> None:
         now = time.time()
         ready = [
-            j for j in self.jobs.values()
+            j
+            for j in self.jobs.values()
             if j.state == "queued" and self._scope(j) and j.not_before <= now
         ]
         again = time.monotonic() - self.last_decision >= DECIDE_EVERY_S
@@ -197,9 +207,9 @@ class Runner:
                 continue
             expected = self.learned.expected(job.job, job.kind, job.duration)
             util = self.learned.util.get(job.job, 1.0)
-            candidates.append(policies.Candidate(
-                job.id, job.kind, claim, expected, job.gpu, util, job.not_before
-            ))
+            candidates.append(
+                policies.Candidate(job.id, job.kind, claim, expected, job.gpu, util, job.not_before)
+            )
         return policies.View(now, candidates, gpus, os.cpu_count() or 1, self.learned)
 
     def _gpus(self, now: float) -> list[policies.Gpu]:
@@ -211,14 +221,24 @@ class Runner:
             running = [t for t in self.tracked.values() if t.attempt.gpu == device.index]
             placed = sum(t.attempt.claim_bytes for t in running)
             free = max(0, snap.free + mine - placed)
-            gpus.append(policies.Gpu(device.index, snap.capacity, free, [
-                policies.Running(
-                    t.job.id, t.job.kind, t.attempt.claim_bytes, t.attempt.start,
-                    self.learned.expected(t.job.job, t.job.kind, t.job.duration),
-                    self.learned.util.get(t.job.job, 1.0),
+            gpus.append(
+                policies.Gpu(
+                    device.index,
+                    snap.capacity,
+                    free,
+                    [
+                        policies.Running(
+                            t.job.id,
+                            t.job.kind,
+                            t.attempt.claim_bytes,
+                            t.attempt.start,
+                            self.learned.expected(t.job.job, t.job.kind, t.job.duration),
+                            self.learned.util.get(t.job.job, 1.0),
+                        )
+                        for t in running
+                    ],
                 )
-                for t in running
-            ]))
+            )
         return gpus
 
     def _children(self) -> set[int]:
@@ -248,8 +268,14 @@ class Runner:
     # -- starting -------------------------------------------------------------------------------
 
     def _start(self, job: Job, device: Device, claim: int) -> None:
-        attempt = Attempt(len(job.attempts) + 1, claim, device.index, device.uuid,
-                          new_record_name(), start=time.time())
+        attempt = Attempt(
+            len(job.attempts) + 1,
+            claim,
+            device.index,
+            device.uuid,
+            new_record_name(),
+            start=time.time(),
+        )
 
         def begin(stored: Job) -> None:
             stored.state = "running"
@@ -274,8 +300,15 @@ class Runner:
         self.sizes.pop(job.id, None)
 
     def _orders(self, job: Job, attempt: Attempt, device: Device) -> dict[str, Any]:
-        env = _run.command_env(str(attempt.claim_bytes), device.uuid, WAIT_BUDGET_S, False,
-                               None, environ=job.env, job=job.job)
+        env = _run.command_env(
+            str(attempt.claim_bytes),
+            device.uuid,
+            WAIT_BUDGET_S,
+            False,
+            None,
+            environ=job.env,
+            job=job.job,
+        )
         for name in ("MEMGOV_DIR", "MEMGOV_DEVICES"):
             if name in os.environ:
                 env[name] = os.environ[name]  # the ledger and GPUs the runner placed it on
@@ -283,10 +316,19 @@ class Runner:
                 env.pop(name, None)
         if not device.simulated:
             env["CUDA_VISIBLE_DEVICES"] = device.uuid
-        return {"id": job.id, "attempt": attempt.n, "live": attempt.live, "cmd": job.cmd,
-                "cwd": job.cwd, "env": env, "grace": self.options.grace_s,
-                "device": device.uuid, "gpu": device.index, "bytes": attempt.claim_bytes,
-                "name": job.name}
+        return {
+            "id": job.id,
+            "attempt": attempt.n,
+            "live": attempt.live,
+            "cmd": job.cmd,
+            "cwd": job.cwd,
+            "env": env,
+            "grace": self.options.grace_s,
+            "device": device.uuid,
+            "gpu": device.index,
+            "bytes": attempt.claim_bytes,
+            "name": job.name,
+        }
 
     # -- following ------------------------------------------------------------------------------
 
@@ -314,8 +356,14 @@ class Runner:
         if not exists or phase in (None, "created"):
             self._finish(tracked, {"not_started": True, "end": time.time()})
         else:
-            self._finish(tracked, {"lost": True, "end": time.time(),
-                                   "detail": "its shepherd died while the command ran"})
+            self._finish(
+                tracked,
+                {
+                    "lost": True,
+                    "end": time.time(),
+                    "detail": "its shepherd died while the command ran",
+                },
+            )
 
     def _adopt(self) -> None:
         """Follow the attempts a previous runner started (module docstring)."""
@@ -337,10 +385,8 @@ class Runner:
         _exists, alive, data = self.store.live(tracked.attempt.live)
         pid = (data or {}).get("pid")
         if alive and isinstance(pid, int):  # held: the pid is still that shepherd's
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def _stop_all(self) -> None:
         for tracked in self.tracked.values():
@@ -376,8 +422,7 @@ class Runner:
         self.store.drop_live(attempt.live)
         self.tracked.pop(job.id, None)
         self.timeline = [
-            (i, k, g, s, end if i == job.id and e is None else e)
-            for i, k, g, s, e in self.timeline
+            (i, k, g, s, end if i == job.id and e is None else e) for i, k, g, s, e in self.timeline
         ]
         self.sizes.clear()  # a new profile run may size the others differently
         self.changed = True
@@ -475,8 +520,14 @@ class Runner:
     def _report(self, started: float) -> Report:
         jobs = [j for j in self.jobs.values() if self._scope(j) and j.attempts]
         report = build_report(
-            self.policy.name, jobs, self.latencies, self.sampler, self.devices,
-            self.options.solo, self.learned, started,
+            self.policy.name,
+            jobs,
+            self.latencies,
+            self.sampler,
+            self.devices,
+            self.options.solo,
+            self.learned,
+            started,
         )
         report.interrupted = self.stop.signal
         return report

@@ -21,6 +21,7 @@ killed between 3 and 5 leaves no result: the job is then ``lost`` (it may have f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -133,10 +134,8 @@ def _wait(proc: subprocess.Popen[bytes], stop: _Stop, grace: float) -> int:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -41,16 +42,19 @@ def write_queue(path: Path, jobs: list[dict[str, Any]], policy: str | None = Non
 def memgov_cli(*args: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **kw.pop("env", {}), "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "memgov", *args], capture_output=True, text=True,
-        timeout=timeout, env=env, **kw,
+        [sys.executable, "-m", "memgov", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **kw,
     )
 
 
 def intervals(report: dict[str, Any]) -> list[tuple[int, float, float, int, str]]:
     """(gpu, start, end, claim, kind) of every job of a report."""
     return [
-        (j["gpu"], j["start_s"], j["end_s"], j["claim_bytes"], j["kind"])
-        for j in report["jobs"]
+        (j["gpu"], j["start_s"], j["end_s"], j["claim_bytes"], j["kind"]) for j in report["jobs"]
     ]
 
 
@@ -66,4 +70,4 @@ def peak_claims(report: dict[str, Any]) -> dict[int, int]:
 
 def overlapping(report: dict[str, Any], gpu: int) -> bool:
     spans = sorted((s, e) for g, s, e, _c, _k in intervals(report) if g == gpu)
-    return any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+    return any(b[0] < a[1] for a, b in itertools.pairwise(spans))

@@ -6,36 +6,50 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.queuejobs import memgov_cli, sleeper
 
 import memgov.queue as q
 from memgov._errors import ConfigError, QueueError
 from memgov.queue.store import Store
 
-from helpers.queuejobs import memgov_cli, sleeper
-
 BAD = {
     "not TOML": ("[[job]\ncmd = 1", "is not TOML.*accepted: an optional \\[queue\\]"),
     "no jobs": ("[queue]\npolicy = 'fifo'\n", "no jobs; write each as a \\[\\[job\\]\\]"),
     "unknown top key": ("[[job]]\ncmd = 'true'\n[jobs]\nx = 1\n", "unknown top-level key.*'jobs'"),
-    "unknown job key": ("[[job]]\ncmd = 'true'\nclam = '2GiB'\n",
-                        "job 1.*unknown key\\(s\\) 'clam'; accepted: name, cmd, cwd, claim"),
-    "unknown queue key": ("[queue]\npolcy = 'x'\n[[job]]\ncmd = 'true'\n",
-                          "\\[queue\\] has unknown key.*accepted: policy"),
-    "bad size": ("[[job]]\ncmd = 'true'\nclaim = '2 gigs'\n",
-                 "claim '2 gigs': accepted 'auto' or a size such as 2GiB"),
+    "unknown job key": (
+        "[[job]]\ncmd = 'true'\nclam = '2GiB'\n",
+        "job 1.*unknown key\\(s\\) 'clam'; accepted: name, cmd, cwd, claim",
+    ),
+    "unknown queue key": (
+        "[queue]\npolcy = 'x'\n[[job]]\ncmd = 'true'\n",
+        "\\[queue\\] has unknown key.*accepted: policy",
+    ),
+    "bad size": (
+        "[[job]]\ncmd = 'true'\nclaim = '2 gigs'\n",
+        "claim '2 gigs': accepted 'auto' or a size such as 2GiB",
+    ),
     "zero size": ("[[job]]\ncmd = 'true'\nclaim = 0\n", "claim 0: accepted 'auto' or a size"),
     "no cmd": ("[[job]]\nname = 'x'\n", "cmd is missing.*accepted a list of strings"),
     "cmd list of numbers": ("[[job]]\ncmd = [1, 2]\n", "accepted a list of strings"),
-    "twice the name": ("[[job]]\ncmd = 'true'\nname = 'a'\n[[job]]\ncmd = 'false'\nname = 'a'\n",
-                       "names must be unique.*'a'"),
+    "twice the name": (
+        "[[job]]\ncmd = 'true'\nname = 'a'\n[[job]]\ncmd = 'false'\nname = 'a'\n",
+        "names must be unique.*'a'",
+    ),
     "no such cwd": ("[[job]]\ncmd = 'true'\ncwd = 'nowhere'\n", "cwd 'nowhere' is not a folder"),
-    "negative arrival": ("[[job]]\ncmd = 'true'\narrival = -1\n",
-                         "arrival -1: accepted a number of seconds >= 0"),
-    "zero duration": ("[[job]]\ncmd = 'true'\nduration = 0\n",
-                      "duration 0: accepted a number of seconds > 0"),
+    "negative arrival": (
+        "[[job]]\ncmd = 'true'\narrival = -1\n",
+        "arrival -1: accepted a number of seconds >= 0",
+    ),
+    "zero duration": (
+        "[[job]]\ncmd = 'true'\nduration = 0\n",
+        "duration 0: accepted a number of seconds > 0",
+    ),
     "gpu as text": ("[[job]]\ncmd = 'true'\ngpu = '0'\n", "gpu '0': accepted a GPU index"),
-    "env of numbers": ("[[job]]\ncmd = 'true'\nenv = { A = 1 }\n", "env must be a table of strings"),
-    "unbalanced quote": ("[[job]]\ncmd = \"python 'x\"\n", "cannot be split as a shell would"),
+    "env of numbers": (
+        "[[job]]\ncmd = 'true'\nenv = { A = 1 }\n",
+        "env must be a table of strings",
+    ),
+    "unbalanced quote": ('[[job]]\ncmd = "python \'x"\n', "cannot be split as a shell would"),
 }
 
 

@@ -4,27 +4,40 @@ GPU is ever given more than it holds."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers.queuejobs import GIB, overlapping, peak_claims, sleeper, write_queue
 
 import memgov.queue as q
 from memgov.queue import learn
 from memgov.queue.store import Store
 
-from helpers.queuejobs import GIB, overlapping, peak_claims, sleeper, write_queue
-
 POLICIES = ("fifo-exclusive", "sjf-exclusive", "fifo", "bestfit", "tetris", "memgov")
 
 
-def mix(tmp_path: Path) -> list[dict[str, object]]:
+def mix(tmp_path: Path) -> list[dict[str, Any]]:
     """Two big jobs (10 GiB: never two on one 16 GiB GPU) and four small ones."""
-    jobs: list[dict[str, object]] = []
+    jobs: list[dict[str, Any]] = []
     for i, (size, secs, kind) in enumerate(
-        [(10, 1.2, "big"), (10, 1.0, "big"), (3, 0.4, "small"), (3, 0.3, "small"),
-         (2, 0.5, "small"), (4, 0.2, "small")]
+        [
+            (10, 1.2, "big"),
+            (10, 1.0, "big"),
+            (3, 0.4, "small"),
+            (3, 0.3, "small"),
+            (2, 0.5, "small"),
+            (4, 0.2, "small"),
+        ]
     ):
-        jobs.append({"name": f"j{i}", "cmd": sleeper(secs), "claim": f"{size}GiB",
-                     "kind": kind, "duration": secs})
+        jobs.append(
+            {
+                "name": f"j{i}",
+                "cmd": sleeper(secs),
+                "claim": f"{size}GiB",
+                "kind": kind,
+                "duration": secs,
+            }
+        )
     return jobs
 
 
@@ -46,23 +59,25 @@ def test_every_policy_runs_the_mix_within_each_gpus_memory(tmp_path: Path, polic
 
 def test_sjf_starts_the_shortest_first_and_fifo_exclusive_in_order(tmp_path: Path) -> None:
     # Three different commands (three jobs to the profile store), so each has its own history.
-    jobs = [{"name": f"j{i}", "cmd": sleeper(0.2 + i / 100), "claim": "1GiB", "gpu": 0,
-             "duration": d} for i, d in enumerate([3.0, 1.0, 2.0])]
+    jobs = [
+        {"name": f"j{i}", "cmd": sleeper(0.2 + i / 100), "claim": "1GiB", "gpu": 0, "duration": d}
+        for i, d in enumerate([3.0, 1.0, 2.0])
+    ]
     path = write_queue(tmp_path / "q.toml", jobs)
     sjf = q.run(path, "sjf-exclusive").to_json()
     order = [j["name"] for j in sorted(sjf["jobs"], key=lambda j: j["start_s"])]
     assert order == ["j1", "j2", "j0"]
-    path2 = write_queue(tmp_path / "q2.toml", jobs[:2] + [{**jobs[2], "name": "j2b"}])
+    path2 = write_queue(tmp_path / "q2.toml", [*jobs[:2], {**jobs[2], "name": "j2b"}])
     fifo = q.run(path2, "fifo-exclusive").to_json()
     order = [j["name"] for j in sorted(fifo["jobs"], key=lambda j: j["start_s"])]
     assert order == ["j0", "j1", "j2b"]
 
 
-def test_a_pinned_job_runs_on_its_gpu_and_a_job_no_gpu_holds_waits_for_none(
-    tmp_path: Path,
-) -> None:
-    jobs = [{"name": "pinned", "cmd": sleeper(0.1), "claim": "1GiB", "gpu": 1},
-            {"name": "free", "cmd": sleeper(0.1), "claim": "1GiB"}]
+def test_a_pinned_job_runs_on_its_gpu(tmp_path: Path) -> None:
+    jobs: list[dict[str, Any]] = [
+        {"name": "pinned", "cmd": sleeper(0.1), "claim": "1GiB", "gpu": 1},
+        {"name": "free", "cmd": sleeper(0.1), "claim": "1GiB"},
+    ]
     report = q.run(write_queue(tmp_path / "q.toml", jobs), "fifo").to_json()
     assert {j["name"]: j["gpu"] for j in report["jobs"]}["pinned"] == 1
 
@@ -73,8 +88,17 @@ def test_memgov_holds_back_a_co_location_learned_to_slow_both(tmp_path: Path) ->
     store = Store()
     slow = learn.Learned(alpha={"a|b": 2.0, "b|a": 2.0})
     store.write_extra("learned.json", slow.to_json())
-    jobs = [{"name": f"{k}{i}", "cmd": sleeper(0.4), "claim": "2GiB", "kind": k, "gpu": 0,
-             "duration": 0.4} for i, k in enumerate("abab")]
+    jobs = [
+        {
+            "name": f"{k}{i}",
+            "cmd": sleeper(0.4),
+            "claim": "2GiB",
+            "kind": k,
+            "gpu": 0,
+            "duration": 0.4,
+        }
+        for i, k in enumerate("abab")
+    ]
     report = q.run(write_queue(tmp_path / "q.toml", jobs), "memgov").to_json()
     spans = [(j["start_s"], j["end_s"], j["kind"]) for j in report["jobs"]]
     for s1, e1, k1 in spans:
@@ -91,10 +115,22 @@ def test_memgov_reserves_room_for_a_big_job_instead_of_starving_it(tmp_path: Pat
     before it do not take the room the 12 GiB job needs."""
     jobs = [
         {"name": "first", "cmd": sleeper(1.0), "claim": "10GiB", "gpu": 0, "duration": 1.0},
-        {"name": "big", "cmd": sleeper(0.2), "claim": "12GiB", "gpu": 0, "duration": 5.0,
-         "arrival": 0.3},
-        {"name": "long-small", "cmd": sleeper(0.2), "claim": "5GiB", "gpu": 0,
-         "duration": 30.0, "arrival": 0.5},
+        {
+            "name": "big",
+            "cmd": sleeper(0.2),
+            "claim": "12GiB",
+            "gpu": 0,
+            "duration": 5.0,
+            "arrival": 0.3,
+        },
+        {
+            "name": "long-small",
+            "cmd": sleeper(0.2),
+            "claim": "5GiB",
+            "gpu": 0,
+            "duration": 30.0,
+            "arrival": 0.5,
+        },
     ]
     report = q.run(write_queue(tmp_path / "q.toml", jobs), "memgov").to_json()
     rows = {j["name"]: j for j in report["jobs"]}

@@ -14,12 +14,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from helpers.queuejobs import GIB, write_queue  # noqa: E402
+
 import memgov.ray  # noqa: E402
 from memgov._devices import simulated_devices  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
 from memgov.queue.onray import run_on_ray  # noqa: E402
-
-from helpers.queuejobs import GIB, write_queue  # noqa: E402
 
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}
 
@@ -46,8 +46,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path
                         os.environ.pop(key, None)
                     else:
                         os.environ[key] = value
-            made.add_node(num_cpus=3, num_gpus=declared["num_gpus"],
-                          resources=declared["resources"], env_vars=env)
+            made.add_node(
+                num_cpus=3,
+                num_gpus=declared["num_gpus"],
+                resources=declared["resources"],
+                env_vars=env,
+            )
         ray.init(address=made.address, logging_level="ERROR", log_to_driver=False)
         yield ledgers
     finally:
@@ -60,8 +64,11 @@ class Watch(threading.Thread):
 
     def __init__(self, ledgers: dict[str, Path]) -> None:
         super().__init__(daemon=True)
-        self.ledgers = [DeviceLedger(d, root=ledgers[n])
-                        for n, spec in NODES.items() for d in simulated_devices(spec)]
+        self.ledgers = [
+            DeviceLedger(d, root=ledgers[n])
+            for n, spec in NODES.items()
+            for d in simulated_devices(spec)
+        ]
         self.most: dict[str, int] = {}
         self.over: list[str] = []
         self.done = threading.Event()
@@ -81,9 +88,11 @@ class Watch(threading.Thread):
 
 
 def claimer(seconds: float) -> list[str]:
-    code = ("import os, time, memgov\n"
-            "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'])\n"
-            f"time.sleep({seconds})\n")
+    code = (
+        "import os, time, memgov\n"
+        "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'])\n"
+        f"time.sleep({seconds})\n"
+    )
     return [sys.executable, "-c", code]
 
 
@@ -93,8 +102,14 @@ def test_a_queue_runs_on_ray_every_job_on_a_gpu_with_room(
 ) -> None:
     sizes = [4, 6, 8, 2, 12, 4, 30, 50, 3, 5]
     jobs: list[dict[str, Any]] = [
-        {"name": f"j{i}", "cmd": claimer(0.3), "claim": f"{s}GiB", "kind": "big" if s > 16 else "small",
-         "duration": 0.3} for i, s in enumerate(sizes)
+        {
+            "name": f"j{i}",
+            "cmd": claimer(0.3),
+            "claim": f"{s}GiB",
+            "kind": "big" if s > 16 else "small",
+            "duration": 0.3,
+        }
+        for i, s in enumerate(sizes)
     ]
     path = write_queue(tmp_path / "q.toml", jobs)
     watch = Watch(cluster)

@@ -10,23 +10,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.queuejobs import ROOT, memgov_cli, sleeper, write_queue
 
 import memgov.queue as q
 from memgov.queue.model import Attempt
 from memgov.queue.queuefile import job_spec
 from memgov.queue.store import Store
 
-from helpers.queuejobs import ROOT, memgov_cli, sleeper, write_queue
-
 
 def lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def wait_for(check, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+def wait_for(check: Callable[[], object], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "timed out waiting"
@@ -36,7 +36,9 @@ def wait_for(check, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-d
 def cli_proc(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "memgov", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         start_new_session=True,
     )
@@ -46,8 +48,9 @@ def test_a_runner_killed_mid_queue_and_restarted_loses_no_job_and_runs_none_twic
     tmp_path: Path,
 ) -> None:
     mark = tmp_path / "started"
-    jobs = [{"name": f"j{i}", "cmd": sleeper(0.6, mark, f"j{i}"), "claim": "4GiB"}
-            for i in range(6)]
+    jobs = [
+        {"name": f"j{i}", "cmd": sleeper(0.6, mark, f"j{i}"), "claim": "4GiB"} for i in range(6)
+    ]
     path = write_queue(tmp_path / "q.toml", jobs, policy="fifo-exclusive")
     one_gpu = {"MEMGOV_DEVICES": "sim0:16GiB"}
     first = cli_proc("queue", "run", str(path), env=one_gpu)
@@ -102,8 +105,9 @@ def test_a_job_whose_shepherd_died_while_it_ran_is_lost_not_run_again(tmp_path: 
         f"o = {{'id': {job_id}, 'attempt': 1, 'device': 'sim0', 'bytes': 1, 'name': 'x'}}\n"
         f"Store().start_live({live!r}, live_payload(o, 'started', child=999999))\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     report = q.run(None, "fifo").to_json()
     assert lines(mark) == []
     job = Store().get(job_id)
@@ -128,9 +132,12 @@ def test_ctrl_c_stops_every_job_saves_the_state_and_frees_the_queue(tmp_path: Pa
     pids = tmp_path / "pids"
     record = f"import os; open({str(pids)!r}, 'a').write(str(os.getpid()) + chr(10))"
     polite = ["python3", "-c", f"{record}; import time; time.sleep(60)"]
-    stubborn = ["python3", "-c",
-                f"import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); {record}; "
-                "import time; time.sleep(60)"]
+    stubborn = [
+        "python3",
+        "-c",
+        f"import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); {record}; "
+        "import time; time.sleep(60)",
+    ]
     for cmd in (polite, stubborn):
         assert memgov_cli("queue", "add", "--claim", "1GiB", "--", *cmd).returncode == 0
     serve = cli_proc("queue", "serve", "--grace", "1", "--json")
@@ -159,8 +166,19 @@ def test_cancel_a_queued_and_a_running_job(tmp_path: Path) -> None:
         assert done.returncode == 0 and "stopping job" in done.stdout
         wait_for(lambda: Store().get(job_id).state == "cancelled", timeout=30)
         assert not _alive(_pids(pids)[0])
-        queued = memgov_cli("queue", "add", "--json", "--gpu", "1", "--claim", "20%", "--",
-                            "python3", "-c", "import time; time.sleep(60)")
+        queued = memgov_cli(
+            "queue",
+            "add",
+            "--json",
+            "--gpu",
+            "1",
+            "--claim",
+            "20%",
+            "--",
+            "python3",
+            "-c",
+            "import time; time.sleep(60)",
+        )
         second = json.loads(queued.stdout)["id"]
     finally:
         serve.send_signal(signal.SIGTERM)
@@ -195,9 +213,15 @@ def test_an_oom_under_a_learned_size_is_retried_larger_at_most_twice(tmp_path: P
     rows = {j["name"]: j for j in report["jobs"]}
     assert (rows["once"]["end"], rows["once"]["ooms"], rows["once"]["retries"]) == ("ok", 1, 1)
     assert (rows["always"]["end"], rows["always"]["ooms"], rows["always"]["retries"]) == (
-        "oom", 3, 2)
+        "oom",
+        3,
+        2,
+    )
     assert (rows["given"]["end"], rows["given"]["ooms"], rows["given"]["retries"]) == (
-        "oom", 1, 0)  # a size the user gave is not changed
+        "oom",
+        1,
+        0,
+    )  # a size the user gave is not changed
     assert report["ooms"] == 5 and report["retries"] == 3
     claims = [a.claim_bytes for a in Store().get(rows["always"]["id"]).attempts]
     assert claims[1] >= 1.5 * claims[0] and claims[2] >= 1.5 * claims[1]
@@ -207,8 +231,20 @@ def test_add_list_log_and_json_through_the_cli(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     code = "import os; print('in', os.getcwd(), os.environ['MY_SETTING'])"
-    added = memgov_cli("queue", "add", "--name", "hello", "--claim", "1GiB", "--", "python3",
-                       "-c", code, cwd=work, env={"MY_SETTING": "kept"})
+    added = memgov_cli(
+        "queue",
+        "add",
+        "--name",
+        "hello",
+        "--claim",
+        "1GiB",
+        "--",
+        "python3",
+        "-c",
+        code,
+        cwd=work,
+        env={"MY_SETTING": "kept"},
+    )
     assert added.returncode == 0, added.stderr
     listed = memgov_cli("queue", "--json")
     (job,) = json.loads(listed.stdout)["jobs"]
@@ -226,14 +262,38 @@ def test_add_list_log_and_json_through_the_cli(tmp_path: Path) -> None:
 def test_the_report_has_the_agreed_keys(tmp_path: Path) -> None:
     path = write_queue(tmp_path / "q.toml", [{"cmd": sleeper(0.1), "kind": "k", "duration": 1}])
     report = q.run(path).to_json()
-    assert {"policy", "makespan_s", "jobs", "decisions", "samples", "ooms",
-            "killed_by_neighbour", "retries", "device"} <= set(report)
+    assert {
+        "policy",
+        "makespan_s",
+        "jobs",
+        "decisions",
+        "samples",
+        "ooms",
+        "killed_by_neighbour",
+        "retries",
+        "device",
+    } <= set(report)
     assert report["policy"] == "memgov"
     assert set(report["decisions"]) == {"count", "p50_ms", "p99_ms", "max_ms"}
     assert set(report["device"]) == {"name", "total_bytes"}
     row = report["jobs"][0]
-    assert {"name", "kind", "gpu", "claim_bytes", "peak_bytes", "arrival_s", "start_s", "end_s",
-            "jct_s", "run_s", "solo_s", "slowdown", "end", "ooms", "retries"} <= set(row)
+    assert {
+        "name",
+        "kind",
+        "gpu",
+        "claim_bytes",
+        "peak_bytes",
+        "arrival_s",
+        "start_s",
+        "end_s",
+        "jct_s",
+        "run_s",
+        "solo_s",
+        "slowdown",
+        "end",
+        "ooms",
+        "retries",
+    } <= set(row)
     for sample in report["samples"]:
         assert set(sample) >= {"t", "used_bytes", "claimed_bytes", "util_pct"}
 

@@ -20,10 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from hostile.conftest import User, base, shared, users  # noqa: F401  (fixtures)
-
 from helpers.queuejobs import ROOT
+from hostile.conftest import User, base, shared, users  # noqa: F401  (fixtures)
 
 pytestmark = [
     pytest.mark.host_changes("creates users mgl_a and mgl_b (useradd), removed after"),
@@ -45,8 +43,15 @@ def as_user(user: User, folder: Path, *args: str, timeout: float = 300) -> Any:
         "MEMGOV_DEVICES": DEVICES,
     }
     result = subprocess.run(
-        [SYSTEM_PYTHON, "-m", "memgov", *args], capture_output=True, text=True, env=env,
-        cwd=folder, timeout=timeout, user=user.uid, group=user.uid, extra_groups=[],
+        [SYSTEM_PYTHON, "-m", "memgov", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=folder,
+        timeout=timeout,
+        user=user.uid,
+        group=user.uid,
+        extra_groups=[],
     )
     return result.returncode, result.stdout, result.stderr
 
@@ -71,14 +76,25 @@ def home(base_folder: Path, user: User) -> Path:
 
 
 def test_two_users_queues_are_private_and_share_the_gpu_through_the_ledger(
-    users: dict[str, User], shared: Path, base: Path  # noqa: F811
+    users: dict[str, User],  # noqa: F811
+    shared: Path,  # noqa: F811
+    base: Path,  # noqa: F811
 ) -> None:
     a, b = users["mgl_a"], users["mgl_b"]
     where = {u.name: home(base, u) for u in (a, b)}
     for user in (a, b):
         for _ in range(3):  # 3 x 30 GiB each: at most two of the six fit the 64 GiB GPU at once
-            code, out, err = as_user(user, where[user.name], "queue", "add", "--json",
-                                     "--claim", "30GiB", "--", *claimer(0.5))
+            code, out, err = as_user(
+                user,
+                where[user.name],
+                "queue",
+                "add",
+                "--json",
+                "--claim",
+                "30GiB",
+                "--",
+                *claimer(0.5),
+            )
             assert code == 0, err
     _, listed_a, _ = as_user(a, where["mgl_a"], "queue", "--json")
     ids_a = [j["id"] for j in json.loads(listed_a)["jobs"]]
@@ -91,7 +107,12 @@ def test_two_users_queues_are_private_and_share_the_gpu_through_the_ledger(
     assert store_a.stat().st_uid == a.uid and store_a.stat().st_mode & 0o777 == 0o700
     peek = subprocess.run(
         [SYSTEM_PYTHON, "-c", f"import os; print(os.listdir({str(store_a / 'jobs')!r}))"],
-        capture_output=True, text=True, user=b.uid, group=b.uid, extra_groups=[], timeout=60,
+        capture_output=True,
+        text=True,
+        user=b.uid,
+        group=b.uid,
+        extra_groups=[],
+        timeout=60,
     )
     assert peek.returncode != 0 and "PermissionError" in peek.stderr
     code, out, err = as_user(b, where["mgl_b"], "queue", "cancel", "99")
@@ -102,8 +123,9 @@ def test_two_users_queues_are_private_and_share_the_gpu_through_the_ledger(
     results: dict[str, Any] = {}
 
     def run(user: User) -> None:
-        results[user.name] = as_user(user, where[user.name], "queue", "run", "--json",
-                                     "--policy", "fifo", timeout=240)
+        results[user.name] = as_user(
+            user, where[user.name], "queue", "run", "--json", "--policy", "fifo", timeout=240
+        )
 
     threads = [threading.Thread(target=run, args=(u,)) for u in (a, b)]
     for thread in threads:
