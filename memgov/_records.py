@@ -50,7 +50,8 @@ SHARED_DIR_MODE = 0o1777
 PRIVATE_DIR_MODE = 0o755
 SHARED_FOLDERS = ("claims", "queue", "cpu", "stats", "_profiles", "_queue")
 """Folders every user writes in (root makes them 1777, sticky): claim records, queue tickets,
-CPU-share records, counters, and each user's private profile folder (memgov/_profiles.py)."""
+CPU-share records, counters, and each user's private profile and job-queue folders
+(memgov/_profiles.py, memgov/queue/store.py)."""
 RECORD_MODE = 0o644
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -27,6 +27,8 @@
 #   auto                        claims that size themselves (docs/profiles.md): first runs, 30 jobs
 #                               under MEMGOV_CLAIM=auto vs one hand-picked size, a first run beside
 #                               24 neighbours (benchmarks/gpu/auto_checks.sh; needs AUTO_SCRIPTS)
+#   queue_smoke                 the job queue's GPU paths: 12 torch jobs of 3 kinds, sjf-exclusive,
+#                               memgov (--solo) and fifo (benchmarks/gpu/queue_smoke.sh; docs/queue.md)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -99,6 +101,7 @@ python3 -m memgov devices' ;;
       run wall_one_connection 170 python3 benchmarks/gpu/context_wall.py \
         --out "$OUT/wall_one_connection.json" --env CUDA_DEVICE_MAX_CONNECTIONS=1 ;;
     auto) run auto 560 bash benchmarks/gpu/auto_checks.sh "$OUT" ;;
+    queue_smoke) run queue_smoke 500 bash benchmarks/gpu/queue_smoke.sh "$OUT" ;;
     gpu) run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
       --junitxml="$OUT/gpu_tests.xml" ;;
     # pack gets what is left of TOTAL_S (its last check, the dense one, is cut first).
