@@ -202,7 +202,7 @@ class Runner:
         gpus = self._gpus(now)
         candidates = []
         for job in sorted(ready, key=lambda j: (j.not_before, j.id)):
-            claim = self._claim(job)
+            claim = self._placeable(job, gpus)
             if claim is None:
                 continue
             expected = self.learned.expected(job.job, job.kind, job.duration)
@@ -243,16 +243,57 @@ class Runner:
 
     def _children(self) -> set[int]:
         """The pids of the commands the queue runs (their claims are counted in the queue's)."""
+        if not self.tracked:
+            return set()
+        live = self.store.live_records()
         pids = set()
         for tracked in self.tracked.values():
-            _exists, _alive, data = self.store.live(tracked.attempt.live)
+            _alive, data = live.get(tracked.attempt.live, (False, None))
             child = (data or {}).get("child")
             if isinstance(child, int):
                 pids.add(child)
         return pids
 
-    def _claim(self, job: Job) -> int | None:
-        """The bytes the job's next attempt claims; None when it can never fit (failed)."""
+    def _placeable(self, job: Job, gpus: list[policies.Gpu]) -> int | None:
+        """The job's claim; None (and the job failed, saying why) when no GPU can ever hold it."""
+        try:
+            if job.gpu is not None and not 0 <= job.gpu < len(self.devices):
+                raise QueueError(f"gpu {job.gpu}: this host has GPUs 0..{len(self.devices) - 1}")
+            claim = self._claim(job)
+            room = max(g.capacity for g in gpus if job.gpu is None or g.index == job.gpu)
+            if claim > room:
+                raise QueueError(
+                    f"claim {claim / 2**30:.2f} GiB is more than any GPU it may use holds "
+                    f"({room / 2**30:.2f} GiB of budget)"
+                )
+            return claim
+        except MemgovError as exc:
+            self._never(job, str(exc))
+            return None
+
+    def _never(self, job: Job, why: str) -> None:
+        now = time.time()
+        attempt = Attempt(
+            len(job.attempts) + 1,
+            1,
+            -1,
+            "",
+            "",
+            start=now,
+            end=now,
+            result="failed",
+            detail=f"never started: {why}",
+        )
+
+        def fail(stored: Job) -> None:
+            stored.state = "failed"
+            stored.attempts.append(attempt)
+
+        self.jobs[job.id] = self.store.update(job.id, fail)
+        self.changed = True
+
+    def _claim(self, job: Job) -> int:
+        """The bytes the job's next attempt claims."""
         if job.next_claim:
             return job.next_claim
         device = self.devices[job.gpu] if job.gpu is not None else self.devices[0]
@@ -424,7 +465,9 @@ class Runner:
         self.timeline = [
             (i, k, g, s, end if i == job.id and e is None else e) for i, k, g, s, e in self.timeline
         ]
-        self.sizes.clear()  # a new profile run may size the others differently
+        for other in self.jobs.values():  # its new profile run sizes the same job differently
+            if other.job == job.job:
+                self.sizes.pop(other.id, None)
         self.changed = True
 
     def _settle(self, stored: Job, attempt: Attempt) -> None:

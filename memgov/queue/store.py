@@ -189,6 +189,15 @@ class Store:
                     return True, seen.alive and mine, seen.data if mine else None
         return False, False, None
 
+    def live_records(self) -> dict[str, tuple[bool, dict[str, Any] | None]]:
+        """Every live record of this user's: name -> (held by a live process, content)."""
+        with self.folder("live") as fd:
+            return {
+                s.name: (s.alive, s.data)
+                for s in _records.scan(fd, self.path / "live")
+                if s.owner == os.geteuid()
+            }
+
     def drop_live(self, name: str) -> None:
         with self.folder("live") as fd, contextlib.suppress(FileNotFoundError):
             if not _records.is_locked(fd, name):

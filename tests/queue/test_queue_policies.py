@@ -143,3 +143,16 @@ def test_an_unknown_policy_is_refused_with_the_accepted_names(tmp_path: Path) ->
     path = write_queue(tmp_path / "q.toml", [{"cmd": sleeper(0)}])
     with pytest.raises(ConfigError, match="accepted memgov, fifo-exclusive"):
         q.run(path, "drf")
+
+
+def test_a_job_no_gpu_can_hold_fails_at_once_saying_why(tmp_path: Path) -> None:
+    jobs = [
+        {"name": "huge", "cmd": sleeper(0), "claim": "20GiB"},
+        {"name": "nowhere", "cmd": sleeper(0), "claim": "1GiB", "gpu": 5},
+        {"name": "fine", "cmd": sleeper(0), "claim": "1GiB"},
+    ]
+    report = q.run(write_queue(tmp_path / "q.toml", jobs), "memgov").to_json()
+    rows = {j["name"]: j for j in report["jobs"]}
+    assert rows["fine"]["end"] == "ok"
+    assert rows["huge"]["end"] == "failed" and "more than any GPU" in rows["huge"]["detail"]
+    assert rows["nowhere"]["end"] == "failed" and "GPUs 0..1" in rows["nowhere"]["detail"]
