@@ -180,6 +180,9 @@ def test_cancel_a_queued_and_a_running_job(tmp_path: Path) -> None:
             "import time; time.sleep(60)",
         )
         second = json.loads(queued.stdout)["id"]
+        quick = memgov_cli("queue", "add", "--json", "--claim", "1GiB", "--", "true")
+        third = json.loads(quick.stdout)["id"]  # added while serve runs: serve runs it
+        wait_for(lambda: Store().get(third).state == "done", timeout=60)
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.communicate(timeout=60)
