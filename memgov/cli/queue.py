@@ -65,7 +65,9 @@ def jobs(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
 def _job_line(job: Any) -> str:
     last = job.last
-    claim = "auto" if job.claim == "auto" else str(job.claim)
+    from memgov._sizes import format_size
+
+    claim = format_size(job.claim) if isinstance(job.claim, int) else str(job.claim)
     where = f" gpu {last.gpu}" if last else ""
     size = f" {last.claim_bytes / 2**20:,.0f} MiB" if last else ""
     end = f" ({last.result})" if last and last.result and job.state != "running" else ""

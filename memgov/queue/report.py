@@ -135,8 +135,11 @@ def build_report(
     solo: dict[str, float],
     learned: Learned,
     started: float,
+    origin: float | None = None,
 ) -> Report:
-    t0 = min([j.created for j in jobs] or [started])
+    """``origin``: time 0 of the report; default the earliest job's submission (a file's run
+    start). A runner without a file (`run` of what is queued, `serve`) counts from its start."""
+    t0 = origin if origin is not None else min([j.created for j in jobs] or [started])
     rows = [_job_row(j, t0, solo, learned) for j in sorted(jobs, key=lambda j: j.id)]
     ends = [r["end_s"] for r in rows if r["end_s"] is not None]
     neighbour = sum(

@@ -105,6 +105,8 @@ class Runner:
         self.changed = True
         self.problems: list[str] = []
         self.last_decision = 0.0
+        self.touched: set[int] = set()
+        """Jobs this runner started, adopted or failed: the report of a run without a file."""
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -290,6 +292,7 @@ class Runner:
             stored.attempts.append(attempt)
 
         self.jobs[job.id] = self.store.update(job.id, fail)
+        self.touched.add(job.id)
         self.changed = True
 
     def _claim(self, job: Job) -> int:
@@ -337,6 +340,7 @@ class Runner:
         proc.stdin.write(json.dumps(self._orders(job, attempt, device)).encode())
         proc.stdin.close()
         self.tracked[job.id] = Tracked(job, attempt, proc, proc.pid, time.monotonic())
+        self.touched.add(job.id)
         self.timeline.append((job.id, job.kind, device.index, attempt.start, None))
         self.sizes.pop(job.id, None)
 
@@ -415,6 +419,7 @@ class Runner:
             pid = (data or {}).get("pid")
             tracked = Tracked(job, job.last, None, pid if isinstance(pid, int) else None, 0.0)
             self.tracked[job.id] = tracked
+            self.touched.add(job.id)
             self.timeline.append((job.id, job.kind, job.last.gpu, job.last.start, None))
         self._reap()
 
@@ -476,6 +481,11 @@ class Runner:
         end = attempt.result
         if end == "ok":
             stored.state = "done"
+        elif end == "not_started" and sum(a.result == end for a in stored.attempts) >= 3:
+            stored.state = "failed"  # its shepherd cannot start: not tried for ever
+            attempt.detail = (
+                "its shepherd ended before starting it 3 times; see the runner's stderr"
+            )
         elif end in ("stopped", "not_started"):
             stored.state = "queued"
         elif end == "cancelled":
@@ -561,7 +571,8 @@ class Runner:
         return placed
 
     def _report(self, started: float) -> Report:
-        jobs = [j for j in self.jobs.values() if self._scope(j) and j.attempts]
+        mine = (lambda j: j.id in self.touched) if self.options.batch is None else self._scope
+        jobs = [j for j in self.jobs.values() if mine(j) and j.attempts]
         report = build_report(
             self.policy.name,
             jobs,
@@ -571,6 +582,7 @@ class Runner:
             self.options.solo,
             self.learned,
             started,
+            started if self.options.batch is None else None,
         )
         report.interrupted = self.stop.signal
         return report
