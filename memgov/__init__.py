@@ -19,6 +19,7 @@ from memgov._errors import (
     MemgovError,
     NoDeviceError,
     ProfileError,
+    QueueError,
 )
 from memgov._sizes import format_size, parse_size
 
@@ -33,6 +34,7 @@ __all__ = [
     "MpsError",
     "NoDeviceError",
     "ProfileError",
+    "QueueError",
     "__version__",
     "claim",
     "current",

@@ -109,8 +109,13 @@ def run(
     A file whose run was interrupted (the runner killed or stopped) is resumed, not added again:
     its unfinished jobs run, its finished ones are kept.
     """
+    from memgov import _devices
+    from memgov.queue import policies
     from memgov.queue.runner import Options, Runner
 
+    _devices.candidates("auto")  # no GPU: said before anything is queued
+    if policy is not None:
+        policies.get(policy)  # an unknown name: said before anything is queued
     store = store or Store()
     batch, file_policy = _submit(file_or_jobs, store)
     options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch, solo=_solo(solo))

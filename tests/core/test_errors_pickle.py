@@ -22,6 +22,7 @@ SAMPLES = [
     _errors.LockTimeout("held too long"),
     _errors.NoDeviceError("no gpu"),
     _errors.ProfileError("not a profile"),
+    _errors.QueueError("not a queue job"),
     _errors.BudgetExceeded("does not fit", device="sim0", requested=5, free=3,
                            holders=[("a", 2)], queued_ahead=1),
     MpsError("no daemon"),

@@ -116,3 +116,18 @@ def test_a_store_folder_another_user_made_is_refused(tmp_path: Path) -> None:
     os.chown(store.path, 65534, 65534)
     with pytest.raises(QueueError, match="belongs to uid 65534, not you"):
         q.add([q.JobSpec("x", ["true"], str(tmp_path), {})])
+
+
+def test_no_gpu_is_said_before_anything_is_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memgov._errors import NoDeviceError
+
+    monkeypatch.delenv("MEMGOV_DEVICES")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    path = tmp_path / "q.toml"
+    path.write_text("[[job]]\ncmd = 'true'\n")
+    with pytest.raises(NoDeviceError, match="MEMGOV_DEVICES"):
+        q.run(path)
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:16GiB")
+    assert q.jobs()[0] == []

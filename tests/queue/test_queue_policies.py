@@ -143,6 +143,7 @@ def test_an_unknown_policy_is_refused_with_the_accepted_names(tmp_path: Path) ->
     path = write_queue(tmp_path / "q.toml", [{"cmd": sleeper(0)}])
     with pytest.raises(ConfigError, match="accepted memgov, fifo-exclusive"):
         q.run(path, "drf")
+    assert q.jobs()[0] == []  # refused before anything was queued
 
 
 def test_a_job_no_gpu_can_hold_fails_at_once_saying_why(tmp_path: Path) -> None:
