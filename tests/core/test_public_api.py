@@ -30,6 +30,7 @@ def test_every_exception_memgov_raises_on_purpose_is_exported() -> None:
         "MpsError",
         "NoDeviceError",
         "ProfileError",
+        "QueueError",
     ]
     assert memgov.MpsError is MpsError  # what `memgov mps` and pack's --mps on raise
     assert all(issubclass(getattr(memgov, name), memgov.MemgovError) for name in ERRORS)
