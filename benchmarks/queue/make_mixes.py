@@ -61,9 +61,10 @@ class MixError(Exception):
 
 
 def measured_figures(paths: list[Path]) -> dict[str, Figures]:
-    """Per kind: the median solo time and the largest peak in size_kinds.py's JSON lines or in
-    queue reports (jobs with kind, run_s, peak_bytes; a report of an exclusive policy only gives
-    solo times: co-located jobs ran beside others)."""
+    """Per kind: the median solo time and the largest peak in size_kinds.py's JSON lines (times
+    only where the line ran the kind's present arguments) or in queue reports (jobs with kind,
+    run_s, peak_bytes; only an exclusive policy's report gives solo times: co-located jobs ran
+    beside others). Kinds not found keep kinds.py's figures."""
     times: dict[str, list[float]] = {}
     peaks: dict[str, list[float]] = {}
     for path in paths:
@@ -80,8 +81,10 @@ def measured_figures(paths: list[Path]) -> dict[str, Figures]:
                         times.setdefault(job["kind"], []).append(float(job["run_s"]))
                     if job.get("peak_bytes"):
                         peaks.setdefault(job["kind"], []).append(job["peak_bytes"] / MIB)
-            elif doc.get("kind") and doc.get("rc") == 0:  # size_kinds.py
-                times.setdefault(doc["kind"], []).append(float(doc["wall_s"]))
+            elif doc.get("kind") in KINDS and doc.get("rc") == 0:  # size_kinds.py
+                # its time counts only for the arguments it ran with; its peak for any steps
+                if doc.get("args") == list(KINDS[doc["kind"]].args):
+                    times.setdefault(doc["kind"], []).append(float(doc["wall_s"]))
                 peak = max(doc.get("nvml_peak_mib") or 0, doc.get("torch_peak_reserved_mib") or 0)
                 if peak:
                     peaks.setdefault(doc["kind"], []).append(peak)
@@ -304,6 +307,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=ROOT / "experiments" / "mnist" / "data" / "mnist.npz",
         help="MNIST as an npz (x_train, y_train, x_test, y_test)",
     )
+    p.add_argument(
+        "--data",
+        type=Path,
+        help="a folder holding MNIST/raw already (another mix's OUTDIR/data): linked, not written",
+    )
     p.add_argument("--python", default=sys.executable, help="the interpreter the jobs run with")
     p.add_argument("--tiny", action="store_true", help="CPU arguments that run in seconds")
     args = p.parse_args(argv)
@@ -344,7 +352,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             "a checkout of github.com/pytorch/examples, or --kinds without "
             f"{', '.join(sorted(set(examples)))}"
         )
-    if any(KINDS[k].mnist_data for k in args.kind_names) and not args.mnist.is_file():
+    if args.data is not None:
+        args.data = args.data.resolve()
+        if not (args.data / "MNIST" / "raw").is_dir():
+            p.error(f"--data {args.data}: no MNIST/raw folder in it (torchvision's layout)")
+    elif any(KINDS[k].mnist_data for k in args.kind_names) and not args.mnist.is_file():
         p.error(
             f"--mnist {args.mnist}: no such file (an npz with x_train, y_train, x_test, y_test)"
         )
@@ -373,12 +385,23 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(text)
         prepare_folders(args.outdir, mix, jobs, needs_data)
         print(json.dumps({"file": str(path), **summary}), flush=True)
-    if data_needed and not (args.outdir / "data" / "MNIST" / "raw").is_dir():
-        sys.path.insert(0, str(HERE.parent / "gpu"))
-        from scripts_checks import write_mnist_raw
-
-        write_mnist_raw(args.mnist, args.outdir / "data")
+    if data_needed:
+        provide_mnist(args.outdir / "data", args)
     return 0
+
+
+def provide_mnist(folder: Path, args: argparse.Namespace) -> None:
+    """torchvision's MNIST files at OUTDIR/data: a link to --data, else written from --mnist the
+    way benchmarks/gpu/scripts_checks.py writes them (the GPU machine has no network)."""
+    if (folder / "MNIST" / "raw").is_dir():
+        return
+    if args.data is not None:
+        folder.symlink_to(args.data)
+        return
+    sys.path.insert(0, str(HERE.parent / "gpu"))
+    from scripts_checks import write_mnist_raw
+
+    write_mnist_raw(args.mnist, folder)
 
 
 if __name__ == "__main__":
