@@ -62,8 +62,13 @@ PY=${PYTHON:-python3}
 MEMGOV=("$PY" -m memgov)
 STATE=$OUT/queue_${MIX}_state.tar.gz
 echo "== queue $MIX: policies ${order[*]}; budget $BUDGET s; work folder $WORK; $(date -u +%T)"
-echo "MEMGOV_DIR state: sjf-exclusive from an empty MEMGOV_DIR${QUEUE_PROFILES:+ (here: restored from $QUEUE_PROFILES)};" \
-     "every other policy from a copy of what it learned (profiles + the queue's learned solo times)"
+if [ -z "$SOLO" ]; then
+  echo "MEMGOV_DIR state: sjf-exclusive from an empty MEMGOV_DIR${QUEUE_PROFILES:+ + $QUEUE_PROFILES};" \
+       "every other policy from a copy of what it learned (profiles + the queue's learned solo times)"
+else
+  echo "MEMGOV_DIR state: every policy from ${QUEUE_PROFILES:-an empty MEMGOV_DIR (no QUEUE_PROFILES: cold)};" \
+       "solo reference and baseline: $SOLO (an earlier call)"
+fi
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader 2>/dev/null
 
 fresh_mix() {  # fresh_mix DIR: the mix's file and job folders, the same for every policy
@@ -134,4 +139,6 @@ done
 cp "$WORK"/run-*.log "$WORK/mix.json" "$WORK/$MIX.toml" "$WORK/logs/" 2>/dev/null
 tar -czf "$OUT/queue_${MIX}_logs.tar.gz" -C "$WORK" logs
 echo; echo "== queue $MIX, $(date -u +%T)"
-"$PY" "$REPO/benchmarks/queue/summarize.py" --mix "$MIX" "$OUT"/queue_"${MIX}"_*.json
+reports=("$OUT"/queue_"${MIX}"_*.json)
+case " ${reports[*]} " in *" $SOLO "*) ;; *) [ -n "$SOLO" ] && reports+=("$SOLO") ;; esac
+"$PY" "$REPO/benchmarks/queue/summarize.py" --mix "$MIX" "${reports[@]}"

@@ -62,7 +62,9 @@ def load(paths: list[Path], baseline: str) -> list[dict[str, Any]]:
         try:
             reports.append((json.loads(path.read_text()), path.name))
         except (OSError, ValueError) as exc:
-            raise SystemExit(f"summarize: {path}: {exc}; accepted a `memgov queue run` report")
+            raise SystemExit(
+                f"summarize: {path}: {exc}; accepted a `memgov queue run` report"
+            ) from None
     base = next((r for r, _ in reports if r.get("policy") == baseline), None)
     baseline_s = base.get("makespan_s") if base else None
     rows = [row(r, baseline_s, name) for r, name in reports]

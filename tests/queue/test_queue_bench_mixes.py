@@ -8,11 +8,11 @@ import json
 import math
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE = ROOT / "benchmarks" / "queue"
