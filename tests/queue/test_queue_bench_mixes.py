@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the same parser as tomli (a dependency there)
+    import tomli as tomllib  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE = ROOT / "benchmarks" / "queue"
