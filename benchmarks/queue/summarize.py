@@ -56,6 +56,24 @@ def row(report: dict[str, Any], baseline_s: float | None, source: str) -> dict[s
     }
 
 
+def per_kind(report: dict[str, Any]) -> list[str]:
+    """Each kind's jobs in one report: how many, median run seconds, largest peak (an exclusive
+    run's figures are solo figures: make_mixes.py --measured takes the report to resize)."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for job in report.get("jobs") or []:
+        kinds.setdefault(job.get("kind") or "?", []).append(job)
+    lines = []
+    for kind, jobs in sorted(kinds.items()):
+        runs = sorted(float(j["run_s"]) for j in jobs if j.get("run_s"))
+        peak = max((j.get("peak_bytes") or 0 for j in jobs), default=0) / 2**20
+        median = runs[len(runs) // 2] if runs else None
+        lines.append(
+            f"  {kind:<16} {len(jobs):>3} jobs, median run {fmt(median, ' s', 1)}, "
+            f"peak {peak:,.0f} MiB, OOMs {sum(j.get('ooms') or 0 for j in jobs)}"
+        )
+    return lines
+
+
 def load(paths: list[Path], baseline: str) -> list[dict[str, Any]]:
     reports = []
     for path in paths:
@@ -67,7 +85,7 @@ def load(paths: list[Path], baseline: str) -> list[dict[str, Any]]:
             ) from None
     base = next((r for r, _ in reports if r.get("policy") == baseline), None)
     baseline_s = base.get("makespan_s") if base else None
-    rows = [row(r, baseline_s, name) for r, name in reports]
+    rows = [row(r, baseline_s, name) | {"per_kind": per_kind(r)} for r, name in reports]
     order = {p: i for i, p in enumerate(FIRST)}
     return sorted(rows, key=lambda r: (order.get(r["policy"], len(order)), r["policy"]))
 
@@ -147,12 +165,16 @@ def main() -> int:
         print(json.dumps({"mix": args.mix, "rows": rows, "goals": goals(rows, args.mix)}, indent=1))
         return 0
     device = next((r["device"] for r in rows if r["device"]), "?")
-    print(f"queue {args.mix or ''} on {device} (ratios vs {args.baseline})")
-    print(table(rows))
-    print("\n".join(goals(rows, args.mix)))
-    print("\nmarkdown (docs/queue.md):\n")
+    # the table and the goals last: a device call's reply keeps the end of the output
+    print("markdown (docs/queue.md):\n")
     print(markdown(rows))
     print("\nraw: " + ", ".join(r["source"] for r in rows))
+    for r in rows:
+        if r["policy"] in (args.baseline, "memgov"):
+            print(f"{r['policy']}, per kind:", *r["per_kind"], sep="\n")
+    print(f"\nqueue {args.mix or ''} on {device} (ratios vs {args.baseline})")
+    print(table(rows))
+    print("\n".join(goals(rows, args.mix)))
     return 0
 
 
