@@ -125,13 +125,19 @@ for policy in "${order[@]}"; do
     --out "$report" "${solo[@]}" "$mixdir/$MIX.toml" >"$WORK/run-$policy.log" 2>&1
   rc=$?
   echo "rc=$rc, $((SECONDS - t0)) s"; tail -n 45 "$WORK/run-$policy.log"
-  [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "$policy: cut at the time limit (no complete report)"
+  [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "$policy: cut at the time limit (its report, if any, says interrupted)"
   mkdir -p "$WORK/logs/$policy"
   cp -r "$MEMGOV_DIR"/v1/_queue/*/logs "$WORK/logs/$policy/" 2>/dev/null
   if [ "$policy" = sjf-exclusive ] && [ -f "$report" ]; then
-    SOLO=$report
-    baseline_s=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['makespan_s'])" "$report")
     learned_state "$MEMGOV_DIR" "$STATE"
+    # a baseline cut short (an interrupted report) would make every ratio look good: none then
+    if "$PY" -c "import json,sys; sys.exit(bool(json.load(open(sys.argv[1])).get('interrupted')))" \
+        "$report"; then
+      SOLO=$report
+      baseline_s=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['makespan_s'])" "$report")
+    else
+      echo "sjf-exclusive was cut short: no baseline, no solo reference for the others"
+    fi
   fi
   rm -rf "$mixdir"  # checkpoints and images: gigabytes over a few runs
 done

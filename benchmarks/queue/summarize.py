@@ -83,7 +83,9 @@ def load(paths: list[Path], baseline: str) -> list[dict[str, Any]]:
             raise SystemExit(
                 f"summarize: {path}: {exc}; accepted a `memgov queue run` report"
             ) from None
-    base = next((r for r, _ in reports if r.get("policy") == baseline), None)
+    base = next(
+        (r for r, _ in reports if r.get("policy") == baseline and not r.get("interrupted")), None
+    )
     baseline_s = base.get("makespan_s") if base else None
     rows = [row(r, baseline_s, name) | {"per_kind": per_kind(r)} for r, name in reports]
     order = {p: i for i, p in enumerate(FIRST)}
@@ -99,7 +101,7 @@ def fmt(value: Any, unit: str = "", digits: int = 2) -> str:
 
 
 CELLS = (
-    ("policy", lambda r: r["policy"]),
+    ("policy", lambda r: r["policy"] + (" (cut short)" if r["interrupted"] else "")),
     ("makespan", lambda r: fmt(r["makespan_s"], " s", 1)),
     ("vs sjf-exclusive", lambda r: fmt(r["ratio"], "x", 3)),
     ("p90 slowdown", lambda r: fmt(r["p90_slowdown"], "x")),
@@ -140,6 +142,7 @@ def goals(rows: list[dict[str, Any]], mix: str | None) -> list[str]:
             mine["max_decision_ms"] is not None and mine["max_decision_ms"] < GOAL_DECISION_MS,
         ),
         ("every job ended well", mine["jobs"] > 0 and mine["ok"] == mine["jobs"]),
+        ("the run was not cut short", not mine["interrupted"]),
     ]
     if mix in GOAL_RATIO:
         goal = GOAL_RATIO[mix]
