@@ -6,7 +6,7 @@
 Columns: policy, makespan, its ratio to the baseline's (sjf-exclusive: one job at a time,
 shortest first), the 90th percentile of the jobs' slowdowns against their solo runs, OOMs, jobs
 killed by a neighbour, the slowest placement decision, and how many jobs ended well. Then the
-goals of issue 26 for memgov's default policy, and the same table as markdown for docs/queue.md.
+goals set for memgov's default policy (GOAL_*), and the same table as markdown for docs/queue.md.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def goals(rows: list[dict[str, Any]], mix: str | None) -> list[str]:
-    """Issue 26's goals for memgov's default policy, each met or not."""
+    """The queue benchmark's goals for memgov's default policy, each met or not."""
     mine = next((r for r in rows if r["policy"] == "memgov"), None)
     if mine is None:
         return ["memgov: no report"]

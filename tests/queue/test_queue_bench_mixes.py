@@ -1,6 +1,7 @@
 """The queue benchmark's job files (benchmarks/queue/make_mixes.py) are queue files as docs/queue.md
-defines them, hold the mixes issue 26 asks for, and are the same for the same seed. Read with
-tomllib alone (the engine's own reader checks them too where it is installed); nothing is run."""
+defines them, hold the light and random mixes the benchmark needs, and are the same for the same
+seed. Read with tomllib alone (the engine's own reader checks them too where it is installed);
+nothing is run."""
 
 from __future__ import annotations
 
