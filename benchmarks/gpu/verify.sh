@@ -24,6 +24,13 @@
 #                               the plain loop with Adam and a pinned-memory gather
 #   probes                      the JAX trainer's upload probe and the bare-context wall with and
 #                               without CUDA_DEVICE_MAX_CONNECTIONS=1 (about 2 minutes)
+#   queue_light, queue_random   the job queue (docs/queue.md) on a 30-job mix: sjf-exclusive (the
+#                               baseline, one job at a time) then memgov's default, its goals
+#                               checked (benchmarks/gpu/queue_checks.sh; light: small jobs,
+#                               random: small and 10-26 GiB ones; needs .public/examples)
+#   queue_policies              fifo, tetris, bestfit, fifo-exclusive on QUEUE_POLICIES_MIX
+#                               (light); sjf-exclusive first unless QUEUE_SOLO and QUEUE_PROFILES
+#                               name an earlier call's report and state (queue_checks.sh says how)
 #   auto                        claims that size themselves (docs/profiles.md): first runs, 30 jobs
 #                               under MEMGOV_CLAIM=auto vs one hand-picked size, a first run beside
 #                               24 neighbours (benchmarks/gpu/auto_checks.sh; needs AUTO_SCRIPTS)
@@ -102,6 +109,12 @@ python3 -m memgov devices' ;;
         --out "$OUT/wall_one_connection.json" --env CUDA_DEVICE_MAX_CONNECTIONS=1 ;;
     auto) run auto 560 bash benchmarks/gpu/auto_checks.sh "$OUT" ;;
     queue_smoke) run queue_smoke 500 bash benchmarks/gpu/queue_smoke.sh "$OUT" ;;
+    queue_light|queue_random|queue_policies)  # what is left of TOTAL_S, in one device call
+      left=$((TOTAL_S - SECONDS)); mix=${check#queue_}; policies=(sjf-exclusive memgov)
+      [ "$check" = queue_policies ] && mix=${QUEUE_POLICIES_MIX:-light} \
+        && policies=(fifo tetris bestfit fifo-exclusive)
+      run "$check" $((left + 20)) env OUT="$OUT" QUEUE_BUDGET_S="${QUEUE_BUDGET_S:-$left}" \
+        bash benchmarks/gpu/queue_checks.sh "$mix" "${policies[@]}" ;;
     gpu) run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
       --junitxml="$OUT/gpu_tests.xml" ;;
     # pack gets what is left of TOTAL_S (its last check, the dense one, is cut first).
