@@ -322,13 +322,17 @@ class Runner:
         )
 
         def begin(stored: Job) -> None:
-            stored.state = "running"
-            stored.attempts.append(attempt)
+            if stored.state == "queued":  # not cancelled since the runner last read it
+                stored.state = "running"
+                stored.attempts.append(attempt)
+                stored.attempts[-1].n = len(stored.attempts)
 
-        if job.state != "queued":
-            return
         job = self.store.update(job.id, begin)  # written before anything starts
         self.jobs[job.id] = job
+        if job.last is None or job.last.live != attempt.live:
+            self.changed = True
+            return
+        attempt = job.last
         proc = subprocess.Popen(
             [sys.executable, "-m", "memgov.queue.shepherd"],
             stdin=subprocess.PIPE,
@@ -378,18 +382,25 @@ class Runner:
     # -- following ------------------------------------------------------------------------------
 
     def _reap(self) -> None:
+        due = {i for i, t in self.tracked.items() if time.monotonic() - t.checked >= CHECK_S}
+        live = self.store.live_records() if due else {}  # one scan, before the results
         for tracked in list(self.tracked.values()):
             if tracked.proc is not None:
                 tracked.proc.poll()  # no zombie shepherds
             result = self.store.read_result(tracked.job.id, tracked.attempt.n)
             if result is not None:
                 self._finish(tracked, result)
-            elif time.monotonic() - tracked.checked >= CHECK_S:
+            elif tracked.job.id in due:
                 tracked.checked = time.monotonic()
-                self._check_alive(tracked)
+                self._check_alive(tracked, live)
 
-    def _check_alive(self, tracked: Tracked) -> None:
-        exists, alive, data = self.store.live(tracked.attempt.live)
+    def _check_alive(
+        self, tracked: Tracked, live: dict[str, tuple[bool, dict[str, Any] | None]]
+    ) -> None:
+        """``live``: the live records, read before this attempt's result was looked for (a
+        shepherd writes its result before it releases its record)."""
+        exists = tracked.attempt.live in live
+        alive, data = live.get(tracked.attempt.live, (False, None))
         if alive:
             return
         proc = tracked.proc
@@ -443,7 +454,11 @@ class Runner:
             time.sleep(POLL_S)
         for tracked in list(self.tracked.values()):  # a shepherd that ignored SIGTERM
             self._signal(tracked, signal.SIGKILL)
-            self._check_alive(tracked)
+        if self.tracked:
+            time.sleep(POLL_S)
+            live = self.store.live_records()
+            for tracked in list(self.tracked.values()):
+                self._check_alive(tracked, live)
 
     # -- ends -----------------------------------------------------------------------------------
 
@@ -478,6 +493,8 @@ class Runner:
     def _settle(self, stored: Job, attempt: Attempt) -> None:
         """The job's state after an attempt ended."""
         stored.attempts[-1] = attempt
+        if attempt.result == "stopped" and stored.cancel:  # the file's flag, under the lock:
+            attempt.result, attempt.detail = "cancelled", "memgov queue cancel"  # never stale
         end = attempt.result
         if end == "ok":
             stored.state = "done"

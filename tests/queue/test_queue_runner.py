@@ -142,6 +142,8 @@ def test_ctrl_c_stops_every_job_saves_the_state_and_frees_the_queue(tmp_path: Pa
         assert memgov_cli("queue", "add", "--claim", "1GiB", "--", *cmd).returncode == 0
     serve = cli_proc("queue", "serve", "--grace", "1", "--json")
     wait_for(lambda: len(_pids(pids)) == 2)
+    second = memgov_cli("queue", "run")  # one runner per user: it would run the jobs twice
+    assert second.returncode == 2 and "already runs your queue (pid" in second.stderr
     serve.send_signal(signal.SIGINT)
     out, err = serve.communicate(timeout=60)
     assert serve.returncode == 130, err
