@@ -16,9 +16,10 @@ does not fit (docs/queue.md).
 - ``memgov``: the oldest job first (among jobs that arrived together, the longest), then the
   others longest expected first, each on the GPU where it adds the most work done per second
   (the learned slowdowns, memgov/queue/learn.py); a co-location that would make the GPU do less
-  work per second than leaving the job to wait is held back. When the oldest job cannot start,
-  it gets a reservation (EASY backfilling): on the GPU that frees room for it first, other jobs
-  start only if they are expected to end before then or leave it room.
+  work per second than leaving the job to wait is held back, and so is one that would make any
+  job on the GPU run more than MAX_SLOWDOWN (1.4x) its solo time, as predicted. When the oldest
+  job cannot start, it gets a reservation (EASY backfilling): on the GPU that frees room for it
+  first, other jobs start only if they are expected to end before then or leave it room.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ DEFAULT_DURATION_S = 60.0
 """An unknown job's expected time where a policy must assume one (memgov's reservation)."""
 HOLD_MARGIN = 0.05
 """memgov co-locates only when the GPU's predicted work per second grows by more than this."""
+MAX_SLOWDOWN = 1.4
+"""memgov starts no job beside others where the predicted slowdown of any job on that GPU (the
+new one or a running one) would pass this: a lab's jobs must not take much longer than alone.
+1.4 leaves room for the model's error under a 1.5x bound on what is measured."""
 
 
 @dataclass
@@ -217,6 +222,9 @@ class Tetris:
 class Memgov:
     name = "memgov"
 
+    def __init__(self, max_slowdown: float = MAX_SLOWDOWN) -> None:
+        self.max_slowdown = max_slowdown
+
     def order(self, jobs: list[Candidate]) -> list[Candidate]:
         """Longest expected first (unknown: the default), larger claims first among equals:
         long jobs started early do not end alone at the end of the run."""
@@ -256,8 +264,8 @@ class Memgov:
             if reservation is not None and not self._respects(job, gpu, book, reservation):
                 continue
             gain = self._gain(job, gpu, book)
-            if book.busy(gpu) and gain <= HOLD_MARGIN:
-                continue  # sharing would make this GPU do less work per second: wait
+            if book.busy(gpu) and (gain <= HOLD_MARGIN or not self._bounded(job, gpu, book)):
+                continue  # sharing would do less work per second, or slow a job too much: wait
             scored.append((gain, -book.free[gpu.index], gpu))
         if not scored:
             return None
@@ -276,6 +284,15 @@ class Memgov:
             )
 
         return rate([*kinds, job.kind]) - rate(kinds)
+
+    def _bounded(self, job: Candidate, gpu: Gpu, book: _Book) -> bool:
+        """No job on ``gpu``, ``job`` included, predicted slower than ``max_slowdown``."""
+        learned = book.view.learned
+        members = [*book.kinds_on(gpu), job.kind]
+        return all(
+            learned.slowdown(k, members[:i] + members[i + 1 :]) <= self.max_slowdown
+            for i, k in enumerate(members)
+        )
 
     def _reserve(self, job: Candidate, book: _Book) -> tuple[int, float, int] | None:
         """The GPU that frees room for ``job`` first, and when (EASY backfilling)."""

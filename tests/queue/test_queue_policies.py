@@ -157,3 +157,23 @@ def test_a_job_no_gpu_can_hold_fails_at_once_saying_why(tmp_path: Path) -> None:
     assert rows["fine"]["end"] == "ok"
     assert rows["huge"]["end"] == "failed" and "more than any GPU" in rows["huge"]["detail"]
     assert rows["nowhere"]["end"] == "failed" and "GPUs 0..1" in rows["nowhere"]["detail"]
+
+
+def test_memgov_starts_no_more_beside_each_other_than_its_slowdown_bound_allows() -> None:
+    """The prior (each neighbour adds 0.15) predicts 1.3x for three jobs and 1.45x for four:
+    memgov starts three of ten ready jobs on one GPU; learned to share well (alpha 0.02), all
+    ten (1.18x); fifo starts all ten either way."""
+    from memgov.queue.policies import Candidate, Gpu, View, get
+
+    def view(learned: learn.Learned) -> View:
+        jobs = [
+            Candidate(id=i, kind="small", claim=GIB, expected_s=10.0, gpu=None) for i in range(10)
+        ]
+        return View(
+            now=0.0, jobs=jobs, gpus=[Gpu(0, 80 * GIB, 80 * GIB)], cores=16, learned=learned
+        )
+
+    assert len(get("memgov").decide(view(learn.Learned()))) == 3
+    shares_well = learn.Learned(alpha={"small|small": 0.02})
+    assert len(get("memgov").decide(view(shares_well))) == 10
+    assert len(get("fifo").decide(view(learn.Learned()))) == 10
