@@ -27,7 +27,12 @@ from typing import Protocol
 
 import numpy as np
 
-from memgov.placement.fragmentation import ExpectedWaste, TypicalJobs, fragment_after
+from memgov.placement.fragmentation import (
+    LOOK_AHEAD_JOBS,
+    ExpectedWaste,
+    TypicalJobs,
+    fragment_after,
+)
 from memgov.placement.model import MILLI, Assignment, ClusterState, Demand
 
 MAX_CPU_MILLI = 128_000
@@ -177,13 +182,14 @@ class MemgovPolicy(FGDPolicy):
 
     name = "memgov"
 
-    def __init__(self) -> None:
+    def __init__(self, look_ahead: float = LOOK_AHEAD_JOBS) -> None:
         super().__init__()
+        self.look_ahead = look_ahead
         self.waste: ExpectedWaste | None = None
 
     def prepare(self, workload: Sequence[Demand]) -> None:
         super().prepare(workload)
-        self.waste = ExpectedWaste.of(self._typical())
+        self.waste = ExpectedWaste.of(self._typical(), self.look_ahead)
 
     def score(
         self, state: ClusterState, demand: Demand, nodes: np.ndarray, rng: np.random.Generator
