@@ -151,10 +151,12 @@ class ExpectedWaste:
     ``look_ahead`` typical jobs (drawn by frequency). A job fits it when it asks at most ``g``
     milli and ``c`` CPU milli per GPU; the chance that one of them does is ``1 - (1 - P)^n``,
     ``P`` the summed frequency of those that fit. If none does, the ``g`` milli are wasted; if one
-    does, it is one of those (by frequency) and the GPU goes on with what it leaves. FGD's measure
-    is the one-job step of this (``n = 1``, no recursion): it counts a GPU of 190 milli left the
-    same whether the jobs that fit there are common or not, and a GPU of 530 left as fragment for
-    every larger job although the next 470 or 320 will fill it. CPU exhaustion is in the table:
+    does, it is one of those (by frequency) and the GPU goes on with what it leaves.
+
+    FGD's measure is close to the one-job step of this (``n = 1``, no recursion): a GPU of 530
+    left is fragment for every typical job larger than 530, although one of the next few 470s
+    or 320s will fill it; here it costs what those leave. A remnant that only rare jobs fit (190
+    beside an 810-milli job) stays close to all waste either way. CPU exhaustion is in the table:
     a node without the CPUs of a job leaves its GPUs to the jobs that need fewer.
     """
 
