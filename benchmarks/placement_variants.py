@@ -1,11 +1,15 @@
 """Variants of FGD tried while designing memgov's policy, and a look at FGD's final state
 (docs/placement.md, "memgov's policy, and how far it gets").
 
-    python benchmarks/placement_variants.py [--seeds 3] [--workers 2] \
+    python benchmarks/placement_variants.py [--seeds 3] [--first-seed 42] [--workers 2] \
         [--out results/2026-11-24-cpu-2core-placement-variants.txt]
+    python benchmarks/placement_variants.py --look-ahead --seeds 10 --first-seed 0 \
+        --out results/2026-11-24-cpu-2core-placement-look-ahead.txt
 
 Each variant runs the default trace by the same protocol as the table (memgov/placement/
 simulate.py); the final allocation per seed and the mean are printed and written to OUT.
+``--look-ahead`` instead runs memgov's policy with each look-ahead in LOOK_AHEADS, and FGD, on
+both traces: how `LOOK_AHEAD_JOBS` was chosen, on seeds 0-9, apart from the table's 42-51.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import dataclasses
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,7 @@ import numpy as np
 from memgov.placement import Demand, get_policy, load_nodes, load_trace, simulate
 from memgov.placement.fragmentation import TypicalJobs, fragment_after
 from memgov.placement.model import MILLI, ClusterState
-from memgov.placement.policies import FGDPolicy, Policy, Scores
+from memgov.placement.policies import FGDPolicy, MemgovPolicy, Policy, Scores
 from memgov.placement.simulate import replay
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "placement" / "data"
@@ -39,8 +44,16 @@ VARIANTS = {
     "sigmoid/2000": "score over 2000 milli instead of 1000, with memgov's two rules",
     "sigmoid/500": "score over 500 milli instead of 1000",
     "order by GPUs": "ties to nodes with fewer GPUs first, with memgov's two rules",
-    "memgov": "memgov's policy (FGD, idle node -1.5, CPU-only jobs beside taken GPUs)",
-    "memgov, stranding": "memgov's, -1 per idle GPU left beside fewer than 4 CPUs",
+    "fgd + two rules": "memgov's earlier policy (FGD, idle node -1.5, CPU-only jobs beside taken "
+    "GPUs)",
+    "memgov, stranding": "the earlier policy, -1 per idle GPU left beside fewer than 4 CPUs",
+    "memgov": "memgov's policy (the waste expected over the next 8 typical jobs)",
+}
+LOOK_AHEADS = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, float("inf"))
+"""memgov's look-ahead (`LOOK_AHEAD_JOBS`) tried on the tuning seeds (``--look-ahead``)."""
+WORKLOADS = {
+    "default": "openb_pod_list_default.csv",
+    "gpushare100": "openb_pod_list_gpushare100.csv",
 }
 
 
@@ -52,7 +65,7 @@ class RandomTies:
     def __init__(self, inner: Policy) -> None:
         self.inner, self.name = inner, inner.name
 
-    def prepare(self, workload: list[Demand]) -> None:
+    def prepare(self, workload: Sequence[Demand]) -> None:
         self.inner.prepare(workload)
 
     def score(self, state: ClusterState, demand: Demand, nodes: Any, rng: Any) -> Scores:
@@ -66,7 +79,7 @@ class Variant(FGDPolicy):
         self.mode = mode
         self.name = mode
 
-    def prepare(self, workload: list[Demand]) -> None:
+    def prepare(self, workload: Sequence[Demand]) -> None:
         typical = TypicalJobs.of(workload, 1.0 if self.mode == "all typical" else 0.95)
         if self.mode == "gpu-weighted typical":
             weights = typical.frequency * typical.num_gpu * typical.gpu_milli / MILLI
@@ -93,7 +106,13 @@ class Variant(FGDPolicy):
         scores, gpu = self._scaled(state, demand, nodes, scale)
         if mode == "gpu-left ties":
             scores = scores - left.sum(axis=1) / 1e5
-        if mode in ("all typical", "sigmoid/2000", "order by GPUs", "memgov, stranding"):
+        if mode in (
+            "all typical",
+            "sigmoid/2000",
+            "order by GPUs",
+            "memgov, stranding",
+            "fgd + two rules",
+        ):
             scores, gpu = self._memgov_rules(state, demand, nodes, scores, gpu)
         if mode == "order by GPUs":
             scores = scores - state.gpu_count[nodes] * 1e-3 - state.priority[nodes] * 1e-7
@@ -139,10 +158,42 @@ def make(mode: str) -> Policy:
     return Variant(mode)
 
 
-def run(mode: str, seed: int) -> float:
-    workload = load_trace(DATA / "openb_pod_list_default.csv")
+def run(mode: str, seed: int, workload: str = "default") -> float:
+    jobs = load_trace(DATA / WORKLOADS[workload])
     nodes = load_nodes(DATA / "openb_node_list_gpu_node.csv")
-    return simulate(workload, nodes, make(mode), seed).final_percent
+    return simulate(jobs, nodes, make(mode), seed).final_percent
+
+
+def run_look_ahead(look_ahead: float, seed: int, workload: str) -> float:
+    """memgov's policy with another look-ahead; 0 stands for FGD (the yardstick)."""
+    jobs = load_trace(DATA / WORKLOADS[workload])
+    nodes = load_nodes(DATA / "openb_node_list_gpu_node.csv")
+    policy = get_policy("fgd") if look_ahead == 0 else MemgovPolicy(look_ahead)
+    return simulate(jobs, nodes, policy, seed).final_percent
+
+
+def look_ahead_sweep(seeds: list[int], workers: int) -> list[str]:
+    """memgov's look-ahead against FGD, per seed, on both traces: how LOOK_AHEAD_JOBS is chosen."""
+    jobs = [(a, s, w) for w in WORKLOADS for a in (0.0, *LOOK_AHEADS) for s in seeds]
+    with ProcessPoolExecutor(workers) as pool:
+        finals = iter(list(pool.map(run_look_ahead, *zip(*jobs, strict=True))))
+    lines = [f"final allocation % per seed {seeds[0]}-{seeds[-1]}; vs FGD: mean gain, seeds won"]
+    for workload in WORKLOADS:
+        fgd = np.array([next(finals) for _ in seeds])
+        lines += [
+            "",
+            workload,
+            f"{'fgd':14} {' '.join(f'{v:.2f}' for v in fgd)}  mean {fgd.mean():.2f}",
+        ]
+        for look_ahead in LOOK_AHEADS:
+            got = np.array([next(finals) for _ in seeds])
+            gain = got - fgd
+            lines.append(
+                f"{f'memgov, {look_ahead:g}':14} {' '.join(f'{v:.2f}' for v in got)}  mean "
+                f"{got.mean():.2f}  vs fgd {gain.mean():+.2f}, {int((gain > 0).sum())} of "
+                f"{len(seeds)}, worst {gain.min():+.2f}"
+            )
+    return lines
 
 
 def diagnose(seed: int) -> list[str]:
@@ -177,17 +228,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--first-seed", type=int, default=42)
+    parser.add_argument("--look-ahead", action="store_true", help="sweep memgov's look-ahead")
     parser.add_argument("--out", default="results/2026-11-24-cpu-2core-placement-variants.txt")
     args = parser.parse_args()
-    if args.seeds < 1 or args.workers < 1:
-        parser.error("--seeds and --workers: accepted whole numbers >= 1")
-    seeds = list(range(42, 42 + args.seeds))
+    if args.seeds < 1 or args.workers < 1 or args.first_seed < 0:
+        parser.error("--seeds and --workers: accepted whole numbers >= 1; --first-seed >= 0")
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    if args.look_ahead:
+        command = (
+            f"command: python benchmarks/placement_variants.py --look-ahead --seeds {args.seeds} "
+            f"--first-seed {args.first_seed} --workers {args.workers}"
+        )
+        lines = [command, *look_ahead_sweep(seeds, args.workers)]
+        Path(args.out).write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
     jobs = [(mode, seed) for mode in VARIANTS for seed in seeds]
     with ProcessPoolExecutor(args.workers) as pool:
         finals = list(pool.map(run, *zip(*jobs, strict=True)))
     lines = [
         f"command: python benchmarks/placement_variants.py --seeds {args.seeds} "
-        f"--workers {args.workers}",
+        f"--first-seed {args.first_seed} --workers {args.workers}",
         f"default trace, final allocation % per seed {seeds[0]}-{seeds[-1]}, and the mean",
         "",
     ]

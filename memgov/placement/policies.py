@@ -14,8 +14,8 @@ them, integer scores 0-100 included (their ties are part of how they behave):
 - ``gpupacking``: a GPU already shared first, then idle GPUs of a node in use, then an idle node.
 - ``bestfit``: the node with the least CPU and GPU left after placing the job.
 - ``fgd``: fragmentation gradient descent, the node and GPU where fragmentation grows least.
-- ``memgov`` (alias ``default``): FGD's score, a node in use before an idle one, and jobs
-  without GPUs beside GPUs already taken (`MemgovPolicy`).
+- ``memgov`` (alias ``default``): FGD's scoring of the GPU milli expected to stay idle after
+  the next few typical jobs, not of what the next one cannot use (`MemgovPolicy`).
 
 All but ``random`` and ``fgd`` put a GPU-sharing job on the fullest GPU with room (best fit).
 """
@@ -27,7 +27,12 @@ from typing import Protocol
 
 import numpy as np
 
-from memgov.placement.fragmentation import TypicalJobs, fragment_after
+from memgov.placement.fragmentation import (
+    LOOK_AHEAD_JOBS,
+    ExpectedWaste,
+    TypicalJobs,
+    fragment_after,
+)
 from memgov.placement.model import MILLI, Assignment, ClusterState, Demand
 
 MAX_CPU_MILLI = 128_000
@@ -164,33 +169,45 @@ def _sigmoid_score(drop: np.ndarray) -> np.ndarray:
 
 
 class MemgovPolicy(FGDPolicy):
-    """memgov's policy: FGD's fragmentation score, and two rules from what memgov's ledger sees.
+    """memgov's policy: FGD's score over a look-ahead of the waste, not over one job's fragment.
 
-    1. A node that holds nothing yet costs ``IDLE_NODE_COST`` points of FGD's 0-100 score: between
-       an idle node and one in use that fragment about as much, the job goes to the node in use,
-       and idle nodes stay whole for the jobs that need whole nodes or many CPUs.
-    2. A job without GPUs goes to the node with the fewest idle GPU milli (CPUs beside allocated
-       GPUs serve nobody else; CPUs beside idle GPUs are what the next GPU job needs). FGD scores
-       such a job by the fragmentation its CPUs cause, which is the same (none) on most nodes.
-
-    Ties, as for the others, go to the first node in the cluster's order. The fragmentation is
-    measured against the jobs memgov has seen (``prepare``: the queue's history; here the trace).
+    Where FGD counts how much of a node's idle GPU milli the typical job could not use right now,
+    memgov counts how much it expects to stay idle for good (`ExpectedWaste`): what the next few
+    typical jobs, drawn by how often they occur, would leave on each GPU, with the node's CPUs
+    left deciding which of them fit at all. A job goes where that grows least, scored as FGD
+    scores (an integer 0-100 of the sigmoid of the drop over 1000 milli), ties to the first node
+    in the cluster's order. The typical jobs are the ones memgov has seen (``prepare``: the
+    queue's history; here the trace), as FGD's are.
     """
 
     name = "memgov"
-    IDLE_NODE_COST = 1.5
+
+    def __init__(self, look_ahead: float = LOOK_AHEAD_JOBS) -> None:
+        super().__init__()
+        self.look_ahead = look_ahead
+        self.waste: ExpectedWaste | None = None
+
+    def prepare(self, workload: Sequence[Demand]) -> None:
+        super().prepare(workload)
+        self.waste = ExpectedWaste.of(self._typical(), self.look_ahead)
 
     def score(
         self, state: ClusterState, demand: Demand, nodes: np.ndarray, rng: np.random.Generator
     ) -> Scores:
-        left = state.gpu_left[nodes]
-        if demand.num_gpu == 0:
-            return -left.sum(axis=1).astype(float), np.full(len(nodes), -1)
-        scores, gpu = super().score(state, demand, nodes, rng)
-        idle = (state.cpu_left[nodes] == state.cpu_capacity[nodes]) & (
-            left.sum(axis=1) == MILLI * state.gpu_count[nodes]
-        )
-        return scores - self.IDLE_NODE_COST * idle, gpu
+        if self.waste is None:
+            raise RuntimeError(f"policy {self.name!r} needs prepare(workload) before scoring")
+        left, cpu_left = state.gpu_left[nodes], state.cpu_left[nodes]
+        before = self.waste.of_nodes(cpu_left, left)[0].sum(axis=1)
+        per_gpu, row = self.waste.of_nodes(cpu_left - demand.cpu_milli, left)
+        after = per_gpu.sum(axis=1)
+        if not demand.shares_gpu:  # whole GPUs leave nothing to waste, or none is used
+            after = after - demand.num_gpu * self.waste.table[row, MILLI]
+            return _sigmoid_score(before - after), np.full(len(nodes), -1)
+        leaves = self.waste.table[row[:, None], np.maximum(left - demand.gpu_milli, 0)]
+        drop = before[:, None] - (after[:, None] - per_gpu + leaves)
+        scores = np.where(left >= demand.gpu_milli, _sigmoid_score(drop), -1.0)
+        gpu = np.argmax(scores, axis=1)  # the first GPU of the best score, as FGD picks
+        return scores[np.arange(len(nodes)), gpu], gpu
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {
