@@ -10,6 +10,9 @@ lists every metric.
 
 from __future__ import annotations
 
+import os
+import sys
+
 from memgov._errors import MemgovError
 
 DEFAULT_PORT = 10492
@@ -32,4 +35,23 @@ def require_prometheus_client() -> None:
         ) from None
 
 
-__all__ = ["DEFAULT_PORT", "INSTALL", "ExporterUnavailable", "require_prometheus_client"]
+def exec_server(listen: str, refresh_s: float) -> None:
+    """Replace this process (same PID) with the lean serving process, ``python -m
+    memgov.exporter``, with this interpreter and its flags (-X, -I...); does not return."""
+    import subprocess
+
+    flags: list[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()
+    argv = [sys.executable, *flags, "-m", "memgov.exporter"]
+    argv += ["--listen", listen, "--refresh", repr(refresh_s)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+
+
+__all__ = [
+    "DEFAULT_PORT",
+    "INSTALL",
+    "ExporterUnavailable",
+    "exec_server",
+    "require_prometheus_client",
+]
