@@ -55,6 +55,13 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scrapes", type=int, default=100)
     parser.add_argument("--hogs", type=int, default=0, help="CPU-burning processes to start")
     parser.add_argument(
+        "--hogs-session",
+        choices=("same", "own"),
+        default="same",
+        help="same: the hogs share this script's (and the exporter's) session, as pack's jobs "
+        "did on the GPU machine; own: their own session, as a user's jobs beside a service",
+    )
+    parser.add_argument(
         "--tree", action="append", default=[], help="memgov tree to run the exporter from"
     )
     parser.add_argument("--out", type=Path, help="JSON file to write")
@@ -132,8 +139,11 @@ def start_holders(k: int, size: str) -> list[subprocess.Popen[str]]:
 HOG = "while True: pass"
 
 
-def start_hogs(h: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(h)]
+def start_hogs(h: int, own_session: bool) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen([sys.executable, "-c", HOG], start_new_session=own_session)
+        for _ in range(h)
+    ]
 
 
 def stop(procs: list[Any]) -> None:
@@ -236,6 +246,7 @@ def run_one(args: argparse.Namespace, tree: str | None, holders: int) -> dict[st
             "memgov_devices": os.environ.get("MEMGOV_DEVICES"),
             "memgov_threads": os.environ.get("MEMGOV_THREADS"),
             "hogs": args.hogs,
+            "hogs_session": args.hogs_session,
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
             "holders_started": holders,
@@ -272,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         holders = start_holders(args.holders, args.size)
-        hogs = start_hogs(args.hogs)
+        hogs = start_hogs(args.hogs, args.hogs_session == "own")
         for tree in args.tree or [None]:
             results.append(run_one(args, tree, len(holders)))
             show(results[-1])
@@ -290,7 +301,8 @@ def show(result: dict[str, Any]) -> None:
     age = result["body_age_s"]
     print(
         f"{result['tree'] or 'exporter'}: {result['claims_in_last_scrape']} claims, "
-        f"{result['scrapes']} scrapes, {result['hogs']} hogs, load "
+        f"{result['scrapes']} scrapes, {result['hogs']} hogs ({result['hogs_session']} session), "
+        f"load "
         f"{result['load_average_after'][0]:.1f}: p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, "
         f"max {lat['max']:.2f} ms; exporter RSS {mem.get('rss_mib', 0):.1f} MiB, USS "
         f"{mem.get('uss_mib', 0):.1f} MiB, peak RSS {(mem.get('peak_rss_bytes') or 0) / 2**20:.1f}"

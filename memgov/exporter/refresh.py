@@ -82,7 +82,8 @@ class Refresher:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=10)
         for fd in self._watched.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -93,8 +94,12 @@ class Refresher:
             reason = self._wait()
             if reason is None:
                 return
-            self.body = self._make(reason)
-            self._watch(self.collector.last_reading)
+            self.refresh(reason)
+
+    def refresh(self, reason: str) -> None:
+        """Make a new body now (the refresher's thread; --textfile's loop, which has none)."""
+        self.body = self._make(reason)
+        self._watch(self.collector.last_reading)
 
     def _make(self, reason: str) -> Body:
         begun = time.monotonic()

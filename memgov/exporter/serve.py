@@ -19,12 +19,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from memgov import _records
 from memgov._errors import ConfigError, LedgerError
 from memgov.exporter import DEFAULT_PORT
-from memgov.exporter.families import MemgovCollector
 from memgov.exporter.refresh import Refresher
 
 TEXTFILE_NAME = "memgov.prom"
@@ -56,12 +55,6 @@ SWITCH_INTERVAL_S = 0.0005
 """The interpreter's thread switch interval: how long the refresher, while it runs, may keep the
 GIL from a scrape's thread that asks for it (Python's default is 5 ms)."""
 CLIENT_TIMEOUT_S = 10.0
-
-
-def registry() -> CollectorRegistry:
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(MemgovCollector())
-    return reg
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -140,10 +133,14 @@ def _family(host: str) -> socket.AddressFamily:
         return socket.AF_INET  # binding says what is wrong with the name
 
 
-def write_textfile(folder: Path) -> Path:
+def write_textfile(folder: Path, refresher: Refresher | None = None) -> Path:
     """Write DIR/memgov.prom once, whole or not at all: a temporary file in DIR, fsync, rename;
-    DIR itself is never followed through a symlink, nor is any file in it."""
-    data = generate_latest(registry())
+    DIR itself is never followed through a symlink, nor is any file in it. ``refresher``: the
+    loop's, which counts the writes as refreshes (one is made for a single write)."""
+    if refresher is None:
+        refresher = Refresher(0.0)
+        refresher.stop()  # closes the pidfds it opened; its body is all a single write needs
+    data = refresher.body.text
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(folder, flags)
@@ -167,11 +164,13 @@ def textfile_loop(folder: Path, interval: float, ready: threading.Event | None =
     """Rewrite DIR/memgov.prom every ``interval`` seconds until SIGTERM or SIGINT."""
     stop = threading.Event()
     _on_signals(stop)
+    refresher = Refresher(interval)  # its thread is not started: each write is one refresh
     while not stop.is_set():
-        write_textfile(folder)
+        write_textfile(folder, refresher)
         if ready is not None:
             ready.set()
-        stop.wait(interval)
+        if not stop.wait(interval):
+            refresher.refresh("interval")
 
 
 def _until_stopped(ready: threading.Event | None) -> None:
@@ -202,7 +201,6 @@ __all__ = [
     "DEFAULT_LISTEN",
     "DEFAULT_REFRESH_S",
     "parse_listen",
-    "registry",
     "serve",
     "textfile_loop",
     "write_textfile",
