@@ -11,7 +11,8 @@ stopped at the end; they inherit the environment, so MEMGOV_THREADS=once keeps t
 followers from re-reading the ledger every second); --wait-claims N waits (at most 600 s) until
 the scrape shows N claims, e.g. the jobs of a `memgov pack --n 140` started beside it. --hogs H
 starts H processes that only burn CPU (in this script's session, as pack's jobs share the session
-of the script that starts them on the GPU machine), to saturate the cores as pack's 140 jobs did.
+of the script that starts them on the GPU machine), to saturate the cores as pack's 140 jobs did:
+after the exporter is up (a service is up before the load comes), for the scrapes only.
 --tree DIR (repeatable) runs the started exporter from that memgov tree (PYTHONPATH=DIR first), one
 after another beside the same holders and hogs: before and after in one run. Then it
 times --scrapes full HTTP GETs of /metrics, one after another (p50, p99 by nearest rank, max),
@@ -102,14 +103,14 @@ def start_exporter(tree: str | None = None) -> tuple[subprocess.Popen[bytes], st
         env=env,
     )
     url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_S
     while True:
         try:
             fetch(url)
             return proc, url
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the exporter did not answer within 60 s") from None
+                raise SystemExit(f"the exporter did not answer within {START_S:g} s") from None
             time.sleep(0.1)
 
 
@@ -137,6 +138,7 @@ def start_holders(k: int, size: str) -> list[subprocess.Popen[str]]:
 
 
 HOG = "while True: pass"
+HOGS_SETTLE_S = 10.0
 
 
 def start_hogs(h: int, own_session: bool) -> list[subprocess.Popen[bytes]]:
@@ -222,6 +224,7 @@ def measure(url: str, scrapes: int) -> tuple[list[float], list[int], bytes]:
 def run_one(args: argparse.Namespace, tree: str | None, holders: int) -> dict[str, Any]:
     """Start (or reach) one exporter, wait for the claims, time the scrapes."""
     exporter = None
+    hogs: list[subprocess.Popen[bytes]] = []
     try:
         if args.url is None:
             exporter, url = start_exporter(tree)
@@ -234,6 +237,10 @@ def run_one(args: argparse.Namespace, tree: str | None, holders: int) -> dict[st
                 raise SystemExit(f"fewer than {args.wait_claims} claims after {START_S:g} s")
             time.sleep(1)
         fetch(url)  # one warm-up scrape (imports, first NVML init) outside the timing
+        # The exporter is a service, up before the load comes: the hogs start now, and the
+        # scrapes once they have run for HOGS_SETTLE_S.
+        hogs = start_hogs(args.hogs, args.hogs_session == "own")
+        time.sleep(HOGS_SETTLE_S if hogs else 0)
         load_before = os.getloadavg()
         seconds, sizes, body = measure(url, args.scrapes)
         return {
@@ -264,6 +271,7 @@ def run_one(args: argparse.Namespace, tree: str | None, holders: int) -> dict[st
             "gpus": gpu_figures(body),
         }
     finally:
+        stop(hogs)
         if exporter is not None:
             stop([exporter])
 
@@ -279,16 +287,13 @@ def body_age(text: bytes) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     args = options(argv)
     holders: list[subprocess.Popen[str]] = []
-    hogs: list[subprocess.Popen[bytes]] = []
     results = []
     try:
         holders = start_holders(args.holders, args.size)
-        hogs = start_hogs(args.hogs, args.hogs_session == "own")
         for tree in args.tree or [None]:
             results.append(run_one(args, tree, len(holders)))
             show(results[-1])
     finally:
-        stop(hogs)
         stop(holders)
     text = json.dumps(results if args.tree else results[0], indent=2, sort_keys=True)
     if args.out is not None:
