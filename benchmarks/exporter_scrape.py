@@ -101,6 +101,7 @@ def start_exporter(tree: str | None = None) -> tuple[subprocess.Popen[bytes], st
         [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}"],
         stderr=subprocess.DEVNULL,
         env=env,
+        cwd=tree,  # `python -m` puts the working folder first on sys.path: the tree's memgov
     )
     url = f"http://127.0.0.1:{port}/metrics"
     deadline = time.monotonic() + START_S
