@@ -26,13 +26,18 @@ class ExporterUnavailable(MemgovError):
 
 
 def require_prometheus_client() -> None:
-    """Raise ExporterUnavailable, with the install command, when prometheus_client is missing."""
+    """Raise ExporterUnavailable, with the install command, when prometheus_client is missing.
+    Looked up, not imported: the serving process that replaces the command imports it."""
+    import importlib.util
+
     try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
+        found = importlib.util.find_spec("prometheus_client")
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
         raise ExporterUnavailable(
             f"the exporter needs prometheus_client, which is not installed: {INSTALL}"
-        ) from None
+        )
 
 
 def exec_server(listen: str, refresh_s: float) -> None:

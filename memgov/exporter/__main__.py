@@ -11,7 +11,13 @@ import argparse
 import sys
 
 from memgov._errors import MemgovError
-from memgov.exporter import serve
+from memgov.exporter import INSTALL
+
+try:
+    from memgov.exporter import serve
+except ImportError as exc:  # prometheus_client missing or broken: one line, as the command says
+    print(f"memgov: the exporter needs prometheus_client ({exc}): {INSTALL}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
