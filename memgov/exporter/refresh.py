@@ -16,7 +16,7 @@ at once for a visible holder (within CHECK_S + one refresh for a new claim, with
 for a holder in a PID namespace the exporter cannot see). The thread keeps the CPU priority of the
 process: a lower one (nice) would make it slower to hand the GIL back to a scrape's thread on a
 saturated host, where a preempted holder of the GIL holds up every other thread, and would leave
-the body minutes old there (measured: docs/metrics.md, "Scrape time and memory").
+the body far older there (docs/metrics.md, "Scrape time and memory").
 """
 
 from __future__ import annotations
