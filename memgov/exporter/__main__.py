@@ -20,11 +20,17 @@ except ImportError as exc:  # prometheus_client missing or broken: one line, as 
     sys.exit(2)
 
 
+MIN_REFRESH_S = 0.1
+"""As `memgov exporter --refresh` accepts (a smaller one would refresh without pause)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="memgov exporter", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", default=serve.DEFAULT_LISTEN)
     parser.add_argument("--refresh", type=float, default=serve.DEFAULT_REFRESH_S)
     args = parser.parse_args(argv)
+    if not args.refresh >= MIN_REFRESH_S:  # also NaN
+        parser.error(f"--refresh {args.refresh}: accepted a number of seconds >= {MIN_REFRESH_S}")
     try:
         serve.serve(args.listen, args.refresh)
     except MemgovError as exc:

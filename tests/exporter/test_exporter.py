@@ -286,6 +286,13 @@ def test_listen_garbage_says_what_is_accepted(sim: str, listen: str) -> None:
     assert "accepted HOST:PORT, [IPV6]:PORT or :PORT" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("refresh", ["0", "-1", "nan", "soon"])
+def test_refresh_garbage_says_what_is_accepted(sim: str, refresh: str) -> None:
+    done = _memgov("exporter", "--listen", "127.0.0.1:1", "--refresh", refresh)
+    assert done.returncode == 2
+    assert "--refresh" in done.stderr and ("0.1" in done.stderr or "number" in done.stderr)
+
+
 @pytest.mark.parametrize(
     ("path", "container", "pod"),
     [
