@@ -11,12 +11,15 @@ runs once at start, then every ``interval`` seconds, and at once when the ledger
 - a record is added to or removed from a device's ``claims/`` or ``queue/`` folder: the folder's
   change time is looked at every ``CHECK_S`` (one lstat each).
 
-So a killed holder's series is gone from the first body refreshed after its death, which starts
-at once for a visible holder (within CHECK_S + one refresh for a new claim, within ``interval``
-for a holder in a PID namespace the exporter cannot see). The thread keeps the CPU priority of the
-process: a lower one (nice) would make it slower to hand the GIL back to a scrape's thread on a
-saturated host, where a preempted holder of the GIL holds up every other thread, and would leave
-the body far older there (docs/metrics.md, "Scrape time and memory").
+A refresh for a change starts at once, or, when refreshes follow each other (a pack's jobs
+ending one after another), once the refresher has rested as long as its last refresh took: a
+stream of changes keeps it busy half the time at most. So a killed holder's series is gone from
+the first body refreshed after its death, which starts at once (or after that rest) for a visible
+holder; within CHECK_S for a new claim; within ``interval`` for a holder in a PID namespace the
+exporter cannot see. The thread keeps the CPU priority of the process: a lower one (nice) would
+make it slower to hand the GIL back to a scrape's thread on a saturated host, where a preempted
+holder of the GIL holds up every other thread, and would leave the body far older there
+(docs/metrics.md, "Scrape time and memory").
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Refresher:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self.body = self._make("start")
+        self._finished = time.monotonic()
         self._stop = threading.Event()
         self._watched: dict[tuple[str, str], int] = {}
         self._exited: set[tuple[str, str]] = set()
@@ -100,6 +104,7 @@ class Refresher:
         """Make a new body now (the refresher's thread; --textfile's loop, which has none)."""
         self.body = self._make(reason)
         self._watch(self.collector.last_reading)
+        self._finished = time.monotonic()
 
     def _make(self, reason: str) -> Body:
         begun = time.monotonic()
@@ -113,6 +118,16 @@ class Refresher:
     # -- what starts a refresh -----------------------------------------------------------------
     def _wait(self) -> str | None:
         """Block until the next refresh is due: "interval", "change", or None when stopped."""
+        reason = self._next()
+        if reason == "change":
+            # Holders that die one after another (a pack's jobs ending) must not keep the
+            # refresher busy: it rests at least as long as its last refresh took.
+            rest = self.collector.previous_seconds - (time.monotonic() - self._finished)
+            if rest > 0 and self._stop.wait(rest):
+                return None
+        return reason
+
+    def _next(self) -> str | None:
         deadline = time.monotonic() + self.interval
         poller = select.poll()
         for fd in self._watched.values():
