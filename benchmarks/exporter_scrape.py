@@ -111,6 +111,7 @@ def start_exporter(tree: str | None = None) -> tuple[subprocess.Popen[bytes], st
             return proc, url
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
+                stop([proc])
                 raise SystemExit(f"the exporter did not answer within {START_S:g} s") from None
             time.sleep(0.1)
 
