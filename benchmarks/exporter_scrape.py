@@ -1,7 +1,7 @@
 """Scrape latency and memory of `memgov exporter`, with many governed processes holding claims.
 
     python benchmarks/exporter_scrape.py [--url URL --pid PID] [--holders K] [--size 512MiB]
-        [--wait-claims N] [--scrapes 100] [--out PATH.json]
+        [--wait-claims N] [--scrapes 100] [--hogs H] [--tree DIR ...] [--out PATH.json]
 
 Without --url it starts `python -m memgov exporter --listen 127.0.0.1:PORT` itself (the ledger
 and GPUs of its environment: MEMGOV_DIR, MEMGOV_DEVICES or NVML) and stops it at the end; with
@@ -9,7 +9,12 @@ and GPUs of its environment: MEMGOV_DIR, MEMGOV_DEVICES or NVML) and stops it at
 --holders K starts K sleeper processes that each claim --size and hold it (bounded start-up,
 stopped at the end; they inherit the environment, so MEMGOV_THREADS=once keeps their CPU-share
 followers from re-reading the ledger every second); --wait-claims N waits (at most 600 s) until
-the scrape shows N claims, e.g. the jobs of a `memgov pack --n 140` started beside it. Then it
+the scrape shows N claims, e.g. the jobs of a `memgov pack --n 140` started beside it. --hogs H
+starts H processes that only burn CPU (in this script's session, as pack's jobs share the session
+of the script that starts them on the GPU machine), to saturate the cores as pack's 140 jobs did:
+after the exporter is up (a service is up before the load comes), for the scrapes only.
+--tree DIR (repeatable) runs the started exporter from that memgov tree (PYTHONPATH=DIR first), one
+after another beside the same holders and hogs: before and after in one run. Then it
 times --scrapes full HTTP GETs of /metrics, one after another (p50, p99 by nearest rank, max),
 and reads the exporter's RSS, USS and peak RSS (VmHWM) after them. Beside them: the exporter's
 own per-GPU figures from the last scrape and NVML's (device used and total, process count),
@@ -49,12 +54,25 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", default="512MiB", help="each sleeper's claim")
     parser.add_argument("--wait-claims", type=int, default=0, help="claims to wait for")
     parser.add_argument("--scrapes", type=int, default=100)
+    parser.add_argument("--hogs", type=int, default=0, help="CPU-burning processes to start")
+    parser.add_argument(
+        "--hogs-session",
+        choices=("same", "own"),
+        default="same",
+        help="same: the hogs share this script's (and the exporter's) session, as pack's jobs "
+        "did on the GPU machine; own: their own session, as a user's jobs beside a service",
+    )
+    parser.add_argument(
+        "--tree", action="append", default=[], help="memgov tree to run the exporter from"
+    )
     parser.add_argument("--out", type=Path, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.scrapes < 1 or args.holders < 0 or args.wait_claims < 0:
         parser.error("--scrapes: accepted a whole number >= 1; --holders, --wait-claims >= 0")
     if args.pid is not None and args.url is None:
         parser.error("--pid goes with --url (a started exporter's PID is known)")
+    if args.tree and args.url is not None:
+        parser.error("--tree goes without --url (it picks the exporter this script starts)")
     return args
 
 
@@ -74,21 +92,27 @@ def fetch(url: str) -> bytes:
         return bytes(response.read())
 
 
-def start_exporter() -> tuple[subprocess.Popen[bytes], str]:
+def start_exporter(tree: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}"],
         stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=tree,  # `python -m` puts the working folder first on sys.path: the tree's memgov
     )
     url = f"http://127.0.0.1:{port}/metrics"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_S
     while True:
         try:
             fetch(url)
             return proc, url
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the exporter did not answer within 60 s") from None
+                stop([proc])
+                raise SystemExit(f"the exporter did not answer within {START_S:g} s") from None
             time.sleep(0.1)
 
 
@@ -113,6 +137,17 @@ def start_holders(k: int, size: str) -> list[subprocess.Popen[str]]:
                 stop(procs)
                 raise SystemExit(f"sleeper {proc.pid} did not hold its claim")
     return procs
+
+
+HOG = "while True: pass"
+HOGS_SETTLE_S = 10.0
+
+
+def start_hogs(h: int, own_session: bool) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen([sys.executable, "-c", HOG], start_new_session=own_session)
+        for _ in range(h)
+    ]
 
 
 def stop(procs: list[Any]) -> None:
@@ -188,14 +223,13 @@ def measure(url: str, scrapes: int) -> tuple[list[float], list[int], bytes]:
     return seconds, sizes, body
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = options(argv)
-    holders: list[subprocess.Popen[str]] = []
+def run_one(args: argparse.Namespace, tree: str | None, holders: int) -> dict[str, Any]:
+    """Start (or reach) one exporter, wait for the claims, time the scrapes."""
     exporter = None
+    hogs: list[subprocess.Popen[bytes]] = []
     try:
-        holders = start_holders(args.holders, args.size)
         if args.url is None:
-            exporter, url = start_exporter()
+            exporter, url = start_exporter(tree)
             pid: int | None = exporter.pid
         else:
             url, pid = args.url, args.pid
@@ -205,19 +239,26 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"fewer than {args.wait_claims} claims after {START_S:g} s")
             time.sleep(1)
         fetch(url)  # one warm-up scrape (imports, first NVML init) outside the timing
+        # The exporter is a service, up before the load comes: the hogs start now, and the
+        # scrapes once they have run for HOGS_SETTLE_S.
+        hogs = start_hogs(args.hogs, args.hogs_session == "own")
+        time.sleep(HOGS_SETTLE_S if hogs else 0)
         load_before = os.getloadavg()
         seconds, sizes, body = measure(url, args.scrapes)
-        result = {
+        return {
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "tree": tree,
             "host": platform.node(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "memgov_devices": os.environ.get("MEMGOV_DEVICES"),
             "memgov_threads": os.environ.get("MEMGOV_THREADS"),
+            "hogs": args.hogs,
+            "hogs_session": args.hogs_session,
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
-            "holders_started": len(holders),
+            "holders_started": holders,
             "claims_in_last_scrape": claims_in(body),
             "scrapes": len(seconds),
             "bytes_per_scrape_max": max(sizes),
@@ -227,23 +268,58 @@ def main(argv: list[str] | None = None) -> int:
                 "max": max(seconds) * 1000,
                 "all": [s * 1000 for s in seconds],
             },
+            "body_age_s": body_age(body),
             "exporter_memory": memory(pid) if pid is not None else None,
             "gpus": gpu_figures(body),
         }
     finally:
+        stop(hogs)
         if exporter is not None:
             stop([exporter])
+
+
+def body_age(text: bytes) -> float | None:
+    """Seconds between the last scrape and the refresh that made its body, where it says."""
+    for line in text.splitlines():
+        if line.startswith(b"memgov_exporter_last_refresh_timestamp_seconds "):
+            return time.time() - float(line.split()[1])
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = options(argv)
+    holders: list[subprocess.Popen[str]] = []
+    results = []
+    try:
+        holders = start_holders(args.holders, args.size)
+        for tree in args.tree or [None]:
+            results.append(run_one(args, tree, len(holders)))
+            show(results[-1])
+    finally:
         stop(holders)
-    text = json.dumps(result, indent=2, sort_keys=True)
+    text = json.dumps(results if args.tree else results[0], indent=2, sort_keys=True)
     if args.out is not None:
         args.out.write_text(text + "\n")
-    lat, mem = result["latency_ms"], result["exporter_memory"] or {}
-    print(
-        f"{result['claims_in_last_scrape']} claims, {result['scrapes']} scrapes: p50 "
-        f"{lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.2f} ms; exporter RSS "
-        f"{mem.get('rss_mib', 0):.1f} MiB, USS {mem.get('uss_mib', 0):.1f} MiB"
-    )
     return 0
+
+
+def show(result: dict[str, Any]) -> None:
+    lat, mem = result["latency_ms"], result["exporter_memory"] or {}
+    age = result["body_age_s"]
+    print(
+        f"{result['tree'] or 'exporter'}: {result['claims_in_last_scrape']} claims, "
+        f"{result['scrapes']} scrapes, {result['hogs']} hogs ({result['hogs_session']} session), "
+        f"load "
+        f"{result['load_average_after'][0]:.1f}: p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, "
+        f"max {lat['max']:.2f} ms; exporter RSS {mem.get('rss_mib', 0):.1f} MiB, USS "
+        f"{mem.get('uss_mib', 0):.1f} MiB, peak RSS {(mem.get('peak_rss_bytes') or 0) / 2**20:.1f}"
+        f" MiB; body age {'-' if age is None else f'{age:.2f} s'}",
+        flush=True,
+    )
+    gpus = result["gpus"]
+    for uuid, mine in gpus["exporter"].items():
+        nvml = gpus["nvml"].get(uuid, gpus["nvml"])
+        print(f"  {uuid}: exporter {json.dumps(mine, sort_keys=True)}; NVML {json.dumps(nvml)}")
 
 
 if __name__ == "__main__":

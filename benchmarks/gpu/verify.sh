@@ -31,6 +31,9 @@
 #   queue_policies              fifo, tetris, bestfit, fifo-exclusive on QUEUE_POLICIES_MIX
 #                               (light); sjf-exclusive first unless QUEUE_SOLO and QUEUE_PROFILES
 #                               name an earlier call's report and state (queue_checks.sh says how)
+#   exporter                    `memgov exporter` scraped 100 times beside pack --n 140, in pack's
+#                               session and in its own (benchmarks/gpu/exporter_scrape.sh;
+#                               docs/metrics.md; carry .whl with prometheus_client's wheel)
 #   auto                        claims that size themselves (docs/profiles.md): first runs, 30 jobs
 #                               under MEMGOV_CLAIM=auto vs one hand-picked size, a first run beside
 #                               24 neighbours (benchmarks/gpu/auto_checks.sh; needs AUTO_SCRIPTS)
@@ -115,6 +118,7 @@ python3 -m memgov devices' ;;
         && policies=(fifo tetris bestfit fifo-exclusive)
       run "$check" $((left + 20)) env OUT="$OUT" QUEUE_BUDGET_S="${QUEUE_BUDGET_S:-$left}" \
         bash benchmarks/gpu/queue_checks.sh "$mix" "${policies[@]}" ;;
+    exporter) run exporter 560 bash benchmarks/gpu/exporter_scrape.sh ;;
     gpu) run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
       --junitxml="$OUT/gpu_tests.xml" ;;
     # pack gets what is left of TOTAL_S (its last check, the dense one, is cut first).

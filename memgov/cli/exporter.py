@@ -43,6 +43,16 @@ def exporter(
     interval: Annotated[
         float, typer.Option("--interval", min=1.0, help="Seconds between textfile writes.")
     ] = 15.0,
+    refresh: Annotated[
+        float,
+        typer.Option(
+            "--refresh",
+            min=0.1,
+            metavar="SECONDS",
+            help="Seconds between refreshes of the served body when nothing changes; a new or "
+            "removed record, or a holder's death, refreshes it at once. Default 5.",
+        ),
+    ] = 5.0,
     once: Annotated[
         bool,
         typer.Option(
@@ -51,7 +61,7 @@ def exporter(
     ] = False,
 ) -> None:
     """Serve memgov's metrics for Prometheus (docs/metrics.md)."""
-    from memgov.exporter import require_prometheus_client
+    from memgov.exporter import exec_server, require_prometheus_client
 
     try:
         require_prometheus_client()
@@ -60,7 +70,8 @@ def exporter(
         if textfile is None:
             if once:
                 raise typer.BadParameter("--once needs --textfile DIR")
-            serve.serve(listen)
+            serve.parse_listen(listen)  # said here, before the serving process replaces this
+            exec_server(listen, refresh)
         elif once:
             typer.echo(serve.write_textfile(textfile))
         else:

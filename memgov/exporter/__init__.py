@@ -10,6 +10,9 @@ lists every metric.
 
 from __future__ import annotations
 
+import os
+import sys
+
 from memgov._errors import MemgovError
 
 DEFAULT_PORT = 10492
@@ -23,13 +26,37 @@ class ExporterUnavailable(MemgovError):
 
 
 def require_prometheus_client() -> None:
-    """Raise ExporterUnavailable, with the install command, when prometheus_client is missing."""
+    """Raise ExporterUnavailable, with the install command, when prometheus_client is missing.
+    Looked up, not imported: the serving process that replaces the command imports it."""
+    import importlib.util
+
     try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
+        found = importlib.util.find_spec("prometheus_client")
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
         raise ExporterUnavailable(
             f"the exporter needs prometheus_client, which is not installed: {INSTALL}"
-        ) from None
+        )
 
 
-__all__ = ["DEFAULT_PORT", "INSTALL", "ExporterUnavailable", "require_prometheus_client"]
+def exec_server(listen: str, refresh_s: float) -> None:
+    """Replace this process (same PID) with the lean serving process, ``python -m
+    memgov.exporter``, with this interpreter and its flags (-X, -I...); does not return."""
+    import subprocess
+
+    flags: list[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()
+    argv = [sys.executable, *flags, "-m", "memgov.exporter"]
+    argv += ["--listen", listen, "--refresh", repr(refresh_s)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+
+
+__all__ = [
+    "DEFAULT_PORT",
+    "INSTALL",
+    "ExporterUnavailable",
+    "exec_server",
+    "require_prometheus_client",
+]

@@ -51,32 +51,70 @@ def label(text: object) -> str:
     return clean.encode("utf-8", "replace").decode("utf-8")
 
 
+REFRESH_REASONS = ("start", "interval", "change")
+"""Why a refresh ran: the first one, the refresh interval, or a change in the ledger (a record
+added or removed, a watched holder's death; memgov/exporter/refresh.py)."""
+
+
 class MemgovCollector(Collector):
-    """Reads the ledger and NVML on every collect(): each scrape is a fresh reading."""
+    """Reads the ledger and NVML on every collect(): one collect is one refresh of the body that
+    `memgov exporter` serves (memgov/exporter/refresh.py), or one write of --textfile."""
 
     def __init__(self, read: Any = model.read) -> None:
         self._read = read
         self._said: set[str] = set()
+        self.last_reading: model.Reading | None = None
+        """The reading of the last collect (the refresher watches its holders)."""
+        self.refreshes = dict.fromkeys(REFRESH_REASONS, 0)
+        """Refreshes so far by reason, counted by the refresher before each collect."""
+        self.previous_seconds = 0.0
+        """How long the previous refresh took, reading and rendering (0 before the first)."""
 
     def collect(self) -> Iterator[Metric]:
+        started = time.time()
         reading = self._read()
+        self.last_reading = reading
         self._log(reading)
         yield from _gpu_families(reading)
         yield from _claim_families(reading)
         yield from _counter_families(reading)
         yield from queue.job_queue_families()
-        yield _gauge(
-            "memgov_exporter_read_seconds",
-            "Seconds this scrape took to read the ledger and NVML.",
-            [],
-            [([], reading.seconds)],
-        )
+        yield from self._refresh_families(started, reading)
         yield _gauge(
             "memgov_exporter_devices_listed",
             "1 when the GPUs could be listed (NVML or MEMGOV_DEVICES), else 0.",
             [],
             [([], 0 if reading.error else 1)],
         )
+
+    def _refresh_families(self, started: float, reading: model.Reading) -> Iterator[Metric]:
+        yield _gauge(
+            "memgov_exporter_read_seconds",
+            "Seconds the refresh that made this body took to read the ledger and NVML.",
+            [],
+            [([], reading.seconds)],
+        )
+        yield _gauge(
+            "memgov_exporter_last_refresh_timestamp_seconds",
+            "Unix time at which the refresh that made this body began (its age: time() - this).",
+            [],
+            [([], started)],
+        )
+        yield _gauge(
+            "memgov_exporter_refresh_seconds",
+            "Seconds the previous refresh took, reading and rendering (0 before the first).",
+            [],
+            [([], self.previous_seconds)],
+        )
+        refreshes = CounterMetricFamily(
+            "memgov_exporter_refreshes",
+            "Refreshes of the served body, this one included, by reason: start, interval, "
+            "change (a record added or removed, a watched holder's death).",
+            labels=["reason"],
+        )
+        for reason, count in self.refreshes.items():
+            refreshes.add_metric([reason], count)
+        yield refreshes
 
     def _log(self, reading: model.Reading) -> None:
         """Say on stderr why a GPU (or every GPU) could not be read, once per distinct reason."""

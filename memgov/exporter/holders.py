@@ -35,6 +35,9 @@ class Holder:
     """The container runtime's ID of the holder's container, 12 characters as `docker ps`."""
     pod: str
     pod_uid: str
+    host_pid: int | None = None
+    """The holder's PID as this process sees it, or None where it cannot be seen (the refresher
+    watches it with a pidfd, so that its death starts a refresh at once)."""
 
 
 @cache
@@ -81,7 +84,7 @@ class HolderFinder:
         if pod_uid or (pid is None and self.in_kubernetes and entry.host != self.node_name):
             # Kubernetes names a pod's host after the pod (unless spec.hostname or hostNetwork).
             pod = entry.host
-        return Holder(user_name(entry.uid), container, pod, pod_uid)
+        return Holder(user_name(entry.uid), container, pod, pod_uid, pid)
 
     def _visible_pid(self, entry: Entry) -> int | None:
         if entry.pidns is None or entry.pidns == self.mine:

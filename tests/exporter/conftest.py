@@ -27,7 +27,8 @@ pytest.importorskip("prometheus_client", reason="the exporter's extra: memgov-gp
 from prometheus_client.parser import text_string_to_metric_families
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 120.0
+"""A bound on start-up (imports and the first refresh), not a timing: the test machine is shared."""
 
 
 def free_port() -> int:
@@ -63,13 +64,29 @@ class Exporter:
     def scrape(self) -> Scrape:
         return parse(self.text())
 
+    def scrape_after(self, moment: float) -> Scrape:
+        """The first scrape whose body was refreshed after ``moment`` (Unix time): the exporter
+        serves a prepared body and refreshes it at once when the ledger changes or a holder dies
+        (memgov/exporter/refresh.py), so this waits one refresh, bounded."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            scrape = self.scrape()
+            refreshed = scrape["memgov_exporter_last_refresh_timestamp_seconds"][0][1]
+            if refreshed > moment:
+                return scrape
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no refresh after {moment} in {START_TIMEOUT_S} s")
+            time.sleep(0.02)
 
-def start_exporter(tmp_path: Path, env: dict[str, str] | None = None) -> Exporter:
+
+def start_exporter(
+    tmp_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> Exporter:
     port = free_port()
     log = tmp_path / f"exporter-{port}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}"],
+            [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -102,8 +119,8 @@ def stop_exporter(exporter: Exporter) -> None:
 def exporter(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
     started: list[Exporter] = []
 
-    def start(env: dict[str, str] | None = None) -> Exporter:
-        started.append(start_exporter(tmp_path, env))
+    def start(env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Exporter:
+        started.append(start_exporter(tmp_path, env, args))
         return started[-1]
 
     yield start

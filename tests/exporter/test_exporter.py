@@ -72,12 +72,51 @@ def test_each_claim_is_shown_and_a_killed_holder_disappears(
     }
     a.kill()
     a.proc.wait(timeout=10)
-    # The very next scrape: the flock died with the process, no clean-up ran in between.
-    scrape = server.scrape()
+    killed = time.time()
+    # The first body refreshed after the death (the death itself starts that refresh): the
+    # flock died with the process, no clean-up ran in between.
+    scrape = server.scrape_after(killed)
     assert claims(scrape) == {"trainer-b": 2 * GIB}
     assert scrape["memgov_gpu_claimed_bytes"][0][1] == 2 * GIB
     hold(holders, "1GiB", "trainer-c")
+    admitted = time.time()
+    assert claims(server.scrape_after(admitted)) == {"trainer-b": 2 * GIB, "trainer-c": GIB}
+
+
+def test_a_death_or_a_new_claim_refreshes_at_once(
+    sim: str, exporter: Callable[..., Exporter], holders: list[Child]
+) -> None:
+    """With a refresh interval far beyond this test's waits, only the change triggers can make
+    the body follow: a watched holder's death (pidfd) and a new record (the folder's times)."""
+    a = hold(holders, "4GiB", "trainer-a")
+    hold(holders, "2GiB", "trainer-b")
+    server = exporter(args=("--refresh", "600"))
+    assert claims(server.scrape()) == {"trainer-a": 4 * GIB, "trainer-b": 2 * GIB}
+    a.kill()
+    a.proc.wait(timeout=10)
+    wait_until(lambda: "trainer-a" not in claims(server.scrape()), timeout=30)
+    hold(holders, "1GiB", "trainer-c")
+    wait_until(lambda: "trainer-c" in claims(server.scrape()), timeout=30)
     assert claims(server.scrape()) == {"trainer-b": 2 * GIB, "trainer-c": GIB}
+    refreshes = {lb["reason"]: v for lb, v in server.scrape()["memgov_exporter_refreshes_total"]}
+    assert refreshes["start"] == 1 and refreshes["interval"] == 0 and refreshes["change"] >= 2
+
+
+def test_a_scrape_only_sends_the_prepared_body(
+    sim: str, exporter: Callable[..., Exporter], holders: list[Child]
+) -> None:
+    """Between refreshes every scrape gets the same bytes: nothing is read or rendered for it."""
+    hold(holders, "1GiB", "trainer-a")
+    server = exporter()
+    first = server.text()
+    stamp = parse(first)["memgov_exporter_last_refresh_timestamp_seconds"][0][1]
+    same = [server.text() for _ in range(20)]
+    fresh = [t for t in same if t != first]
+    # Only a refresh (every 5 s by default) may change it, and then its timestamp moves on.
+    assert all(
+        parse(t)["memgov_exporter_last_refresh_timestamp_seconds"][0][1] > stamp for t in fresh
+    )
+    assert len(fresh) < len(same)
 
 
 def test_use_comes_from_nvml_by_host_pid(
@@ -245,6 +284,13 @@ def test_listen_garbage_says_what_is_accepted(sim: str, listen: str) -> None:
     done = _memgov("exporter", "--listen", listen)
     assert done.returncode == 2
     assert "accepted HOST:PORT, [IPV6]:PORT or :PORT" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("refresh", ["0", "-1", "nan", "soon"])
+def test_refresh_garbage_says_what_is_accepted(sim: str, refresh: str) -> None:
+    done = _memgov("exporter", "--listen", "127.0.0.1:1", "--refresh", refresh)
+    assert done.returncode == 2
+    assert "--refresh" in done.stderr and ("0.1" in done.stderr or "number" in done.stderr)
 
 
 @pytest.mark.parametrize(

@@ -108,14 +108,6 @@ class Prometheus:
         result = self.api("query", query=promql)["result"]
         return {r["metric"].get("name", ""): float(r["value"][1]) for r in result}
 
-    def last_scrape(self) -> float:
-        """Unix time of the last finished scrape of the exporter that succeeded, or 0."""
-        for target in self.api("targets")["activeTargets"]:
-            if target["health"] == "up":
-                stamp = target["lastScrape"]
-                return _unix(stamp)
-        return 0.0
-
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -124,17 +116,6 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def _unix(stamp: str) -> float:
-    from datetime import datetime
-
-    # RFC 3339 with nanoseconds: keep microseconds for fromisoformat.
-    head, _, tail = stamp.partition(".")
-    zone = tail[tail.find("+") :] if "+" in tail else tail[tail.find("-") :] if "-" in tail else ""
-    fraction = tail[: len(tail) - len(zone)].rstrip("Z")[:6] if tail else "0"
-    zone = "+00:00" if stamp.endswith("Z") or not zone else zone
-    return datetime.fromisoformat(f"{head}.{fraction.ljust(6, '0')}{zone}").timestamp()
 
 
 def _until(what: str, check: Callable[[], bool], server: Prometheus) -> None:
@@ -212,9 +193,15 @@ def test_prometheus_scrapes_claims_as_processes_come_and_go(
         a.kill()
         a.proc.wait(timeout=10)
         killed = time.time()
-        # The first scrape that starts after the kill no longer has trainer-a's series;
-        # Prometheus marks it stale, so an instant query no longer returns it.
-        _until("a scrape after the kill", lambda: server.last_scrape() > killed, server)
+        # The first scrape of a body refreshed after the kill (the death starts that refresh at
+        # once) no longer has trainer-a's series; Prometheus marks it stale, so an instant
+        # query no longer returns it.
+        refreshed = "memgov_exporter_last_refresh_timestamp_seconds"
+        _until(
+            "a scrape of a body refreshed after the kill",
+            lambda: server.query(refreshed).get("", 0.0) > killed,
+            server,
+        )
         assert "trainer-a" not in server.query(budgets)
         c = hold("1GiB", "trainer-c")
         fake_nvml.set({b.proc.pid: GIB, c.proc.pid: GIB // 4})
