@@ -175,14 +175,11 @@ def sizes_on(size: Size, among: list[Device]) -> dict[str, int]:
     for device in among:
         try:
             sizes[device.uuid] = size.on(device.total)
-        except ValueError:
+        except ConfigError:
             continue
     if among and not sizes:
         largest = max(among, key=lambda d: d.total)
         where = "the device" if len(among) == 1 else "the largest device,"
         where = f"{where} {largest.uuid}"
-        try:
-            size.on(largest.total, where)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        size.on(largest.total, where)  # raises the ConfigError that says so
     return sizes

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memgov import _config, _settings
-from memgov._errors import MemgovError
+from memgov._errors import MpsError
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
@@ -38,10 +38,6 @@ MAX_DAEMONS = 16
 """memgov's daemons per host at most (pipe folders looked for on every claim; lstat each)."""
 DEFAULT_CLIENTS = _settings.DEFAULT_MPS_CLIENTS
 POLICIES = _settings.MPS_POLICIES
-
-
-class MpsError(MemgovError):
-    """The MPS daemon cannot be started, queried or stopped as asked."""
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ _FRAMEWORK_KEYS = {"command", "env"}
 class ManifestError(ConfigError):
     """An experiment folder or manifest pack cannot use; says what is accepted."""
 
+    __module__ = "memgov.pack"  # raised by pack, importable from memgov.pack
+
 
 @dataclass(frozen=True)
 class Framework:

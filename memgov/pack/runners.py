@@ -54,6 +54,8 @@ GREEDY_IN_IMAGE = {"MEMGOV_CLAIM": "off", "XLA_PYTHON_CLIENT_PREALLOCATE": "true
 class RunnerError(ConfigError):
     """A runner that cannot work on this machine, with what it needs."""
 
+    __module__ = "memgov.pack"  # raised by pack, importable from memgov.pack
+
 
 class Runner:
     name = "process"

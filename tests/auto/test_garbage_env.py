@@ -73,7 +73,7 @@ def test_strict_mode_raises_a_clear_error(env, py, var, value, message):
     assert result.returncode != 0
     assert "survived" not in result.stdout
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("memgov._errors.ConfigError: "), result.stderr[-3000:]
+    assert last.startswith("memgov.ConfigError: "), result.stderr[-3000:]
     assert message in last
 
 

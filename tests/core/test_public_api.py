@@ -26,6 +26,7 @@ def test_every_exception_memgov_raises_on_purpose_is_exported() -> None:
         "BudgetExceeded",
         "ConfigError",
         "LedgerError",
+        "LockTimeout",
         "MemgovError",
         "MpsError",
         "NoDeviceError",
