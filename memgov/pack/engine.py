@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from memgov import _config
 from memgov._signals import raise_on_signals
 from memgov.pack import stats, warmup
-from memgov.pack.config import PackConfig, cpu_sets, job_env, threads_for
+from memgov.pack.config import PackConfig, cpu_sets, threads_for
 from memgov.pack.jobs import Job, JobSpec
 from memgov.pack.monitor import Sampler
 from memgov.pack.plan import Context, RunPlan, learn_claim, prepare
@@ -94,20 +94,13 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
 def run_once(ctx: Context, plan: RunPlan, observer: Observer
              ) -> tuple[dict[str, Any], BaseException | None]:
     """Run one plan's jobs to the end (or until stopped); return its record and any interrupt."""
-    mps_pipe, mps_log = ctx.mps_paths() if plan.mps else (None, None)
     concurrent = min(plan.n, plan.parallel)
     # The expected share (for --pin and the report); the jobs decide their own threads with
     # memgov's thread budget (memgov/_threads.py), unless --threads N (or a CPU pack's solo job,
     # given one packed job's threads as a fair reference) fixes them.
     threads = None if plan.mode == "greedy" else plan.threads or threads_for(ctx.cfg, concurrent)
     fixed = None if plan.mode == "greedy" else plan.threads or ctx.cfg.threads
-    env = job_env(mode=plan.mode, claim_bytes=plan.claim_bytes, threads=fixed,
-                  ledger=ctx.ledger, device_uuid=ctx.device_uuid, simulated=ctx.simulated,
-                  mps_pipe=mps_pipe, mps_log=mps_log, wait=ctx.cfg.wait)
-    if ctx.simulated is not None and ctx.device is not None and plan.mode != "greedy":
-        env["MEMGOV_DEVICE"] = ctx.device.uuid  # the simulated GPU pack watches (--gpu)
-    if ctx.compile_cache is not None and plan.mode != "greedy":
-        env.update(warmup.cache_env(ctx.compile_cache))
+    env = ctx.job_env(plan, fixed, ctx.mps_paths() if plan.mps else None)
     base = ctx.base_env(plan.mode)
     connections = one_connection(ctx, concurrent, base)
     if connections:

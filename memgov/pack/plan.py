@@ -18,13 +18,13 @@ from memgov import _config, _devices
 from memgov._devices import Device
 from memgov._errors import ConfigError, MemgovError
 from memgov._sizes import Size, format_size
-from memgov.pack import history, hostmem, manifest, runners
+from memgov.pack import history, hostmem, jobenv, manifest, runners
 from memgov.pack.config import (
+    CLAIM_ALSO,
     DEFAULT_CLAIM,
     DEFAULT_CLAIM_OTHER,
     GiB,
     PackConfig,
-    base_env,
     cores,
     report_folder,
     threads_for,
@@ -110,7 +110,23 @@ class Context:
         return host_key(self.history_key, self.cpu, self.cfg.mode, self.runner.name)
 
     def base_env(self, mode: str) -> dict[str, str]:
-        return base_env(mode)
+        return jobenv.inherited(mode)
+
+    def job_env(self, plan: RunPlan, threads: int | None, mps: tuple[Path, Path] | None
+                ) -> dict[str, str]:
+        """What pack decides for each job of ``plan`` (jobenv.py), its compilation cache too."""
+        governed = plan.mode != "greedy"
+        env = jobenv.decided(jobenv.JobEnv(
+            mode=plan.mode, claim=str(plan.claim_bytes), threads=threads, wait=self.cfg.wait,
+            ledger=self.ledger, visible=self.device_uuid, simulated=self.simulated,
+            # the simulated GPU pack watches (--gpu)
+            device=self.device.uuid if self.simulated and self.device else None,
+            mps_pipe=mps[0] if mps else None, mps_log=mps[1] if mps else None))
+        if self.compile_cache is not None and governed:
+            from memgov.pack import warmup
+
+            env.update(warmup.cache_env(self.compile_cache))
+        return env
 
     @property
     def cpu_defaults(self) -> dict[str, Any] | None:
@@ -318,10 +334,8 @@ def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
     if cfg.mode != "claim":
         return None, None
     if cfg.claim.strip().lower() != "auto":
-        try:
-            return _explicit_claim(Size(cfg.claim, "--claim"), device), f"--claim {cfg.claim}"
-        except ValueError as exc:  # ConfigError too
-            raise ConfigError(f"{exc}; or auto (measured peaks, see docs/pack.md)") from None
+        size = Size(cfg.claim, "--claim", also=CLAIM_ALSO)
+        return _explicit_claim(size, device), f"--claim {cfg.claim}"
     key = history.key(name, cfg.framework, batch)
     found = history.auto_size(key)
     if found is not None:

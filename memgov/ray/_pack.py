@@ -15,25 +15,21 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memgov.pack.config import PackConfig
 
 
-@dataclass(frozen=True)
-class RayPackSpec:
-    experiment: str
-    n: int
-    claim: str
-    gpu: str | None = None
-    framework: str = "torch"
-    epochs: int | None = None
-    batch: int | None = None
-    device: str = "gpu"
-    threads: int = 1
-    wait: float | None = None
-    timeout: float | None = None
-    trainer_args: list[str] = field(default_factory=list)
+def job_spec(cfg: PackConfig, gpu_type: str | None) -> dict[str, Any]:
+    """What each Ray task is given (and the report's ``spec``): the experiment, the options
+    ``memgov ray pack`` takes (memgov/pack/config.py), Ray's GPU type and the trainer's arguments."""
+    from memgov.pack.config import options
+
+    taken = {o.name: getattr(cfg, o.name) for o in options("ray")}
+    head = {"experiment": str(cfg.experiment), "n": taken.pop("n"), "claim": taken.pop("claim")}
+    return {**head, "gpu": gpu_type, **taken, "trainer_args": list(cfg.trainer_args)}
 
 
 def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
@@ -42,6 +38,7 @@ def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
 
     import ray
 
+    from memgov.pack import jobenv
     from memgov.pack import manifest as manifests
     from memgov.pack.jobs import classify
     from memgov.ray._worker import assigned_device
@@ -55,11 +52,10 @@ def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
         batch=spec["batch"] or found.batch or 32,
         device=spec["device"],
     ) + list(spec["trainer_args"])
-    env = dict(os.environ, MEMGOV_CLAIM=spec["claim"], MEMGOV_DEVICE=device.uuid)
-    env.update({k: str(spec["threads"]) for k in ("OMP_NUM_THREADS", "MEMGOV_THREADS")})
-    if spec["wait"]:
-        env["MEMGOV_WAIT"] = str(spec["wait"])
-    env.pop("MEMGOV_HOLDER", None)  # the trainer claims for itself
+    env = jobenv.inherited("claim", keep_mps=True)  # the trainer claims for itself
+    env.update(jobenv.decided(jobenv.JobEnv(
+        mode="claim", claim=spec["claim"], threads=spec["threads"], wait=spec["wait"],
+        device=device.uuid, mps=jobenv.MPS_OF_THE_NODE)))
     started = time.time()
     try:
         done = subprocess.run(
@@ -104,23 +100,26 @@ def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
     }
 
 
-def run(spec: RayPackSpec, address: str | None = None, out: Path | None = None) -> dict[str, Any]:
-    """Submit the jobs, wait for all, and return (and write) the report."""
+def run(cfg: PackConfig, gpu_type: str | None = None, address: str | None = None,
+        out: Path | None = None) -> dict[str, Any]:
+    """Submit ``cfg``'s jobs (the options ``memgov ray pack`` takes), Ray packing them by memory
+    on GPUs of ``gpu_type``; wait for all, and return (and write) the report."""
     import ray
 
     from memgov.pack import manifest as manifests
     from memgov.ray import options
 
-    found = manifests.load(spec.experiment)  # a bad folder fails here, before any job starts
-    found.framework(spec.framework)
+    found = manifests.load(cfg.experiment)  # a bad folder fails here, before any job starts
+    found.framework(cfg.framework)
     if not ray.is_initialized():
         ray.init(address=address or "auto", log_to_driver=False)
-    opts = options(spec.claim, gpu=spec.gpu, num_cpus=spec.threads, max_retries=0, max_calls=0)
+    spec = {**job_spec(cfg, gpu_type), "experiment": str(found.path)}
+    opts = options(cfg.claim, gpu=gpu_type, num_cpus=cfg.threads or 1, max_retries=0,
+                   max_calls=0)
     remote = ray.remote(**opts)(run_job)
-    body = {**asdict(spec), "experiment": str(found.path)}
     started = time.time()
-    jobs = ray.get([remote.remote(body, i) for i in range(spec.n)])
-    report = summarise(jobs, spec, opts, time.time() - started)
+    jobs = ray.get([remote.remote(spec, i) for i in range(cfg.n)])
+    report = summarise(jobs, job_spec(cfg, gpu_type), opts, time.time() - started)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -129,7 +128,7 @@ def run(spec: RayPackSpec, address: str | None = None, out: Path | None = None) 
 
 
 def summarise(
-    jobs: list[dict[str, Any]], spec: RayPackSpec, opts: dict[str, Any], wall_s: float
+    jobs: list[dict[str, Any]], spec: dict[str, Any], opts: dict[str, Any], wall_s: float
 ) -> dict[str, Any]:
     def group(key: str) -> list[dict[str, Any]]:
         rows: dict[str, dict[str, Any]] = {}
@@ -152,7 +151,7 @@ def summarise(
         return sorted(rows.values(), key=lambda r: str(r[key]))
 
     return {
-        "spec": asdict(spec),
+        "spec": spec,
         "ray_options": opts,
         "wall_s": round(wall_s, 1),
         "jobs": sorted(jobs, key=lambda j: j["job"]),

@@ -13,7 +13,7 @@ import pytest
 
 from memgov import _autoenable, _settings
 from memgov._errors import LedgerError
-from memgov.pack import config, history, manifest, stats
+from memgov.pack import config, history, jobenv, manifest, stats
 from memgov.pack.jobs import classify
 from pack._util import MNIST, TINY, report, run_pack
 
@@ -188,7 +188,7 @@ def test_jobs_never_inherit_a_job_setting_of_packs_own(monkeypatch: pytest.Monke
     for name in _settings.names(job=True):
         monkeypatch.setenv(name, "1")
     for mode in config.MODES:
-        assert not set(_settings.names(job=True)) & set(config.base_env(mode))
+        assert not set(_settings.names(job=True)) & set(jobenv.inherited(mode))
 
 
 def test_greedy_jobs_get_framework_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,9 +199,8 @@ def test_greedy_jobs_get_framework_defaults(monkeypatch: pytest.MonkeyPatch) -> 
                         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
                         ("GPU_PORTION", "0.5"), ("NVIDIA_GPU_MEMORY_LIMIT", "2048")):
         monkeypatch.setenv(name, value)
-    env = {**config.base_env("greedy"), **config.job_env(
-        mode="greedy", claim_bytes=None, threads=None, ledger=Path("/l"), device_uuid="GPU-1",
-        simulated=None, mps_pipe=None, mps_log=None, wait=None)}
+    env = {**jobenv.inherited("greedy"), **jobenv.decided(jobenv.JobEnv(
+        mode="greedy", ledger=Path("/l"), visible="GPU-1"))}
     for gone in ("MEMGOV_CLAIM", "OMP_NUM_THREADS", "XLA_PYTHON_CLIENT_PREALLOCATE",
                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "MEMGOV_THREADS", "PYTORCH_ALLOC_CONF",
                  "PYTORCH_CUDA_ALLOC_CONF", "GPU_PORTION", "NVIDIA_GPU_MEMORY_LIMIT"):
@@ -212,18 +211,16 @@ def test_greedy_jobs_get_framework_defaults(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_claim_jobs_are_governed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "16")
-    env = {**config.base_env("claim"), **config.job_env(
-        mode="claim", claim_bytes=1037 * MiB, threads=2, ledger=Path("/l"), device_uuid=None,
+    env = {**jobenv.inherited("claim"), **jobenv.decided(jobenv.JobEnv(
+        mode="claim", claim=str(1037 * MiB), threads=2, ledger=Path("/l"),
         simulated="sim0:16GiB", mps_pipe=Path("/l/mps/pipe"), mps_log=Path("/l/mps/log"),
-        wait=30.0)}
+        wait=30.0))}
     assert env["MEMGOV_CLAIM"] == str(1037 * MiB) and env["MEMGOV_STRICT"] == "1"
     # The job's own memgov sets the thread variables (marked as memgov's, not the user's).
-    assert env["MEMGOV_THREADS"] == "2" and not any(v in env for v in config.THREAD_VARS)
+    assert env["MEMGOV_THREADS"] == "2" and not any(v in env for v in jobenv.THREAD_VARS)
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/l/mps/pipe" and "MEMGOV_MPS" not in env
     assert env["MEMGOV_WAIT"] == "30" and env["MEMGOV_DEVICES"] == "sim0:16GiB"
-    no_mps = config.job_env(mode="growth", claim_bytes=None, threads=1, ledger=Path("/l"),
-                            device_uuid=None, simulated=None, mps_pipe=None, mps_log=None,
-                            wait=None)
+    no_mps = jobenv.decided(jobenv.JobEnv(mode="growth", threads=1, ledger=Path("/l")))
     assert no_mps["MEMGOV_CLAIM"] == "growth" and no_mps["MEMGOV_MPS"] == "off"
 
 
@@ -231,9 +228,8 @@ def test_jobs_under_mps_spread_over_the_daemons_unless_the_user_chose(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def env() -> dict[str, str]:
-        return config.job_env(mode="claim", claim_bytes=MiB, threads=None, ledger=Path("/l"),
-                              device_uuid=None, simulated=None, mps_pipe=Path("/p"),
-                              mps_log=None, wait=None)
+        return jobenv.decided(jobenv.JobEnv(mode="claim", claim=str(MiB), ledger=Path("/l"),
+                                            mps_pipe=Path("/p")))
 
     monkeypatch.delenv("MEMGOV_MPS_POLICY", raising=False)
     assert env()["MEMGOV_MPS_POLICY"] == "spread"
@@ -255,7 +251,7 @@ DONE = [{"event": "start"}, {"event": "done"}]
          "cuda_error"),
         ([{"event": "error", "kind": "other", "message": "BudgetExceeded: cannot claim"}], 1,
          None, [], None, "budget_refused"),
-        ([], 1, None, ["memgov._errors.BudgetExceeded: cannot claim 1 GiB"], None,
+        ([], 1, None, ["memgov.BudgetExceeded: cannot claim 1 GiB"], None,
          "budget_refused"),
         ([], None, signal.SIGKILL, [], None, "killed"),
         ([], 3, None, [], None, "oom"),
