@@ -72,6 +72,23 @@ def start() -> None:
         _warn(f"auto-enable could not start: {type(exc).__name__}: {exc}")
 
 
+def start_preloaded(preloaded: list[ModuleType]) -> None:
+    """:func:`start` in a process whose ``preloaded`` frameworks were imported before it (a job
+    forked by pack's preload zygote, memgov/pack/_forked.py): hooks for the other frameworks, and
+    the preloaded ones governed now. Unlike start(), errors propagate (a refusal under
+    MEMGOV_STRICT=1 is raised from the job's import statement that called this)."""
+    from memgov import _importhook
+
+    with _lock:
+        _state["started"] = True
+    names = {module.__name__ for module in preloaded}
+    for name in FRAMEWORKS:
+        if name not in names:
+            _importhook.when_imported(name, _on_import)
+    for module in preloaded:
+        _on_import(module)
+
+
 class Settings:
     """The settings auto mode acts on, parsed by memgov._settings (a plain class: dataclasses
     imports inspect, slow)."""

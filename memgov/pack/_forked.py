@@ -123,11 +123,11 @@ def _reseed() -> None:
 
 
 def _arm_autoenable() -> None:
-    from memgov import _autoenable, _importhook
+    from memgov import _autoenable
 
     original_import = builtins.__import__
     original_import_module = importlib.import_module
-    preloaded = [n for n in _autoenable.FRAMEWORKS if n in sys.modules]
+    preloaded = [sys.modules[n] for n in _autoenable.FRAMEWORKS if n in sys.modules]
 
     def fire(name: str) -> None:
         if name.partition(".")[0] not in _autoenable.FRAMEWORKS:
@@ -137,12 +137,7 @@ def _arm_autoenable() -> None:
         # As _autoenable.start() would, except that a preloaded framework's hook runs here,
         # raising out of the job's import statement (start() swallows errors, rightly so at
         # interpreter start-up).
-        _autoenable._state["started"] = True
-        for other in _autoenable.FRAMEWORKS:
-            if other not in preloaded:
-                _importhook.when_imported(other, _autoenable._on_import)
-        for done in preloaded:
-            _autoenable._on_import(sys.modules[done])
+        _autoenable.start_preloaded(preloaded)
 
     def hooked_import(name: str, globals: Any = None, locals: Any = None,
                       fromlist: Any = (), level: int = 0) -> Any:

@@ -232,9 +232,9 @@ def prepare(cfg: PackConfig) -> Context:
     runner_name, runner_why = _runner_choice(cfg, key, cpu, plans, man.command(
         cfg.framework, python=cfg.python, epochs=epochs or 0, batch=batch or 0,
         device="cpu" if cpu else "gpu"), man.folder)
-    runner = runners.make(runner_name, image=cfg.image, ledger=ledger,
-                          gpu=None if device is None or cpu else device.uuid,
-                          mps_pipe=_mps_pipe() if mps else None, framework=cfg.framework)
+    runner = runners.make(runner_name, runners.RunnerRequest(
+        framework=cfg.framework, image=cfg.image, ledger=ledger,
+        gpu=None if device is None or cpu else device.uuid, mps_pipe=_mps_pipe() if mps else None))
     runner.check()
     if cpu:
         # A fair reference on CPU: the solo job gets the threads each packed job gets (those of
@@ -334,8 +334,8 @@ def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
     if cfg.mode != "claim":
         return None, None
     if cfg.claim.strip().lower() != "auto":
-        size = Size(cfg.claim, "--claim", also=CLAIM_ALSO)
-        return _explicit_claim(size, device), f"--claim {cfg.claim}"
+        asked = Size(cfg.claim, "--claim", also=CLAIM_ALSO)
+        return _explicit_claim(asked, device), f"--claim {cfg.claim}"
     key = history.key(name, cfg.framework, batch)
     found = history.auto_size(key)
     if found is not None:

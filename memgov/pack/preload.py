@@ -33,7 +33,8 @@ from typing import Any
 
 import psutil
 
-from memgov.pack.runners import Runner
+from memgov import _settings
+from memgov.pack.runners import Runner, RunnerRequest
 
 ZYGOTE_START_S = 60.0
 """How long the zygote may take to bind its socket (an interpreter start and memgov's import,
@@ -42,16 +43,18 @@ STOP_S = 5.0
 SOCKET_PATH_MAX = 100
 """A UNIX socket's path holds at most 107 bytes (sun_path)."""
 FRAMEWORK_MODULES = {"torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
-AUTOENABLE_PREFIXES = ("MEMGOV_CLAIM", "CUDA_DEVICE_MEMORY_LIMIT", "ALIYUN_COM_GPU_MEM_CONTAINER",
-                       "GPU_PORTION", "NVIDIA_GPU_MEMORY_", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-                       "SLURM_SHARDS_ON_NODE")
-"""memgov._autoenable.TRIGGERS: the zygote's environment has none (it must claim nothing)."""
+AUTOENABLE_PREFIXES = _settings.TRIGGERS
+"""What wakes auto-enable: the zygote's environment has none of it (it must claim nothing)."""
 PYTHON_NAME = re.compile(r"python[0-9.]*$")
 LAUNCHER = Path(__file__).with_name("_launch.py")
 
 
 class PreloadRunner(Runner):
     name = "preload"
+
+    @classmethod
+    def create(cls, request: RunnerRequest) -> Runner:
+        return cls(request.framework)
 
     def __init__(self, framework: str) -> None:
         self.module = FRAMEWORK_MODULES.get(framework, framework)

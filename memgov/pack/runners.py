@@ -23,22 +23,37 @@ reaches pack alone, and pack can end a job together with everything it started.
   this pack that is still there is removed (:meth:`DockerRunner.cleanup`). Its host processes are
   the members of the container's cgroup (``docker inspect`` gives its first process). Needs a
   running engine (``docker info``).
+- ``preload``: jobs forked from one process that imported the framework once (preload.py).
+
+Runners are looked up by name (:data:`RUNNERS`, :func:`make`): each is a subclass of
+:class:`Runner` whose ``name`` is its key, made by its :meth:`Runner.create` from one
+:class:`RunnerRequest`; its module is imported only when it is made, so this module imports
+none of them (preload.py imports this one for the base class).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import secrets
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from memgov._errors import ConfigError
 
-RUNNERS = ("process", "namespace", "docker", "preload")
+RUNNERS = {
+    "process": "memgov.pack.runners",
+    "namespace": "memgov.pack.runners",
+    "docker": "memgov.pack.runners",
+    "preload": "memgov.pack.preload",
+}
+"""Every runner by name, and the module that defines it (imported when the runner is made)."""
 RUNNER_CHOICES = ("auto", *RUNNERS)
 """``--runner``: a runner by name, or ``auto`` (process or preload by host memory: plan.py)."""
 FORKABLE = ("torch", "jax")
@@ -57,10 +72,25 @@ class RunnerError(ConfigError):
     __module__ = "memgov.pack"  # raised by pack, importable from memgov.pack
 
 
+@dataclass(frozen=True)
+class RunnerRequest:
+    """Everything a runner may be made from (each takes what it needs)."""
+
+    framework: str = "torch"
+    image: str = DOCKER_IMAGE
+    ledger: Path | None = None
+    gpu: str | None = None
+    mps_pipe: Path | None = None
+
+
 class Runner:
     name = "process"
     python_in_job: str | None = None
     """The interpreter for {python}; None: the one running pack."""
+
+    @classmethod
+    def create(cls, request: RunnerRequest) -> Runner:
+        return cls()
 
     def check(self) -> None:
         """Raise RunnerError when this runner cannot start jobs here."""
@@ -128,6 +158,11 @@ class NamespaceRunner(Runner):
 class DockerRunner(Runner):
     name = "docker"
     python_in_job = "python"
+
+    @classmethod
+    def create(cls, request: RunnerRequest) -> Runner:
+        assert request.ledger is not None
+        return cls(request.image, request.ledger, request.gpu, request.mps_pipe)
 
     def __init__(self, image: str, ledger: Path, gpu: str | None, mps_pipe: Path | None) -> None:
         self.image = image
@@ -284,18 +319,19 @@ def _docker(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def make(name: str, *, image: str = DOCKER_IMAGE, ledger: Path | None = None,
-         gpu: str | None = None, mps_pipe: Path | None = None, framework: str = "torch"
-         ) -> Runner:
-    if name == "process":
-        return Runner()
-    if name == "preload":
-        from memgov.pack.preload import PreloadRunner
+def make(name: str, request: RunnerRequest) -> Runner:
+    """The runner called ``name`` (a key of :data:`RUNNERS`), made for ``request``."""
+    module = RUNNERS.get(name)
+    if module is None:
+        raise RunnerError(f"--runner {name!r}: accepted {', '.join(RUNNERS)}")
+    importlib.import_module(module)
+    found = [cls for cls in _kinds(Runner) if cls.name == name]
+    if len(found) != 1:
+        raise RuntimeError(f"{module} defines {len(found)} runners named {name!r}, not one")
+    return found[0].create(request)
 
-        return PreloadRunner(framework)
-    if name == "namespace":
-        return NamespaceRunner()
-    if name == "docker":
-        assert ledger is not None
-        return DockerRunner(image, ledger, gpu, mps_pipe)
-    raise RunnerError(f"--runner {name!r}: accepted {', '.join(RUNNERS)}")
+
+def _kinds(cls: type[Runner]) -> Iterator[type[Runner]]:
+    yield cls
+    for sub in cls.__subclasses__():
+        yield from _kinds(sub)

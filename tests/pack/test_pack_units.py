@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -336,3 +337,25 @@ def test_a_failure_detail_is_one_line_that_says_what_to_do() -> None:
     _, oom = classify([{"event": "start"}, {"event": "error", "kind": "oom", "message": long}],
                       3, None, [], None)
     assert oom is not None and len(oom) <= 300 and oom.endswith("...")
+
+
+# -- runners by name -------------------------------------------------------------------------
+
+
+def test_runners_are_looked_up_by_name(tmp_path: Path) -> None:
+    from memgov.pack import runners
+
+    request = runners.RunnerRequest(framework="torch", ledger=tmp_path)
+    for name in runners.RUNNERS:
+        assert runners.make(name, request).name == name
+    with pytest.raises(runners.RunnerError, match="--runner 'podman': accepted process, "):
+        runners.make("podman", request)
+
+
+def test_pack_reaches_no_private_state_of_the_core() -> None:
+    """pack asks the core through its functions (a forked job starts auto-enable with
+    _autoenable.start_preloaded), never through its private variables."""
+    root = Path(__file__).resolve().parents[2] / "memgov" / "pack"
+    reached = [f"{path.name}: {hit}" for path in sorted(root.glob("*.py"))
+               for hit in re.findall(r"\b_autoenable\._\w+", path.read_text())]
+    assert not reached, reached
