@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memgov.cli.render import console, one_line
+
+if TYPE_CHECKING:
+    from memgov.pack.stats import JobRecord, RunRecord
 
 PLAIN_EVERY_S = 10.0
 
@@ -97,7 +100,7 @@ class PackProgress:
             return
         self._show(run)
 
-    def job_ended(self, plan: Any, record: dict[str, Any]) -> None:
+    def job_ended(self, plan: Any, record: JobRecord) -> None:
         run = self.runs[plan.label]
         run.finished += 1
         if record["status"] != "ok":
@@ -105,7 +108,7 @@ class PackProgress:
                                f"{one_line(record['detail'])}", highlight=False, markup=False)
         self._show(run)
 
-    def run_ended(self, plan: Any, record: dict[str, Any]) -> None:
+    def run_ended(self, plan: Any, record: RunRecord) -> None:
         self._show(self.runs[plan.label], force=True)
 
     def close(self) -> None:

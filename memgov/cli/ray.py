@@ -8,13 +8,16 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from memgov._errors import MemgovError
 from memgov.cli._common import JsonFlag
 from memgov.cli._packoptions import command, own
+
+if TYPE_CHECKING:
+    from memgov.ray._pack import RayReport
 
 ray_app = typer.Typer(
     help="Ray clusters: declare GPU memory to Ray, see every node's ledger.",
@@ -158,7 +161,7 @@ ray_app.command("pack")(command(pack, "ray", [
 ]))
 
 
-def pack_table(report: dict[str, Any]) -> Any:
+def pack_table(report: RayReport) -> Any:
     from rich.table import Table
 
     table = Table(

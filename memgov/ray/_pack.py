@@ -16,10 +16,43 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from memgov.pack.config import PackConfig
+
+
+class RayJob(TypedDict):
+    """One job in the report (``jobs[]``), as its Ray task returns it."""
+
+    job: int
+    node_id: str
+    hostname: str
+    gpu: str
+    cvd: str | None
+    status: str
+    reason: str | None
+    detail: str | None
+    epochs: int
+    samples_per_s: float | None
+    test_acc: float | None
+    wall_s: float
+    claim_line: str | None
+
+
+class RayReport(TypedDict, total=False):
+    """``memgov ray pack``'s report.json (``files`` once it is written)."""
+
+    spec: dict[str, Any]
+    ray_options: dict[str, Any]
+    wall_s: float
+    jobs: list[RayJob]
+    per_node: list[dict[str, Any]]
+    per_gpu: list[dict[str, Any]]
+    ok: int
+    failed: int
+    aggregate_samples_per_s: float
+    files: dict[str, str]
 
 
 def job_spec(cfg: PackConfig, gpu_type: str | None) -> dict[str, Any]:
@@ -32,7 +65,7 @@ def job_spec(cfg: PackConfig, gpu_type: str | None) -> dict[str, Any]:
     return {**head, "gpu": gpu_type, **taken, "trainer_args": list(cfg.trainer_args)}
 
 
-def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
+def run_job(spec: dict[str, Any], index: int) -> RayJob:
     """One job, in a Ray worker: the trainer on the assigned GPU, governed by its own claim."""
     import socket
 
@@ -101,7 +134,7 @@ def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def run(cfg: PackConfig, gpu_type: str | None = None, address: str | None = None,
-        out: Path | None = None) -> dict[str, Any]:
+        out: Path | None = None) -> RayReport:
     """Submit ``cfg``'s jobs (the options ``memgov ray pack`` takes), Ray packing them by memory
     on GPUs of ``gpu_type``; wait for all, and return (and write) the report."""
     import ray
@@ -128,12 +161,12 @@ def run(cfg: PackConfig, gpu_type: str | None = None, address: str | None = None
 
 
 def summarise(
-    jobs: list[dict[str, Any]], spec: dict[str, Any], opts: dict[str, Any], wall_s: float
-) -> dict[str, Any]:
+    jobs: list[RayJob], spec: dict[str, Any], opts: dict[str, Any], wall_s: float
+) -> RayReport:
     def group(key: str) -> list[dict[str, Any]]:
         rows: dict[str, dict[str, Any]] = {}
         for job in jobs:
-            name = job[key] if key != "gpu" else f"{job['node_id'][:12]}/{job['gpu']}"
+            name = job["node_id"] if key != "gpu" else f"{job['node_id'][:12]}/{job['gpu']}"
             row = rows.setdefault(
                 name,
                 {
