@@ -134,8 +134,14 @@ def read_settings(strict: bool) -> Settings:
     values, problems = _settings.read_all(skip=("MEMGOV_STRICT",))  # strict_mode() read it
     if problems:
         raise ConfigError("; ".join(problems))
-    return Settings(values["MEMGOV_CLAIM"], values["MEMGOV_DEVICE"], values["MEMGOV_WAIT"],
-                    strict, values["MEMGOV_QUIET"], values["MEMGOV_THREADS"])
+    return Settings(
+        values["MEMGOV_CLAIM"],
+        values["MEMGOV_DEVICE"],
+        values["MEMGOV_WAIT"],
+        strict,
+        values["MEMGOV_QUIET"],
+        values["MEMGOV_THREADS"],
+    )
 
 
 def auto_size(device: Device) -> tuple[int, str] | None:
@@ -213,8 +219,7 @@ def _govern(framework: str, strict: bool) -> None:
         size, source = "auto", "MEMGOV_CLAIM=auto"
     else:
         size, source = settings.claim, f"MEMGOV_CLAIM={settings.claim}"
-    held = _claim.claim(size, device=device_arg or _device_arg(settings.device),
-                        wait=settings.wait)
+    held = _claim.claim(size, device=device_arg or _device_arg(settings.device), wait=settings.wait)
     outcome.update(mode="claim", source=source, claim=str(held), reports=held.reports)
     if not settings.quiet:
         _say(f"{held} [{source}; at import {framework}]")

@@ -98,9 +98,7 @@ def refresh(device: Device) -> Device:
     if device.simulated:
         return device
     total, used = _nvml.memory(device.uuid)
-    return Device(
-        device.index, device.uuid, device.name, total, used, False, device.visible_index
-    )
+    return Device(device.index, device.uuid, device.name, total, used, False, device.visible_index)
 
 
 def candidates(selector: int | str | None) -> list[Device]:

@@ -17,7 +17,7 @@ import re
 from memgov._errors import ConfigError
 
 ACCEPTED = (
-    'accepted: an integer number of bytes (e.g. 1073741824), a number with a unit '
+    "accepted: an integer number of bytes (e.g. 1073741824), a number with a unit "
     '("512MiB", "1.5GiB", "2G" = 2 GiB, "2GB" = 2 * 10**9 bytes; units B, K/KiB, M/MiB, G/GiB, '
     'T/TiB, KB, MB, GB, TB, case-insensitive), or a percentage of the device ("25%")'
 )
@@ -36,8 +36,9 @@ _SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[a-zA-Z]*)\s*$"
 _PERCENT = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*%\s*$", re.ASCII)
 
 
-def parse_size(value: object, *, total: int | None = None, what: str = "size", also: str = ""
-               ) -> int:
+def parse_size(
+    value: object, *, total: int | None = None, what: str = "size", also: str = ""
+) -> int:
     """Return ``value`` as a positive number of bytes, or raise ConfigError.
 
     ``total`` is the device's memory: it resolves percentages and bounds the result. ``what`` names
@@ -89,8 +90,10 @@ class Size:
         size = self.bytes
         if size is None:
             if total is None:
-                raise self.error(f"{value!r} is a percentage, but no device size is known yet",
-                                 "accepted a size in bytes or with a unit (e.g. 2GiB)")
+                raise self.error(
+                    f"{value!r} is a percentage, but no device size is known yet",
+                    "accepted a size in bytes or with a unit (e.g. 2GiB)",
+                )
             size = int(total * (self.percent or 0) / 100)
             self._bounded(size)
         if total is not None and size > total:
@@ -102,8 +105,9 @@ class Size:
 
     def _bounded(self, size: int) -> None:
         if size > MAX_BYTES:
-            raise self.error(f"{_short(self.value)} is larger than any device",
-                             "accepted at most 2**62 bytes")
+            raise self.error(
+                f"{_short(self.value)} is larger than any device", "accepted at most 2**62 bytes"
+            )
         if size <= 0:
             raise self.error(f"{_short(self.value)} must be more than 0 bytes")
 
@@ -114,8 +118,10 @@ class Size:
             return None
         pct = float(percent["num"])
         if not 0 < pct <= 100:
-            raise self.error(f"{text!r} must be a percentage in (0, 100]",
-                             'accepted a percentage of the device above 0 and at most 100 ("25%")')
+            raise self.error(
+                f"{text!r} must be a percentage in (0, 100]",
+                'accepted a percentage of the device above 0 and at most 100 ("25%")',
+            )
         return pct
 
     def _parse_text(self, text: str) -> int:

@@ -17,16 +17,25 @@ import typer
 from memgov.pack.config import Described, PackConfig, options
 
 
-def command(func: Callable[..., Any], front: str, before: list[inspect.Parameter],
-            after: list[inspect.Parameter]) -> Callable[..., Any]:
+def command(
+    func: Callable[..., Any],
+    front: str,
+    before: list[inspect.Parameter],
+    after: list[inspect.Parameter],
+) -> Callable[..., Any]:
     """``func`` with the parameters typer reads: the command's own ``before``, the options of
     ``front``, the command's own ``after``. ``func`` takes them as keyword arguments;
     :func:`config` reads the options back."""
     params = list(before)
     for described in options(front):
-        params.append(inspect.Parameter(
-            described.name, inspect.Parameter.KEYWORD_ONLY,
-            default=_cli_default(described), annotation=_annotation(described, front)))
+        params.append(
+            inspect.Parameter(
+                described.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=_cli_default(described),
+                annotation=_annotation(described, front),
+            )
+        )
     params += after
     func.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     func.__annotations__ = {p.name: p.annotation for p in params}
@@ -35,8 +44,9 @@ def command(func: Callable[..., Any], front: str, before: list[inspect.Parameter
 
 def own(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
     """A parameter of the command itself (not a pack option)."""
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=annotation)
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
 
 
 def config(front: str, values: dict[str, Any], **fixed: Any) -> PackConfig:

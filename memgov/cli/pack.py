@@ -23,8 +23,14 @@ Fast by default: each job gets its share of CPU threads, and MPS runs when the m
 """
 
 
-def pack(*, experiment: str, trainer_args: list[str] | None, progress: bool, as_json: bool,
-         **options: Any) -> None:
+def pack(
+    *,
+    experiment: str,
+    trainer_args: list[str] | None,
+    progress: bool,
+    as_json: bool,
+    **options: Any,
+) -> None:
     from memgov.cli._packoptions import config
     from memgov.cli.progress import PackProgress
     from memgov.pack import run
@@ -57,16 +63,29 @@ def pack(*, experiment: str, trainer_args: list[str] | None, progress: bool, as_
     raise typer.Exit(1 if failed else 0)
 
 
-command(pack, "pack", [
-    own("experiment", Annotated[str, typer.Argument(
-        help="Experiment folder or its experiment.toml.")]),
-    own("trainer_args", Annotated[list[str] | None, typer.Argument(
-        help="Extra trainer arguments (after --).")], None),
-], [
-    own("progress", Annotated[bool, typer.Option(help="Live progress on stderr.")], True),
-    own("as_json", Annotated[bool, typer.Option("--json", help="Print report.json on stdout.")],
-        False),
-])
+command(
+    pack,
+    "pack",
+    [
+        own(
+            "experiment",
+            Annotated[str, typer.Argument(help="Experiment folder or its experiment.toml.")],
+        ),
+        own(
+            "trainer_args",
+            Annotated[list[str] | None, typer.Argument(help="Extra trainer arguments (after --).")],
+            None,
+        ),
+    ],
+    [
+        own("progress", Annotated[bool, typer.Option(help="Live progress on stderr.")], True),
+        own(
+            "as_json",
+            Annotated[bool, typer.Option("--json", help="Print report.json on stdout.")],
+            False,
+        ),
+    ],
+)
 
 
 def _summary(report: dict[str, Any]) -> None:
@@ -83,17 +102,22 @@ def _summary(report: dict[str, Any]) -> None:
         console.print(f"note: {note}", highlight=False, markup=False)
     for run in report.get("runs") or []:
         if run.get("connections"):
-            console.print(f"note: {run['label']}: {run['connections']}", highlight=False,
-                          markup=False)
+            console.print(
+                f"note: {run['label']}: {run['connections']}", highlight=False, markup=False
+            )
         gate = run.get("host_gate") or {}
         if gate.get("jobs_that_waited"):
             console.print(
                 f"note: {run['label']}: {gate['jobs_that_waited']} job(s) waited for host memory"
                 f" (~{gate['per_job_mib']:,.0f} MiB each: {gate['source']}; "
                 f"{gate['reserve_mib']:,.0f} MiB kept free); --host-per-job sets the estimate",
-                highlight=False, markup=False)
+                highlight=False,
+                markup=False,
+            )
     files = report.get("files", {})
-    console.print(f"report: {files.get('json')}  csv: {files.get('csv')}  "
-                  f"plot: {files.get('plot') or files.get('plot_error')}", highlight=False,
-                  markup=False)  # paths and the install hint's [plots] are text, not markup
-
+    console.print(
+        f"report: {files.get('json')}  csv: {files.get('csv')}  "
+        f"plot: {files.get('plot') or files.get('plot_error')}",
+        highlight=False,
+        markup=False,
+    )  # paths and the install hint's [plots] are text, not markup

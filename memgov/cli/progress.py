@@ -74,17 +74,25 @@ class PackProgress:
                 TimeRemainingColumn,
             )
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn(), console=self.console)
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
             self.bar.start()
 
     def run_started(self, plan: Any) -> None:
         mode = f"{plan.mode}{', MPS' if plan.mps else ''}"
         run = _Run(plan.label, mode, plan.n, time.monotonic())
         if self.bar is not None:
-            run.tasks = (self.bar.add_task(f"{plan.label} ({mode}): jobs done", total=plan.n),
-                         self.bar.add_task(f"{plan.label}: epochs", total=None))
+            run.tasks = (
+                self.bar.add_task(f"{plan.label} ({mode}): jobs done", total=plan.n),
+                self.bar.add_task(f"{plan.label}: epochs", total=None),
+            )
         self.runs[plan.label] = run
 
     def job_event(self, plan: Any, job: str, event: dict[str, Any]) -> None:
@@ -104,8 +112,12 @@ class PackProgress:
         run = self.runs[plan.label]
         run.finished += 1
         if record["status"] != "ok":
-            self.console.print(f"{plan.label} {record['label']} failed: {record['reason']}: "
-                               f"{one_line(record['detail'])}", highlight=False, markup=False)
+            self.console.print(
+                f"{plan.label} {record['label']} failed: {record['reason']}: "
+                f"{one_line(record['detail'])}",
+                highlight=False,
+                markup=False,
+            )
         self._show(run)
 
     def run_ended(self, plan: Any, record: RunRecord) -> None:

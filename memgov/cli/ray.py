@@ -115,8 +115,16 @@ def cluster_table(data: dict[str, Any]) -> Any:
     return table
 
 
-def pack(*, experiment: str, trainer_args: list[str] | None, address: str | None,
-         gpu_type: str | None, as_json: bool, out: str | None, **options: Any) -> None:
+def pack(
+    *,
+    experiment: str,
+    trainer_args: list[str] | None,
+    address: str | None,
+    gpu_type: str | None,
+    as_json: bool,
+    out: str | None,
+    **options: Any,
+) -> None:
     """The pack experiment over a Ray cluster's GPUs: one report, per job, GPU and node."""
     from pathlib import Path
 
@@ -146,19 +154,44 @@ def pack(*, experiment: str, trainer_args: list[str] | None, address: str | None
     raise typer.Exit(1 if report["failed"] else 0)
 
 
-ray_app.command("pack")(command(pack, "ray", [
-    own("experiment", Annotated[str, typer.Argument(
-        help="Experiment folder (same path on every node).")]),
-    own("trainer_args", Annotated[list[str] | None, typer.Argument(
-        help="Extra trainer arguments (after --).")], None),
-    own("address", Annotated[str | None, typer.Option(help="Ray address (default: auto).")],
-        None),
-    own("gpu_type", Annotated[str | None, typer.Option("--gpu", help=(
-        "GPU type (per-GPU capacity, e.g. 16GiB) on mixed clusters."))], None),
-], [
-    own("out", Annotated[str | None, typer.Option(help="Folder for report.json.")], None),
-    own("as_json", JsonFlag, False),
-]))
+ray_app.command("pack")(
+    command(
+        pack,
+        "ray",
+        [
+            own(
+                "experiment",
+                Annotated[str, typer.Argument(help="Experiment folder (same path on every node).")],
+            ),
+            own(
+                "trainer_args",
+                Annotated[
+                    list[str] | None, typer.Argument(help="Extra trainer arguments (after --).")
+                ],
+                None,
+            ),
+            own(
+                "address",
+                Annotated[str | None, typer.Option(help="Ray address (default: auto).")],
+                None,
+            ),
+            own(
+                "gpu_type",
+                Annotated[
+                    str | None,
+                    typer.Option(
+                        "--gpu", help=("GPU type (per-GPU capacity, e.g. 16GiB) on mixed clusters.")
+                    ),
+                ],
+                None,
+            ),
+        ],
+        [
+            own("out", Annotated[str | None, typer.Option(help="Folder for report.json.")], None),
+            own("as_json", JsonFlag, False),
+        ],
+    )
+)
 
 
 def pack_table(report: RayReport) -> Any:

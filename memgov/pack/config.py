@@ -83,7 +83,7 @@ class Option:
     env: str = ""
     """The variable each job gets from it, where there is one."""
     ray: bool = False
-    """``memgov ray pack`` takes it too (with ``ray_default`` and ``ray_help`` where they differ)."""
+    """``memgov ray pack`` takes it too (``ray_default``, ``ray_help``: where Ray's differ)."""
     ray_default: Any = SAME
     ray_help: str = ""
 
@@ -179,16 +179,19 @@ def threads_text(text: str) -> int | None:
 def parse_sweep(text: str) -> list[int]:
     items = [t.strip() for t in text.split(",")]
     if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
-        raise ConfigError(f"--sweep {text!r}: accepted comma-separated job counts >= 1, "
-                          "e.g. 1,8,25,48")
+        raise ConfigError(
+            f"--sweep {text!r}: accepted comma-separated job counts >= 1, e.g. 1,8,25,48"
+        )
     return [int(t) for t in items]
 
 
 def parse_rogue(text: str) -> tuple[int, int]:
     count, sep, mib = text.partition(":")
     if not sep or not count.strip().isdigit() or not mib.strip().isdigit():
-        raise ConfigError(f"--rogue {text!r}: accepted K:MIB, e.g. 1:4096 (the last K jobs "
-                          "also allocate MIB MiB on the GPU after their first step)")
+        raise ConfigError(
+            f"--rogue {text!r}: accepted K:MIB, e.g. 1:4096 (the last K jobs "
+            "also allocate MIB MiB on the GPU after their first step)"
+        )
     return int(count), int(mib)
 
 
@@ -209,110 +212,234 @@ class PackConfig:
     """A folder with an experiment.toml (or the file), or the name of a bundled experiment (see
     :data:`EXPERIMENT_DOC`)."""
     n: int = option(
-        2, "Jobs to pack.", value="N", doc="jobs", short="-n", check=_count(MAX_JOBS), ray=True,
-        ray_help="Jobs to run.")
+        2,
+        "Jobs to pack.",
+        value="N",
+        doc="jobs",
+        short="-n",
+        check=_count(MAX_JOBS),
+        ray=True,
+        ray_help="Jobs to run.",
+    )
     sweep: list[int] | None = option(
-        None, "Several job counts, e.g. 1,8,25: one run each, plotted against N.",
-        value="1,8,25", doc="one run per job count, plotted against N", text=parse_sweep,
-        check=_sweep, shown="")
+        None,
+        "Several job counts, e.g. 1,8,25: one run each, plotted against N.",
+        value="1,8,25",
+        doc="one run per job count, plotted against N",
+        text=parse_sweep,
+        check=_sweep,
+        shown="",
+    )
     mode: str = option(
-        "claim", "greedy (framework defaults: the study), growth, or claim (a budget per job).",
-        doc="`greedy`, `growth` or `claim` (below)", check=_choice(*MODES))
+        "claim",
+        "greedy (framework defaults: the study), growth, or claim (a budget per job).",
+        doc="`greedy`, `growth` or `claim` (below)",
+        check=_choice(*MODES),
+    )
     claim: str = option(
-        "auto", "Budget per job in claim mode: a size (1GiB, 900MiB) or auto (measured peak + "
-        "margin; a default without history).", value="SIZE|auto",
-        doc="budget per job in claim mode (below)", check=_claim, env="MEMGOV_CLAIM", ray=True,
-        ray_default="1GiB", ray_help="GPU memory per job, e.g. 1GiB, or auto.")
+        "auto",
+        "Budget per job in claim mode: a size (1GiB, 900MiB) or auto (measured peak + "
+        "margin; a default without history).",
+        value="SIZE|auto",
+        doc="budget per job in claim mode (below)",
+        check=_claim,
+        env="MEMGOV_CLAIM",
+        ray=True,
+        ray_default="1GiB",
+        ray_help="GPU memory per job, e.g. 1GiB, or auto.",
+    )
     framework: str = option(
-        "torch", "torch, tensorflow or jax (the manifest's).",
-        doc="a `[frameworks.X]` table of the manifest", ray=True, ray_help="torch, tensorflow or jax.")
+        "torch",
+        "torch, tensorflow or jax (the manifest's).",
+        doc="a `[frameworks.X]` table of the manifest",
+        ray=True,
+        ray_help="torch, tensorflow or jax.",
+    )
     epochs: int | None = option(
-        None, "Epochs per job (manifest default).", value="N", shown="manifest's", doc="epochs per job",
-        check=_count(MAX_COUNT), ray=True)
+        None,
+        "Epochs per job (manifest default).",
+        value="N",
+        shown="manifest's",
+        doc="epochs per job",
+        check=_count(MAX_COUNT),
+        ray=True,
+    )
     batch: int | None = option(
-        None, "Batch size (manifest default).", value="N", shown="manifest's", doc="batch size",
-        check=_count(MAX_COUNT), ray=True)
+        None,
+        "Batch size (manifest default).",
+        value="N",
+        shown="manifest's",
+        doc="batch size",
+        check=_count(MAX_COUNT),
+        ray=True,
+    )
     mps: str = option(
-        "auto", "auto (when the machine has MPS), on, off.", value="auto|on|off",
-        doc="MPS when the machine has it; `on` fails if it cannot", check=_choice(*MPS_CHOICES))
+        "auto",
+        "auto (when the machine has MPS), on, off.",
+        value="auto|on|off",
+        doc="MPS when the machine has it; `on` fails if it cannot",
+        check=_choice(*MPS_CHOICES),
+    )
     mps_daemons: int | None = option(
-        None, "MPS control daemons (each admits MEMGOV_MPS_CLIENTS clients per GPU, 48 by "
-        "default); default: as many as the jobs at once need.", value="N", shown="as needed",
+        None,
+        "MPS control daemons (each admits MEMGOV_MPS_CLIENTS clients per GPU, 48 by "
+        "default); default: as many as the jobs at once need.",
+        value="N",
+        shown="as needed",
         doc="MPS control daemons (each admits 48 clients per GPU); default: enough for the jobs "
-        "at once", check=_count(MAX_MPS_DAEMONS))
+        "at once",
+        check=_count(MAX_MPS_DAEMONS),
+    )
     runner: str = option(
-        "auto", "auto (process, or preload when the jobs at once would not fit the host's memory "
+        "auto",
+        "auto (process, or preload when the jobs at once would not fit the host's memory "
         "as processes), process, namespace (own PID namespace; root), docker, or preload (jobs "
         "forked from one process that imported the framework once: less host memory and "
-        "start-up CPU per job).", doc="`auto`, `process`, `namespace`, `docker`, `preload` "
-        "(below)", check=_choice(*RUNNER_CHOICES))
+        "start-up CPU per job).",
+        doc="`auto`, `process`, `namespace`, `docker`, `preload` (below)",
+        check=_choice(*RUNNER_CHOICES),
+    )
     image: str = option(
-        DOCKER_IMAGE, "Image for --runner docker (examples/docker).", value="IMAGE",
-        doc="the image for `--runner docker` (examples/docker)")
+        DOCKER_IMAGE,
+        "Image for --runner docker (examples/docker).",
+        value="IMAGE",
+        doc="the image for `--runner docker` (examples/docker)",
+    )
     device: str = option(
-        "gpu", "gpu, or cpu (a small run for CI and laptops: a simulated GPU for the ledger).",
-        value="gpu|cpu", doc="`cpu`: a small run for CI and laptops (below)",
-        check=_choice(*DEVICES), ray=True, ray_help="gpu, or cpu (simulated GPUs, CI).")
+        "gpu",
+        "gpu, or cpu (a small run for CI and laptops: a simulated GPU for the ledger).",
+        value="gpu|cpu",
+        doc="`cpu`: a small run for CI and laptops (below)",
+        check=_choice(*DEVICES),
+        ray=True,
+        ray_help="gpu, or cpu (simulated GPUs, CI).",
+    )
     gpu: str | None = option(
-        None, "Which GPU: index or UUID (default: first).", value="INDEX|UUID",
-        shown="first visible", doc="the GPU to pack")
+        None,
+        "Which GPU: index or UUID (default: first).",
+        value="INDEX|UUID",
+        shown="first visible",
+        doc="the GPU to pack",
+    )
     threads: int | None = option(
-        None, "CPU threads per job: auto (cores / jobs at once) or a number.", value="auto|N",
+        None,
+        "CPU threads per job: auto (cores / jobs at once) or a number.",
+        value="auto|N",
         doc="CPU threads per job: auto = each job's share from memgov's thread budget "
         "(docs/threads.md), steady `max(1, cores // jobs at once)`; N = `MEMGOV_THREADS=N`",
-        text=threads_text, text_default="auto", shown="auto", check=_count(MAX_COUNT),
-        env="MEMGOV_THREADS", ray=True, ray_default=1,
-        ray_help="CPU threads (and Ray CPUs) per job: a number, or auto.")
+        text=threads_text,
+        text_default="auto",
+        shown="auto",
+        check=_count(MAX_COUNT),
+        env="MEMGOV_THREADS",
+        ray=True,
+        ray_default=1,
+        ray_help="CPU threads (and Ray CPUs) per job: a number, or auto.",
+    )
     parallel: int | None = option(
-        None, "Jobs at once (default all that the GPU's client or context limit takes; the rest "
-        "queue).", value="K", shown="all", doc="jobs at once (capped by MPS clients or, without "
-        "MPS, CUDA contexts); the rest start as others finish", check=_count(MAX_COUNT))
+        None,
+        "Jobs at once (default all that the GPU's client or context limit takes; the rest queue).",
+        value="K",
+        shown="all",
+        doc="jobs at once (capped by MPS clients or, without "
+        "MPS, CUDA contexts); the rest start as others finish",
+        check=_count(MAX_COUNT),
+    )
     wait: float | None = option(
-        None, "Jobs queue up to SECONDS for their budget (MEMGOV_WAIT) instead of failing.",
-        value="S", shown="none", doc="jobs queue up to S seconds for their budget "
-        "(`MEMGOV_WAIT`) instead of failing", check=_wait, env="MEMGOV_WAIT", ray=True)
+        None,
+        "Jobs queue up to SECONDS for their budget (MEMGOV_WAIT) instead of failing.",
+        value="S",
+        shown="none",
+        doc="jobs queue up to S seconds for their budget (`MEMGOV_WAIT`) instead of failing",
+        check=_wait,
+        env="MEMGOV_WAIT",
+        ray=True,
+    )
     timeout: float | None = option(
-        None, "Stop a run's jobs after SECONDS.", value="S", shown="none",
+        None,
+        "Stop a run's jobs after SECONDS.",
+        value="S",
+        shown="none",
         doc="stop a run's jobs after S seconds (reason `timeout`; their finished epochs still "
-        "count)", check=_timeout, ray=True, ray_help="Stop a job after SECONDS.")
+        "count)",
+        check=_timeout,
+        ray=True,
+        ray_help="Stop a job after SECONDS.",
+    )
     baseline: str = option(
-        "none", "naive: first run the same N greedy (no thread or MPS governance), side by side.",
-        value="naive", doc="first the same N greedy (no thread or MPS governance), side by side",
-        check=_choice(*BASELINES))
+        "none",
+        "naive: first run the same N greedy (no thread or MPS governance), side by side.",
+        value="naive",
+        doc="first the same N greedy (no thread or MPS governance), side by side",
+        check=_choice(*BASELINES),
+    )
     baseline_args: list[str] = option(
-        [], "Extra trainer arguments for the baseline only, e.g. '--limit 2000'.",
-        value='"..."', doc="trainer arguments for the baseline only (it is much slower)",
-        text=_words, text_default="", shown="")
+        [],
+        "Extra trainer arguments for the baseline only, e.g. '--limit 2000'.",
+        value='"..."',
+        doc="trainer arguments for the baseline only (it is much slower)",
+        text=_words,
+        text_default="",
+        shown="",
+    )
     solo: bool = option(
-        True, "Run one job alone first (slowdown, speedup).", shown="solo",
-        doc="one job alone first: the reference for slowdown and speedup")
+        True,
+        "Run one job alone first (slowdown, speedup).",
+        shown="solo",
+        doc="one job alone first: the reference for slowdown and speedup",
+    )
     rogue: tuple[int, int] | None = option(
-        None, "K:MIB: the last K jobs also allocate MIB MiB after their first step.",
-        value="K:MIB", shown="", text=parse_rogue, doc="the last K jobs also allocate MIB MiB "
-        "after their first step (`[experiment] rogue_args`, default `--hog-mib {mib}`)")
+        None,
+        "K:MIB: the last K jobs also allocate MIB MiB after their first step.",
+        value="K:MIB",
+        shown="",
+        text=parse_rogue,
+        doc="the last K jobs also allocate MIB MiB "
+        "after their first step (`[experiment] rogue_args`, default `--hog-mib {mib}`)",
+    )
     host_per_job: str = option(
-        "auto", "Host memory one job needs: SIZE, auto (recorded peaks; 2GiB before any) or off. "
-        "A job starts only when the host can hold it; others wait.", value="SIZE|auto|off",
+        "auto",
+        "Host memory one job needs: SIZE, auto (recorded peaks; 2GiB before any) or off. "
+        "A job starts only when the host can hold it; others wait.",
+        value="SIZE|auto|off",
         doc="host memory one job needs; a job starts only when the host can hold it (below)",
-        check=_host_per_job)
+        check=_host_per_job,
+    )
     pin: bool = option(
-        False, "Pin each job to its share of cores.", shown="off", doc="pin each job to its "
-        "share of cores (the only lever on XLA's CPU thread pools)")
+        False,
+        "Pin each job to its share of cores.",
+        shown="off",
+        doc="pin each job to its share of cores (the only lever on XLA's CPU thread pools)",
+    )
     compile_cache: str = option(
-        "auto", "JAX: one compilation cache for the jobs, warmed by one job before the others "
+        "auto",
+        "JAX: one compilation cache for the jobs, warmed by one job before the others "
         "start: auto (a folder in the report folder), off, or a folder of your own.",
-        value="auto|off|DIR", doc="JAX: one persistent compilation cache for the governed jobs, "
-        "warmed by one warm-up job before a run's jobs start (below)")
+        value="auto|off|DIR",
+        doc="JAX: one persistent compilation cache for the governed jobs, "
+        "warmed by one warm-up job before a run's jobs start (below)",
+    )
     history: bool = option(
-        True, "Record measured peaks for --claim auto.", shown="history",
-        doc="record measured peaks (`--no-history`: do not)")
+        True,
+        "Record measured peaks for --claim auto.",
+        shown="history",
+        doc="record measured peaks (`--no-history`: do not)",
+    )
     python: str = option(
-        sys.executable, "Interpreter for {python} in the manifest (default: the one running "
-        "pack).", value="PATH", text=str, shown="pack's own",
-        doc="the interpreter for `{python}` in the manifest (it needs the experiment's framework)")
+        sys.executable,
+        "Interpreter for {python} in the manifest (default: the one running pack).",
+        value="PATH",
+        text=str,
+        shown="pack's own",
+        doc="the interpreter for `{python}` in the manifest (it needs the experiment's framework)",
+    )
     out: Path | None = option(
-        None, "Report folder (default pack-results/...).", value="DIR",
-        shown="`pack-results/<name>-<fw>-<mode>-n<N>-<time>-<pid>`", doc="report folder")
+        None,
+        "Report folder (default pack-results/...).",
+        value="DIR",
+        shown="`pack-results/<name>-<fw>-<mode>-n<N>-<time>-<pid>`",
+        doc="report folder",
+    )
     trainer_args: list[str] = field(default_factory=list)
     """Arguments after ``--``, for every job's trainer."""
 
@@ -322,22 +449,30 @@ class PackConfig:
         if self.sweep is not None and self.baseline != "none":
             raise ConfigError("--baseline applies to a single --n, not to --sweep")
         if self.mode != "claim" and self.claim != "auto":
-            raise ConfigError(f"--claim {self.claim} applies to --mode claim only "
-                              f"(--mode {self.mode} claims no budget)")
+            raise ConfigError(
+                f"--claim {self.claim} applies to --mode claim only "
+                f"(--mode {self.mode} claims no budget)"
+            )
         if self.mode == "greedy" and self.mps == "on":
-            raise ConfigError("--mode greedy runs the frameworks at their defaults, without MPS; "
-                              "accepted with it: --mps auto or off")
+            raise ConfigError(
+                "--mode greedy runs the frameworks at their defaults, without MPS; "
+                "accepted with it: --mps auto or off"
+            )
         if self.device == "cpu" and self.mps == "on":
             raise ConfigError("--mps on needs a GPU; with --device cpu accepted: --mps auto/off")
         if self.device == "gpu" and _settings.is_set("MEMGOV_DEVICES"):
-            raise ConfigError("MEMGOV_DEVICES simulates GPUs, but --device gpu needs real ones: "
-                              "unset MEMGOV_DEVICES, or pack on CPU with --device cpu")
+            raise ConfigError(
+                "MEMGOV_DEVICES simulates GPUs, but --device gpu needs real ones: "
+                "unset MEMGOV_DEVICES, or pack on CPU with --device cpu"
+            )
         if self.rogue is not None:
             count, mib = self.rogue
             largest = max(self.sweep or [self.n])
             if not 1 <= count <= largest or mib < 1:
-                raise ConfigError(f"--rogue {count}:{mib}: accepted K:MIB with 1 <= K <= {largest}"
-                                  " jobs and MIB >= 1")
+                raise ConfigError(
+                    f"--rogue {count}:{mib}: accepted K:MIB with 1 <= K <= {largest}"
+                    " jobs and MIB >= 1"
+                )
         if self.baseline_args and self.baseline == "none":
             raise ConfigError("--baseline-args needs --baseline naive")
         if self.runner != "docker":  # docker jobs run the image's python
@@ -384,8 +519,10 @@ def check_python(python: str) -> None:
             where = "no such file"
         else:
             where = "not an executable file"
-        raise ConfigError(f"--python {python!r}: {where}; accepted the path (or a name on PATH)"
-                          " of a Python interpreter that has the experiment's framework")
+        raise ConfigError(
+            f"--python {python!r}: {where}; accepted the path (or a name on PATH)"
+            " of a Python interpreter that has the experiment's framework"
+        )
 
 
 def report_folder(out: Path) -> Path:
@@ -393,14 +530,19 @@ def report_folder(out: Path) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ConfigError(f"--out {out}: a file of that name is in the way; accepted a folder "
-                          "path (it is created if missing)") from None
+        raise ConfigError(
+            f"--out {out}: a file of that name is in the way; accepted a folder "
+            "path (it is created if missing)"
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create the report folder "
-                          f"({exc.strerror or exc}); accepted a folder you can write") from None
+        raise ConfigError(
+            f"--out {out}: cannot create the report folder "
+            f"({exc.strerror or exc}); accepted a folder you can write"
+        ) from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: the folder is not writable; accepted a folder you can "
-                          "write")
+        raise ConfigError(
+            f"--out {out}: the folder is not writable; accepted a folder you can write"
+        )
     return out
 
 
@@ -422,7 +564,11 @@ def cpu_sets(index: int, threads: int) -> set[int]:
 def markdown() -> str:
     """docs/pack.md's option table: the experiment and every option, as `memgov pack` spells
     them (tests/pack/test_pack_options.py compares them)."""
-    rows = ["| option | default | meaning |", "|---|---|---|", _row("`EXPERIMENT`", "", EXPERIMENT_DOC)]
+    rows = [
+        "| option | default | meaning |",
+        "|---|---|---|",
+        _row("`EXPERIMENT`", "", EXPERIMENT_DOC),
+    ]
     for described in options("pack"):
         meaning = described.spec.doc or described.spec.help
         rows.append(_row(_shown_flag(described), _shown_default(described), meaning))

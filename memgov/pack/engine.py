@@ -56,8 +56,11 @@ class Outcome:
     interrupted: BaseException | None
 
 
-def pack(cfg: PackConfig, observer: Observer | None = None,
-         write: Callable[[dict[str, Any], Path], None] | None = None) -> Outcome:
+def pack(
+    cfg: PackConfig,
+    observer: Observer | None = None,
+    write: Callable[[dict[str, Any], Path], None] | None = None,
+) -> Outcome:
     """Run the pack; write its report (also a partial one after Ctrl-C) with ``write``."""
     ctx = prepare(cfg)  # every ConfigError before anything starts
     watcher = observer or _Quiet()
@@ -92,8 +95,9 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
     return Outcome(results.report, stop)
 
 
-def run_once(ctx: Context, plan: RunPlan, observer: Observer
-             ) -> tuple[RunRecord, BaseException | None]:
+def run_once(
+    ctx: Context, plan: RunPlan, observer: Observer
+) -> tuple[RunRecord, BaseException | None]:
     """Run one plan's jobs to the end (or until stopped); return its record and any interrupt."""
     run = OneRun(ctx, plan, observer)
     run.warm_up()
@@ -121,8 +125,10 @@ class OneRun:
         self.connections = one_connection(ctx, self.concurrent, self.base)
         if self.connections:
             self.env[CONNECTIONS_VAR] = "1"
-        self.jobs = [Job(JobSpec(i, f"job-{i:02d}", ctx.argv(plan, i), self.env,
-                                 plan.rogue_mib(i))) for i in range(plan.n)]
+        self.jobs = [
+            Job(JobSpec(i, f"job-{i:02d}", ctx.argv(plan, i), self.env, plan.rogue_mib(i)))
+            for i in range(plan.n)
+        ]
         self.by_label = {j.spec.label: j for j in self.jobs}
         self.pending: deque[Job] = deque(self.jobs)
         self.running: set[str] = set()
@@ -147,8 +153,9 @@ class OneRun:
             return
         spec = JobSpec(-1, "warm-up", ctx.argv(self.plan, 0), self.env)
         try:
-            self.warm = warmup.warm_up(spec, ctx.runner, ctx.folder, self.base, self.log_dir,
-                                       ctx.cfg.timeout)
+            self.warm = warmup.warm_up(
+                spec, ctx.runner, ctx.folder, self.base, self.log_dir, ctx.cfg.timeout
+            )
             ctx.cache_warm = self.warm["status"] == "warm"
         except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (the warm-up job is stopped)
             self.warm, self.stop = {"status": "interrupted"}, exc
@@ -224,15 +231,20 @@ class OneRun:
         ctx, plan = self.ctx, self.plan
         left = ctx.runner.cleanup()  # containers a stop raced with (created, never started)
         swept = _sweep_ledger(ctx)
-        done = [self.records.get(j.spec.label) or stats.job_record(
-            j, self.sampler.jobs.get(j.spec.label) or _blank(), ctx.runner) for j in self.jobs]
+        done = [
+            self.records.get(j.spec.label)
+            or stats.job_record(j, self.sampler.jobs.get(j.spec.label) or _blank(), ctx.runner)
+            for j in self.jobs
+        ]
         waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
         record = stats.run_record(done, all_at_once=self.concurrent >= plan.n and not waited)
         record["started_unix"] = round(self.t0_unix, 3)
         complete_run(ctx, record, plan, self.sampler, self.threads, self.concurrent, self.wall)
         if self.cached:
-            record["warm_up"] = self.warm or {"status": "skipped",
-                                              "why": "the cache was already warm"}
+            record["warm_up"] = self.warm or {
+                "status": "skipped",
+                "why": "the cache was already warm",
+            }
             ctx.cache_warm = ctx.cache_warm or any(j.first("start") for j in self.jobs)
         if left:
             record["removed_after_run"] = left
@@ -248,6 +260,8 @@ class OneRun:
 
 
 CONNECTIONS_VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
 def _connections_from(ctx: Context) -> int:
     """Jobs at once above which each job gets one hardware connection: the CUDA context limit
     (MEMGOV_CONTEXTS, default 72), which stays below the walls of both contexts and MPS clients.
@@ -265,9 +279,11 @@ def one_connection(ctx: Context, concurrent: int, base: dict[str, str]) -> str |
     limit = _connections_from(ctx)
     if ctx.cpu or concurrent <= limit or CONNECTIONS_VAR in base:
         return None
-    return (f"{CONNECTIONS_VAR}=1 for every job: {concurrent} jobs at once take more than the "
-            f"GPU's pool of hardware connections at the default 8 per context or MPS client "
-            f"(over {limit} jobs at once; set {CONNECTIONS_VAR} yourself to choose)")
+    return (
+        f"{CONNECTIONS_VAR}=1 for every job: {concurrent} jobs at once take more than the "
+        f"GPU's pool of hardware connections at the default 8 per context or MPS client "
+        f"(over {limit} jobs at once; set {CONNECTIONS_VAR} yourself to choose)"
+    )
 
 
 def _sweep_ledger(ctx: Context) -> list[str]:
@@ -288,12 +304,14 @@ def _sweep_ledger(ctx: Context) -> list[str]:
     return []
 
 
-def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str],
-                  jobs: dict[str, Job]) -> str:
-    """"start", "wait" (for running jobs to end) or "refuse" ``job`` (hostmem.py)."""
+def _host_verdict(
+    ctx: Context, sampler: Sampler, job: Job, running: set[str], jobs: dict[str, Job]
+) -> str:
+    """ "start", "wait" (for running jobs to end) or "refuse" ``job`` (hostmem.py)."""
     gate = ctx.host_gate
-    if gate is None or gate.fits((sampler.jobs[label].uss, jobs[label].first("epoch") is not None)
-                                 for label in running):
+    if gate is None or gate.fits(
+        (sampler.jobs[label].uss, jobs[label].first("epoch") is not None) for label in running
+    ):
         return "start"
     if running:
         gate.deferred.add(job.spec.label)
@@ -325,8 +343,9 @@ def _root(ctx: Context, job: Job) -> Callable[[], int | None]:
     return find
 
 
-def _stop_all(ctx: Context, jobs: list[Job], pending: deque[Job], why: str,
-              sig: int = signal.SIGTERM) -> None:
+def _stop_all(
+    ctx: Context, jobs: list[Job], pending: deque[Job], why: str, sig: int = signal.SIGTERM
+) -> None:
     while pending:
         pending.popleft().stopped_by = why
     for job in jobs:

@@ -20,10 +20,16 @@ GOVERNANCE_VARS = _settings.names(job=True)
 """The settings decided for each governed process (memgov's settings table): pack sets them per
 mode, never passing on its own environment's."""
 FRAMEWORK_DEFAULT_VARS = (
-    *THREAD_VARS, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
-    "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH",
-    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+    *THREAD_VARS,
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
 )
 """Removed in greedy mode, so the frameworks really run at their defaults."""
 BUDGET_PREFIXES = (*_settings.TRIGGERS, "CUDA_MPS_")
@@ -58,8 +64,9 @@ class JobEnv:
     """Without a pipe: ``off`` (MEMGOV_MPS=off) or :data:`MPS_OF_THE_NODE`."""
 
 
-def inherited(mode: str, environ: Mapping[str, str] | None = None, *, keep_mps: bool = False
-              ) -> dict[str, str]:
+def inherited(
+    mode: str, environ: Mapping[str, str] | None = None, *, keep_mps: bool = False
+) -> dict[str, str]:
     """``environ`` (default: this process's) minus what pack decides for ``mode``; ``keep_mps``
     keeps the CUDA_MPS_* variables of a job that uses its machine's MPS."""
     env = dict(os.environ if environ is None else environ)
@@ -68,8 +75,9 @@ def inherited(mode: str, environ: Mapping[str, str] | None = None, *, keep_mps: 
         # governed jobs get memgov's share (or --threads N), greedy ones the defaults.
         mps = name.startswith("CUDA_MPS_") and not keep_mps
         decided = name in GOVERNANCE_VARS or name in THREAD_VARS or mps
-        default = mode == "greedy" and (name in FRAMEWORK_DEFAULT_VARS
-                                        or name.startswith(BUDGET_PREFIXES))
+        default = mode == "greedy" and (
+            name in FRAMEWORK_DEFAULT_VARS or name.startswith(BUDGET_PREFIXES)
+        )
         if decided or default:
             del env[name]
     env["PYTHONUNBUFFERED"] = "1"

@@ -112,16 +112,26 @@ class Context:
     def base_env(self, mode: str) -> dict[str, str]:
         return jobenv.inherited(mode)
 
-    def job_env(self, plan: RunPlan, threads: int | None, mps: tuple[Path, Path] | None
-                ) -> dict[str, str]:
+    def job_env(
+        self, plan: RunPlan, threads: int | None, mps: tuple[Path, Path] | None
+    ) -> dict[str, str]:
         """What pack decides for each job of ``plan`` (jobenv.py), its compilation cache too."""
         governed = plan.mode != "greedy"
-        env = jobenv.decided(jobenv.JobEnv(
-            mode=plan.mode, claim=str(plan.claim_bytes), threads=threads, wait=self.cfg.wait,
-            ledger=self.ledger, visible=self.device_uuid, simulated=self.simulated,
-            # the simulated GPU pack watches (--gpu)
-            device=self.device.uuid if self.simulated and self.device else None,
-            mps_pipe=mps[0] if mps else None, mps_log=mps[1] if mps else None))
+        env = jobenv.decided(
+            jobenv.JobEnv(
+                mode=plan.mode,
+                claim=str(plan.claim_bytes),
+                threads=threads,
+                wait=self.cfg.wait,
+                ledger=self.ledger,
+                visible=self.device_uuid,
+                simulated=self.simulated,
+                # the simulated GPU pack watches (--gpu)
+                device=self.device.uuid if self.simulated and self.device else None,
+                mps_pipe=mps[0] if mps else None,
+                mps_log=mps[1] if mps else None,
+            )
+        )
         if self.compile_cache is not None and governed:
             from memgov.pack import warmup
 
@@ -136,8 +146,10 @@ class Context:
         used_args = self.cpu and not self.cfg.trainer_args and bool(man.cpu_args)
         if not (used_epochs or used_args):
             return None
-        return {"epochs": man.cpu_epochs if used_epochs else None,
-                "args": list(man.cpu_args) if used_args else None}
+        return {
+            "epochs": man.cpu_epochs if used_epochs else None,
+            "args": list(man.cpu_args) if used_args else None,
+        }
 
     def notes(self) -> list[str]:
         """Caveats a reader of the figures needs, printed under the table and kept in the report."""
@@ -149,8 +161,10 @@ class Context:
                 used.append(f"--epochs {defaults['epochs']}")
             if defaults["args"]:
                 used.append("-- " + " ".join(defaults["args"]))
-            notes.append(f"a small CPU run by default ({' '.join(used)}, from {self.manifest.path}"
-                         " [cpu]); scale it with --epochs N and trainer arguments after --")
+            notes.append(
+                f"a small CPU run by default ({' '.join(used)}, from {self.manifest.path}"
+                " [cpu]); scale it with --epochs N and trainer arguments after --"
+            )
         if self.cpu and any(p.role == "solo" for p in self.plans):
             busiest = max((p.parallel for p in self.plans if p.role == "main"), default=1)
             threads = threads_for(self.cfg, busiest)
@@ -158,7 +172,8 @@ class Context:
                 f"CPU: every job shares this machine's {cores()} core(s) and the solo job ran with"
                 f" the {threads} thread(s) of one packed job, so 'x one job' says how the jobs "
                 f"share the cores (at most about {max(1, cores() // threads)}x here), not how "
-                "they would pack on a GPU")
+                "they would pack on a GPU"
+            )
         if self.runner_why.startswith("auto") and "preload" in self.runner_why:
             notes.append(f"runner {self.runner_why}")
         return notes
@@ -171,8 +186,13 @@ class Context:
 
     def argv(self, plan: RunPlan, index: int) -> list[str]:
         python = self.runner.python_in_job or self.cfg.python
-        argv = self.manifest.command(self.cfg.framework, python=python, epochs=self.epochs,
-                                     batch=self.batch, device="cpu" if self.cpu else "gpu")
+        argv = self.manifest.command(
+            self.cfg.framework,
+            python=python,
+            epochs=self.epochs,
+            batch=self.batch,
+            device="cpu" if self.cpu else "gpu",
+        )
         argv += [*self.trainer_args, *plan.extra_args]
         size = plan.rogue_mib(index)
         return argv + (self.manifest.rogue(size) if size else [])
@@ -182,12 +202,18 @@ class Context:
         from memgov import _mps
 
         with _mps.daemon(daemons=self.mps_daemons) as info:
-            yield {"used": True, "reason": self.mps_reason,
-                   "started_here": bool(info.get("started_here")), "pipe": info.get("pipe"),
-                   "daemon_pid": info.get("daemon_pid"), "client_limit": self.mps_limit,
-                   "daemons": self.mps_daemons, "policy": info.get("policy"),
-                   "start_s": info.get("start_s"),
-                   "daemon_pids": [d.get("daemon_pid") for d in info.get("daemons", [])]}
+            yield {
+                "used": True,
+                "reason": self.mps_reason,
+                "started_here": bool(info.get("started_here")),
+                "pipe": info.get("pipe"),
+                "daemon_pid": info.get("daemon_pid"),
+                "client_limit": self.mps_limit,
+                "daemons": self.mps_daemons,
+                "policy": info.get("policy"),
+                "start_s": info.get("start_s"),
+                "daemon_pids": [d.get("daemon_pid") for d in info.get("daemons", [])],
+            }
 
     def mps_paths(self) -> tuple[Path, Path]:
         from memgov import _mpsctl
@@ -222,19 +248,43 @@ def prepare(cfg: PackConfig) -> Context:
 
         snap = DeviceLedger(device).snapshot()
         claim_bytes, claim_source = _fit_to_device(
-            cfg, history.largest(history.key(man.name, cfg.framework, batch or 0)), snap.free,
-            claim_bytes, claim_source, max(sizes), mps)
+            cfg,
+            history.largest(history.key(man.name, cfg.framework, batch or 0)),
+            snap.free,
+            claim_bytes,
+            claim_source,
+            max(sizes),
+            mps,
+        )
     contexts = None
     if device is not None and not device.simulated and not cpu:
         contexts = _config.context_limit(simulated=False)
     plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
     key = history.key(man.name, cfg.framework, batch or 0)
-    runner_name, runner_why = _runner_choice(cfg, key, cpu, plans, man.command(
-        cfg.framework, python=cfg.python, epochs=epochs or 0, batch=batch or 0,
-        device="cpu" if cpu else "gpu"), man.folder)
-    runner = runners.make(runner_name, runners.RunnerRequest(
-        framework=cfg.framework, image=cfg.image, ledger=ledger,
-        gpu=None if device is None or cpu else device.uuid, mps_pipe=_mps_pipe() if mps else None))
+    runner_name, runner_why = _runner_choice(
+        cfg,
+        key,
+        cpu,
+        plans,
+        man.command(
+            cfg.framework,
+            python=cfg.python,
+            epochs=epochs or 0,
+            batch=batch or 0,
+            device="cpu" if cpu else "gpu",
+        ),
+        man.folder,
+    )
+    runner = runners.make(
+        runner_name,
+        runners.RunnerRequest(
+            framework=cfg.framework,
+            image=cfg.image,
+            ledger=ledger,
+            gpu=None if device is None or cpu else device.uuid,
+            mps_pipe=_mps_pipe() if mps else None,
+        ),
+    )
     runner.check()
     if cpu:
         # A fair reference on CPU: the solo job gets the threads each packed job gets (those of
@@ -246,24 +296,40 @@ def prepare(cfg: PackConfig) -> Context:
                 p.threads = threads_for(cfg, busiest)
     from memgov import _mpsctl
 
-    daemons = cfg.mps_daemons or _mpsctl.daemons_for(max(
-        [min(p.n, p.parallel) for p in plans if p.mps], default=1))
+    daemons = cfg.mps_daemons or _mpsctl.daemons_for(
+        max([min(p.n, p.parallel) for p in plans if p.mps], default=1)
+    )
     import psutil
 
     out = report_folder(cfg.out or _default_out(man.name, cfg))
     ctx = Context(
-        cfg=cfg, manifest=man, runner=runner, device=device, cpu=cpu,
-        simulated=simulated if cpu else None, ledger=ledger, out=out.resolve(),
-        epochs=epochs or 0, batch=batch or 0, claim_bytes=claim_bytes,
-        claim_source=claim_source, mps_reason=reason, mps_limit=limit if mps else None,
-        plans=plans, mps_daemons=daemons, context_limit=contexts, runner_why=runner_why,
+        cfg=cfg,
+        manifest=man,
+        runner=runner,
+        device=device,
+        cpu=cpu,
+        simulated=simulated if cpu else None,
+        ledger=ledger,
+        out=out.resolve(),
+        epochs=epochs or 0,
+        batch=batch or 0,
+        claim_bytes=claim_bytes,
+        claim_source=claim_source,
+        mps_reason=reason,
+        mps_limit=limit if mps else None,
+        plans=plans,
+        mps_daemons=daemons,
+        context_limit=contexts,
+        runner_why=runner_why,
         host_available=psutil.virtual_memory().available,
-        ledger_capacity=snap.capacity if snap else None, ledger_free=snap.free if snap else None,
+        ledger_capacity=snap.capacity if snap else None,
+        ledger_free=snap.free if snap else None,
     )
     from memgov.pack import warmup
 
     ctx.compile_cache, ctx.compile_cache_why = warmup.cache_folder(
-        cfg.compile_cache, cfg.framework, ctx.out)
+        cfg.compile_cache, cfg.framework, ctx.out
+    )
     if ctx.compile_cache is not None and isinstance(runner, runners.DockerRunner):
         runner.mounts.append(ctx.compile_cache)
     recorded = [p["bytes"] for p in history.read(ctx.host_history_key)] if cfg.history else []
@@ -279,8 +345,9 @@ def host_key(history_key: str, cpu: bool, mode: str, runner: str) -> str:
     return f"{history_key}-host-{'cpu' if cpu else 'gpu'}-{mode}{suffix}"
 
 
-def _runner_choice(cfg: PackConfig, key: str, cpu: bool, plans: list[RunPlan],
-                   argv: list[str], folder: Path) -> tuple[str, str]:
+def _runner_choice(
+    cfg: PackConfig, key: str, cpu: bool, plans: list[RunPlan], argv: list[str], folder: Path
+) -> tuple[str, str]:
     """(runner name, why) for ``--runner`` (``auto``: process while the busiest run's jobs fit
     the host's memory as processes, else preload, whose forked jobs share the framework's pages:
     ~1.28 vs ~0.8 GiB of host USS per torch job on the H200, docs/pack.md)."""
@@ -289,24 +356,34 @@ def _runner_choice(cfg: PackConfig, key: str, cpu: bool, plans: list[RunPlan],
     import psutil
 
     at_once = max((min(p.n, p.parallel) for p in plans), default=1)
-    recorded = ([p["bytes"] for p in history.read(host_key(key, cpu, cfg.mode, "process"))]
-                if cfg.history else [])
+    recorded = (
+        [p["bytes"] for p in history.read(host_key(key, cpu, cfg.mode, "process"))]
+        if cfg.history
+        else []
+    )
     per_job = max(recorded) if recorded else hostmem.DEFAULT_PER_JOB
-    source = (f"the largest of {len(recorded)} recorded" if recorded
-              else "memgov's default, nothing recorded")
+    source = (
+        f"the largest of {len(recorded)} recorded"
+        if recorded
+        else "memgov's default, nothing recorded"
+    )
     total = psutil.virtual_memory()
     room = total.available - hostmem.reserve_for(total.total)
     need = at_once * per_job
-    weighed = (f"{at_once} jobs at once as processes need ~{format_size(need)} of host memory "
-               f"({format_size(per_job)} each: {source}), {format_size(max(room, 0))} is "
-               "available beyond the reserve")
+    weighed = (
+        f"{at_once} jobs at once as processes need ~{format_size(need)} of host memory "
+        f"({format_size(per_job)} each: {source}), {format_size(max(room, 0))} is "
+        "available beyond the reserve"
+    )
     if need <= room:
         return "process", f"auto: process: {weighed}"
     why_not = _why_not_forked(cfg, argv, folder)
     if why_not is not None:
         return "process", f"auto: process, though {weighed}: preload {why_not}"
-    return "preload", (f"auto: preload: {weighed}; forked from one process that imported "
-                       f"{cfg.framework} once, the jobs share its pages")
+    return "preload", (
+        f"auto: preload: {weighed}; forked from one process that imported "
+        f"{cfg.framework} once, the jobs share its pages"
+    )
 
 
 def _why_not_forked(cfg: PackConfig, argv: list[str], folder: Path) -> str | None:
@@ -329,8 +406,9 @@ def _device(cfg: PackConfig, cpu: bool) -> tuple[Device | None, str | None]:
         raise ConfigError(f"{exc}; for a CPU pack (CI, laptops) pass --device cpu") from None
 
 
-def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
-           ) -> tuple[int | None, str | None]:
+def _claim(
+    cfg: PackConfig, name: str, batch: int, device: Device | None
+) -> tuple[int | None, str | None]:
     if cfg.mode != "claim":
         return None, None
     if cfg.claim.strip().lower() != "auto":
@@ -341,8 +419,10 @@ def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
     if found is not None:
         return found
     size = DEFAULT_CLAIM.get(cfg.framework, DEFAULT_CLAIM_OTHER)
-    return size, (f"default for {cfg.framework} ({format_size(size)}): no measured peaks for "
-                  f"{key} yet (a pack on a GPU records them)")
+    return size, (
+        f"default for {cfg.framework} ({format_size(size)}): no measured peaks for "
+        f"{key} yet (a pack on a GPU records them)"
+    )
 
 
 def _explicit_claim(size: Size, device: Device | None) -> int:
@@ -375,18 +455,30 @@ def learn_claim(ctx: Context, footprint: int | None) -> None:
     from memgov._ledger import DeviceLedger
 
     free = DeviceLedger(ctx.device).snapshot().free
-    size, source = history.margin(footprint), (
-        f"this pack's solo job: footprint {format_size(footprint)} x "
-        f"{1 + history.MARGIN_FRACTION:.2f} + {format_size(history.MARGIN_BYTES)}")
+    size, source = (
+        history.margin(footprint),
+        (
+            f"this pack's solo job: footprint {format_size(footprint)} x "
+            f"{1 + history.MARGIN_FRACTION:.2f} + {format_size(history.MARGIN_BYTES)}"
+        ),
+    )
     for plan in ctx.plans:
         if plan.role == "main" and plan.mode == "claim":
             plan.claim_bytes, ctx.claim_source = _fit_to_device(
-                cfg, footprint, free, size, source, min(plan.n, plan.parallel), plan.mps)
+                cfg, footprint, free, size, source, min(plan.n, plan.parallel), plan.mps
+            )
             ctx.claim_bytes = plan.claim_bytes
 
 
-def _fit_to_device(cfg: PackConfig, top: int | None, free: int, claim: int | None,
-                   source: str | None, n: int, mps: bool) -> tuple[int | None, str | None]:
+def _fit_to_device(
+    cfg: PackConfig,
+    top: int | None,
+    free: int,
+    claim: int | None,
+    source: str | None,
+    n: int,
+    mps: bool,
+) -> tuple[int | None, str | None]:
     """An automatic claim made smaller so ``n`` jobs fit the device's free budget at once, when
     the measured footprints allow it (at least the largest, ``top``, + 64 MiB); otherwise as is.
 
@@ -405,9 +497,11 @@ def _fit_to_device(cfg: PackConfig, top: int | None, free: int, claim: int | Non
     floor = top + history.MARGIN_BYTES
     if claim * n <= free or share < floor:
         return claim, source
-    return share, (f"{source}, made {format_size(share)} so that {n} jobs fit the "
-                   f"{format_size(free)} free on the GPU at once (the largest measured footprint "
-                   f"+ {format_size(history.MARGIN_BYTES)} is {format_size(floor)})")
+    return share, (
+        f"{source}, made {format_size(share)} so that {n} jobs fit the "
+        f"{format_size(free)} free on the GPU at once (the largest measured footprint "
+        f"+ {format_size(history.MARGIN_BYTES)} is {format_size(floor)})"
+    )
 
 
 def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
@@ -429,7 +523,8 @@ def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
         raise ConfigError(
             f"--parallel {cfg.parallel}: an MPS daemon admits {limit} clients per GPU "
             f"(MEMGOV_MPS_CLIENTS sets it) and pack runs at most {_mpsctl.MAX_DAEMONS} daemons; "
-            f"accepted --parallel up to {most}, or --mps off")
+            f"accepted --parallel up to {most}, or --mps off"
+        )
     return True, f"--mps {cfg.mps}: {_mpsctl.CONTROL} found", limit
 
 
@@ -439,8 +534,14 @@ def _mps_pipe() -> Path:
     return _mpsctl.paths().pipe
 
 
-def _plans(cfg: PackConfig, sizes: list[int], mps: bool, limit: int,
-           claim: int | None, contexts: int | None = None) -> list[RunPlan]:
+def _plans(
+    cfg: PackConfig,
+    sizes: list[int],
+    mps: bool,
+    limit: int,
+    claim: int | None,
+    contexts: int | None = None,
+) -> list[RunPlan]:
     """The runs of the pack. Jobs at once are capped by what the GPU takes: under MPS, clients
     (``limit`` per daemon, at most MAX_DAEMONS daemons or ``--mps-daemons``); without it, CUDA
     contexts (``contexts``, MEMGOV_CONTEXTS). The rest queue and start as others end."""
@@ -459,14 +560,26 @@ def _plans(cfg: PackConfig, sizes: list[int], mps: bool, limit: int,
     plans = []
     if cfg.baseline == "naive":
         at_once, why = parallel(cfg.n, False)
-        plans.append(RunPlan("baseline", "baseline", cfg.n, "greedy", False, at_once,
-                             None, list(cfg.baseline_args), held_by=why))
+        plans.append(
+            RunPlan(
+                "baseline",
+                "baseline",
+                cfg.n,
+                "greedy",
+                False,
+                at_once,
+                None,
+                list(cfg.baseline_args),
+                held_by=why,
+            )
+        )
     if cfg.solo and 1 not in sizes:
         plans.append(RunPlan("solo", "solo", 1, cfg.mode, mps, 1, claim))
     for n in sizes:
         at_once, why = parallel(n, mps)
-        plans.append(RunPlan("main", f"n{n}", n, cfg.mode, mps, at_once, claim,
-                             rogue=cfg.rogue, held_by=why))
+        plans.append(
+            RunPlan("main", f"n{n}", n, cfg.mode, mps, at_once, claim, rogue=cfg.rogue, held_by=why)
+        )
     return plans
 
 

@@ -69,8 +69,9 @@ class PreloadRunner(Runner):
         """launcher PID -> its job's PID, this run."""
 
     # -- starting jobs -------------------------------------------------------------------------
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
-               base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    def launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, label: str, base_env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str | None]:
         full = {**base_env, **env}
         why = self._unforkable(argv, cwd)
         if why is None:
@@ -79,8 +80,16 @@ class PreloadRunner(Runner):
             self._note(f"{label}: spawned as a plain process ({why})")
             return argv, full, None
         assert self._dir is not None
-        wrapped = [argv[0], "-I", "-S", str(LAUNCHER), str(self._dir / "zygote.sock"),
-                   str(self._dir / "pids" / label), "--", *argv]
+        wrapped = [
+            argv[0],
+            "-I",
+            "-S",
+            str(LAUNCHER),
+            str(self._dir / "zygote.sock"),
+            str(self._dir / "pids" / label),
+            "--",
+            *argv,
+        ]
         return wrapped, full, None
 
     def _unforkable(self, argv: list[str], cwd: Path) -> str | None:
@@ -110,11 +119,24 @@ class PreloadRunner(Runner):
         log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 (the zygote holds it)
         try:
             self._zygote = subprocess.Popen(
-                [python, "-m", "memgov.pack._zygote", "--framework", self.module,
-                 "--socket", str(self._dir / "zygote.sock"),
-                 "--status", str(self._dir / "zygote.json")],
-                cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True)  # Ctrl-C reaches pack alone, which stops it
+                [
+                    python,
+                    "-m",
+                    "memgov.pack._zygote",
+                    "--framework",
+                    self.module,
+                    "--socket",
+                    str(self._dir / "zygote.sock"),
+                    "--status",
+                    str(self._dir / "zygote.json"),
+                ],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )  # Ctrl-C reaches pack alone, which stops it
         except OSError as exc:
             self._failed = f"the zygote could not start: {exc.strerror or exc}"
             return self._failed
@@ -182,8 +204,9 @@ class PreloadRunner(Runner):
         if self._zygote is not None:
             ended = self._zygote.poll()
             if ended is not None:  # before pack stopped it: its running jobs failed with it
-                report["zygote_ended"] = (f"killed by signal {-ended}" if ended < 0
-                                          else f"exit status {ended}")
+                report["zygote_ended"] = (
+                    f"killed by signal {-ended}" if ended < 0 else f"exit status {ended}"
+                )
             else:
                 with contextlib.suppress(psutil.Error):
                     info = psutil.Process(self._zygote.pid).memory_full_info()

@@ -199,8 +199,10 @@ def _head(ctx: Context) -> dict[str, Any]:
         "notes": ctx.notes(),
         "claim": claim,
         "mps": {"used": False, "reason": ctx.mps_reason},
-        "compile_cache": {"folder": str(ctx.compile_cache) if ctx.compile_cache else None,
-                          "why": ctx.compile_cache_why},
+        "compile_cache": {
+            "folder": str(ctx.compile_cache) if ctx.compile_cache else None,
+            "why": ctx.compile_cache_why,
+        },
         "sweep": ctx.cfg.sweep,
         "runs": [],
         "solo": None,

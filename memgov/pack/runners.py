@@ -62,8 +62,11 @@ TensorFlow's jemalloc thread makes its zygote spawn instead: docs/pack.md)."""
 DOCKER_IMAGE = "memgov-mnist"
 DOCKER_WORKDIR = "/experiment"
 INSPECT_EVERY_S = 1.0
-GREEDY_IN_IMAGE = {"MEMGOV_CLAIM": "off", "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
-                   "TF_FORCE_GPU_ALLOW_GROWTH": "false"}
+GREEDY_IN_IMAGE = {
+    "MEMGOV_CLAIM": "off",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "false",
+}
 
 
 class RunnerError(ConfigError):
@@ -95,8 +98,9 @@ class Runner:
     def check(self) -> None:
         """Raise RunnerError when this runner cannot start jobs here."""
 
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
-               base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    def launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, label: str, base_env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str | None]:
         """(argv to spawn, full environment, container name or None)."""
         return argv, {**base_env, **env}, None
 
@@ -132,19 +136,33 @@ class NamespaceRunner(Runner):
 
     def check(self) -> None:
         if shutil.which("unshare") is None:
-            raise RunnerError("--runner namespace needs util-linux's `unshare` on PATH; "
-                              "accepted runners here: process")
+            raise RunnerError(
+                "--runner namespace needs util-linux's `unshare` on PATH; "
+                "accepted runners here: process"
+            )
         if os.geteuid() != 0:
             raise RunnerError(
                 "--runner namespace needs root (unshare --pid --mount-proc); run pack as root, "
                 "or use --runner process"
             )
 
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
-               base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    def launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, label: str, base_env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str | None]:
         # `; exit $?` stops sh from exec'ing the trainer (it would become PID 1).
-        wrapped = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
-                   "/bin/sh", "-c", '"$@"; exit $?', "sh", *argv]
+        wrapped = [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "--",
+            "/bin/sh",
+            "-c",
+            '"$@"; exit $?',
+            "sh",
+            *argv,
+        ]
         return wrapped, {**base_env, **env}, None
 
     def decode_exit(self, returncode: int) -> tuple[int | None, int | None]:
@@ -177,13 +195,16 @@ class DockerRunner(Runner):
 
     def check(self) -> None:
         if shutil.which("docker") is None:
-            raise RunnerError("--runner docker: no `docker` on PATH; accepted runners here: "
-                              "process, namespace (as root)")
+            raise RunnerError(
+                "--runner docker: no `docker` on PATH; accepted runners here: "
+                "process, namespace (as root)"
+            )
         try:
             info = _docker("info", timeout=15)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RunnerError(f"--runner docker: `docker info` failed ({exc}); no container "
-                              "engine answers") from None
+            raise RunnerError(
+                f"--runner docker: `docker info` failed ({exc}); no container engine answers"
+            ) from None
         if info.returncode != 0:
             said = (info.stderr or info.stdout).strip().splitlines()
             raise RunnerError(
@@ -199,15 +220,30 @@ class DockerRunner(Runner):
                 f"examples/docker/Dockerfile -t {DOCKER_IMAGE} .) or name another with --image"
             )
 
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
-               base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    def launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, label: str, base_env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str | None]:
         name = f"{self.prefix}{label}-{secrets.token_hex(3)}"
         # --hostname: claim records carry their holder's hostname, so `memgov status` on the
         # host names each container's claim (PIDs inside containers all look alike).
-        line = ["docker", "run", "--rm", "--init", "--name", name, "--hostname", name,
-                "--network", "none",
-                "-v", f"{self.ledger}:{self.ledger}",
-                "-v", f"{cwd}:{DOCKER_WORKDIR}:ro", "-w", DOCKER_WORKDIR]
+        line = [
+            "docker",
+            "run",
+            "--rm",
+            "--init",
+            "--name",
+            name,
+            "--hostname",
+            name,
+            "--network",
+            "none",
+            "-v",
+            f"{self.ledger}:{self.ledger}",
+            "-v",
+            f"{cwd}:{DOCKER_WORKDIR}:ro",
+            "-w",
+            DOCKER_WORKDIR,
+        ]
         if self.gpu is not None:
             line += ["--gpus", f"device={self.gpu}"]
         for folder in self.mounts:
@@ -244,8 +280,9 @@ class DockerRunner(Runner):
         """Remove every container of this pack still there (created but never started, or
         stopped while its client was being killed); return their names."""
         try:
-            found = _docker("ps", "-a", "--filter", f"name=^{self.prefix}",
-                            "--format", "{{.Names}}", timeout=30)
+            found = _docker(
+                "ps", "-a", "--filter", f"name=^{self.prefix}", "--format", "{{.Names}}", timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired):
             return []
         names = found.stdout.split()
@@ -274,8 +311,9 @@ class DockerRunner(Runner):
         return cgroup_members(root)
 
 
-def cgroup_members(pid: int, proc: Path = Path("/proc"),
-                   cgroups: Path = Path("/sys/fs/cgroup")) -> list[int] | None:
+def cgroup_members(
+    pid: int, proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")
+) -> list[int] | None:
     """Host PIDs of every process in ``pid``'s cgroup: a container's processes, also those not
     descended from its first one (``docker exec``). None when ``pid`` shares pack's own cgroup
     (no container around it) or nothing can be read; the caller then walks ``pid``'s children."""
@@ -315,8 +353,9 @@ def _cgroup_paths(text: str) -> dict[str, str]:
 
 
 def _docker(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def make(name: str, request: RunnerRequest) -> Runner:

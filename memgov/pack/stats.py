@@ -178,8 +178,10 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> JobRecord:
     done = job.first("done") or {}
     steady = seconds[1:] or seconds
     steady_samples = samples[1:] or samples
-    spans = [[round(float(e["t"]) - s, 4), float(e["t"]), n]
-             for e, s, n in zip(epochs, seconds, samples, strict=True)]
+    spans = [
+        [round(float(e["t"]) - s, 4), float(e["t"]), n]
+        for e, s, n in zip(epochs, seconds, samples, strict=True)
+    ]
     return {
         "index": job.spec.index,
         "label": job.spec.label,
@@ -199,8 +201,9 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> JobRecord:
         "steady_epoch_s": _round(statistics.fmean(steady)) if steady else None,
         "samples": sum(samples),
         "samples_per_s": _round(sum(samples) / sum(seconds)) if sum(seconds) > 0 else None,
-        "steady_samples_per_s": (_round(sum(steady_samples) / sum(steady))
-                                 if steady and sum(steady) > 0 else None),
+        "steady_samples_per_s": (
+            _round(sum(steady_samples) / sum(steady)) if steady and sum(steady) > 0 else None
+        ),
         "epoch_spans": spans,
         "prepared": start.get("prepared"),
         "test_acc": done.get("test_acc"),
@@ -215,8 +218,11 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> JobRecord:
         "started_s": _round(job.started),
         # Launch to the trainer's "start" report (framework imported, CUDA up, model built):
         # the start-up a packed job pays, governed admission included.
-        "ready_s": (_round(float(start["t"]) - job.started)
-                    if "t" in start and job.started is not None else None),
+        "ready_s": (
+            _round(float(start["t"]) - job.started)
+            if "t" in start and job.started is not None
+            else None
+        ),
         "ready_parts_s": start.get("startup_s"),  # the trainer's own split of it, if it gives one
         "ended_s": _round(job.ended),
         "stdout_garbage_lines": job.garbage,
@@ -228,9 +234,14 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> JobRecord:
 def aggregate(jobs: list[JobRecord], all_at_once: bool) -> Aggregate:
     spans = {j["label"]: j["epoch_spans"] for j in jobs if j["epoch_spans"]}
     if not spans:
-        return {"aggregate_samples_per_s": None, "aggregate_samples_per_s_span": None,
-                "aggregate_basis": None, "window_s": None, "span_s": None,
-                "per_job_samples_per_s": None}
+        return {
+            "aggregate_samples_per_s": None,
+            "aggregate_samples_per_s_span": None,
+            "aggregate_basis": None,
+            "window_s": None,
+            "span_s": None,
+            "per_job_samples_per_s": None,
+        }
     every = [s for js in spans.values() for s in js]
     first, last = min(s[0] for s in every), max(s[1] for s in every)
     total = sum(s[2] for s in every)
@@ -239,16 +250,24 @@ def aggregate(jobs: list[JobRecord], all_at_once: bool) -> Aggregate:
     hi = min(js[-1][1] for js in spans.values())
     if all_at_once and hi > lo:
         inside = {label: _inside(js, lo, hi) for label, js in spans.items()}
-        return {"aggregate_samples_per_s_span": _round(span_rate), "span_s": _round(last - first),
-                "window_s": _round(hi - lo),
-                "aggregate_samples_per_s": _round(sum(inside.values()) / (hi - lo)),
-                "aggregate_basis": "all jobs running",
-                "per_job_samples_per_s": _median([n / (hi - lo) for n in inside.values()])}
+        return {
+            "aggregate_samples_per_s_span": _round(span_rate),
+            "span_s": _round(last - first),
+            "window_s": _round(hi - lo),
+            "aggregate_samples_per_s": _round(sum(inside.values()) / (hi - lo)),
+            "aggregate_basis": "all jobs running",
+            "per_job_samples_per_s": _median([n / (hi - lo) for n in inside.values()]),
+        }
     why = "span (jobs never all trained at once)" if all_at_once else "span (jobs ran in waves)"
     steady = [rate for j in jobs if (rate := j.get("steady_samples_per_s"))]
-    return {"aggregate_samples_per_s_span": _round(span_rate), "span_s": _round(last - first),
-            "window_s": None, "aggregate_samples_per_s": _round(span_rate),
-            "aggregate_basis": why, "per_job_samples_per_s": _median(steady)}
+    return {
+        "aggregate_samples_per_s_span": _round(span_rate),
+        "span_s": _round(last - first),
+        "window_s": None,
+        "aggregate_samples_per_s": _round(span_rate),
+        "aggregate_basis": why,
+        "per_job_samples_per_s": _median(steady),
+    }
 
 
 def _inside(spans: list[list[float]], lo: float, hi: float) -> float:
@@ -302,15 +321,25 @@ def compare(run: RunRecord, solo: RunRecord | None) -> Comparison:
     rate = solo["jobs"][0].get("steady_samples_per_s")
     per_job = run.get("per_job_samples_per_s")
     slowdown = rate / per_job if rate and per_job else None
-    speedup = run["aggregate_samples_per_s"] / rate if run["aggregate_samples_per_s"] and rate \
-        else None
+    speedup = (
+        run["aggregate_samples_per_s"] / rate if run["aggregate_samples_per_s"] and rate else None
+    )
     return {"slowdown": _round(slowdown), "speedup": _round(speedup), "solo_samples_per_s": rate}
 
 
-def capacity(run: RunRecord, *, device_total: int | None, device_free_before: int | None,
-             claim_bytes: int | None, ledger_capacity: int | None, host_available: int,
-             mps_limit: int | None, contexts: int | None = None, cores: int | None = None,
-             concurrent: int | None = None) -> Capacity:
+def capacity(
+    run: RunRecord,
+    *,
+    device_total: int | None,
+    device_free_before: int | None,
+    claim_bytes: int | None,
+    ledger_capacity: int | None,
+    host_available: int,
+    mps_limit: int | None,
+    contexts: int | None = None,
+    cores: int | None = None,
+    concurrent: int | None = None,
+) -> Capacity:
     """Estimates of how many such jobs fit at once, by each limit, and which binds first.
 
     GPU memory (free / largest footprint; ledger capacity / claim), host memory (available /
@@ -335,9 +364,13 @@ def capacity(run: RunRecord, *, device_total: int | None, device_free_before: in
         "jobs_fit": limits,
         "binding": binding,
         "max_jobs": limits.get(binding) if binding else None,
-        "cores": None if cores is None else {
-            "cores": cores, "jobs_at_once": concurrent,
-            "shared": bool(concurrent and concurrent > cores)},
+        "cores": None
+        if cores is None
+        else {
+            "cores": cores,
+            "jobs_at_once": concurrent,
+            "shared": bool(concurrent and concurrent > cores),
+        },
         "device_total_mib": mib(device_total),
         "device_free_before_mib": mib(device_free_before),
         "host_available_before_mib": mib(host_available),

@@ -57,7 +57,7 @@ class RayReport(TypedDict, total=False):
 
 def job_spec(cfg: PackConfig, gpu_type: str | None) -> dict[str, Any]:
     """What each Ray task is given (and the report's ``spec``): the experiment, the options
-    ``memgov ray pack`` takes (memgov/pack/config.py), Ray's GPU type and the trainer's arguments."""
+    ``memgov ray pack`` takes (memgov/pack/config.py), Ray's GPU type, the trainer's arguments."""
     from memgov.pack.config import options
 
     taken = {o.name: getattr(cfg, o.name) for o in options("ray")}
@@ -86,9 +86,18 @@ def run_job(spec: dict[str, Any], index: int) -> RayJob:
         device=spec["device"],
     ) + list(spec["trainer_args"])
     env = jobenv.inherited("claim", keep_mps=True)  # the trainer claims for itself
-    env.update(jobenv.decided(jobenv.JobEnv(
-        mode="claim", claim=spec["claim"], threads=spec["threads"], wait=spec["wait"],
-        device=device.uuid, mps=jobenv.MPS_OF_THE_NODE)))
+    env.update(
+        jobenv.decided(
+            jobenv.JobEnv(
+                mode="claim",
+                claim=spec["claim"],
+                threads=spec["threads"],
+                wait=spec["wait"],
+                device=device.uuid,
+                mps=jobenv.MPS_OF_THE_NODE,
+            )
+        )
+    )
     started = time.time()
     try:
         done = subprocess.run(
@@ -133,8 +142,12 @@ def run_job(spec: dict[str, Any], index: int) -> RayJob:
     }
 
 
-def run(cfg: PackConfig, gpu_type: str | None = None, address: str | None = None,
-        out: Path | None = None) -> RayReport:
+def run(
+    cfg: PackConfig,
+    gpu_type: str | None = None,
+    address: str | None = None,
+    out: Path | None = None,
+) -> RayReport:
     """Submit ``cfg``'s jobs (the options ``memgov ray pack`` takes), Ray packing them by memory
     on GPUs of ``gpu_type``; wait for all, and return (and write) the report."""
     import ray
@@ -147,8 +160,7 @@ def run(cfg: PackConfig, gpu_type: str | None = None, address: str | None = None
     if not ray.is_initialized():
         ray.init(address=address or "auto", log_to_driver=False)
     spec = {**job_spec(cfg, gpu_type), "experiment": str(found.path)}
-    opts = options(cfg.claim, gpu=gpu_type, num_cpus=cfg.threads or 1, max_retries=0,
-                   max_calls=0)
+    opts = options(cfg.claim, gpu=gpu_type, num_cpus=cfg.threads or 1, max_retries=0, max_calls=0)
     remote = ray.remote(**opts)(run_job)
     started = time.time()
     jobs = ray.get([remote.remote(spec, i) for i in range(cfg.n)])

@@ -38,12 +38,14 @@ def readme_errors() -> set[str]:
     return set(re.findall(r"^\| `([\w.]+)` \|", section, flags=re.M))
 
 
-@pytest.mark.parametrize("cls", sorted(every_error_class(), key=lambda c: c.__name__),
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls", sorted(every_error_class(), key=lambda c: c.__name__), ids=lambda c: c.__name__
+)
 def test_each_error_names_its_public_path_and_is_documented(cls: type) -> None:
     public = f"{cls.__module__}.{cls.__qualname__}"
     assert not any(part.startswith("_") for part in cls.__module__.split(".")), (
-        f"{public}: set __module__ to where users import it from")
+        f"{public}: set __module__ to where users import it from"
+    )
     assert getattr(importlib.import_module(cls.__module__), cls.__qualname__) is cls
     assert public in readme_errors(), f"{public} is missing from README.md's Errors table"
 
@@ -77,12 +79,18 @@ def test_claim_refuses_bad_arguments_with_memgovs_own_error(
 def test_a_size_says_where_it_came_from_and_every_form_it_takes() -> None:
     """One rule at the source: the parser names the setting and what that setting accepts,
     so no caller rewords it."""
-    with pytest.raises(memgov.ConfigError, match=r"^--claim: cannot read 'x' as a size; "
-                                                   r"accepted: .*; or auto \(measured"):
+    with pytest.raises(
+        memgov.ConfigError,
+        match=r"^--claim: cannot read 'x' as a size; "
+        r"accepted: .*; or auto \(measured",
+    ):
         Size("x", "--claim", also="auto (measured peaks)")
     size = Size("8GiB", "MEMGOV_CLAIM", also="growth")
-    with pytest.raises(memgov.ConfigError, match=r"^MEMGOV_CLAIM: '8GiB' .* larger than gpu0 "
-                                                   r".*; accepted at most .*; or growth$"):
+    with pytest.raises(
+        memgov.ConfigError,
+        match=r"^MEMGOV_CLAIM: '8GiB' .* larger than gpu0 "
+        r".*; accepted at most .*; or growth$",
+    ):
         size.on(4 * 2**30, "gpu0")
-    with pytest.raises(memgov.ConfigError, match="^budget: '1%' is a percentage, but no device"):
+    with pytest.raises(memgov.ConfigError, match=r"^budget: '1%' is a percentage, but no device"):
         parse_size("1%", what="budget")

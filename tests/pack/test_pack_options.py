@@ -52,10 +52,10 @@ def test_ray_pack_takes_its_options_from_the_same_table() -> None:
     assert {"n", "framework", "epochs", "batch", "device", "wait", "timeout"} <= set(ray)
 
 
-SHINY = '''    shiny: int = option(
+SHINY = """    shiny: int = option(
         3, "Shiny things per job.", value="K", doc="shiny things per job (a test's option)",
         check=_count(9), env="MEMGOV_SHINY", ray=True)
-'''
+"""
 """One new option, written where every option is defined."""
 
 PROBE = """
@@ -83,16 +83,23 @@ print(json.dumps({
 
 
 def test_one_new_option_in_one_place_reaches_every_front_end(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "memgov", tmp_path / "memgov",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "memgov", tmp_path / "memgov", ignore=shutil.ignore_patterns("__pycache__")
+    )
     source = tmp_path / "memgov" / "pack" / "config.py"
     text = source.read_text(encoding="utf-8")
     anchor = "    trainer_args: list[str] = field(default_factory=list)\n"
     assert text.count(anchor) == 1
     source.write_text(text.replace(anchor, SHINY + anchor), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "200"}
-    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
-                          text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert "--shiny" in seen["pack_help"] and "Shiny things per job." in seen["pack_help"]
