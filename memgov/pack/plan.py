@@ -223,22 +223,101 @@ class Context:
 
 
 def prepare(cfg: PackConfig) -> Context:
+    """Check the whole request and decide everything before the first job starts, in steps:
+    the workload (manifest, epochs, batch), the device (GPU, claim, MPS), the runs, the runner,
+    then the caches and the host-memory gate the jobs share."""
     cfg.check()
+    cpu = cfg.device == "cpu"
+    man, epochs, batch = _workload(cfg, cpu)
+    sizes = cfg.sweep or [cfg.n]
+    dev = _on_device(cfg, man.name, batch, cpu, max(sizes))
+    plans = _plans(cfg, sizes, dev.mps, dev.mps_limit, dev.claim_bytes, dev.contexts)
+    argv = man.command(
+        cfg.framework, python=cfg.python, epochs=epochs, batch=batch, device="cpu" if cpu else "gpu"
+    )
+    runner_name, runner_why = _runner_choice(
+        cfg, history.key(man.name, cfg.framework, batch), cpu, plans, argv, man.folder
+    )
+    ledger = _config.ledger_dir()
+    runner = runners.make(
+        runner_name,
+        runners.RunnerRequest(
+            framework=cfg.framework,
+            image=cfg.image,
+            ledger=ledger,
+            gpu=None if dev.device is None or cpu else dev.device.uuid,
+            mps_pipe=_mps_pipe() if dev.mps else None,
+        ),
+    )
+    runner.check()
+    if cpu:
+        _fair_solo(cfg, plans)
+    import psutil
+
+    from memgov import _mpsctl
+
+    ctx = Context(
+        cfg=cfg,
+        manifest=man,
+        runner=runner,
+        device=dev.device,
+        cpu=cpu,
+        simulated=dev.simulated if cpu else None,
+        ledger=ledger,
+        out=report_folder(cfg.out or _default_out(man.name, cfg)).resolve(),
+        epochs=epochs,
+        batch=batch,
+        claim_bytes=dev.claim_bytes,
+        claim_source=dev.claim_source,
+        mps_reason=dev.mps_reason,
+        mps_limit=dev.mps_limit if dev.mps else None,
+        plans=plans,
+        mps_daemons=cfg.mps_daemons
+        or _mpsctl.daemons_for(max([min(p.n, p.parallel) for p in plans if p.mps], default=1)),
+        context_limit=dev.contexts,
+        runner_why=runner_why,
+        host_available=psutil.virtual_memory().available,
+        ledger_capacity=dev.snap.capacity if dev.snap else None,
+        ledger_free=dev.snap.free if dev.snap else None,
+    )
+    _shared(ctx)
+    return ctx
+
+
+def _workload(cfg: PackConfig, cpu: bool) -> tuple[manifest.Manifest, int, int]:
+    """The experiment's manifest, and the epochs and batch its jobs run (0: the trainer's)."""
     man = manifest.load(cfg.experiment)
     man.framework(cfg.framework)
-    cpu = cfg.device == "cpu"
     epochs = cfg.epochs or (man.cpu_epochs if cpu else None) or man.epochs
     batch = cfg.batch or man.batch
     for name, value in (("epochs", epochs), ("batch", batch)):
         if value is None and man.uses(cfg.framework, name):
             raise ConfigError(f"--{name}: {man.path} has no [defaults] {name}; pass --{name} N")
-    ledger = _config.ledger_dir()
-    sizes = cfg.sweep or [cfg.n]
+    return man, epochs or 0, batch or 0
+
+
+@dataclass
+class OnDevice:
+    """What a pack decided about its GPU: which, the claim per job, MPS, the context limit."""
+
+    device: Device | None
+    simulated: str | None
+    claim_bytes: int | None
+    claim_source: str | None
+    mps: bool
+    mps_reason: str
+    mps_limit: int
+    contexts: int | None
+    snap: Any
+    """The device's ledger as pack found it (claim mode), or None."""
+
+
+def _on_device(cfg: PackConfig, name: str, batch: int, cpu: bool, most: int) -> OnDevice:
     device, simulated = _device(cfg, cpu)
-    claim_bytes, claim_source = _claim(cfg, man.name, batch or 0, device)
+    claim_bytes, claim_source = _claim(cfg, name, batch, device)
     if cpu and device is None:
         # pack's own simulated GPU holds every job; set MEMGOV_DEVICES to see refusals.
-        total = max(16 * GiB, max(sizes) * (claim_bytes or 0) + GiB)
+        total = max(16 * GiB, most * (claim_bytes or 0) + GiB)
         simulated = f"sim0:{total // 2**20}MiB"
         device = _devices.simulated_devices(simulated)[0]
     mps, reason, limit = _mps_choice(cfg, cpu)
@@ -247,94 +326,42 @@ def prepare(cfg: PackConfig) -> Context:
         from memgov._ledger import DeviceLedger
 
         snap = DeviceLedger(device).snapshot()
+        largest = history.largest(history.key(name, cfg.framework, batch))
         claim_bytes, claim_source = _fit_to_device(
-            cfg,
-            history.largest(history.key(man.name, cfg.framework, batch or 0)),
-            snap.free,
-            claim_bytes,
-            claim_source,
-            max(sizes),
-            mps,
+            cfg, largest, snap.free, claim_bytes, claim_source, most, mps
         )
     contexts = None
     if device is not None and not device.simulated and not cpu:
         contexts = _config.context_limit(simulated=False)
-    plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
-    key = history.key(man.name, cfg.framework, batch or 0)
-    runner_name, runner_why = _runner_choice(
-        cfg,
-        key,
-        cpu,
-        plans,
-        man.command(
-            cfg.framework,
-            python=cfg.python,
-            epochs=epochs or 0,
-            batch=batch or 0,
-            device="cpu" if cpu else "gpu",
-        ),
-        man.folder,
+    return OnDevice(
+        device, simulated, claim_bytes, claim_source, mps, reason, limit, contexts, snap
     )
-    runner = runners.make(
-        runner_name,
-        runners.RunnerRequest(
-            framework=cfg.framework,
-            image=cfg.image,
-            ledger=ledger,
-            gpu=None if device is None or cpu else device.uuid,
-            mps_pipe=_mps_pipe() if mps else None,
-        ),
-    )
-    runner.check()
-    if cpu:
-        # A fair reference on CPU: the solo job gets the threads each packed job gets (those of
-        # the run with the most jobs at once), not every core; with all cores it ran slower than
-        # one of two packed jobs on 2 cores, and "x one job" came out at 6.6-15.7.
-        busiest = max((p.parallel for p in plans if p.role == "main"), default=1)
-        for p in plans:
-            if p.role == "solo":
-                p.threads = threads_for(cfg, busiest)
-    from memgov import _mpsctl
 
-    daemons = cfg.mps_daemons or _mpsctl.daemons_for(
-        max([min(p.n, p.parallel) for p in plans if p.mps], default=1)
-    )
+
+def _fair_solo(cfg: PackConfig, plans: list[RunPlan]) -> None:
+    """A fair reference on CPU: the solo job gets the threads each packed job gets (those of the
+    run with the most jobs at once), not every core; with all cores it ran slower than one of
+    two packed jobs on 2 cores, and "x one job" came out at 6.6-15.7."""
+    busiest = max((p.parallel for p in plans if p.role == "main"), default=1)
+    for p in plans:
+        if p.role == "solo":
+            p.threads = threads_for(cfg, busiest)
+
+
+def _shared(ctx: Context) -> None:
+    """What the jobs share on the host: JAX's compilation cache and the host-memory gate."""
     import psutil
 
-    out = report_folder(cfg.out or _default_out(man.name, cfg))
-    ctx = Context(
-        cfg=cfg,
-        manifest=man,
-        runner=runner,
-        device=device,
-        cpu=cpu,
-        simulated=simulated if cpu else None,
-        ledger=ledger,
-        out=out.resolve(),
-        epochs=epochs or 0,
-        batch=batch or 0,
-        claim_bytes=claim_bytes,
-        claim_source=claim_source,
-        mps_reason=reason,
-        mps_limit=limit if mps else None,
-        plans=plans,
-        mps_daemons=daemons,
-        context_limit=contexts,
-        runner_why=runner_why,
-        host_available=psutil.virtual_memory().available,
-        ledger_capacity=snap.capacity if snap else None,
-        ledger_free=snap.free if snap else None,
-    )
     from memgov.pack import warmup
 
+    cfg = ctx.cfg
     ctx.compile_cache, ctx.compile_cache_why = warmup.cache_folder(
         cfg.compile_cache, cfg.framework, ctx.out
     )
-    if ctx.compile_cache is not None and isinstance(runner, runners.DockerRunner):
-        runner.mounts.append(ctx.compile_cache)
+    if ctx.compile_cache is not None and isinstance(ctx.runner, runners.DockerRunner):
+        ctx.runner.mounts.append(ctx.compile_cache)
     recorded = [p["bytes"] for p in history.read(ctx.host_history_key)] if cfg.history else []
     ctx.host_gate = hostmem.gate(cfg.host_per_job, recorded, psutil.virtual_memory().total)
-    return ctx
 
 
 def host_key(history_key: str, cpu: bool, mode: str, runner: str) -> str:

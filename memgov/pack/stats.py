@@ -107,8 +107,8 @@ class Capacity(TypedDict):
     host_available_before_mib: float | None
 
 
-class RunFigures(TypedDict):
-    """What :func:`run_record` says of a run's jobs."""
+class RunFigures(Aggregate):
+    """What :func:`run_record` says of a run's jobs (its aggregate too)."""
 
     n: int
     ok: int
@@ -123,12 +123,6 @@ class RunFigures(TypedDict):
     ready_s_max: float | None
     rss_per_job_mib: float | None
     samples: int
-    aggregate_samples_per_s: float | None
-    aggregate_samples_per_s_span: float | None
-    aggregate_basis: str | None
-    window_s: float | None
-    span_s: float | None
-    per_job_samples_per_s: float | None
     jobs: list[JobRecord]
 
 

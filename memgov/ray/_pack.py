@@ -71,7 +71,6 @@ def run_job(spec: dict[str, Any], index: int) -> RayJob:
 
     import ray
 
-    from memgov.pack import jobenv
     from memgov.pack import manifest as manifests
     from memgov.pack.jobs import classify
     from memgov.ray._worker import assigned_device
@@ -85,39 +84,9 @@ def run_job(spec: dict[str, Any], index: int) -> RayJob:
         batch=spec["batch"] or found.batch or 32,
         device=spec["device"],
     ) + list(spec["trainer_args"])
-    env = jobenv.inherited("claim", keep_mps=True)  # the trainer claims for itself
-    env.update(
-        jobenv.decided(
-            jobenv.JobEnv(
-                mode="claim",
-                claim=spec["claim"],
-                threads=spec["threads"],
-                wait=spec["wait"],
-                device=device.uuid,
-                mps=jobenv.MPS_OF_THE_NODE,
-            )
-        )
-    )
     started = time.time()
-    try:
-        done = subprocess.run(
-            argv,
-            cwd=found.folder,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=spec["timeout"],
-            check=False,
-        )
-        out, err, code = done.stdout, done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout if isinstance(exc.stdout, str) else ""
-        err, code = "stopped by --timeout", None
-    events = []
-    for line in out.splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):
-                events.append(json.loads(line))
+    out, err, code = _trainer(argv, found.folder, _job_env(spec, device.uuid), spec["timeout"])
+    events = _events(out)
     tail = err.splitlines()[-20:]
     sig = -code if code is not None and code < 0 else None
     reason, detail = classify(
@@ -140,6 +109,46 @@ def run_job(spec: dict[str, Any], index: int) -> RayJob:
         "wall_s": round(time.time() - started, 2),
         "claim_line": next((x for x in tail if x.startswith("memgov: claim")), None),
     }
+
+
+def _job_env(spec: dict[str, Any], device: str) -> dict[str, str]:
+    """The job's environment, by memgov pack's rules (jobenv.py): the trainer claims for itself
+    on ``device``, under the node's own ledger and MPS."""
+    from memgov.pack import jobenv
+
+    env = jobenv.inherited("claim", keep_mps=True)
+    job = jobenv.JobEnv(
+        mode="claim",
+        claim=spec["claim"],
+        threads=spec["threads"],
+        wait=spec["wait"],
+        device=device,
+        mps=jobenv.MPS_OF_THE_NODE,
+    )
+    return {**env, **jobenv.decided(job)}
+
+
+def _trainer(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float | None
+) -> tuple[str, str, int | None]:
+    """Run the trainer to its end: (stdout, stderr, exit code; None when --timeout stopped it)."""
+    try:
+        done = subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        return (exc.stdout if isinstance(exc.stdout, str) else ""), "stopped by --timeout", None
+    return done.stdout, done.stderr, done.returncode
+
+
+def _events(out: str) -> list[dict[str, Any]]:
+    """The trainer's JSON reports, one a line of its stdout."""
+    events = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                events.append(json.loads(line))
+    return events
 
 
 def run(
