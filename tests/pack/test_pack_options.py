@@ -11,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from helpers.generated import check_shown
+
 from memgov.pack import config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,25 +22,10 @@ BEGIN = "<!-- options table: begin (generated, do not edit: python -m memgov.pac
 END = "<!-- options table: end -->"
 
 
-def shown_table(doc: Path) -> str:
-    text = doc.read_text(encoding="utf-8")
-    assert BEGIN in text and END in text, f"{doc} lost its option-table markers"
-    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
-
-
 def test_the_docs_show_the_table() -> None:
-    assert shown_table(DOC) == config.markdown(), (
-        "docs/pack.md's option table differs from memgov/pack/config.py: paste the output of "
-        "`python -m memgov.pack.config` between the markers"
-    )
-
-
-def test_python_m_prints_the_table() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "memgov.pack.config"], capture_output=True, text=True, check=True
-    )
-    assert result.stdout == config.markdown()
-    assert not result.stderr  # no runpy warning: the package does not import it first
+    # python -m memgov.pack.config prints it, with no runpy warning (memgov.pack's exports are
+    # lazy: the package does not import the module first).
+    check_shown(DOC, BEGIN, END, config.markdown, "memgov.pack.config")
 
 
 def test_every_option_has_a_help_line_and_a_docs_row() -> None:
@@ -111,4 +99,5 @@ def test_one_new_option_in_one_place_reaches_every_front_end(tmp_path: Path) -> 
     assert seen["ray_spec"]["shiny"] == 5  # what each Ray task is given
     assert "| `--shiny K` | 3 | shiny things per job (a test's option) |" in seen["table"]
     # The docs check now asks for the new row (the docs were not edited in the copy).
-    assert seen["table"] != shown_table(DOC)
+    with pytest.raises(AssertionError, match="table differs from the code"):
+        check_shown(DOC, BEGIN, END, lambda: seen["table"], "memgov.pack.config")
