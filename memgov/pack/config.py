@@ -86,6 +86,8 @@ class Option:
     """``memgov ray pack`` takes it too (``ray_default``, ``ray_help``: where Ray's differ)."""
     ray_default: Any = SAME
     ray_help: str = ""
+    ray_check: Callable[[str, Any], None] | None = None
+    """The check where Ray's bound differs (a cluster runs more jobs than one GPU)."""
 
 
 def option(default: Any, help: str, **spec: Any) -> Any:
@@ -220,6 +222,7 @@ class PackConfig:
         check=_count(MAX_JOBS),
         ray=True,
         ray_help="Jobs to run.",
+        ray_check=_count(MAX_COUNT),
     )
     sweep: list[int] | None = option(
         None,
@@ -505,8 +508,10 @@ def options(front: str = "pack") -> Iterator[Described]:
 def check_options(cfg: PackConfig, front: str = "pack") -> None:
     """Each option's own check (no rule between options): what ``memgov ray pack`` asks."""
     for described in options(front):
-        if described.spec.check is not None:
-            described.spec.check(described.flag, getattr(cfg, described.name))
+        spec = described.spec
+        check = spec.ray_check if front == "ray" and spec.ray_check else spec.check
+        if check is not None:
+            check(described.flag, getattr(cfg, described.name))
 
 
 def check_python(python: str) -> None:

@@ -37,6 +37,10 @@ def test_every_option_has_a_help_line_and_a_docs_row() -> None:
 def test_ray_pack_takes_its_options_from_the_same_table() -> None:
     ray = {o.name: o.default for o in config.options("ray")}
     assert ray["claim"] == "1GiB" and ray["threads"] == 1  # its own defaults, pack's checks
+    many = config.PackConfig("mnist", n=config.MAX_JOBS + 1)
+    config.check_options(many, "ray")  # a cluster runs more jobs than one GPU takes
+    with pytest.raises(config.ConfigError, match="--n 1025: accepted a whole number from 1 to"):
+        config.check_options(many)
     assert {"n", "framework", "epochs", "batch", "device", "wait", "timeout"} <= set(ray)
 
 
