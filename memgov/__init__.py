@@ -16,7 +16,9 @@ from memgov._errors import (
     BudgetExceeded,
     ConfigError,
     LedgerError,
+    LockTimeout,
     MemgovError,
+    MpsError,
     NoDeviceError,
     ProfileError,
     QueueError,
@@ -30,6 +32,7 @@ __all__ = [
     "ConfigError",
     "Device",
     "LedgerError",
+    "LockTimeout",
     "MemgovError",
     "MpsError",
     "NoDeviceError",
@@ -46,7 +49,6 @@ __all__ = [
 if TYPE_CHECKING:
     from memgov._claim import Claim, claim, current
     from memgov._devices import Device, devices
-    from memgov._mpsctl import MpsError
 
 # The promise of importing memgov, budget or not: no framework grabs the whole GPU up front.
 # Environment only (read when TensorFlow / JAX start their GPU runtime), and setdefault, so an
@@ -79,7 +81,6 @@ _LAZY = {
     "current": "memgov._claim",
     "Device": "memgov._devices",
     "devices": "memgov._devices",
-    "MpsError": "memgov._mpsctl",  # raised by `memgov mps` and pack's --mps on
 }
 
 

@@ -72,6 +72,23 @@ def start() -> None:
         _warn(f"auto-enable could not start: {type(exc).__name__}: {exc}")
 
 
+def start_preloaded(preloaded: list[ModuleType]) -> None:
+    """:func:`start` in a process whose ``preloaded`` frameworks were imported before it (a job
+    forked by pack's preload zygote, memgov/pack/_forked.py): hooks for the other frameworks, and
+    the preloaded ones governed now. Unlike start(), errors propagate (a refusal under
+    MEMGOV_STRICT=1 is raised from the job's import statement that called this)."""
+    from memgov import _importhook
+
+    with _lock:
+        _state["started"] = True
+    names = {module.__name__ for module in preloaded}
+    for name in FRAMEWORKS:
+        if name not in names:
+            _importhook.when_imported(name, _on_import)
+    for module in preloaded:
+        _on_import(module)
+
+
 class Settings:
     """The settings auto mode acts on, parsed by memgov._settings (a plain class: dataclasses
     imports inspect, slow)."""
@@ -117,8 +134,14 @@ def read_settings(strict: bool) -> Settings:
     values, problems = _settings.read_all(skip=("MEMGOV_STRICT",))  # strict_mode() read it
     if problems:
         raise ConfigError("; ".join(problems))
-    return Settings(values["MEMGOV_CLAIM"], values["MEMGOV_DEVICE"], values["MEMGOV_WAIT"],
-                    strict, values["MEMGOV_QUIET"], values["MEMGOV_THREADS"])
+    return Settings(
+        values["MEMGOV_CLAIM"],
+        values["MEMGOV_DEVICE"],
+        values["MEMGOV_WAIT"],
+        strict,
+        values["MEMGOV_QUIET"],
+        values["MEMGOV_THREADS"],
+    )
 
 
 def auto_size(device: Device) -> tuple[int, str] | None:
@@ -196,8 +219,7 @@ def _govern(framework: str, strict: bool) -> None:
         size, source = "auto", "MEMGOV_CLAIM=auto"
     else:
         size, source = settings.claim, f"MEMGOV_CLAIM={settings.claim}"
-    held = _claim.claim(size, device=device_arg or _device_arg(settings.device),
-                        wait=settings.wait)
+    held = _claim.claim(size, device=device_arg or _device_arg(settings.device), wait=settings.wait)
     outcome.update(mode="claim", source=source, claim=str(held), reports=held.reports)
     if not settings.quiet:
         _say(f"{held} [{source}; at import {framework}]")

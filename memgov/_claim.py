@@ -18,6 +18,12 @@ from memgov._ledger import DeviceLedger
 from memgov._records import Held
 from memgov._sizes import Size, format_size
 
+AUTO_ACCEPTED = (
+    "'auto' (a GPU scheduler's budget, else the job's measured profile, else a first-run share "
+    "of what is free; docs/profiles.md)"
+)
+"""What else claim()'s size accepts, said in a bad size's error."""
+
 HOLDER_ENV = "MEMGOV_HOLDER"
 """Set while this process holds a claim (``<device uuid>/<record>``); children inherit it."""
 
@@ -139,11 +145,12 @@ def claim(
     The claim is hard (driver-enforced through MPS, see docs/hard-limits.md) when an MPS daemon
     is reachable and CUDA is not yet initialised in this process, else soft; ``Claim.mode`` and
     ``Claim.mode_reason`` say which and why.
-    Raises BudgetExceeded when the budget does not fit, ValueError for bad arguments.
+    Raises BudgetExceeded when the budget does not fit, ConfigError (a ValueError too) for bad
+    arguments, saying what is accepted (memgov's errors: README.md, "Errors").
     """
     auto = isinstance(size, str) and size.strip().lower() == "auto"
     # A Size from a setting keeps its variable's name.
-    request = _autosize.AUTO if auto else Size.of(size, "claim size")
+    request = _autosize.AUTO if auto else Size.of(size, "claim size", also=AUTO_ACCEPTED)
     wait_s = _settings.wait_seconds(wait, "wait")
     label = _check_name(name)
     job_name, job_label = _jobid.job_for(job)
@@ -339,7 +346,7 @@ def _check_name(name: object) -> str:
         program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
         return f"{program or 'python'}:{os.getpid()}"
     if not isinstance(name, str) or not name.strip() or len(name) > 128 or not name.isprintable():
-        raise ValueError(f"name={name!r}: accepted a printable string of 1 to 128 characters")
+        raise ConfigError(f"name={name!r}: accepted a printable string of 1 to 128 characters")
     return name
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from memgov import _settings
-from memgov._errors import ConfigError
 from memgov._settings import DEFAULT_CONTEXTS, DEFAULT_DIR, DEFAULT_RESERVE_REAL
 
 __all__ = [
@@ -36,10 +35,7 @@ def reserve(total: int, simulated: bool) -> int:
         return 0 if simulated else DEFAULT_RESERVE_REAL
     if setting == 0:
         return 0
-    try:
-        return int(setting.on(total))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return int(setting.on(total))
 
 
 def context_limit(simulated: bool) -> int | None:

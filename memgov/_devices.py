@@ -98,9 +98,7 @@ def refresh(device: Device) -> Device:
     if device.simulated:
         return device
     total, used = _nvml.memory(device.uuid)
-    return Device(
-        device.index, device.uuid, device.name, total, used, False, device.visible_index
-    )
+    return Device(device.index, device.uuid, device.name, total, used, False, device.visible_index)
 
 
 def candidates(selector: int | str | None) -> list[Device]:
@@ -175,14 +173,11 @@ def sizes_on(size: Size, among: list[Device]) -> dict[str, int]:
     for device in among:
         try:
             sizes[device.uuid] = size.on(device.total)
-        except ValueError:
+        except ConfigError:
             continue
     if among and not sizes:
         largest = max(among, key=lambda d: d.total)
         where = "the device" if len(among) == 1 else "the largest device,"
         where = f"{where} {largest.uuid}"
-        try:
-            size.on(largest.total, where)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        size.on(largest.total, where)  # raises the ConfigError that says so
     return sizes

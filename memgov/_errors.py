@@ -1,4 +1,11 @@
-"""memgov's exceptions. Every error a user can cause says what was wrong and what is accepted."""
+"""memgov's exceptions: one hierarchy under :class:`MemgovError`, all importable from ``memgov``.
+
+Every error a user can cause says what was wrong and what is accepted, and is raised where the
+problem is found (a bad size by memgov._sizes, a bad setting by its row in memgov._settings), so
+no caller rewords another's error. As psutil does, each class says it is ``memgov.X`` (its
+``__module__``): tracebacks, reprs and pickles name the public class, not this private module.
+README.md ("Errors") lists them; tests/core/test_errors.py holds the list to the code.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +13,38 @@ from __future__ import annotations
 class MemgovError(Exception):
     """Base class of every error memgov raises on purpose."""
 
+    __module__ = "memgov"
+
 
 class ConfigError(MemgovError, ValueError):
-    """A size, environment variable or argument memgov cannot use."""
+    """A size, environment variable or argument memgov cannot use (a ValueError too, so code
+    that catches ValueError for a bad argument keeps working)."""
+
+    __module__ = "memgov"
 
 
 class LedgerError(MemgovError):
     """The ledger folder cannot be used (permissions, a symlink, a lock that is never released)."""
 
+    __module__ = "memgov"
+
 
 class LockTimeout(LedgerError):
     """A device's admission lock stayed held past its bound (a stopped or hostile process)."""
 
+    __module__ = "memgov"
+
 
 class NoDeviceError(MemgovError):
     """No GPU (real or simulated) matches what was asked for."""
+
+    __module__ = "memgov"
+
+
+class MpsError(MemgovError):
+    """The MPS daemon cannot be started, queried or stopped as asked."""
+
+    __module__ = "memgov"
 
 
 class BudgetExceeded(MemgovError):
@@ -28,6 +52,8 @@ class BudgetExceeded(MemgovError):
 
     Carries the facts a scheduler needs to decide what to do next.
     """
+
+    __module__ = "memgov"
 
     def __init__(
         self,
@@ -63,7 +89,11 @@ class ProfileError(LedgerError):
     """A job's profile (its measured peaks) cannot be read or written: a bad or foreign file,
     or a profile folder that is not this user's. Nothing is overwritten or lost."""
 
+    __module__ = "memgov"
+
 
 class QueueError(LedgerError):
     """The job queue's store cannot be used or holds a bad file (memgov/queue/store.py): a
     folder that is not this user's, a job file that is not one. Nothing is overwritten or lost."""
+
+    __module__ = "memgov"

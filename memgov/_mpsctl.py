@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memgov import _config, _settings
-from memgov._errors import MemgovError
+from memgov._errors import MpsError
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
@@ -38,10 +38,6 @@ MAX_DAEMONS = 16
 """memgov's daemons per host at most (pipe folders looked for on every claim; lstat each)."""
 DEFAULT_CLIENTS = _settings.DEFAULT_MPS_CLIENTS
 POLICIES = _settings.MPS_POLICIES
-
-
-class MpsError(MemgovError):
-    """The MPS daemon cannot be started, queried or stopped as asked."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +98,13 @@ def query(command: str, pipe: Path, timeout: float = QUERY_TIMEOUT_S) -> str | N
         env[LOG_ENV] = str(paths().log)
     try:
         done = subprocess.run(
-            [program], input=command + "\n", capture_output=True, text=True,
-            timeout=timeout, env=env, check=False,
+            [program],
+            input=command + "\n",
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
         )
     except (subprocess.TimeoutExpired, OSError):
         return None
@@ -206,9 +207,12 @@ def servers_all_ours(pipes: list[Path]) -> bool:
             pid_file = pipe / PID_FILE
             info = pid_file.stat()
             daemon = psutil.Process(int(pid_file.read_text().strip()))
-            if (not daemon.name().startswith(MPS_PREFIX) or daemon.uids().real != info.st_uid
-                    or daemon.create_time() > info.st_mtime + 1.0
-                    or daemon.environ().get(PIPE_ENV) != str(pipe)):
+            if (
+                not daemon.name().startswith(MPS_PREFIX)
+                or daemon.uids().real != info.st_uid
+                or daemon.create_time() > info.st_mtime + 1.0
+                or daemon.environ().get(PIPE_ENV) != str(pipe)
+            ):
                 return False
             daemons.append(daemon.pid)
         # One pass over the process table (this runs on the claim path): whose each process
@@ -257,8 +261,10 @@ def hidepid(mountinfo: str) -> bool:
         fields, super_fields = left.split(), right.split()
         if len(fields) <= 4 or fields[4] != "/proc" or len(super_fields) <= 2:
             continue
-        if any(o.startswith("hidepid=") and o.split("=", 1)[1] not in ("0", "off")
-               for o in super_fields[2].split(",")):
+        if any(
+            o.startswith("hidepid=") and o.split("=", 1)[1] not in ("0", "off")
+            for o in super_fields[2].split(",")
+        ):
             return True
     return False
 

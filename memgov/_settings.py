@@ -102,7 +102,7 @@ def claim_setting(value: str, what: str = "MEMGOV_CLAIM") -> str | Size:
         return text.lower()
     try:
         return Size(text, what)
-    except ValueError:
+    except ConfigError:  # said with every form MEMGOV_CLAIM takes, not a size's alone
         raise ConfigError(f"{named(what, value)}: {CLAIM_ACCEPTED}") from None
 
 
@@ -189,10 +189,7 @@ def _folder(value: str, what: str) -> Path:
 
 
 def _size(value: str, what: str) -> Size:
-    try:
-        return Size(value.strip(), what)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return Size(value.strip(), what)
 
 
 def _reserve(value: str, what: str) -> Size | int:
@@ -241,13 +238,10 @@ def simulated(value: str, what: str = "MEMGOV_DEVICES") -> list[tuple[str, int, 
             raise ConfigError(f"{what} item {item.strip()!r} is not valid; {SIM_FORMAT}")
         if any(name == parts[0] for name, _, _ in found):
             raise ConfigError(f"{what} names {parts[0]!r} twice; {SIM_FORMAT}")
-        try:
-            total = Size(parts[1], f"{what} {parts[0]} total").on(None)
-            used = 0
-            if len(parts) == 3 and parts[2] not in ("0", "0B"):
-                used = Size(parts[2], f"{what} {parts[0]} used").on(total)
-        except ValueError as exc:
-            raise ConfigError(f"{exc}; {SIM_FORMAT}") from None
+        total = Size(parts[1], f"{what} {parts[0]} total", also=SIM_FORMAT).on(None)
+        used = 0
+        if len(parts) == 3 and parts[2] not in ("0", "0B"):
+            used = Size(parts[2], f"{what} {parts[0]} used", also=SIM_FORMAT).on(total)
         found.append((parts[0], total, used))
     return found
 

@@ -3,6 +3,10 @@
 Binary units follow Docker and HAMi ("2G" is 2 GiB); a trailing "B" after an SI prefix ("2GB") is
 decimal, as disk vendors and the SI mean it. Anything ambiguous or out of range is refused with the
 list of accepted forms, so a typo never turns into a silently wrong budget.
+
+Every such refusal is a :class:`memgov.ConfigError` (a ValueError too) raised here, at the source:
+it names the setting the size came from (``what``: ``MEMGOV_CLAIM``, ``--claim``, ``claim()``'s
+``size``) and the forms it accepts, with the setting's own further forms (``also``: ``auto``).
 """
 
 from __future__ import annotations
@@ -10,8 +14,10 @@ from __future__ import annotations
 import math
 import re
 
+from memgov._errors import ConfigError
+
 ACCEPTED = (
-    'accepted: an integer number of bytes (e.g. 1073741824), a number with a unit '
+    "accepted: an integer number of bytes (e.g. 1073741824), a number with a unit "
     '("512MiB", "1.5GiB", "2G" = 2 GiB, "2GB" = 2 * 10**9 bytes; units B, K/KiB, M/MiB, G/GiB, '
     'T/TiB, KB, MB, GB, TB, case-insensitive), or a percentage of the device ("25%")'
 )
@@ -30,75 +36,111 @@ _SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[a-zA-Z]*)\s*$"
 _PERCENT = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*%\s*$", re.ASCII)
 
 
-def parse_size(value: object, *, total: int | None = None, what: str = "size") -> int:
-    """Return ``value`` as a positive number of bytes.
+def parse_size(
+    value: object, *, total: int | None = None, what: str = "size", also: str = ""
+) -> int:
+    """Return ``value`` as a positive number of bytes, or raise ConfigError.
 
     ``total`` is the device's memory: it resolves percentages and bounds the result. ``what`` names
-    the value in error messages (e.g. "MEMGOV_CLAIM").
+    the value in error messages (e.g. "MEMGOV_CLAIM"); ``also``: what else it accepts ("auto").
     """
-    return Size(value, what).on(total)
+    return Size(value, what, also).on(total)
 
 
 class Size:
     """A size as asked for, checked once: a number of bytes, or a percentage of a device that
-    :meth:`on` resolves for each device. ``what`` (a variable or argument name) stays with it, so
-    an error found later, on a device too small, still names where the size came from."""
+    :meth:`on` resolves for each device. ``what`` (a variable or argument name) and ``also`` (the
+    setting's further forms, e.g. "auto") stay with it, so an error found later, on a device too
+    small, still names where the size came from and what it could have been."""
 
-    __slots__ = ("bytes", "percent", "value", "what")
+    __slots__ = ("also", "bytes", "percent", "value", "what")
 
-    def __init__(self, value: object, what: str = "size") -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ValueError(f"{what}: {value!r} is not a size; {ACCEPTED}")
-        if isinstance(value, str) and len(value) > 64:
-            raise ValueError(f"{what}: {value[:20]!r}... is not a size (too long); {ACCEPTED}")
-        self.value: int | str = value
+    def __init__(self, value: object, what: str = "size", also: str = "") -> None:
         self.what = what
+        self.also = also
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise self.error(f"{value!r} is not a size")
+        if isinstance(value, str) and len(value) > 64:
+            raise self.error(f"{value[:20]!r}... is not a size (too long)")
+        self.value: int | str = value
         self.percent: float | None = None
         self.bytes: int | None = None
         if isinstance(value, str):
-            self.percent = _percent(value, what)
+            self.percent = self._percent(value)
         if self.percent is None:
-            self.bytes = value if isinstance(value, int) else _parse_text(value, what)
-            _bounded(self.bytes, value, what)
+            self.bytes = value if isinstance(value, int) else self._parse_text(value)
+            self._bounded(self.bytes)
 
     @classmethod
-    def of(cls, value: object, what: str = "size") -> Size:
-        """``value`` itself if it is already a checked Size, else ``Size(value, what)``."""
-        return value if isinstance(value, Size) else cls(value, what)
+    def of(cls, value: object, what: str = "size", also: str = "") -> Size:
+        """``value`` itself if it is already a checked Size, else ``Size(value, what, also)``."""
+        return value if isinstance(value, Size) else cls(value, what, also)
+
+    def error(self, problem: str, accepted: str = ACCEPTED) -> ConfigError:
+        """The one form of a size's error: the setting, the problem, what is accepted."""
+        also = f"; or {self.also}" if self.also else ""
+        return ConfigError(f"{self.what}: {problem}; {accepted}{also}")
 
     def on(self, total: int | None, where: str = "the device") -> int:
         """Bytes on a device of ``total`` bytes (None: no device known, percentages refused).
 
         The one comparison of a size with a device; ``where`` names that device in the error
         (memgov/_devices.py's ``sizes_on`` is how claim(), memgov run and pack reach it)."""
-        value, what = self.value, self.what
+        value = self.value
         size = self.bytes
         if size is None:
             if total is None:
-                raise ValueError(f"{what}: {value!r} is a percentage, but no device size is "
-                                 "known yet")
+                raise self.error(
+                    f"{value!r} is a percentage, but no device size is known yet",
+                    "accepted a size in bytes or with a unit (e.g. 2GiB)",
+                )
             size = int(total * (self.percent or 0) / 100)
-            _bounded(size, value, what)
+            self._bounded(size)
         if total is not None and size > total:
-            raise ValueError(
-                f"{what}: {value!r} ({format_size(size)}) is larger than {where} "
-                f"({format_size(total)}); accepted at most {format_size(total)} or a percentage "
-                f"of {where}"
+            raise self.error(
+                f"{value!r} ({format_size(size)}) is larger than {where} ({format_size(total)})",
+                f"accepted at most {format_size(total)} or a percentage of {where}",
             )
         return size
+
+    def _bounded(self, size: int) -> None:
+        if size > MAX_BYTES:
+            raise self.error(
+                f"{_short(self.value)} is larger than any device", "accepted at most 2**62 bytes"
+            )
+        if size <= 0:
+            raise self.error(f"{_short(self.value)} must be more than 0 bytes")
+
+    def _percent(self, text: str) -> float | None:
+        """The percentage ``text`` asks for, or None when it is not a percentage."""
+        percent = _PERCENT.match(text)
+        if not percent:
+            return None
+        pct = float(percent["num"])
+        if not 0 < pct <= 100:
+            raise self.error(
+                f"{text!r} must be a percentage in (0, 100]",
+                'accepted a percentage of the device above 0 and at most 100 ("25%")',
+            )
+        return pct
+
+    def _parse_text(self, text: str) -> int:
+        match = _SIZE.match(text)
+        unit = match["unit"].lower() if match else None
+        if not match or unit not in _UNITS:
+            raise self.error(f"cannot read {text!r} as a size")
+        number = float(match["num"])
+        if not math.isfinite(number):
+            raise self.error(f"{text!r} is not a finite size")
+        if unit in ("", "b") and "." in match["num"]:
+            raise self.error(f"{text!r} is a fraction of a byte")
+        return int(number * _UNITS[unit])
 
     def __str__(self) -> str:
         return str(self.value)
 
     def __repr__(self) -> str:
         return f"Size({self.value!r}, what={self.what!r})"
-
-
-def _bounded(size: int, value: object, what: str) -> None:
-    if size > MAX_BYTES:
-        raise ValueError(f"{what}: {_short(value)} is larger than any device (at most 2**62 bytes)")
-    if size <= 0:
-        raise ValueError(f"{what}: {_short(value)} must be more than 0 bytes; {ACCEPTED}")
 
 
 MAX_BYTES = 2**62
@@ -110,30 +152,6 @@ def _short(value: object) -> str:
     if isinstance(value, int) and value.bit_length() > 200:
         return f"an integer of {value.bit_length()} bits"
     return repr(value)
-
-
-def _percent(text: str, what: str) -> float | None:
-    """The percentage ``text`` asks for, or None when it is not a percentage."""
-    percent = _PERCENT.match(text)
-    if not percent:
-        return None
-    pct = float(percent["num"])
-    if not 0 < pct <= 100:
-        raise ValueError(f"{what}: {text!r} must be a percentage in (0, 100]")
-    return pct
-
-
-def _parse_text(text: str, what: str) -> int:
-    match = _SIZE.match(text)
-    unit = match["unit"].lower() if match else None
-    if not match or unit not in _UNITS:
-        raise ValueError(f"{what}: cannot read {text!r} as a size; {ACCEPTED}")
-    number = float(match["num"])
-    if not math.isfinite(number):
-        raise ValueError(f"{what}: {text!r} is not a finite size; {ACCEPTED}")
-    if unit in ("", "b") and "." in match["num"]:
-        raise ValueError(f"{what}: {text!r} is a fraction of a byte; {ACCEPTED}")
-    return int(number * _UNITS[unit])
 
 
 def format_size(size: int | float | None) -> str:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memgov.cli.render import console, one_line
+
+if TYPE_CHECKING:
+    from memgov.pack.stats import JobRecord, RunRecord
 
 PLAIN_EVERY_S = 10.0
 
@@ -71,17 +74,25 @@ class PackProgress:
                 TimeRemainingColumn,
             )
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn(), console=self.console)
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
             self.bar.start()
 
     def run_started(self, plan: Any) -> None:
         mode = f"{plan.mode}{', MPS' if plan.mps else ''}"
         run = _Run(plan.label, mode, plan.n, time.monotonic())
         if self.bar is not None:
-            run.tasks = (self.bar.add_task(f"{plan.label} ({mode}): jobs done", total=plan.n),
-                         self.bar.add_task(f"{plan.label}: epochs", total=None))
+            run.tasks = (
+                self.bar.add_task(f"{plan.label} ({mode}): jobs done", total=plan.n),
+                self.bar.add_task(f"{plan.label}: epochs", total=None),
+            )
         self.runs[plan.label] = run
 
     def job_event(self, plan: Any, job: str, event: dict[str, Any]) -> None:
@@ -97,15 +108,19 @@ class PackProgress:
             return
         self._show(run)
 
-    def job_ended(self, plan: Any, record: dict[str, Any]) -> None:
+    def job_ended(self, plan: Any, record: JobRecord) -> None:
         run = self.runs[plan.label]
         run.finished += 1
         if record["status"] != "ok":
-            self.console.print(f"{plan.label} {record['label']} failed: {record['reason']}: "
-                               f"{one_line(record['detail'])}", highlight=False, markup=False)
+            self.console.print(
+                f"{plan.label} {record['label']} failed: {record['reason']}: "
+                f"{one_line(record['detail'])}",
+                highlight=False,
+                markup=False,
+            )
         self._show(run)
 
-    def run_ended(self, plan: Any, record: dict[str, Any]) -> None:
+    def run_ended(self, plan: Any, record: RunRecord) -> None:
         self._show(self.runs[plan.label], force=True)
 
     def close(self) -> None:

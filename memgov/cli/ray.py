@@ -8,12 +8,16 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from memgov._errors import MemgovError
 from memgov.cli._common import JsonFlag
+from memgov.cli._packoptions import command, own
+
+if TYPE_CHECKING:
+    from memgov.ray._pack import RayReport
 
 ray_app = typer.Typer(
     help="Ray clusters: declare GPU memory to Ray, see every node's ledger.",
@@ -111,56 +115,34 @@ def cluster_table(data: dict[str, Any]) -> Any:
     return table
 
 
-@ray_app.command("pack")
 def pack(
-    experiment: Annotated[str, typer.Argument(help="Experiment folder (same path on every node).")],
-    trainer_args: Annotated[
-        list[str] | None, typer.Argument(help="Extra trainer arguments (after --).")
-    ] = None,
-    address: Annotated[str | None, typer.Option(help="Ray address (default: auto).")] = None,
-    n: Annotated[int, typer.Option("--n", "-n", min=1, help="Jobs to run.")] = 2,
-    claim: Annotated[str, typer.Option(help="GPU memory per job, e.g. 1GiB.")] = "1GiB",
-    gpu: Annotated[
-        str | None, typer.Option(help="GPU type (per-GPU capacity, e.g. 16GiB) on mixed clusters.")
-    ] = None,
-    framework: Annotated[str, typer.Option(help="torch, tensorflow or jax.")] = "torch",
-    epochs: Annotated[int | None, typer.Option(help="Epochs per job (manifest default).")] = None,
-    batch: Annotated[int | None, typer.Option(help="Batch size (manifest default).")] = None,
-    device: Annotated[str, typer.Option(help="gpu, or cpu (simulated GPUs, CI).")] = "gpu",
-    threads: Annotated[int, typer.Option(min=1, help="CPU threads (and Ray CPUs) per job.")] = 1,
-    wait: Annotated[
-        float | None, typer.Option(help="Jobs queue up to SECONDS for their budget.")
-    ] = None,
-    timeout: Annotated[float | None, typer.Option(help="Stop a job after SECONDS.")] = None,
-    out: Annotated[str | None, typer.Option(help="Folder for report.json.")] = None,
-    as_json: JsonFlag = False,
+    *,
+    experiment: str,
+    trainer_args: list[str] | None,
+    address: str | None,
+    gpu_type: str | None,
+    as_json: bool,
+    out: str | None,
+    **options: Any,
 ) -> None:
     """The pack experiment over a Ray cluster's GPUs: one report, per job, GPU and node."""
     from pathlib import Path
 
-    from memgov.ray._pack import RayPackSpec, run
+    from memgov.cli._packoptions import config
+    from memgov.pack.config import check_options
 
-    if device not in ("gpu", "cpu"):
-        typer.echo(f"memgov: --device {device!r}: accepted gpu or cpu", err=True)
-        raise typer.Exit(2)
-    require_ray("pack")
-    spec = RayPackSpec(
-        experiment=experiment,
-        n=n,
-        claim=claim,
-        gpu=gpu,
-        framework=framework,
-        epochs=epochs,
-        batch=batch,
-        device=device,
-        threads=threads,
-        wait=wait,
-        timeout=timeout,
-        trainer_args=list(trainer_args or []),
-    )
     try:
-        report = run(spec, address, Path(out) if out else None)
-    except (MemgovError, ValueError, OSError) as exc:
+        cfg = config("ray", options, experiment=experiment, trainer_args=list(trainer_args or []))
+        check_options(cfg, "ray")
+    except MemgovError as exc:
+        typer.echo(f"memgov: {exc}", err=True)
+        raise typer.Exit(2) from None
+    require_ray("pack")
+    from memgov.ray._pack import run
+
+    try:
+        report = run(cfg, gpu_type, address, Path(out) if out else None)
+    except (MemgovError, OSError) as exc:  # ConfigError is a ValueError too
         typer.echo(f"memgov ray pack: {exc}", err=True)
         raise typer.Exit(2) from None
     if as_json:
@@ -172,7 +154,47 @@ def pack(
     raise typer.Exit(1 if report["failed"] else 0)
 
 
-def pack_table(report: dict[str, Any]) -> Any:
+ray_app.command("pack")(
+    command(
+        pack,
+        "ray",
+        [
+            own(
+                "experiment",
+                Annotated[str, typer.Argument(help="Experiment folder (same path on every node).")],
+            ),
+            own(
+                "trainer_args",
+                Annotated[
+                    list[str] | None, typer.Argument(help="Extra trainer arguments (after --).")
+                ],
+                None,
+            ),
+            own(
+                "address",
+                Annotated[str | None, typer.Option(help="Ray address (default: auto).")],
+                None,
+            ),
+            own(
+                "gpu_type",
+                Annotated[
+                    str | None,
+                    typer.Option(
+                        "--gpu", help=("GPU type (per-GPU capacity, e.g. 16GiB) on mixed clusters.")
+                    ),
+                ],
+                None,
+            ),
+        ],
+        [
+            own("out", Annotated[str | None, typer.Option(help="Folder for report.json.")], None),
+            own("as_json", JsonFlag, False),
+        ],
+    )
+)
+
+
+def pack_table(report: RayReport) -> Any:
     from rich.table import Table
 
     table = Table(

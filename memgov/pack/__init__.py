@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memgov.pack.config import PackConfig
-from memgov.pack.manifest import ManifestError
-from memgov.pack.runners import RunnerError
-
 if TYPE_CHECKING:
+    from memgov.pack.config import PackConfig
     from memgov.pack.engine import Observer, Outcome
+    from memgov.pack.manifest import ManifestError
+    from memgov.pack.runners import RunnerError
 
 __all__ = ["ManifestError", "PackConfig", "RunnerError", "run"]
 
@@ -30,3 +29,18 @@ def run(cfg: PackConfig, observer: Observer | None = None, write_files: bool = T
 
     writer: Any = report.write if write_files else None
     return engine.pack(cfg, observer, writer)
+
+
+_LAZY = {"PackConfig": "config", "ManifestError": "manifest", "RunnerError": "runners"}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that `python -m memgov.pack.config` (the docs' option table) runs its module once.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memgov.pack' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"memgov.pack.{module}"), name)
+    globals()[name] = value
+    return value

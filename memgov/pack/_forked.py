@@ -30,15 +30,30 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-RESTORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
-            signal.SIGPIPE, signal.SIGCHLD, signal.SIGXFSZ)
+RESTORED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGPIPE,
+    signal.SIGCHLD,
+    signal.SIGXFSZ,
+)
 """Handlers recorded at the zygote's start (Python's own: SIGINT raises KeyboardInterrupt,
 SIGPIPE and SIGXFSZ ignored) and put back in each child."""
 PR_SET_NAME = 15
 
 
-def become_job(argv: list[str], env: dict[str, str], cwd: str, cpus: list[int], umask: int,
-               fds: list[int], startup: dict[int, Any]) -> int:
+def become_job(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    cpus: list[int],
+    umask: int,
+    fds: list[int],
+    startup: dict[int, Any],
+) -> int:
     """Set this forked child up as ``argv`` (``python SCRIPT ARGS``) and run it; return the exit
     code (SystemExit and KeyboardInterrupt propagate, as in a plain interpreter)."""
     for target, fd in enumerate(fds):
@@ -105,8 +120,8 @@ def _std_streams(unbuffered: bool) -> None:
         interactive = os.isatty(fd)
         raw: Any = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
         streams[name] = io.TextIOWrapper(
-            raw, encoding, errors, line_buffering=interactive or fd == 2,
-            write_through=unbuffered)
+            raw, encoding, errors, line_buffering=interactive or fd == 2, write_through=unbuffered
+        )
     sys.stdin, sys.stdout, sys.stderr = streams["stdin"], streams["stdout"], streams["stderr"]
     # What the interpreter set at start-up, for code that restores the originals.
     for name, stream in streams.items():
@@ -123,11 +138,11 @@ def _reseed() -> None:
 
 
 def _arm_autoenable() -> None:
-    from memgov import _autoenable, _importhook
+    from memgov import _autoenable
 
     original_import = builtins.__import__
     original_import_module = importlib.import_module
-    preloaded = [n for n in _autoenable.FRAMEWORKS if n in sys.modules]
+    preloaded = [sys.modules[n] for n in _autoenable.FRAMEWORKS if n in sys.modules]
 
     def fire(name: str) -> None:
         if name.partition(".")[0] not in _autoenable.FRAMEWORKS:
@@ -137,15 +152,11 @@ def _arm_autoenable() -> None:
         # As _autoenable.start() would, except that a preloaded framework's hook runs here,
         # raising out of the job's import statement (start() swallows errors, rightly so at
         # interpreter start-up).
-        _autoenable._state["started"] = True
-        for other in _autoenable.FRAMEWORKS:
-            if other not in preloaded:
-                _importhook.when_imported(other, _autoenable._on_import)
-        for done in preloaded:
-            _autoenable._on_import(sys.modules[done])
+        _autoenable.start_preloaded(preloaded)
 
-    def hooked_import(name: str, globals: Any = None, locals: Any = None,
-                      fromlist: Any = (), level: int = 0) -> Any:
+    def hooked_import(
+        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> Any:
         if level == 0:
             fire(name)
         return original_import(name, globals, locals, fromlist, level)

@@ -1,4 +1,12 @@
-"""What a pack is asked to do (:class:`PackConfig`), checked, and the environment of its jobs.
+"""What a pack is asked to do: :class:`PackConfig`, where every option of a pack is defined once.
+
+Each field of PackConfig is one option: the field gives its name, type and default, and
+:func:`option` the rest (its ``--help`` line, the docs' wording, how the command line reads it,
+its check, the job variable it becomes, and whether ``memgov ray pack`` takes it). Every front end
+derives from these fields: ``memgov pack`` (memgov/cli/pack.py) and ``memgov ray pack``
+(memgov/cli/ray.py) build their options from :func:`options`, the library takes PackConfig, and
+docs/pack.md's option table is generated from them (``python -m memgov.cli.pack``; a test compares
+it). A new option is one field here.
 
 Modes:
 - ``greedy``: frameworks at their defaults, no memgov variable at all, no thread or MPS
@@ -12,20 +20,24 @@ Fast by default: each governed job gets its share of the CPU from memgov's threa
 (memgov/_threads.py: usable cores / governed processes on them, followed as jobs come and go),
 the same mechanism as any governed process, because N jobs with one thread per core each spin
 against each other (docs/pack.md: 8 torch jobs, 3,129 samples/s at framework defaults against 21,987
-for one job alone). ``--threads N`` fixes it (``MEMGOV_THREADS=N``).
+for one job alone). ``--threads N`` fixes it (``MEMGOV_THREADS=N``). The jobs' environment is
+built in jobenv.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from memgov import _settings, _threads
+from memgov import _settings
 from memgov._errors import ConfigError
-from memgov._sizes import parse_size
+from memgov._sizes import Size
 from memgov.pack.runners import DOCKER_IMAGE, RUNNER_CHOICES
 
 MODES = ("greedy", "growth", "claim")
@@ -39,114 +51,467 @@ process, context included); JAX 890-901 MiB without preallocation, TensorFlow 1,
 3090 (the project's survey, docs/adapters.md), so 1.5 GiB for both, whose allocators hold more
 slack."""
 DEFAULT_CLAIM_OTHER = GiB
+CLAIM_ALSO = "auto (measured peaks, see docs/pack.md)"
+"""What else --claim accepts, said in a bad size's error."""
 MAX_JOBS = 1024
+MAX_COUNT = 10**6
+MAX_MPS_DAEMONS = 16
+SAME: Any = "(same as memgov pack's)"
+"""``Option.ray_default`` where ``memgov ray pack`` has pack's default."""
 
-THREAD_VARS = _threads.ENV_VARS
-GOVERNANCE_VARS = _settings.names(job=True)
-"""The settings decided for each governed process (memgov's settings table): pack sets them per
-mode, never passing on its own environment's."""
-FRAMEWORK_DEFAULT_VARS = (
-    *THREAD_VARS, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
-    "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH",
-    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-)
-"""Removed in greedy mode, so the frameworks really run at their defaults."""
-BUDGET_PREFIXES = (*_settings.TRIGGERS, "CUDA_MPS_")
-"""Variables that wake auto-enable or steer MPS: greedy drops them all; the other modes drop
-CUDA_MPS_* (pack decides MPS itself)."""
+
+@dataclass(frozen=True)
+class Option:
+    """Everything a front end needs to offer one field of :class:`PackConfig` (see option())."""
+
+    help: str
+    """The ``--help`` line."""
+    value: str = ""
+    """How a value is written in the docs' option column (``N``, ``SIZE|auto``); "" for a flag."""
+    doc: str = ""
+    """The docs table's meaning where it says more than ``help``."""
+    shown: str | None = None
+    """The docs table's default; None: the default itself."""
+    short: str = ""
+    """A one-letter alias (``-n``)."""
+    text: Callable[[str], Any] | None = None
+    """Reads the command line's text into the field's value, for a value that is not that text
+    (``--threads auto`` is None); the command line then takes text, default ``text_default``."""
+    text_default: str | None = None
+    check: Callable[[str, Any], None] | None = None
+    """Raises ConfigError for a value the option cannot take: (flag, value)."""
+    env: str = ""
+    """The variable each job gets from it, where there is one."""
+    ray: bool = False
+    """``memgov ray pack`` takes it too (``ray_default``, ``ray_help``: where Ray's differ)."""
+    ray_default: Any = SAME
+    ray_help: str = ""
+    ray_check: Callable[[str, Any], None] | None = None
+    """The check where Ray's bound differs (a cluster runs more jobs than one GPU)."""
+
+
+def option(default: Any, help: str, **spec: Any) -> Any:
+    """A field of PackConfig that is an option (see :class:`Option` for ``spec``)."""
+    meta = {"option": Option(help=help, **spec)}
+    if isinstance(default, list):
+        return field(default_factory=list, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Described:
+    """One option as the front ends see it: the field's name, type and default, and its Option."""
+
+    name: str
+    type: Any
+    default: Any
+    spec: Option
+    front: str = "pack"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def text_default(self) -> str | None:
+        """The command line's default, for an option that takes text."""
+        if self.front == "ray" and self.spec.ray_default is not SAME:
+            return str(self.spec.ray_default)  # Ray's own, e.g. --threads 1
+        return self.spec.text_default
+
+
+# -- the checks an option names in its row --------------------------------------------------------
+
+
+def _choice(*accepted: str) -> Callable[[str, Any], None]:
+    def check(flag: str, value: Any) -> None:
+        if value not in accepted:
+            raise ConfigError(f"{flag} {value!r}: accepted {', '.join(accepted)}")
+
+    return check
+
+
+def _count(most: int) -> Callable[[str, Any], None]:
+    def check(flag: str, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ConfigError(f"{flag} {value!r}: accepted a whole number from 1 to {most}")
+
+    return check
+
+
+def _sweep(flag: str, value: list[int] | None) -> None:
+    if value is None:
+        return
+    if not value:
+        raise ConfigError(f"{flag}: accepted a comma-separated list of job counts, e.g. 1,8,25")
+    for n in value:
+        _count(MAX_JOBS)(flag, n)
+
+
+def _claim(flag: str, value: str) -> None:
+    if value.strip().lower() != "auto":
+        Size(value, flag, also=CLAIM_ALSO)
+
+
+def _host_per_job(flag: str, value: str) -> None:
+    if value.strip().lower() not in ("auto", "off"):
+        Size(value, flag, also="auto (recorded host peaks) or off").on(None)
+
+
+def _timeout(flag: str, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"{flag} {value}: accepted seconds > 0")
+
+
+def _wait(flag: str, value: float | None) -> None:
+    _settings.wait_seconds(value, flag)  # the rule of MEMGOV_WAIT, which it sets
+
+
+def threads_text(text: str) -> int | None:
+    """``--threads``: auto (None: memgov's thread budget decides in each job) or a number."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"--threads {text!r}: accepted auto or a whole number >= 1")
+    return int(text)
+
+
+def parse_sweep(text: str) -> list[int]:
+    items = [t.strip() for t in text.split(",")]
+    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
+        raise ConfigError(
+            f"--sweep {text!r}: accepted comma-separated job counts >= 1, e.g. 1,8,25,48"
+        )
+    return [int(t) for t in items]
+
+
+def parse_rogue(text: str) -> tuple[int, int]:
+    count, sep, mib = text.partition(":")
+    if not sep or not count.strip().isdigit() or not mib.strip().isdigit():
+        raise ConfigError(
+            f"--rogue {text!r}: accepted K:MIB, e.g. 1:4096 (the last K jobs "
+            "also allocate MIB MiB on the GPU after their first step)"
+        )
+    return int(count), int(mib)
+
+
+def _words(text: str) -> list[str]:
+    import shlex
+
+    return shlex.split(text)
+
+
+# -- the table ------------------------------------------------------------------------------------
 
 
 @dataclass
 class PackConfig:
+    """A pack's request; each field after the first is an option (see the module's docstring)."""
+
     experiment: str | Path
-    n: int = 2
-    sweep: list[int] | None = None
-    framework: str = "torch"
-    mode: str = "claim"
-    claim: str = "auto"
-    mps: str = "auto"
-    mps_daemons: int | None = None
-    """MPS control daemons to run; None: as many as the jobs at once need (48 clients each)."""
-    epochs: int | None = None
-    batch: int | None = None
-    runner: str = "auto"
-    image: str = DOCKER_IMAGE
-    out: Path | None = None
-    device: str = "gpu"
-    gpu: str | None = None
-    threads: int | None = None
-    """CPU threads per job (MEMGOV_THREADS); None: memgov's thread budget decides in each job
-    (expected: max(1, cores // jobs running at once))."""
-    parallel: int | None = None
-    """Jobs running at once; None: all (under MPS at most its client limit, the rest queue)."""
-    baseline: str = "none"
-    baseline_args: list[str] = field(default_factory=list)
-    solo: bool = True
-    rogue: tuple[int, int] | None = None
-    timeout: float | None = None
-    wait: float | None = None
-    pin: bool = False
-    history: bool = True
-    host_per_job: str = "auto"
-    """Host memory one job needs: SIZE, auto (recorded peaks) or off (see hostmem.py)."""
-    compile_cache: str = "auto"
-    """One compilation cache for the governed jobs, warmed by one job first: auto, off or a
-    folder (see warmup.py; JAX only)."""
-    python: str = sys.executable
+    """A folder with an experiment.toml (or the file), or the name of a bundled experiment (see
+    :data:`EXPERIMENT_DOC`)."""
+    n: int = option(
+        2,
+        "Jobs to pack.",
+        value="N",
+        doc="jobs",
+        short="-n",
+        check=_count(MAX_JOBS),
+        ray=True,
+        ray_help="Jobs to run.",
+        ray_check=_count(MAX_COUNT),
+    )
+    sweep: list[int] | None = option(
+        None,
+        "Several job counts, e.g. 1,8,25: one run each, plotted against N.",
+        value="1,8,25",
+        doc="one run per job count, plotted against N",
+        text=parse_sweep,
+        check=_sweep,
+        shown="",
+    )
+    mode: str = option(
+        "claim",
+        "greedy (framework defaults: the study), growth, or claim (a budget per job).",
+        doc="`greedy`, `growth` or `claim` (below)",
+        check=_choice(*MODES),
+    )
+    claim: str = option(
+        "auto",
+        "Budget per job in claim mode: a size (1GiB, 900MiB) or auto (measured peak + "
+        "margin; a default without history).",
+        value="SIZE|auto",
+        doc="budget per job in claim mode (below)",
+        check=_claim,
+        env="MEMGOV_CLAIM",
+        ray=True,
+        ray_default="1GiB",
+        ray_help="GPU memory per job, e.g. 1GiB, or auto.",
+    )
+    framework: str = option(
+        "torch",
+        "torch, tensorflow or jax (the manifest's).",
+        doc="a `[frameworks.X]` table of the manifest",
+        ray=True,
+        ray_help="torch, tensorflow or jax.",
+    )
+    epochs: int | None = option(
+        None,
+        "Epochs per job (manifest default).",
+        value="N",
+        shown="manifest's",
+        doc="epochs per job",
+        check=_count(MAX_COUNT),
+        ray=True,
+    )
+    batch: int | None = option(
+        None,
+        "Batch size (manifest default).",
+        value="N",
+        shown="manifest's",
+        doc="batch size",
+        check=_count(MAX_COUNT),
+        ray=True,
+    )
+    mps: str = option(
+        "auto",
+        "auto (when the machine has MPS), on, off.",
+        value="auto|on|off",
+        doc="MPS when the machine has it; `on` fails if it cannot",
+        check=_choice(*MPS_CHOICES),
+    )
+    mps_daemons: int | None = option(
+        None,
+        "MPS control daemons (each admits MEMGOV_MPS_CLIENTS clients per GPU, 48 by "
+        "default); default: as many as the jobs at once need.",
+        value="N",
+        shown="as needed",
+        doc="MPS control daemons (each admits 48 clients per GPU); default: enough for the jobs "
+        "at once",
+        check=_count(MAX_MPS_DAEMONS),
+    )
+    runner: str = option(
+        "auto",
+        "auto (process, or preload when the jobs at once would not fit the host's memory "
+        "as processes), process, namespace (own PID namespace; root), docker, or preload (jobs "
+        "forked from one process that imported the framework once: less host memory and "
+        "start-up CPU per job).",
+        doc="`auto`, `process`, `namespace`, `docker`, `preload` (below)",
+        check=_choice(*RUNNER_CHOICES),
+    )
+    image: str = option(
+        DOCKER_IMAGE,
+        "Image for --runner docker (examples/docker).",
+        value="IMAGE",
+        doc="the image for `--runner docker` (examples/docker)",
+    )
+    device: str = option(
+        "gpu",
+        "gpu, or cpu (a small run for CI and laptops: a simulated GPU for the ledger).",
+        value="gpu|cpu",
+        doc="`cpu`: a small run for CI and laptops (below)",
+        check=_choice(*DEVICES),
+        ray=True,
+        ray_help="gpu, or cpu (simulated GPUs, CI).",
+    )
+    gpu: str | None = option(
+        None,
+        "Which GPU: index or UUID (default: first).",
+        value="INDEX|UUID",
+        shown="first visible",
+        doc="the GPU to pack",
+    )
+    threads: int | None = option(
+        None,
+        "CPU threads per job: auto (cores / jobs at once) or a number.",
+        value="auto|N",
+        doc="CPU threads per job: auto = each job's share from memgov's thread budget "
+        "(docs/threads.md), steady `max(1, cores // jobs at once)`; N = `MEMGOV_THREADS=N`",
+        text=threads_text,
+        text_default="auto",
+        shown="auto",
+        check=_count(MAX_COUNT),
+        env="MEMGOV_THREADS",
+        ray=True,
+        ray_default=1,
+        ray_help="CPU threads (and Ray CPUs) per job: a number, or auto.",
+    )
+    parallel: int | None = option(
+        None,
+        "Jobs at once (default all that the GPU's client or context limit takes; the rest queue).",
+        value="K",
+        shown="all",
+        doc="jobs at once (capped by MPS clients or, without "
+        "MPS, CUDA contexts); the rest start as others finish",
+        check=_count(MAX_COUNT),
+    )
+    wait: float | None = option(
+        None,
+        "Jobs queue up to SECONDS for their budget (MEMGOV_WAIT) instead of failing.",
+        value="S",
+        shown="none",
+        doc="jobs queue up to S seconds for their budget (`MEMGOV_WAIT`) instead of failing",
+        check=_wait,
+        env="MEMGOV_WAIT",
+        ray=True,
+    )
+    timeout: float | None = option(
+        None,
+        "Stop a run's jobs after SECONDS.",
+        value="S",
+        shown="none",
+        doc="stop a run's jobs after S seconds (reason `timeout`; their finished epochs still "
+        "count)",
+        check=_timeout,
+        ray=True,
+        ray_help="Stop a job after SECONDS.",
+    )
+    baseline: str = option(
+        "none",
+        "naive: first run the same N greedy (no thread or MPS governance), side by side.",
+        value="naive",
+        doc="first the same N greedy (no thread or MPS governance), side by side",
+        check=_choice(*BASELINES),
+    )
+    baseline_args: list[str] = option(
+        [],
+        "Extra trainer arguments for the baseline only, e.g. '--limit 2000'.",
+        value='"..."',
+        doc="trainer arguments for the baseline only (it is much slower)",
+        text=_words,
+        text_default="",
+        shown="",
+    )
+    solo: bool = option(
+        True,
+        "Run one job alone first (slowdown, speedup).",
+        shown="solo",
+        doc="one job alone first: the reference for slowdown and speedup",
+    )
+    rogue: tuple[int, int] | None = option(
+        None,
+        "K:MIB: the last K jobs also allocate MIB MiB after their first step.",
+        value="K:MIB",
+        shown="",
+        text=parse_rogue,
+        doc="the last K jobs also allocate MIB MiB "
+        "after their first step (`[experiment] rogue_args`, default `--hog-mib {mib}`)",
+    )
+    host_per_job: str = option(
+        "auto",
+        "Host memory one job needs: SIZE, auto (recorded peaks; 2GiB before any) or off. "
+        "A job starts only when the host can hold it; others wait.",
+        value="SIZE|auto|off",
+        doc="host memory one job needs; a job starts only when the host can hold it (below)",
+        check=_host_per_job,
+    )
+    pin: bool = option(
+        False,
+        "Pin each job to its share of cores.",
+        shown="off",
+        doc="pin each job to its share of cores (the only lever on XLA's CPU thread pools)",
+    )
+    compile_cache: str = option(
+        "auto",
+        "JAX: one compilation cache for the jobs, warmed by one job before the others "
+        "start: auto (a folder in the report folder), off, or a folder of your own.",
+        value="auto|off|DIR",
+        doc="JAX: one persistent compilation cache for the governed jobs, "
+        "warmed by one warm-up job before a run's jobs start (below)",
+    )
+    history: bool = option(
+        True,
+        "Record measured peaks for --claim auto.",
+        shown="history",
+        doc="record measured peaks (`--no-history`: do not)",
+    )
+    python: str = option(
+        sys.executable,
+        "Interpreter for {python} in the manifest (default: the one running pack).",
+        value="PATH",
+        text=str,
+        shown="pack's own",
+        doc="the interpreter for `{python}` in the manifest (it needs the experiment's framework)",
+    )
+    out: Path | None = option(
+        None,
+        "Report folder (default pack-results/...).",
+        value="DIR",
+        shown="`pack-results/<name>-<fw>-<mode>-n<N>-<time>-<pid>`",
+        doc="report folder",
+    )
     trainer_args: list[str] = field(default_factory=list)
+    """Arguments after ``--``, for every job's trainer."""
 
     def check(self) -> None:
         """Raise ConfigError for anything pack cannot do, before any job starts."""
-        _choice("--mode", self.mode, MODES)
-        _choice("--mps", self.mps, MPS_CHOICES)
-        _choice("--device", self.device, DEVICES)
-        _choice("--runner", self.runner, RUNNER_CHOICES)
-        _choice("--baseline", self.baseline, BASELINES)
-        _count("--n", self.n, MAX_JOBS)
-        for name, value in (("--epochs", self.epochs), ("--batch", self.batch),
-                            ("--threads", self.threads), ("--parallel", self.parallel)):
-            if value is not None:
-                _count(name, value, 10**6)
-        if self.mps_daemons is not None:
-            _count("--mps-daemons", self.mps_daemons, 16)
-        if self.sweep is not None:
-            if not self.sweep:
-                raise ConfigError("--sweep: accepted a comma-separated list of job counts, "
-                                  "e.g. 1,8,25")
-            for n in self.sweep:
-                _count("--sweep", n, MAX_JOBS)
-            if self.baseline != "none":
-                raise ConfigError("--baseline applies to a single --n, not to --sweep")
-        if self.host_per_job.strip().lower() not in ("auto", "off"):
-            try:
-                parse_size(self.host_per_job, what="--host-per-job")
-            except ValueError as exc:
-                raise ConfigError(f"{exc}; or auto (recorded host peaks) or off") from None
+        check_options(self)
+        if self.sweep is not None and self.baseline != "none":
+            raise ConfigError("--baseline applies to a single --n, not to --sweep")
         if self.mode != "claim" and self.claim != "auto":
-            raise ConfigError(f"--claim {self.claim} applies to --mode claim only "
-                              f"(--mode {self.mode} claims no budget)")
+            raise ConfigError(
+                f"--claim {self.claim} applies to --mode claim only "
+                f"(--mode {self.mode} claims no budget)"
+            )
         if self.mode == "greedy" and self.mps == "on":
-            raise ConfigError("--mode greedy runs the frameworks at their defaults, without MPS; "
-                              "accepted with it: --mps auto or off")
+            raise ConfigError(
+                "--mode greedy runs the frameworks at their defaults, without MPS; "
+                "accepted with it: --mps auto or off"
+            )
         if self.device == "cpu" and self.mps == "on":
             raise ConfigError("--mps on needs a GPU; with --device cpu accepted: --mps auto/off")
         if self.device == "gpu" and _settings.is_set("MEMGOV_DEVICES"):
-            raise ConfigError("MEMGOV_DEVICES simulates GPUs, but --device gpu needs real ones: "
-                              "unset MEMGOV_DEVICES, or pack on CPU with --device cpu")
+            raise ConfigError(
+                "MEMGOV_DEVICES simulates GPUs, but --device gpu needs real ones: "
+                "unset MEMGOV_DEVICES, or pack on CPU with --device cpu"
+            )
         if self.rogue is not None:
             count, mib = self.rogue
             largest = max(self.sweep or [self.n])
             if not 1 <= count <= largest or mib < 1:
-                raise ConfigError(f"--rogue {count}:{mib}: accepted K:MIB with 1 <= K <= {largest}"
-                                  " jobs and MIB >= 1")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ConfigError(f"--timeout {self.timeout}: accepted seconds > 0")
-        _settings.wait_seconds(self.wait, "--wait")  # the rule of MEMGOV_WAIT, which it sets
+                raise ConfigError(
+                    f"--rogue {count}:{mib}: accepted K:MIB with 1 <= K <= {largest}"
+                    " jobs and MIB >= 1"
+                )
         if self.baseline_args and self.baseline == "none":
             raise ConfigError("--baseline-args needs --baseline naive")
         if self.runner != "docker":  # docker jobs run the image's python
             check_python(self.python)
+
+
+EXPERIMENT_DOC = (
+    "a folder with an `experiment.toml` (or the file), or the name of a bundled experiment "
+    "(`mnist`: installed with memgov, so it works outside a clone; a folder of that name in the "
+    "working directory wins)"
+)
+
+
+def options(front: str = "pack") -> Iterator[Described]:
+    """The options of ``front``: ``pack`` (every option) or ``ray`` (those memgov ray pack takes,
+    with its defaults)."""
+    import typing
+
+    types = typing.get_type_hints(PackConfig)
+    for item in dataclasses.fields(PackConfig):
+        spec = item.metadata.get("option")
+        if spec is None or (front == "ray" and not spec.ray):
+            continue
+        default = [] if item.default is dataclasses.MISSING else item.default
+        if front == "ray" and spec.ray_default is not SAME:
+            default = spec.ray_default
+        yield Described(item.name, types[item.name], default, spec, front)
+
+
+def check_options(cfg: PackConfig, front: str = "pack") -> None:
+    """Each option's own check (no rule between options): what ``memgov ray pack`` asks."""
+    for described in options(front):
+        spec = described.spec
+        check = spec.ray_check if front == "ray" and spec.ray_check else spec.check
+        if check is not None:
+            check(described.flag, getattr(cfg, described.name))
 
 
 def check_python(python: str) -> None:
@@ -159,8 +524,10 @@ def check_python(python: str) -> None:
             where = "no such file"
         else:
             where = "not an executable file"
-        raise ConfigError(f"--python {python!r}: {where}; accepted the path (or a name on PATH)"
-                          " of a Python interpreter that has the experiment's framework")
+        raise ConfigError(
+            f"--python {python!r}: {where}; accepted the path (or a name on PATH)"
+            " of a Python interpreter that has the experiment's framework"
+        )
 
 
 def report_folder(out: Path) -> Path:
@@ -168,41 +535,20 @@ def report_folder(out: Path) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ConfigError(f"--out {out}: a file of that name is in the way; accepted a folder "
-                          "path (it is created if missing)") from None
+        raise ConfigError(
+            f"--out {out}: a file of that name is in the way; accepted a folder "
+            "path (it is created if missing)"
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create the report folder "
-                          f"({exc.strerror or exc}); accepted a folder you can write") from None
+        raise ConfigError(
+            f"--out {out}: cannot create the report folder "
+            f"({exc.strerror or exc}); accepted a folder you can write"
+        ) from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: the folder is not writable; accepted a folder you can "
-                          "write")
+        raise ConfigError(
+            f"--out {out}: the folder is not writable; accepted a folder you can write"
+        )
     return out
-
-
-def _choice(name: str, value: str, accepted: tuple[str, ...]) -> None:
-    if value not in accepted:
-        raise ConfigError(f"{name} {value!r}: accepted {', '.join(accepted)}")
-
-
-def _count(name: str, value: int, most: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise ConfigError(f"{name} {value!r}: accepted a whole number from 1 to {most}")
-
-
-def parse_sweep(text: str) -> list[int]:
-    items = [t.strip() for t in text.split(",")]
-    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
-        raise ConfigError(f"--sweep {text!r}: accepted comma-separated job counts >= 1, "
-                          "e.g. 1,8,25,48")
-    return [int(t) for t in items]
-
-
-def parse_rogue(text: str) -> tuple[int, int]:
-    count, sep, mib = text.partition(":")
-    if not sep or not count.strip().isdigit() or not mib.strip().isdigit():
-        raise ConfigError(f"--rogue {text!r}: accepted K:MIB, e.g. 1:4096 (the last K jobs "
-                          "also allocate MIB MiB on the GPU after their first step)")
-    return int(count), int(mib)
 
 
 def cores() -> int:
@@ -220,49 +566,36 @@ def cpu_sets(index: int, threads: int) -> set[int]:
     return {allowed[(start + k) % len(allowed)] for k in range(min(threads, len(allowed)))}
 
 
-def base_env(mode: str) -> dict[str, str]:
-    """pack's environment minus what pack decides per mode."""
-    env = dict(os.environ)
-    for name in list(env):
-        # Thread variables of pack's own environment are pack's, not a choice for its jobs:
-        # governed jobs get memgov's share (or --threads N), greedy ones the defaults.
-        decided = (name in GOVERNANCE_VARS or name in THREAD_VARS
-                   or name.startswith("CUDA_MPS_"))
-        default = mode == "greedy" and (name in FRAMEWORK_DEFAULT_VARS
-                                        or name.startswith(BUDGET_PREFIXES))
-        if decided or default:
-            del env[name]
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+def markdown() -> str:
+    """docs/pack.md's option table: the experiment and every option, as `memgov pack` spells
+    them (tests/pack/test_pack_options.py compares them)."""
+    rows = [
+        "| option | default | meaning |",
+        "|---|---|---|",
+        _row("`EXPERIMENT`", "", EXPERIMENT_DOC),
+    ]
+    for described in options("pack"):
+        meaning = described.spec.doc or described.spec.help
+        rows.append(_row(_shown_flag(described), _shown_default(described), meaning))
+    return "\n".join(rows) + "\n"
 
 
-def job_env(*, mode: str, claim_bytes: int | None, threads: int | None, ledger: Path,
-            device_uuid: str | None, simulated: str | None, mps_pipe: Path | None,
-            mps_log: Path | None, wait: float | None) -> dict[str, str]:
-    """The variables pack sets for one job (on top of :func:`base_env`)."""
-    env = {"MEMGOV_DIR": str(ledger)}
-    if device_uuid is not None:
-        env["CUDA_VISIBLE_DEVICES"] = device_uuid  # one card, also for greedy jobs
-    if mode == "greedy":
-        return env
-    if simulated is not None:
-        env["MEMGOV_DEVICES"] = simulated
-    env["MEMGOV_CLAIM"] = "growth" if mode == "growth" else str(claim_bytes)
-    env["MEMGOV_STRICT"] = "1"
-    if threads is not None:
-        env["MEMGOV_THREADS"] = str(threads)  # the job's memgov sets the thread variables
-    if wait is not None:
-        env["MEMGOV_WAIT"] = f"{wait:g}"
-    if mps_pipe is not None:
-        env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipe)
-        if mps_log is not None:
-            env["CUDA_MPS_LOG_DIRECTORY"] = str(mps_log)
-        if "MEMGOV_MPS_POLICY" not in os.environ:
-            # A job that starts as another ends (waves) joins the daemon with the most room: an
-            # MPS server still counts a client that has released its claim while its CUDA
-            # context is torn down, and with `fill` the new job met that full server (2 of 140
-            # jobs failed on the H200, docs/pack.md).
-            env["MEMGOV_MPS_POLICY"] = "spread"
-    else:
-        env["MEMGOV_MPS"] = "off"
-    return env
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(cells).replace("|  |", "| |") + " |"
+
+
+def _shown_flag(described: Described) -> str:
+    if described.type is bool:
+        return f"`{described.flag}/--no-{described.flag[2:]}`"
+    value = f" {described.spec.value}" if described.spec.value else ""
+    return f"`{described.flag}{value}`".replace("|", "\\|")
+
+
+def _shown_default(described: Described) -> str:
+    if described.spec.shown is not None:
+        return described.spec.shown
+    return "" if described.default is None else str(described.default)
+
+
+if __name__ == "__main__":  # python -m memgov.pack.config: the docs' table
+    print(markdown(), end="")

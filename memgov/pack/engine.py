@@ -18,16 +18,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from memgov import _config
 from memgov._signals import raise_on_signals
 from memgov.pack import stats, warmup
-from memgov.pack.config import PackConfig, cpu_sets, job_env, threads_for
+from memgov.pack.config import PackConfig, cpu_sets, threads_for
 from memgov.pack.jobs import Job, JobSpec
 from memgov.pack.monitor import Sampler
 from memgov.pack.plan import Context, RunPlan, learn_claim, prepare
 from memgov.pack.results import Results, complete_run
+from memgov.pack.stats import JobRecord, RunRecord
 
 STOP_GRACE_S = 10.0
 """How long a job has after SIGTERM before SIGKILL."""
@@ -38,15 +39,15 @@ class Observer(Protocol):
 
     def run_started(self, plan: RunPlan) -> None: ...
     def job_event(self, plan: RunPlan, job: str, event: dict[str, Any]) -> None: ...
-    def job_ended(self, plan: RunPlan, record: dict[str, Any]) -> None: ...
-    def run_ended(self, plan: RunPlan, record: dict[str, Any]) -> None: ...
+    def job_ended(self, plan: RunPlan, record: JobRecord) -> None: ...
+    def run_ended(self, plan: RunPlan, record: RunRecord) -> None: ...
 
 
 class _Quiet:
     def run_started(self, plan: RunPlan) -> None: ...
     def job_event(self, plan: RunPlan, job: str, event: dict[str, Any]) -> None: ...
-    def job_ended(self, plan: RunPlan, record: dict[str, Any]) -> None: ...
-    def run_ended(self, plan: RunPlan, record: dict[str, Any]) -> None: ...
+    def job_ended(self, plan: RunPlan, record: JobRecord) -> None: ...
+    def run_ended(self, plan: RunPlan, record: RunRecord) -> None: ...
 
 
 @dataclass
@@ -55,8 +56,11 @@ class Outcome:
     interrupted: BaseException | None
 
 
-def pack(cfg: PackConfig, observer: Observer | None = None,
-         write: Callable[[dict[str, Any], Path], None] | None = None) -> Outcome:
+def pack(
+    cfg: PackConfig,
+    observer: Observer | None = None,
+    write: Callable[[dict[str, Any], Path], None] | None = None,
+) -> Outcome:
     """Run the pack; write its report (also a partial one after Ctrl-C) with ``write``."""
     ctx = prepare(cfg)  # every ConfigError before anything starts
     watcher = observer or _Quiet()
@@ -91,122 +95,173 @@ def pack(cfg: PackConfig, observer: Observer | None = None,
     return Outcome(results.report, stop)
 
 
-def run_once(ctx: Context, plan: RunPlan, observer: Observer
-             ) -> tuple[dict[str, Any], BaseException | None]:
+def run_once(
+    ctx: Context, plan: RunPlan, observer: Observer
+) -> tuple[RunRecord, BaseException | None]:
     """Run one plan's jobs to the end (or until stopped); return its record and any interrupt."""
-    mps_pipe, mps_log = ctx.mps_paths() if plan.mps else (None, None)
-    concurrent = min(plan.n, plan.parallel)
-    # The expected share (for --pin and the report); the jobs decide their own threads with
-    # memgov's thread budget (memgov/_threads.py), unless --threads N (or a CPU pack's solo job,
-    # given one packed job's threads as a fair reference) fixes them.
-    threads = None if plan.mode == "greedy" else plan.threads or threads_for(ctx.cfg, concurrent)
-    fixed = None if plan.mode == "greedy" else plan.threads or ctx.cfg.threads
-    env = job_env(mode=plan.mode, claim_bytes=plan.claim_bytes, threads=fixed,
-                  ledger=ctx.ledger, device_uuid=ctx.device_uuid, simulated=ctx.simulated,
-                  mps_pipe=mps_pipe, mps_log=mps_log, wait=ctx.cfg.wait)
-    if ctx.simulated is not None and ctx.device is not None and plan.mode != "greedy":
-        env["MEMGOV_DEVICE"] = ctx.device.uuid  # the simulated GPU pack watches (--gpu)
-    if ctx.compile_cache is not None and plan.mode != "greedy":
-        env.update(warmup.cache_env(ctx.compile_cache))
-    base = ctx.base_env(plan.mode)
-    connections = one_connection(ctx, concurrent, base)
-    if connections:
-        env[CONNECTIONS_VAR] = "1"
-    jobs = [Job(JobSpec(i, f"job-{i:02d}", ctx.argv(plan, i), env, plan.rogue_mib(i)))
-            for i in range(plan.n)]
-    log_dir = ctx.out / "logs" / plan.label
-    log_dir.mkdir(parents=True, exist_ok=True)
-    sampler = Sampler(ctx.device, watch_nvml=not ctx.cpu)
-    inbox: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
-    by_label = {j.spec.label: j for j in jobs}
-    pending: deque[Job] = deque(jobs)
-    running: set[str] = set()
-    records: dict[str, dict[str, Any]] = {}
-    stop: BaseException | None = None
-    warm: dict[str, Any] | None = None
-    if ctx.compile_cache is not None and plan.mode != "greedy" and not ctx.cache_warm:
-        # Before the run's clock starts: the jobs then load what one job compiled.
-        spec = JobSpec(-1, "warm-up", ctx.argv(plan, 0), env)
-        try:
-            warm = warmup.warm_up(spec, ctx.runner, ctx.folder, base, log_dir, ctx.cfg.timeout)
-            ctx.cache_warm = warm["status"] == "warm"
-        except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (the warm-up job is stopped)
-            warm, stop = {"status": "interrupted"}, exc
-            while pending:
-                pending.popleft().stopped_by = "interrupted"
+    run = OneRun(ctx, plan, observer)
+    run.warm_up()
     observer.run_started(plan)
-    sampler.start()
-    t0 = time.monotonic()
-    t0_unix = time.time()  # the same instant on the wall clock, to line up outside monitoring
-    deadline = t0 + ctx.cfg.timeout if ctx.cfg.timeout else None
-    kill_at: float | None = None
-    try:
-        while pending or running:
-            while pending and len(running) < plan.parallel:
-                verdict = _host_verdict(ctx, sampler, pending[0], running, by_label)
-                if verdict == "wait":
-                    break
-                job = pending.popleft()
-                if verdict == "refuse":
-                    records[job.spec.label] = stats.job_record(job, _blank(), ctx.runner)
-                    observer.job_ended(plan, records[job.spec.label])
-                    continue
-                cpus = cpu_sets(job.spec.index, threads or 1) if ctx.cfg.pin else None
-                job.start(ctx.runner, ctx.folder, base, log_dir, inbox, t0, cpus)
-                sampler.track(job.spec.label, _root(ctx, job), ctx.runner.host_pids)
-                running.add(job.spec.label)
-                if ctx.host_gate is not None:
-                    ctx.host_gate.started(len(running))
-            now = time.monotonic()
-            if deadline is not None and now > deadline and kill_at is None:
-                kill_at = now + STOP_GRACE_S
-                _stop_all(ctx, jobs, pending, "timeout")
-            elif kill_at is not None and now > kill_at:
-                _stop_all(ctx, jobs, pending, "timeout", signal.SIGKILL)
-            try:
-                kind, label, data = inbox.get(timeout=0.2)
-            except queue.Empty:
+    run.drive()
+    return run.record(), run.stop
+
+
+class OneRun:
+    """One plan's jobs, in steps: set up (the jobs, their environment), :meth:`warm_up` (JAX's
+    compilation cache), :meth:`drive` (start jobs as room allows, stop them at the timeout, take
+    their reports) and :meth:`record` (what the report says of the run)."""
+
+    def __init__(self, ctx: Context, plan: RunPlan, observer: Observer) -> None:
+        self.ctx, self.plan, self.observer = ctx, plan, observer
+        self.concurrent = min(plan.n, plan.parallel)
+        governed = plan.mode != "greedy"
+        # The expected share (for --pin and the report); the jobs decide their own threads with
+        # memgov's thread budget (memgov/_threads.py), unless --threads N (or a CPU pack's solo
+        # job, given one packed job's threads as a fair reference) fixes them.
+        self.threads = plan.threads or threads_for(ctx.cfg, self.concurrent) if governed else None
+        fixed = plan.threads or ctx.cfg.threads if governed else None
+        self.env = ctx.job_env(plan, fixed, ctx.mps_paths() if plan.mps else None)
+        self.base = ctx.base_env(plan.mode)
+        self.connections = one_connection(ctx, self.concurrent, self.base)
+        if self.connections:
+            self.env[CONNECTIONS_VAR] = "1"
+        self.jobs = [
+            Job(JobSpec(i, f"job-{i:02d}", ctx.argv(plan, i), self.env, plan.rogue_mib(i)))
+            for i in range(plan.n)
+        ]
+        self.by_label = {j.spec.label: j for j in self.jobs}
+        self.pending: deque[Job] = deque(self.jobs)
+        self.running: set[str] = set()
+        self.records: dict[str, JobRecord] = {}
+        self.log_dir = ctx.out / "logs" / plan.label
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.sampler = Sampler(ctx.device, watch_nvml=not ctx.cpu)
+        self.inbox: queue.Queue[tuple[str, str, dict[str, Any]]] = queue.Queue()
+        self.stop: BaseException | None = None
+        self.warm: dict[str, Any] | None = None
+        self.t0 = self.t0_unix = self.wall = 0.0
+
+    @property
+    def cached(self) -> bool:
+        """The governed jobs of this run share a compilation cache (warmup.py)."""
+        return self.ctx.compile_cache is not None and self.plan.mode != "greedy"
+
+    def warm_up(self) -> None:
+        """Before the run's clock starts: the jobs then load what one job compiled."""
+        ctx = self.ctx
+        if not self.cached or ctx.cache_warm:
+            return
+        spec = JobSpec(-1, "warm-up", ctx.argv(self.plan, 0), self.env)
+        try:
+            self.warm = warmup.warm_up(
+                spec, ctx.runner, ctx.folder, self.base, self.log_dir, ctx.cfg.timeout
+            )
+            ctx.cache_warm = self.warm["status"] == "warm"
+        except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (the warm-up job is stopped)
+            self.warm, self.stop = {"status": "interrupted"}, exc
+            while self.pending:
+                self.pending.popleft().stopped_by = "interrupted"
+
+    def drive(self) -> None:
+        """Run the jobs until every one has ended; on an interrupt (or a bug), end them all."""
+        self.sampler.start()
+        self.t0 = time.monotonic()
+        self.t0_unix = time.time()  # the same instant on the wall clock, for outside monitoring
+        deadline = self.t0 + self.ctx.cfg.timeout if self.ctx.cfg.timeout else None
+        kill_at: float | None = None
+        try:
+            while self.pending or self.running:
+                self.start_what_fits()
+                kill_at = self.keep_time(deadline, kill_at)
+                with contextlib.suppress(queue.Empty):
+                    self.take(*self.inbox.get(timeout=0.2))
+        except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (SystemExit), or a bug
+            self.stop = exc
+            _stop_all(self.ctx, self.jobs, self.pending, "interrupted")
+            _reap(self.ctx, self.jobs)
+        finally:
+            self.sampler.stop()
+        self.wall = time.monotonic() - self.t0
+
+    def start_what_fits(self) -> None:
+        """Start pending jobs while the run's parallelism and the host's memory allow."""
+        ctx, pending = self.ctx, self.pending
+        while pending and len(self.running) < self.plan.parallel:
+            verdict = _host_verdict(ctx, self.sampler, pending[0], self.running, self.by_label)
+            if verdict == "wait":
+                return
+            job = pending.popleft()
+            if verdict == "refuse":
+                self.ended(job, _blank())
                 continue
-            if kind == "event":
-                observer.job_event(plan, label, data)
-            else:
-                running.discard(label)
-                sampler.untrack(label)
-                job = by_label[label]
-                records[label] = stats.job_record(job, sampler.jobs[label], ctx.runner)
-                observer.job_ended(plan, records[label])
-    except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (SystemExit), or a bug: end the jobs
-        stop = exc
-        _stop_all(ctx, jobs, pending, "interrupted")
-        _reap(ctx, jobs)
-    finally:
-        sampler.stop()
-    wall = time.monotonic() - t0
-    left = ctx.runner.cleanup()  # containers a stop raced with (created, never started)
-    swept = _sweep_ledger(ctx)
-    done = [records.get(j.spec.label) or stats.job_record(j, sampler.jobs.get(
-        j.spec.label) or _blank(), ctx.runner) for j in jobs]
-    waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
-    record = stats.run_record(done, all_at_once=concurrent >= plan.n and not waited)
-    record["started_unix"] = round(t0_unix, 3)
-    complete_run(ctx, record, plan, sampler, threads, concurrent, wall)
-    if ctx.compile_cache is not None and plan.mode != "greedy":
-        record["warm_up"] = warm or {"status": "skipped", "why": "the cache was already warm"}
-        ctx.cache_warm = ctx.cache_warm or any(j.first("start") for j in jobs)
-    if left:
-        record["removed_after_run"] = left
-    if swept:
-        record["dead_records_removed"] = swept
-    if ctx.host_gate is not None:
-        record["host_gate"] = ctx.host_gate.summary()
-        ctx.host_gate.reset()
-    if connections:
-        record["connections"] = connections
-    observer.run_ended(plan, record)
-    return record, stop
+            cpus = cpu_sets(job.spec.index, self.threads or 1) if ctx.cfg.pin else None
+            job.start(ctx.runner, ctx.folder, self.base, self.log_dir, self.inbox, self.t0, cpus)
+            self.sampler.track(job.spec.label, _root(ctx, job), ctx.runner.host_pids)
+            self.running.add(job.spec.label)
+            if ctx.host_gate is not None:
+                ctx.host_gate.started(len(self.running))
+
+    def keep_time(self, deadline: float | None, kill_at: float | None) -> float | None:
+        """--timeout: SIGTERM every job at the deadline, SIGKILL after the grace; the new
+        moment of the SIGKILL."""
+        now = time.monotonic()
+        if deadline is not None and now > deadline and kill_at is None:
+            _stop_all(self.ctx, self.jobs, self.pending, "timeout")
+            return now + STOP_GRACE_S
+        if kill_at is not None and now > kill_at:
+            _stop_all(self.ctx, self.jobs, self.pending, "timeout", signal.SIGKILL)
+        return kill_at
+
+    def take(self, kind: str, label: str, data: dict[str, Any]) -> None:
+        """One message of a job's reader: an event of its report, or its end."""
+        if kind == "event":
+            self.observer.job_event(self.plan, label, data)
+            return
+        self.running.discard(label)
+        self.sampler.untrack(label)
+        self.ended(self.by_label[label], self.sampler.jobs[label])
+
+    def ended(self, job: Job, sample: Any) -> None:
+        record = stats.job_record(job, sample, self.ctx.runner)
+        self.records[job.spec.label] = record
+        self.observer.job_ended(self.plan, record)
+
+    def record(self) -> RunRecord:
+        """The run's record (stats.py, results.py), after cleaning up after its jobs."""
+        ctx, plan = self.ctx, self.plan
+        left = ctx.runner.cleanup()  # containers a stop raced with (created, never started)
+        swept = _sweep_ledger(ctx)
+        done = [
+            self.records.get(j.spec.label)
+            or stats.job_record(j, self.sampler.jobs.get(j.spec.label) or _blank(), ctx.runner)
+            for j in self.jobs
+        ]
+        waited = ctx.host_gate is not None and bool(ctx.host_gate.deferred)  # waves: host memory
+        record = stats.run_record(done, all_at_once=self.concurrent >= plan.n and not waited)
+        record["started_unix"] = round(self.t0_unix, 3)
+        complete_run(ctx, record, plan, self.sampler, self.threads, self.concurrent, self.wall)
+        if self.cached:
+            record["warm_up"] = self.warm or {
+                "status": "skipped",
+                "why": "the cache was already warm",
+            }
+            ctx.cache_warm = ctx.cache_warm or any(j.first("start") for j in self.jobs)
+        if left:
+            record["removed_after_run"] = left
+        if swept:
+            record["dead_records_removed"] = swept
+        if ctx.host_gate is not None:
+            record["host_gate"] = ctx.host_gate.summary()
+            ctx.host_gate.reset()
+        if self.connections:
+            record["connections"] = self.connections
+        self.observer.run_ended(plan, record)
+        return record
 
 
 CONNECTIONS_VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
 def _connections_from(ctx: Context) -> int:
     """Jobs at once above which each job gets one hardware connection: the CUDA context limit
     (MEMGOV_CONTEXTS, default 72), which stays below the walls of both contexts and MPS clients.
@@ -224,9 +279,11 @@ def one_connection(ctx: Context, concurrent: int, base: dict[str, str]) -> str |
     limit = _connections_from(ctx)
     if ctx.cpu or concurrent <= limit or CONNECTIONS_VAR in base:
         return None
-    return (f"{CONNECTIONS_VAR}=1 for every job: {concurrent} jobs at once take more than the "
-            f"GPU's pool of hardware connections at the default 8 per context or MPS client "
-            f"(over {limit} jobs at once; set {CONNECTIONS_VAR} yourself to choose)")
+    return (
+        f"{CONNECTIONS_VAR}=1 for every job: {concurrent} jobs at once take more than the "
+        f"GPU's pool of hardware connections at the default 8 per context or MPS client "
+        f"(over {limit} jobs at once; set {CONNECTIONS_VAR} yourself to choose)"
+    )
 
 
 def _sweep_ledger(ctx: Context) -> list[str]:
@@ -247,12 +304,14 @@ def _sweep_ledger(ctx: Context) -> list[str]:
     return []
 
 
-def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str],
-                  jobs: dict[str, Job]) -> str:
-    """"start", "wait" (for running jobs to end) or "refuse" ``job`` (hostmem.py)."""
+def _host_verdict(
+    ctx: Context, sampler: Sampler, job: Job, running: set[str], jobs: dict[str, Job]
+) -> str:
+    """ "start", "wait" (for running jobs to end) or "refuse" ``job`` (hostmem.py)."""
     gate = ctx.host_gate
-    if gate is None or gate.fits((sampler.jobs[label].uss, jobs[label].first("epoch") is not None)
-                                 for label in running):
+    if gate is None or gate.fits(
+        (sampler.jobs[label].uss, jobs[label].first("epoch") is not None) for label in running
+    ):
         return "start"
     if running:
         gate.deferred.add(job.spec.label)
@@ -263,9 +322,9 @@ def _host_verdict(ctx: Context, sampler: Sampler, job: Job, running: set[str],
     return "refuse"
 
 
-def _peak(record: dict[str, Any], what: str) -> int | None:
+def _peak(record: RunRecord, what: Literal["footprint_mib", "uss_mib"]) -> int | None:
     """The largest ``what`` (a job record's MiB figure) of a run's jobs that finished, in bytes."""
-    peaks = [j[what] for j in record["jobs"] if j["status"] == "ok" and j.get(what)]
+    peaks = [mib for j in record["jobs"] if j["status"] == "ok" and (mib := j[what])]
     return int(max(peaks) * 2**20) if peaks else None
 
 
@@ -284,8 +343,9 @@ def _root(ctx: Context, job: Job) -> Callable[[], int | None]:
     return find
 
 
-def _stop_all(ctx: Context, jobs: list[Job], pending: deque[Job], why: str,
-              sig: int = signal.SIGTERM) -> None:
+def _stop_all(
+    ctx: Context, jobs: list[Job], pending: deque[Job], why: str, sig: int = signal.SIGTERM
+) -> None:
     while pending:
         pending.popleft().stopped_by = why
     for job in jobs:

@@ -61,6 +61,8 @@ _FRAMEWORK_KEYS = {"command", "env"}
 class ManifestError(ConfigError):
     """An experiment folder or manifest pack cannot use; says what is accepted."""
 
+    __module__ = "memgov.pack"  # raised by pack, importable from memgov.pack
+
 
 @dataclass(frozen=True)
 class Framework:
@@ -99,12 +101,15 @@ class Manifest:
             )
         return found
 
-    def command(self, framework: str, *, python: str, epochs: int, batch: int,
-                device: str) -> list[str]:
+    def command(
+        self, framework: str, *, python: str, epochs: int, batch: int, device: str
+    ) -> list[str]:
         """The job's argv, placeholders filled in."""
         values = {"python": python, "epochs": str(epochs), "batch": str(batch), "device": device}
-        return [_FIELD.sub(lambda m: values[m.group(1)], arg)
-                for arg in self.framework(framework).command]
+        return [
+            _FIELD.sub(lambda m: values[m.group(1)], arg)
+            for arg in self.framework(framework).command
+        ]
 
 
 def bundled() -> dict[str, Path]:
@@ -161,7 +166,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
         raise fail(f"unknown table(s) {sorted(unknown)}; accepted {sorted(_TOP)}")
     exp = data.get("experiment")
     if not isinstance(exp, dict):
-        raise fail("missing [experiment] table (with at least name = \"...\")")
+        raise fail('missing [experiment] table (with at least name = "...")')
     _no_unknown(exp, _EXPERIMENT_KEYS, "[experiment]", fail)
     name = exp.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
@@ -176,10 +181,16 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
     if report not in REPORTS:
         raise fail(f"[experiment] report = {report!r}: accepted {', '.join(REPORTS)}")
     rogue = exp.get("rogue_args", list(DEFAULT_ROGUE))
-    if (not isinstance(rogue, list) or not rogue or not all(isinstance(a, str) for a in rogue)
-            or not any("{mib}" in a for a in rogue)):
-        raise fail(f"[experiment] rogue_args = {rogue!r}: accepted a list of strings with a "
-                   '{mib} placeholder, e.g. ["--hog-mib", "{mib}"]')
+    if (
+        not isinstance(rogue, list)
+        or not rogue
+        or not all(isinstance(a, str) for a in rogue)
+        or not any("{mib}" in a for a in rogue)
+    ):
+        raise fail(
+            f"[experiment] rogue_args = {rogue!r}: accepted a list of strings with a "
+            '{mib} placeholder, e.g. ["--hog-mib", "{mib}"]'
+        )
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
         raise fail("[defaults] must be a table")
@@ -198,14 +209,24 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
         raise fail(f"[cpu] args = {cpu_args!r}: accepted a list of strings")
     tables = data.get("frameworks")
     if not isinstance(tables, dict) or not tables:
-        raise fail("missing [frameworks.<name>] tables, e.g. [frameworks.torch] with "
-                   'command = ["{python}", "train.py"]')
+        raise fail(
+            "missing [frameworks.<name>] tables, e.g. [frameworks.torch] with "
+            'command = ["{python}", "train.py"]'
+        )
     frameworks = {fw: _framework(fw, table, fail) for fw, table in tables.items()}
     return Manifest(
-        path=path, folder=path.parent, name=name, description=description,
-        samples_per_epoch=samples, report=report, epochs=defaults.get("epochs"),
-        batch=defaults.get("batch"), frameworks=frameworks, rogue_args=tuple(rogue),
-        cpu_epochs=cpu.get("epochs"), cpu_args=tuple(cpu_args),
+        path=path,
+        folder=path.parent,
+        name=name,
+        description=description,
+        samples_per_epoch=samples,
+        report=report,
+        epochs=defaults.get("epochs"),
+        batch=defaults.get("batch"),
+        frameworks=frameworks,
+        rogue_args=tuple(rogue),
+        cpu_epochs=cpu.get("epochs"),
+        cpu_args=tuple(cpu_args),
     )
 
 
@@ -217,20 +238,27 @@ def _framework(name: str, table: object, fail: Any) -> Framework:
         raise fail(f"{where} must be a table with command = [...]")
     _no_unknown(table, _FRAMEWORK_KEYS, where, fail)
     command = table.get("command")
-    if (not isinstance(command, list) or not command
-            or not all(isinstance(a, str) and a for a in command)):
-        raise fail(f"{where} command: accepted a non-empty list of non-empty strings, e.g. "
-                   '["{python}", "train.py", "--epochs", "{epochs}"]')
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(a, str) and a for a in command)
+    ):
+        raise fail(
+            f"{where} command: accepted a non-empty list of non-empty strings, e.g. "
+            '["{python}", "train.py", "--epochs", "{epochs}"]'
+        )
     for arg in command:
         for used in _FIELD.findall(arg):
             if used not in PLACEHOLDERS:
-                raise fail(f"{where} command: unknown placeholder {{{used}}} in {arg!r}; "
-                           f"accepted {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+                raise fail(
+                    f"{where} command: unknown placeholder {{{used}}} in {arg!r}; "
+                    f"accepted {', '.join('{' + p + '}' for p in PLACEHOLDERS)}"
+                )
     env = table.get("env", {})
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in env.items()
     ):
-        raise fail(f"{where} env: accepted a table of NAME = \"value\" strings")
+        raise fail(f'{where} env: accepted a table of NAME = "value" strings')
     return Framework(name, tuple(command), dict(env))
 
 

@@ -18,13 +18,13 @@ from memgov import _config, _devices
 from memgov._devices import Device
 from memgov._errors import ConfigError, MemgovError
 from memgov._sizes import Size, format_size
-from memgov.pack import history, hostmem, manifest, runners
+from memgov.pack import history, hostmem, jobenv, manifest, runners
 from memgov.pack.config import (
+    CLAIM_ALSO,
     DEFAULT_CLAIM,
     DEFAULT_CLAIM_OTHER,
     GiB,
     PackConfig,
-    base_env,
     cores,
     report_folder,
     threads_for,
@@ -110,7 +110,33 @@ class Context:
         return host_key(self.history_key, self.cpu, self.cfg.mode, self.runner.name)
 
     def base_env(self, mode: str) -> dict[str, str]:
-        return base_env(mode)
+        return jobenv.inherited(mode)
+
+    def job_env(
+        self, plan: RunPlan, threads: int | None, mps: tuple[Path, Path] | None
+    ) -> dict[str, str]:
+        """What pack decides for each job of ``plan`` (jobenv.py), its compilation cache too."""
+        governed = plan.mode != "greedy"
+        env = jobenv.decided(
+            jobenv.JobEnv(
+                mode=plan.mode,
+                claim=str(plan.claim_bytes),
+                threads=threads,
+                wait=self.cfg.wait,
+                ledger=self.ledger,
+                visible=self.device_uuid,
+                simulated=self.simulated,
+                # the simulated GPU pack watches (--gpu)
+                device=self.device.uuid if self.simulated and self.device else None,
+                mps_pipe=mps[0] if mps else None,
+                mps_log=mps[1] if mps else None,
+            )
+        )
+        if self.compile_cache is not None and governed:
+            from memgov.pack import warmup
+
+            env.update(warmup.cache_env(self.compile_cache))
+        return env
 
     @property
     def cpu_defaults(self) -> dict[str, Any] | None:
@@ -120,8 +146,10 @@ class Context:
         used_args = self.cpu and not self.cfg.trainer_args and bool(man.cpu_args)
         if not (used_epochs or used_args):
             return None
-        return {"epochs": man.cpu_epochs if used_epochs else None,
-                "args": list(man.cpu_args) if used_args else None}
+        return {
+            "epochs": man.cpu_epochs if used_epochs else None,
+            "args": list(man.cpu_args) if used_args else None,
+        }
 
     def notes(self) -> list[str]:
         """Caveats a reader of the figures needs, printed under the table and kept in the report."""
@@ -133,8 +161,10 @@ class Context:
                 used.append(f"--epochs {defaults['epochs']}")
             if defaults["args"]:
                 used.append("-- " + " ".join(defaults["args"]))
-            notes.append(f"a small CPU run by default ({' '.join(used)}, from {self.manifest.path}"
-                         " [cpu]); scale it with --epochs N and trainer arguments after --")
+            notes.append(
+                f"a small CPU run by default ({' '.join(used)}, from {self.manifest.path}"
+                " [cpu]); scale it with --epochs N and trainer arguments after --"
+            )
         if self.cpu and any(p.role == "solo" for p in self.plans):
             busiest = max((p.parallel for p in self.plans if p.role == "main"), default=1)
             threads = threads_for(self.cfg, busiest)
@@ -142,7 +172,8 @@ class Context:
                 f"CPU: every job shares this machine's {cores()} core(s) and the solo job ran with"
                 f" the {threads} thread(s) of one packed job, so 'x one job' says how the jobs "
                 f"share the cores (at most about {max(1, cores() // threads)}x here), not how "
-                "they would pack on a GPU")
+                "they would pack on a GPU"
+            )
         if self.runner_why.startswith("auto") and "preload" in self.runner_why:
             notes.append(f"runner {self.runner_why}")
         return notes
@@ -155,8 +186,13 @@ class Context:
 
     def argv(self, plan: RunPlan, index: int) -> list[str]:
         python = self.runner.python_in_job or self.cfg.python
-        argv = self.manifest.command(self.cfg.framework, python=python, epochs=self.epochs,
-                                     batch=self.batch, device="cpu" if self.cpu else "gpu")
+        argv = self.manifest.command(
+            self.cfg.framework,
+            python=python,
+            epochs=self.epochs,
+            batch=self.batch,
+            device="cpu" if self.cpu else "gpu",
+        )
         argv += [*self.trainer_args, *plan.extra_args]
         size = plan.rogue_mib(index)
         return argv + (self.manifest.rogue(size) if size else [])
@@ -166,12 +202,18 @@ class Context:
         from memgov import _mps
 
         with _mps.daemon(daemons=self.mps_daemons) as info:
-            yield {"used": True, "reason": self.mps_reason,
-                   "started_here": bool(info.get("started_here")), "pipe": info.get("pipe"),
-                   "daemon_pid": info.get("daemon_pid"), "client_limit": self.mps_limit,
-                   "daemons": self.mps_daemons, "policy": info.get("policy"),
-                   "start_s": info.get("start_s"),
-                   "daemon_pids": [d.get("daemon_pid") for d in info.get("daemons", [])]}
+            yield {
+                "used": True,
+                "reason": self.mps_reason,
+                "started_here": bool(info.get("started_here")),
+                "pipe": info.get("pipe"),
+                "daemon_pid": info.get("daemon_pid"),
+                "client_limit": self.mps_limit,
+                "daemons": self.mps_daemons,
+                "policy": info.get("policy"),
+                "start_s": info.get("start_s"),
+                "daemon_pids": [d.get("daemon_pid") for d in info.get("daemons", [])],
+            }
 
     def mps_paths(self) -> tuple[Path, Path]:
         from memgov import _mpsctl
@@ -181,22 +223,101 @@ class Context:
 
 
 def prepare(cfg: PackConfig) -> Context:
+    """Check the whole request and decide everything before the first job starts, in steps:
+    the workload (manifest, epochs, batch), the device (GPU, claim, MPS), the runs, the runner,
+    then the caches and the host-memory gate the jobs share."""
     cfg.check()
+    cpu = cfg.device == "cpu"
+    man, epochs, batch = _workload(cfg, cpu)
+    sizes = cfg.sweep or [cfg.n]
+    dev = _on_device(cfg, man.name, batch, cpu, max(sizes))
+    plans = _plans(cfg, sizes, dev.mps, dev.mps_limit, dev.claim_bytes, dev.contexts)
+    argv = man.command(
+        cfg.framework, python=cfg.python, epochs=epochs, batch=batch, device="cpu" if cpu else "gpu"
+    )
+    runner_name, runner_why = _runner_choice(
+        cfg, history.key(man.name, cfg.framework, batch), cpu, plans, argv, man.folder
+    )
+    ledger = _config.ledger_dir()
+    runner = runners.make(
+        runner_name,
+        runners.RunnerRequest(
+            framework=cfg.framework,
+            image=cfg.image,
+            ledger=ledger,
+            gpu=None if dev.device is None or cpu else dev.device.uuid,
+            mps_pipe=_mps_pipe() if dev.mps else None,
+        ),
+    )
+    runner.check()
+    if cpu:
+        _fair_solo(cfg, plans)
+    import psutil
+
+    from memgov import _mpsctl
+
+    ctx = Context(
+        cfg=cfg,
+        manifest=man,
+        runner=runner,
+        device=dev.device,
+        cpu=cpu,
+        simulated=dev.simulated if cpu else None,
+        ledger=ledger,
+        out=report_folder(cfg.out or _default_out(man.name, cfg)).resolve(),
+        epochs=epochs,
+        batch=batch,
+        claim_bytes=dev.claim_bytes,
+        claim_source=dev.claim_source,
+        mps_reason=dev.mps_reason,
+        mps_limit=dev.mps_limit if dev.mps else None,
+        plans=plans,
+        mps_daemons=cfg.mps_daemons
+        or _mpsctl.daemons_for(max([min(p.n, p.parallel) for p in plans if p.mps], default=1)),
+        context_limit=dev.contexts,
+        runner_why=runner_why,
+        host_available=psutil.virtual_memory().available,
+        ledger_capacity=dev.snap.capacity if dev.snap else None,
+        ledger_free=dev.snap.free if dev.snap else None,
+    )
+    _shared(ctx)
+    return ctx
+
+
+def _workload(cfg: PackConfig, cpu: bool) -> tuple[manifest.Manifest, int, int]:
+    """The experiment's manifest, and the epochs and batch its jobs run (0: the trainer's)."""
     man = manifest.load(cfg.experiment)
     man.framework(cfg.framework)
-    cpu = cfg.device == "cpu"
     epochs = cfg.epochs or (man.cpu_epochs if cpu else None) or man.epochs
     batch = cfg.batch or man.batch
     for name, value in (("epochs", epochs), ("batch", batch)):
         if value is None and man.uses(cfg.framework, name):
             raise ConfigError(f"--{name}: {man.path} has no [defaults] {name}; pass --{name} N")
-    ledger = _config.ledger_dir()
-    sizes = cfg.sweep or [cfg.n]
+    return man, epochs or 0, batch or 0
+
+
+@dataclass
+class OnDevice:
+    """What a pack decided about its GPU: which, the claim per job, MPS, the context limit."""
+
+    device: Device | None
+    simulated: str | None
+    claim_bytes: int | None
+    claim_source: str | None
+    mps: bool
+    mps_reason: str
+    mps_limit: int
+    contexts: int | None
+    snap: Any
+    """The device's ledger as pack found it (claim mode), or None."""
+
+
+def _on_device(cfg: PackConfig, name: str, batch: int, cpu: bool, most: int) -> OnDevice:
     device, simulated = _device(cfg, cpu)
-    claim_bytes, claim_source = _claim(cfg, man.name, batch or 0, device)
+    claim_bytes, claim_source = _claim(cfg, name, batch, device)
     if cpu and device is None:
         # pack's own simulated GPU holds every job; set MEMGOV_DEVICES to see refusals.
-        total = max(16 * GiB, max(sizes) * (claim_bytes or 0) + GiB)
+        total = max(16 * GiB, most * (claim_bytes or 0) + GiB)
         simulated = f"sim0:{total // 2**20}MiB"
         device = _devices.simulated_devices(simulated)[0]
     mps, reason, limit = _mps_choice(cfg, cpu)
@@ -205,54 +326,42 @@ def prepare(cfg: PackConfig) -> Context:
         from memgov._ledger import DeviceLedger
 
         snap = DeviceLedger(device).snapshot()
+        largest = history.largest(history.key(name, cfg.framework, batch))
         claim_bytes, claim_source = _fit_to_device(
-            cfg, history.largest(history.key(man.name, cfg.framework, batch or 0)), snap.free,
-            claim_bytes, claim_source, max(sizes), mps)
+            cfg, largest, snap.free, claim_bytes, claim_source, most, mps
+        )
     contexts = None
     if device is not None and not device.simulated and not cpu:
         contexts = _config.context_limit(simulated=False)
-    plans = _plans(cfg, sizes, mps, limit, claim_bytes, contexts)
-    key = history.key(man.name, cfg.framework, batch or 0)
-    runner_name, runner_why = _runner_choice(cfg, key, cpu, plans, man.command(
-        cfg.framework, python=cfg.python, epochs=epochs or 0, batch=batch or 0,
-        device="cpu" if cpu else "gpu"), man.folder)
-    runner = runners.make(runner_name, image=cfg.image, ledger=ledger,
-                          gpu=None if device is None or cpu else device.uuid,
-                          mps_pipe=_mps_pipe() if mps else None, framework=cfg.framework)
-    runner.check()
-    if cpu:
-        # A fair reference on CPU: the solo job gets the threads each packed job gets (those of
-        # the run with the most jobs at once), not every core; with all cores it ran slower than
-        # one of two packed jobs on 2 cores, and "x one job" came out at 6.6-15.7.
-        busiest = max((p.parallel for p in plans if p.role == "main"), default=1)
-        for p in plans:
-            if p.role == "solo":
-                p.threads = threads_for(cfg, busiest)
-    from memgov import _mpsctl
+    return OnDevice(
+        device, simulated, claim_bytes, claim_source, mps, reason, limit, contexts, snap
+    )
 
-    daemons = cfg.mps_daemons or _mpsctl.daemons_for(max(
-        [min(p.n, p.parallel) for p in plans if p.mps], default=1))
+
+def _fair_solo(cfg: PackConfig, plans: list[RunPlan]) -> None:
+    """A fair reference on CPU: the solo job gets the threads each packed job gets (those of the
+    run with the most jobs at once), not every core; with all cores it ran slower than one of
+    two packed jobs on 2 cores, and "x one job" came out at 6.6-15.7."""
+    busiest = max((p.parallel for p in plans if p.role == "main"), default=1)
+    for p in plans:
+        if p.role == "solo":
+            p.threads = threads_for(cfg, busiest)
+
+
+def _shared(ctx: Context) -> None:
+    """What the jobs share on the host: JAX's compilation cache and the host-memory gate."""
     import psutil
 
-    out = report_folder(cfg.out or _default_out(man.name, cfg))
-    ctx = Context(
-        cfg=cfg, manifest=man, runner=runner, device=device, cpu=cpu,
-        simulated=simulated if cpu else None, ledger=ledger, out=out.resolve(),
-        epochs=epochs or 0, batch=batch or 0, claim_bytes=claim_bytes,
-        claim_source=claim_source, mps_reason=reason, mps_limit=limit if mps else None,
-        plans=plans, mps_daemons=daemons, context_limit=contexts, runner_why=runner_why,
-        host_available=psutil.virtual_memory().available,
-        ledger_capacity=snap.capacity if snap else None, ledger_free=snap.free if snap else None,
-    )
     from memgov.pack import warmup
 
+    cfg = ctx.cfg
     ctx.compile_cache, ctx.compile_cache_why = warmup.cache_folder(
-        cfg.compile_cache, cfg.framework, ctx.out)
-    if ctx.compile_cache is not None and isinstance(runner, runners.DockerRunner):
-        runner.mounts.append(ctx.compile_cache)
+        cfg.compile_cache, cfg.framework, ctx.out
+    )
+    if ctx.compile_cache is not None and isinstance(ctx.runner, runners.DockerRunner):
+        ctx.runner.mounts.append(ctx.compile_cache)
     recorded = [p["bytes"] for p in history.read(ctx.host_history_key)] if cfg.history else []
     ctx.host_gate = hostmem.gate(cfg.host_per_job, recorded, psutil.virtual_memory().total)
-    return ctx
 
 
 def host_key(history_key: str, cpu: bool, mode: str, runner: str) -> str:
@@ -263,8 +372,9 @@ def host_key(history_key: str, cpu: bool, mode: str, runner: str) -> str:
     return f"{history_key}-host-{'cpu' if cpu else 'gpu'}-{mode}{suffix}"
 
 
-def _runner_choice(cfg: PackConfig, key: str, cpu: bool, plans: list[RunPlan],
-                   argv: list[str], folder: Path) -> tuple[str, str]:
+def _runner_choice(
+    cfg: PackConfig, key: str, cpu: bool, plans: list[RunPlan], argv: list[str], folder: Path
+) -> tuple[str, str]:
     """(runner name, why) for ``--runner`` (``auto``: process while the busiest run's jobs fit
     the host's memory as processes, else preload, whose forked jobs share the framework's pages:
     ~1.28 vs ~0.8 GiB of host USS per torch job on the H200, docs/pack.md)."""
@@ -273,24 +383,34 @@ def _runner_choice(cfg: PackConfig, key: str, cpu: bool, plans: list[RunPlan],
     import psutil
 
     at_once = max((min(p.n, p.parallel) for p in plans), default=1)
-    recorded = ([p["bytes"] for p in history.read(host_key(key, cpu, cfg.mode, "process"))]
-                if cfg.history else [])
+    recorded = (
+        [p["bytes"] for p in history.read(host_key(key, cpu, cfg.mode, "process"))]
+        if cfg.history
+        else []
+    )
     per_job = max(recorded) if recorded else hostmem.DEFAULT_PER_JOB
-    source = (f"the largest of {len(recorded)} recorded" if recorded
-              else "memgov's default, nothing recorded")
+    source = (
+        f"the largest of {len(recorded)} recorded"
+        if recorded
+        else "memgov's default, nothing recorded"
+    )
     total = psutil.virtual_memory()
     room = total.available - hostmem.reserve_for(total.total)
     need = at_once * per_job
-    weighed = (f"{at_once} jobs at once as processes need ~{format_size(need)} of host memory "
-               f"({format_size(per_job)} each: {source}), {format_size(max(room, 0))} is "
-               "available beyond the reserve")
+    weighed = (
+        f"{at_once} jobs at once as processes need ~{format_size(need)} of host memory "
+        f"({format_size(per_job)} each: {source}), {format_size(max(room, 0))} is "
+        "available beyond the reserve"
+    )
     if need <= room:
         return "process", f"auto: process: {weighed}"
     why_not = _why_not_forked(cfg, argv, folder)
     if why_not is not None:
         return "process", f"auto: process, though {weighed}: preload {why_not}"
-    return "preload", (f"auto: preload: {weighed}; forked from one process that imported "
-                       f"{cfg.framework} once, the jobs share its pages")
+    return "preload", (
+        f"auto: preload: {weighed}; forked from one process that imported "
+        f"{cfg.framework} once, the jobs share its pages"
+    )
 
 
 def _why_not_forked(cfg: PackConfig, argv: list[str], folder: Path) -> str | None:
@@ -313,22 +433,23 @@ def _device(cfg: PackConfig, cpu: bool) -> tuple[Device | None, str | None]:
         raise ConfigError(f"{exc}; for a CPU pack (CI, laptops) pass --device cpu") from None
 
 
-def _claim(cfg: PackConfig, name: str, batch: int, device: Device | None
-           ) -> tuple[int | None, str | None]:
+def _claim(
+    cfg: PackConfig, name: str, batch: int, device: Device | None
+) -> tuple[int | None, str | None]:
     if cfg.mode != "claim":
         return None, None
     if cfg.claim.strip().lower() != "auto":
-        try:
-            return _explicit_claim(Size(cfg.claim, "--claim"), device), f"--claim {cfg.claim}"
-        except ValueError as exc:  # ConfigError too
-            raise ConfigError(f"{exc}; or auto (measured peaks, see docs/pack.md)") from None
+        asked = Size(cfg.claim, "--claim", also=CLAIM_ALSO)
+        return _explicit_claim(asked, device), f"--claim {cfg.claim}"
     key = history.key(name, cfg.framework, batch)
     found = history.auto_size(key)
     if found is not None:
         return found
     size = DEFAULT_CLAIM.get(cfg.framework, DEFAULT_CLAIM_OTHER)
-    return size, (f"default for {cfg.framework} ({format_size(size)}): no measured peaks for "
-                  f"{key} yet (a pack on a GPU records them)")
+    return size, (
+        f"default for {cfg.framework} ({format_size(size)}): no measured peaks for "
+        f"{key} yet (a pack on a GPU records them)"
+    )
 
 
 def _explicit_claim(size: Size, device: Device | None) -> int:
@@ -361,18 +482,30 @@ def learn_claim(ctx: Context, footprint: int | None) -> None:
     from memgov._ledger import DeviceLedger
 
     free = DeviceLedger(ctx.device).snapshot().free
-    size, source = history.margin(footprint), (
-        f"this pack's solo job: footprint {format_size(footprint)} x "
-        f"{1 + history.MARGIN_FRACTION:.2f} + {format_size(history.MARGIN_BYTES)}")
+    size, source = (
+        history.margin(footprint),
+        (
+            f"this pack's solo job: footprint {format_size(footprint)} x "
+            f"{1 + history.MARGIN_FRACTION:.2f} + {format_size(history.MARGIN_BYTES)}"
+        ),
+    )
     for plan in ctx.plans:
         if plan.role == "main" and plan.mode == "claim":
             plan.claim_bytes, ctx.claim_source = _fit_to_device(
-                cfg, footprint, free, size, source, min(plan.n, plan.parallel), plan.mps)
+                cfg, footprint, free, size, source, min(plan.n, plan.parallel), plan.mps
+            )
             ctx.claim_bytes = plan.claim_bytes
 
 
-def _fit_to_device(cfg: PackConfig, top: int | None, free: int, claim: int | None,
-                   source: str | None, n: int, mps: bool) -> tuple[int | None, str | None]:
+def _fit_to_device(
+    cfg: PackConfig,
+    top: int | None,
+    free: int,
+    claim: int | None,
+    source: str | None,
+    n: int,
+    mps: bool,
+) -> tuple[int | None, str | None]:
     """An automatic claim made smaller so ``n`` jobs fit the device's free budget at once, when
     the measured footprints allow it (at least the largest, ``top``, + 64 MiB); otherwise as is.
 
@@ -391,9 +524,11 @@ def _fit_to_device(cfg: PackConfig, top: int | None, free: int, claim: int | Non
     floor = top + history.MARGIN_BYTES
     if claim * n <= free or share < floor:
         return claim, source
-    return share, (f"{source}, made {format_size(share)} so that {n} jobs fit the "
-                   f"{format_size(free)} free on the GPU at once (the largest measured footprint "
-                   f"+ {format_size(history.MARGIN_BYTES)} is {format_size(floor)})")
+    return share, (
+        f"{source}, made {format_size(share)} so that {n} jobs fit the "
+        f"{format_size(free)} free on the GPU at once (the largest measured footprint "
+        f"+ {format_size(history.MARGIN_BYTES)} is {format_size(floor)})"
+    )
 
 
 def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
@@ -415,7 +550,8 @@ def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
         raise ConfigError(
             f"--parallel {cfg.parallel}: an MPS daemon admits {limit} clients per GPU "
             f"(MEMGOV_MPS_CLIENTS sets it) and pack runs at most {_mpsctl.MAX_DAEMONS} daemons; "
-            f"accepted --parallel up to {most}, or --mps off")
+            f"accepted --parallel up to {most}, or --mps off"
+        )
     return True, f"--mps {cfg.mps}: {_mpsctl.CONTROL} found", limit
 
 
@@ -425,8 +561,14 @@ def _mps_pipe() -> Path:
     return _mpsctl.paths().pipe
 
 
-def _plans(cfg: PackConfig, sizes: list[int], mps: bool, limit: int,
-           claim: int | None, contexts: int | None = None) -> list[RunPlan]:
+def _plans(
+    cfg: PackConfig,
+    sizes: list[int],
+    mps: bool,
+    limit: int,
+    claim: int | None,
+    contexts: int | None = None,
+) -> list[RunPlan]:
     """The runs of the pack. Jobs at once are capped by what the GPU takes: under MPS, clients
     (``limit`` per daemon, at most MAX_DAEMONS daemons or ``--mps-daemons``); without it, CUDA
     contexts (``contexts``, MEMGOV_CONTEXTS). The rest queue and start as others end."""
@@ -445,14 +587,26 @@ def _plans(cfg: PackConfig, sizes: list[int], mps: bool, limit: int,
     plans = []
     if cfg.baseline == "naive":
         at_once, why = parallel(cfg.n, False)
-        plans.append(RunPlan("baseline", "baseline", cfg.n, "greedy", False, at_once,
-                             None, list(cfg.baseline_args), held_by=why))
+        plans.append(
+            RunPlan(
+                "baseline",
+                "baseline",
+                cfg.n,
+                "greedy",
+                False,
+                at_once,
+                None,
+                list(cfg.baseline_args),
+                held_by=why,
+            )
+        )
     if cfg.solo and 1 not in sizes:
         plans.append(RunPlan("solo", "solo", 1, cfg.mode, mps, 1, claim))
     for n in sizes:
         at_once, why = parallel(n, mps)
-        plans.append(RunPlan("main", f"n{n}", n, cfg.mode, mps, at_once, claim,
-                             rogue=cfg.rogue, held_by=why))
+        plans.append(
+            RunPlan("main", f"n{n}", n, cfg.mode, mps, at_once, claim, rogue=cfg.rogue, held_by=why)
+        )
     return plans
 
 

@@ -33,7 +33,8 @@ from typing import Any
 
 import psutil
 
-from memgov.pack.runners import Runner
+from memgov import _settings
+from memgov.pack.runners import Runner, RunnerRequest
 
 ZYGOTE_START_S = 60.0
 """How long the zygote may take to bind its socket (an interpreter start and memgov's import,
@@ -42,16 +43,18 @@ STOP_S = 5.0
 SOCKET_PATH_MAX = 100
 """A UNIX socket's path holds at most 107 bytes (sun_path)."""
 FRAMEWORK_MODULES = {"torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
-AUTOENABLE_PREFIXES = ("MEMGOV_CLAIM", "CUDA_DEVICE_MEMORY_LIMIT", "ALIYUN_COM_GPU_MEM_CONTAINER",
-                       "GPU_PORTION", "NVIDIA_GPU_MEMORY_", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-                       "SLURM_SHARDS_ON_NODE")
-"""memgov._autoenable.TRIGGERS: the zygote's environment has none (it must claim nothing)."""
+AUTOENABLE_PREFIXES = _settings.TRIGGERS
+"""What wakes auto-enable: the zygote's environment has none of it (it must claim nothing)."""
 PYTHON_NAME = re.compile(r"python[0-9.]*$")
 LAUNCHER = Path(__file__).with_name("_launch.py")
 
 
 class PreloadRunner(Runner):
     name = "preload"
+
+    @classmethod
+    def create(cls, request: RunnerRequest) -> Runner:
+        return cls(request.framework)
 
     def __init__(self, framework: str) -> None:
         self.module = FRAMEWORK_MODULES.get(framework, framework)
@@ -66,8 +69,9 @@ class PreloadRunner(Runner):
         """launcher PID -> its job's PID, this run."""
 
     # -- starting jobs -------------------------------------------------------------------------
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
-               base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    def launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, label: str, base_env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str | None]:
         full = {**base_env, **env}
         why = self._unforkable(argv, cwd)
         if why is None:
@@ -76,8 +80,16 @@ class PreloadRunner(Runner):
             self._note(f"{label}: spawned as a plain process ({why})")
             return argv, full, None
         assert self._dir is not None
-        wrapped = [argv[0], "-I", "-S", str(LAUNCHER), str(self._dir / "zygote.sock"),
-                   str(self._dir / "pids" / label), "--", *argv]
+        wrapped = [
+            argv[0],
+            "-I",
+            "-S",
+            str(LAUNCHER),
+            str(self._dir / "zygote.sock"),
+            str(self._dir / "pids" / label),
+            "--",
+            *argv,
+        ]
         return wrapped, full, None
 
     def _unforkable(self, argv: list[str], cwd: Path) -> str | None:
@@ -107,11 +119,24 @@ class PreloadRunner(Runner):
         log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 (the zygote holds it)
         try:
             self._zygote = subprocess.Popen(
-                [python, "-m", "memgov.pack._zygote", "--framework", self.module,
-                 "--socket", str(self._dir / "zygote.sock"),
-                 "--status", str(self._dir / "zygote.json")],
-                cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True)  # Ctrl-C reaches pack alone, which stops it
+                [
+                    python,
+                    "-m",
+                    "memgov.pack._zygote",
+                    "--framework",
+                    self.module,
+                    "--socket",
+                    str(self._dir / "zygote.sock"),
+                    "--status",
+                    str(self._dir / "zygote.json"),
+                ],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )  # Ctrl-C reaches pack alone, which stops it
         except OSError as exc:
             self._failed = f"the zygote could not start: {exc.strerror or exc}"
             return self._failed
@@ -179,8 +204,9 @@ class PreloadRunner(Runner):
         if self._zygote is not None:
             ended = self._zygote.poll()
             if ended is not None:  # before pack stopped it: its running jobs failed with it
-                report["zygote_ended"] = (f"killed by signal {-ended}" if ended < 0
-                                          else f"exit status {ended}")
+                report["zygote_ended"] = (
+                    f"killed by signal {-ended}" if ended < 0 else f"exit status {ended}"
+                )
             else:
                 with contextlib.suppress(psutil.Error):
                     info = psutil.Process(self._zygote.pid).memory_full_info()

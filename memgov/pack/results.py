@@ -19,11 +19,12 @@ from memgov.pack import history, stats
 from memgov.pack.config import cores
 from memgov.pack.monitor import Sampler
 from memgov.pack.plan import Context, RunPlan
+from memgov.pack.stats import RunRecord
 
 
 def complete_run(
     ctx: Context,
-    record: dict[str, Any],
+    record: RunRecord,
     plan: RunPlan,
     sampler: Sampler,
     threads: int | None,
@@ -84,10 +85,10 @@ class Results:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.report = _head(ctx)
-        self.solo: dict[str, Any] | None = None
+        self.solo: RunRecord | None = None
         """The one-job reference run that the others are compared with."""
 
-    def add_run(self, plan: RunPlan, record: dict[str, Any]) -> None:
+    def add_run(self, plan: RunPlan, record: RunRecord) -> None:
         ctx, report = self.ctx, self.report
         if plan.role == "solo" or (plan.role == "main" and plan.n == 1 and self.solo is None):
             self.solo = record
@@ -101,7 +102,7 @@ class Results:
         if plan.role == "main" and plan.mode != "greedy" and not ctx.cpu and ctx.cfg.history:
             self._record_device(plan, record)
 
-    def _record_device(self, plan: RunPlan, record: dict[str, Any]) -> None:
+    def _record_device(self, plan: RunPlan, record: RunRecord) -> None:
         ctx = self.ctx
         peaks = [
             int(j["footprint_mib"] * 2**20)
@@ -125,7 +126,7 @@ class Results:
         except MemgovError as exc:
             self.report["history"] = {"key": ctx.history_key, "error": str(exc)}
 
-    def _record_host(self, record: dict[str, Any]) -> None:
+    def _record_host(self, record: RunRecord) -> None:
         # A job that trained a whole epoch has reached its size, even if it was stopped later
         # (--timeout): leaving it out left the next pack with the 2 GiB default per job.
         peaks = [
@@ -198,8 +199,10 @@ def _head(ctx: Context) -> dict[str, Any]:
         "notes": ctx.notes(),
         "claim": claim,
         "mps": {"used": False, "reason": ctx.mps_reason},
-        "compile_cache": {"folder": str(ctx.compile_cache) if ctx.compile_cache else None,
-                          "why": ctx.compile_cache_why},
+        "compile_cache": {
+            "folder": str(ctx.compile_cache) if ctx.compile_cache else None,
+            "why": ctx.compile_cache_why,
+        },
         "sweep": ctx.cfg.sweep,
         "runs": [],
         "solo": None,

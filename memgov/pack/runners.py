@@ -23,22 +23,37 @@ reaches pack alone, and pack can end a job together with everything it started.
   this pack that is still there is removed (:meth:`DockerRunner.cleanup`). Its host processes are
   the members of the container's cgroup (``docker inspect`` gives its first process). Needs a
   running engine (``docker info``).
+- ``preload``: jobs forked from one process that imported the framework once (preload.py).
+
+Runners are looked up by name (:data:`RUNNERS`, :func:`make`): each is a subclass of
+:class:`Runner` whose ``name`` is its key, made by its :meth:`Runner.create` from one
+:class:`RunnerRequest`; its module is imported only when it is made, so this module imports
+none of them (preload.py imports this one for the base class).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import secrets
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from memgov._errors import ConfigError
 
-RUNNERS = ("process", "namespace", "docker", "preload")
+RUNNERS = {
+    "process": "memgov.pack.runners",
+    "namespace": "memgov.pack.runners",
+    "docker": "memgov.pack.runners",
+    "preload": "memgov.pack.preload",
+}
+"""Every runner by name, and the module that defines it (imported when the runner is made)."""
 RUNNER_CHOICES = ("auto", *RUNNERS)
 """``--runner``: a runner by name, or ``auto`` (process or preload by host memory: plan.py)."""
 FORKABLE = ("torch", "jax")
@@ -47,12 +62,28 @@ TensorFlow's jemalloc thread makes its zygote spawn instead: docs/pack.md)."""
 DOCKER_IMAGE = "memgov-mnist"
 DOCKER_WORKDIR = "/experiment"
 INSPECT_EVERY_S = 1.0
-GREEDY_IN_IMAGE = {"MEMGOV_CLAIM": "off", "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
-                   "TF_FORCE_GPU_ALLOW_GROWTH": "false"}
+GREEDY_IN_IMAGE = {
+    "MEMGOV_CLAIM": "off",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "false",
+}
 
 
 class RunnerError(ConfigError):
     """A runner that cannot work on this machine, with what it needs."""
+
+    __module__ = "memgov.pack"  # raised by pack, importable from memgov.pack
+
+
+@dataclass(frozen=True)
+class RunnerRequest:
+    """Everything a runner may be made from (each takes what it needs)."""
+
+    framework: str = "torch"
+    image: str = DOCKER_IMAGE
+    ledger: Path | None = None
+    gpu: str | None = None
+    mps_pipe: Path | None = None
 
 
 class Runner:
@@ -60,11 +91,16 @@ class Runner:
     python_in_job: str | None = None
     """The interpreter for {python}; None: the one running pack."""
 
+    @classmethod
+    def create(cls, request: RunnerRequest) -> Runner:
+        return cls()
+
     def check(self) -> None:
         """Raise RunnerError when this runner cannot start jobs here."""
 
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
-               base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    def launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, label: str, base_env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str | None]:
         """(argv to spawn, full environment, container name or None)."""
         return argv, {**base_env, **env}, None
 
@@ -100,19 +136,33 @@ class NamespaceRunner(Runner):
 
     def check(self) -> None:
         if shutil.which("unshare") is None:
-            raise RunnerError("--runner namespace needs util-linux's `unshare` on PATH; "
-                              "accepted runners here: process")
+            raise RunnerError(
+                "--runner namespace needs util-linux's `unshare` on PATH; "
+                "accepted runners here: process"
+            )
         if os.geteuid() != 0:
             raise RunnerError(
                 "--runner namespace needs root (unshare --pid --mount-proc); run pack as root, "
                 "or use --runner process"
             )
 
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
-               base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    def launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, label: str, base_env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str | None]:
         # `; exit $?` stops sh from exec'ing the trainer (it would become PID 1).
-        wrapped = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
-                   "/bin/sh", "-c", '"$@"; exit $?', "sh", *argv]
+        wrapped = [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "--",
+            "/bin/sh",
+            "-c",
+            '"$@"; exit $?',
+            "sh",
+            *argv,
+        ]
         return wrapped, {**base_env, **env}, None
 
     def decode_exit(self, returncode: int) -> tuple[int | None, int | None]:
@@ -127,6 +177,11 @@ class DockerRunner(Runner):
     name = "docker"
     python_in_job = "python"
 
+    @classmethod
+    def create(cls, request: RunnerRequest) -> Runner:
+        assert request.ledger is not None
+        return cls(request.image, request.ledger, request.gpu, request.mps_pipe)
+
     def __init__(self, image: str, ledger: Path, gpu: str | None, mps_pipe: Path | None) -> None:
         self.image = image
         self.ledger = ledger
@@ -140,13 +195,16 @@ class DockerRunner(Runner):
 
     def check(self) -> None:
         if shutil.which("docker") is None:
-            raise RunnerError("--runner docker: no `docker` on PATH; accepted runners here: "
-                              "process, namespace (as root)")
+            raise RunnerError(
+                "--runner docker: no `docker` on PATH; accepted runners here: "
+                "process, namespace (as root)"
+            )
         try:
             info = _docker("info", timeout=15)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RunnerError(f"--runner docker: `docker info` failed ({exc}); no container "
-                              "engine answers") from None
+            raise RunnerError(
+                f"--runner docker: `docker info` failed ({exc}); no container engine answers"
+            ) from None
         if info.returncode != 0:
             said = (info.stderr or info.stdout).strip().splitlines()
             raise RunnerError(
@@ -162,15 +220,30 @@ class DockerRunner(Runner):
                 f"examples/docker/Dockerfile -t {DOCKER_IMAGE} .) or name another with --image"
             )
 
-    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
-               base_env: dict[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    def launch(
+        self, argv: list[str], env: dict[str, str], cwd: Path, label: str, base_env: dict[str, str]
+    ) -> tuple[list[str], dict[str, str], str | None]:
         name = f"{self.prefix}{label}-{secrets.token_hex(3)}"
         # --hostname: claim records carry their holder's hostname, so `memgov status` on the
         # host names each container's claim (PIDs inside containers all look alike).
-        line = ["docker", "run", "--rm", "--init", "--name", name, "--hostname", name,
-                "--network", "none",
-                "-v", f"{self.ledger}:{self.ledger}",
-                "-v", f"{cwd}:{DOCKER_WORKDIR}:ro", "-w", DOCKER_WORKDIR]
+        line = [
+            "docker",
+            "run",
+            "--rm",
+            "--init",
+            "--name",
+            name,
+            "--hostname",
+            name,
+            "--network",
+            "none",
+            "-v",
+            f"{self.ledger}:{self.ledger}",
+            "-v",
+            f"{cwd}:{DOCKER_WORKDIR}:ro",
+            "-w",
+            DOCKER_WORKDIR,
+        ]
         if self.gpu is not None:
             line += ["--gpus", f"device={self.gpu}"]
         for folder in self.mounts:
@@ -207,8 +280,9 @@ class DockerRunner(Runner):
         """Remove every container of this pack still there (created but never started, or
         stopped while its client was being killed); return their names."""
         try:
-            found = _docker("ps", "-a", "--filter", f"name=^{self.prefix}",
-                            "--format", "{{.Names}}", timeout=30)
+            found = _docker(
+                "ps", "-a", "--filter", f"name=^{self.prefix}", "--format", "{{.Names}}", timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired):
             return []
         names = found.stdout.split()
@@ -237,8 +311,9 @@ class DockerRunner(Runner):
         return cgroup_members(root)
 
 
-def cgroup_members(pid: int, proc: Path = Path("/proc"),
-                   cgroups: Path = Path("/sys/fs/cgroup")) -> list[int] | None:
+def cgroup_members(
+    pid: int, proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")
+) -> list[int] | None:
     """Host PIDs of every process in ``pid``'s cgroup: a container's processes, also those not
     descended from its first one (``docker exec``). None when ``pid`` shares pack's own cgroup
     (no container around it) or nothing can be read; the caller then walks ``pid``'s children."""
@@ -278,22 +353,24 @@ def _cgroup_paths(text: str) -> dict[str, str]:
 
 
 def _docker(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
-def make(name: str, *, image: str = DOCKER_IMAGE, ledger: Path | None = None,
-         gpu: str | None = None, mps_pipe: Path | None = None, framework: str = "torch"
-         ) -> Runner:
-    if name == "process":
-        return Runner()
-    if name == "preload":
-        from memgov.pack.preload import PreloadRunner
+def make(name: str, request: RunnerRequest) -> Runner:
+    """The runner called ``name`` (a key of :data:`RUNNERS`), made for ``request``."""
+    module = RUNNERS.get(name)
+    if module is None:
+        raise RunnerError(f"--runner {name!r}: accepted {', '.join(RUNNERS)}")
+    importlib.import_module(module)
+    found = [cls for cls in _kinds(Runner) if cls.name == name]
+    if len(found) != 1:
+        raise RuntimeError(f"{module} defines {len(found)} runners named {name!r}, not one")
+    return found[0].create(request)
 
-        return PreloadRunner(framework)
-    if name == "namespace":
-        return NamespaceRunner()
-    if name == "docker":
-        assert ledger is not None
-        return DockerRunner(image, ledger, gpu, mps_pipe)
-    raise RunnerError(f"--runner {name!r}: accepted {', '.join(RUNNERS)}")
+
+def _kinds(cls: type[Runner]) -> Iterator[type[Runner]]:
+    yield cls
+    for sub in cls.__subclasses__():
+        yield from _kinds(sub)

@@ -23,7 +23,7 @@ holds one-time costs: cuDNN set-up, XLA compilation) when there are several.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, TypedDict
 
 from memgov._sizes import mib
 from memgov.pack.jobs import Job
@@ -33,7 +33,137 @@ from memgov.pack.runners import Runner
 STDERR_LINES = 6
 
 
-def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
+class JobRecord(TypedDict):
+    """One job in report.json (``runs[].jobs[]``; docs/pack.md)."""
+
+    index: int
+    label: str
+    status: str
+    reason: str | None
+    detail: str | None
+    exit_code: int | None
+    signal: int | None
+    pid: int | None
+    host_pid: int | None
+    container: str | None
+    measured_host_pids: list[int]
+    rogue_mib: int | None
+    device: str | None
+    epochs_done: int
+    epoch_s: list[float]
+    steady_epoch_s: float | None
+    samples: int
+    samples_per_s: float | None
+    steady_samples_per_s: float | None
+    epoch_spans: list[list[float]]
+    prepared: Any
+    test_acc: float | None
+    total_s: float | None
+    peak_allocator_mib: float | None
+    footprint_mib: float | None
+    rss_mib: float | None
+    uss_mib: float | None
+    claim_mib: float | None
+    claim_mode: str | None
+    mps_daemon: Any
+    started_s: float | None
+    ready_s: float | None
+    ready_parts_s: Any
+    ended_s: float | None
+    stdout_garbage_lines: int
+    stderr_tail: list[str]
+    log: str | None
+
+
+class Aggregate(TypedDict):
+    """Throughput of a run's jobs together (module docstring)."""
+
+    aggregate_samples_per_s: float | None
+    aggregate_samples_per_s_span: float | None
+    aggregate_basis: str | None
+    window_s: float | None
+    span_s: float | None
+    per_job_samples_per_s: float | None
+
+
+class Comparison(TypedDict):
+    """A run against the one-job run (:func:`compare`)."""
+
+    slowdown: float | None
+    speedup: float | None
+    solo_samples_per_s: float | None
+
+
+class Capacity(TypedDict):
+    """How many such jobs fit at once, by each limit (:func:`capacity`)."""
+
+    estimate: bool
+    jobs_fit: dict[str, int]
+    binding: str | None
+    max_jobs: int | None
+    cores: dict[str, Any] | None
+    device_total_mib: float | None
+    device_free_before_mib: float | None
+    host_available_before_mib: float | None
+
+
+class RunFigures(Aggregate):
+    """What :func:`run_record` says of a run's jobs (its aggregate too)."""
+
+    n: int
+    ok: int
+    failed: int
+    reasons: dict[str, int]
+    footprint_mib: float | None
+    footprint_max_mib: float | None
+    epoch_s: float | None
+    epoch_s_max: float | None
+    uss_per_job_mib: float | None
+    ready_s: float | None
+    ready_s_max: float | None
+    rss_per_job_mib: float | None
+    samples: int
+    jobs: list[JobRecord]
+
+
+class RunRecord(RunFigures, total=False):
+    """One run in report.json (``runs[]``): the figures, then what results.complete_run and the
+    engine add (how it ran, what was sampled, what would fit), then the comparison."""
+
+    started_unix: float
+    role: str
+    label: str
+    mode: str
+    mps: bool
+    threads_per_job: int | None
+    parallel: int
+    claim_mib: float | None
+    claim_source: str | None
+    trainer_args: list[str]
+    rogue: dict[str, int] | None
+    parallel_held_by: str | None
+    wall_s: float
+    timeout_s: float | None
+    device_total_mib: float | None
+    device_used_before_mib: float | None
+    device_peak_used_mib: float | None
+    host_rss_peak_mib: float | None
+    host_uss_peak_mib: float | None
+    host_used_peak_mib: float | None
+    monitor: dict[str, Any]
+    runner_details: dict[str, object]
+    capacity: Capacity
+    warm_up: dict[str, Any]
+    removed_after_run: list[str]
+    dead_records_removed: list[str]
+    host_gate: dict[str, Any]
+    connections: str
+    slowdown: float | None
+    speedup: float | None
+    solo_samples_per_s: float | None
+
+
+def job_record(job: Job, sample: JobSample, runner: Runner) -> JobRecord:
     status, reason, detail, code, sig = job.outcome(runner)
     epochs = [e for e in job.events if e.get("event") == "epoch"]
     seconds = [float(e.get("seconds") or 0.0) for e in epochs]
@@ -42,8 +172,10 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
     done = job.first("done") or {}
     steady = seconds[1:] or seconds
     steady_samples = samples[1:] or samples
-    spans = [[round(float(e["t"]) - s, 4), float(e["t"]), n]
-             for e, s, n in zip(epochs, seconds, samples, strict=True)]
+    spans = [
+        [round(float(e["t"]) - s, 4), float(e["t"]), n]
+        for e, s, n in zip(epochs, seconds, samples, strict=True)
+    ]
     return {
         "index": job.spec.index,
         "label": job.spec.label,
@@ -63,8 +195,9 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
         "steady_epoch_s": _round(statistics.fmean(steady)) if steady else None,
         "samples": sum(samples),
         "samples_per_s": _round(sum(samples) / sum(seconds)) if sum(seconds) > 0 else None,
-        "steady_samples_per_s": (_round(sum(steady_samples) / sum(steady))
-                                 if steady and sum(steady) > 0 else None),
+        "steady_samples_per_s": (
+            _round(sum(steady_samples) / sum(steady)) if steady and sum(steady) > 0 else None
+        ),
         "epoch_spans": spans,
         "prepared": start.get("prepared"),
         "test_acc": done.get("test_acc"),
@@ -79,8 +212,11 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
         "started_s": _round(job.started),
         # Launch to the trainer's "start" report (framework imported, CUDA up, model built):
         # the start-up a packed job pays, governed admission included.
-        "ready_s": (_round(float(start["t"]) - job.started)
-                    if "t" in start and job.started is not None else None),
+        "ready_s": (
+            _round(float(start["t"]) - job.started)
+            if "t" in start and job.started is not None
+            else None
+        ),
         "ready_parts_s": start.get("startup_s"),  # the trainer's own split of it, if it gives one
         "ended_s": _round(job.ended),
         "stdout_garbage_lines": job.garbage,
@@ -89,32 +225,43 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> dict[str, Any]:
     }
 
 
-def aggregate(jobs: list[dict[str, Any]], all_at_once: bool) -> dict[str, Any]:
+def aggregate(jobs: list[JobRecord], all_at_once: bool) -> Aggregate:
     spans = {j["label"]: j["epoch_spans"] for j in jobs if j["epoch_spans"]}
     if not spans:
-        return {"aggregate_samples_per_s": None, "aggregate_samples_per_s_span": None,
-                "aggregate_basis": None, "window_s": None, "span_s": None,
-                "per_job_samples_per_s": None}
+        return {
+            "aggregate_samples_per_s": None,
+            "aggregate_samples_per_s_span": None,
+            "aggregate_basis": None,
+            "window_s": None,
+            "span_s": None,
+            "per_job_samples_per_s": None,
+        }
     every = [s for js in spans.values() for s in js]
     first, last = min(s[0] for s in every), max(s[1] for s in every)
     total = sum(s[2] for s in every)
     span_rate = total / (last - first) if last > first else None
     lo = max(js[0][0] for js in spans.values())
     hi = min(js[-1][1] for js in spans.values())
-    result: dict[str, Any] = {"aggregate_samples_per_s_span": _round(span_rate),
-                              "span_s": _round(last - first), "window_s": None}
     if all_at_once and hi > lo:
         inside = {label: _inside(js, lo, hi) for label, js in spans.items()}
-        result.update(aggregate_samples_per_s=_round(sum(inside.values()) / (hi - lo)),
-                      aggregate_basis="all jobs running", window_s=_round(hi - lo),
-                      per_job_samples_per_s=_median([n / (hi - lo) for n in inside.values()]))
-    else:
-        why = "span (jobs never all trained at once)" if all_at_once else \
-            "span (jobs ran in waves)"
-        steady = [j["steady_samples_per_s"] for j in jobs if j.get("steady_samples_per_s")]
-        result.update(aggregate_samples_per_s=_round(span_rate), aggregate_basis=why,
-                      per_job_samples_per_s=_median(steady))
-    return result
+        return {
+            "aggregate_samples_per_s_span": _round(span_rate),
+            "span_s": _round(last - first),
+            "window_s": _round(hi - lo),
+            "aggregate_samples_per_s": _round(sum(inside.values()) / (hi - lo)),
+            "aggregate_basis": "all jobs running",
+            "per_job_samples_per_s": _median([n / (hi - lo) for n in inside.values()]),
+        }
+    why = "span (jobs never all trained at once)" if all_at_once else "span (jobs ran in waves)"
+    steady = [rate for j in jobs if (rate := j.get("steady_samples_per_s"))]
+    return {
+        "aggregate_samples_per_s_span": _round(span_rate),
+        "span_s": _round(last - first),
+        "window_s": None,
+        "aggregate_samples_per_s": _round(span_rate),
+        "aggregate_basis": why,
+        "per_job_samples_per_s": _median(steady),
+    }
 
 
 def _inside(spans: list[list[float]], lo: float, hi: float) -> float:
@@ -127,7 +274,7 @@ def _inside(spans: list[list[float]], lo: float, hi: float) -> float:
     return inside
 
 
-def run_record(jobs: list[dict[str, Any]], *, all_at_once: bool) -> dict[str, Any]:
+def run_record(jobs: list[JobRecord], *, all_at_once: bool) -> RunRecord:
     ok = [j for j in jobs if j["status"] == "ok"]
     failed = [j for j in jobs if j["status"] != "ok"]
     reasons: dict[str, int] = {}
@@ -140,7 +287,7 @@ def run_record(jobs: list[dict[str, Any]], *, all_at_once: bool) -> dict[str, An
     epoch = [j["steady_epoch_s"] for j in basis if j["steady_epoch_s"] is not None]
     uss = [j["uss_mib"] for j in basis if j["uss_mib"] is not None]
     rss = [j["rss_mib"] for j in basis if j["rss_mib"] is not None]
-    ready = [j["ready_s"] for j in jobs if j.get("ready_s") is not None]
+    ready = [seconds for j in jobs if (seconds := j["ready_s"]) is not None]
     return {
         "n": len(jobs),
         "ok": len(ok),
@@ -160,7 +307,7 @@ def run_record(jobs: list[dict[str, Any]], *, all_at_once: bool) -> dict[str, An
     }
 
 
-def compare(run: dict[str, Any], solo: dict[str, Any] | None) -> dict[str, Any]:
+def compare(run: RunRecord, solo: RunRecord | None) -> Comparison:
     """slowdown and speedup of a run against the one-job run, over the same seconds (the
     aggregate's basis; module docstring)."""
     if solo is None or not solo["jobs"]:
@@ -168,15 +315,25 @@ def compare(run: dict[str, Any], solo: dict[str, Any] | None) -> dict[str, Any]:
     rate = solo["jobs"][0].get("steady_samples_per_s")
     per_job = run.get("per_job_samples_per_s")
     slowdown = rate / per_job if rate and per_job else None
-    speedup = run["aggregate_samples_per_s"] / rate if run["aggregate_samples_per_s"] and rate \
-        else None
+    speedup = (
+        run["aggregate_samples_per_s"] / rate if run["aggregate_samples_per_s"] and rate else None
+    )
     return {"slowdown": _round(slowdown), "speedup": _round(speedup), "solo_samples_per_s": rate}
 
 
-def capacity(run: dict[str, Any], *, device_total: int | None, device_free_before: int | None,
-             claim_bytes: int | None, ledger_capacity: int | None, host_available: int,
-             mps_limit: int | None, contexts: int | None = None, cores: int | None = None,
-             concurrent: int | None = None) -> dict[str, Any]:
+def capacity(
+    run: RunRecord,
+    *,
+    device_total: int | None,
+    device_free_before: int | None,
+    claim_bytes: int | None,
+    ledger_capacity: int | None,
+    host_available: int,
+    mps_limit: int | None,
+    contexts: int | None = None,
+    cores: int | None = None,
+    concurrent: int | None = None,
+) -> Capacity:
     """Estimates of how many such jobs fit at once, by each limit, and which binds first.
 
     GPU memory (free / largest footprint; ledger capacity / claim), host memory (available /
@@ -201,9 +358,13 @@ def capacity(run: dict[str, Any], *, device_total: int | None, device_free_befor
         "jobs_fit": limits,
         "binding": binding,
         "max_jobs": limits.get(binding) if binding else None,
-        "cores": None if cores is None else {
-            "cores": cores, "jobs_at_once": concurrent,
-            "shared": bool(concurrent and concurrent > cores)},
+        "cores": None
+        if cores is None
+        else {
+            "cores": cores,
+            "jobs_at_once": concurrent,
+            "shared": bool(concurrent and concurrent > cores),
+        },
         "device_total_mib": mib(device_total),
         "device_free_before_mib": mib(device_free_before),
         "host_available_before_mib": mib(host_available),

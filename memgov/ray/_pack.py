@@ -15,28 +15,57 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from memgov.pack.config import PackConfig
 
 
-@dataclass(frozen=True)
-class RayPackSpec:
-    experiment: str
-    n: int
-    claim: str
-    gpu: str | None = None
-    framework: str = "torch"
-    epochs: int | None = None
-    batch: int | None = None
-    device: str = "gpu"
-    threads: int = 1
-    wait: float | None = None
-    timeout: float | None = None
-    trainer_args: list[str] = field(default_factory=list)
+class RayJob(TypedDict):
+    """One job in the report (``jobs[]``), as its Ray task returns it."""
+
+    job: int
+    node_id: str
+    hostname: str
+    gpu: str
+    cvd: str | None
+    status: str
+    reason: str | None
+    detail: str | None
+    epochs: int
+    samples_per_s: float | None
+    test_acc: float | None
+    wall_s: float
+    claim_line: str | None
 
 
-def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
+class RayReport(TypedDict, total=False):
+    """``memgov ray pack``'s report.json (``files`` once it is written)."""
+
+    spec: dict[str, Any]
+    ray_options: dict[str, Any]
+    wall_s: float
+    jobs: list[RayJob]
+    per_node: list[dict[str, Any]]
+    per_gpu: list[dict[str, Any]]
+    ok: int
+    failed: int
+    aggregate_samples_per_s: float
+    files: dict[str, str]
+
+
+def job_spec(cfg: PackConfig, gpu_type: str | None) -> dict[str, Any]:
+    """What each Ray task is given (and the report's ``spec``): the experiment, the options
+    ``memgov ray pack`` takes (memgov/pack/config.py), Ray's GPU type, the trainer's arguments."""
+    from memgov.pack.config import options
+
+    taken = {o.name: getattr(cfg, o.name) for o in options("ray")}
+    head = {"experiment": str(cfg.experiment), "n": taken.pop("n"), "claim": taken.pop("claim")}
+    return {**head, "gpu": gpu_type, **taken, "trainer_args": list(cfg.trainer_args)}
+
+
+def run_job(spec: dict[str, Any], index: int) -> RayJob:
     """One job, in a Ray worker: the trainer on the assigned GPU, governed by its own claim."""
     import socket
 
@@ -55,31 +84,9 @@ def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
         batch=spec["batch"] or found.batch or 32,
         device=spec["device"],
     ) + list(spec["trainer_args"])
-    env = dict(os.environ, MEMGOV_CLAIM=spec["claim"], MEMGOV_DEVICE=device.uuid)
-    env.update({k: str(spec["threads"]) for k in ("OMP_NUM_THREADS", "MEMGOV_THREADS")})
-    if spec["wait"]:
-        env["MEMGOV_WAIT"] = str(spec["wait"])
-    env.pop("MEMGOV_HOLDER", None)  # the trainer claims for itself
     started = time.time()
-    try:
-        done = subprocess.run(
-            argv,
-            cwd=found.folder,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=spec["timeout"],
-            check=False,
-        )
-        out, err, code = done.stdout, done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout if isinstance(exc.stdout, str) else ""
-        err, code = "stopped by --timeout", None
-    events = []
-    for line in out.splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):
-                events.append(json.loads(line))
+    out, err, code = _trainer(argv, found.folder, _job_env(spec, device.uuid), spec["timeout"])
+    events = _events(out)
     tail = err.splitlines()[-20:]
     sig = -code if code is not None and code < 0 else None
     reason, detail = classify(
@@ -104,23 +111,69 @@ def run_job(spec: dict[str, Any], index: int) -> dict[str, Any]:
     }
 
 
-def run(spec: RayPackSpec, address: str | None = None, out: Path | None = None) -> dict[str, Any]:
-    """Submit the jobs, wait for all, and return (and write) the report."""
+def _job_env(spec: dict[str, Any], device: str) -> dict[str, str]:
+    """The job's environment, by memgov pack's rules (jobenv.py): the trainer claims for itself
+    on ``device``, under the node's own ledger and MPS."""
+    from memgov.pack import jobenv
+
+    env = jobenv.inherited("claim", keep_mps=True)
+    job = jobenv.JobEnv(
+        mode="claim",
+        claim=spec["claim"],
+        threads=spec["threads"],
+        wait=spec["wait"],
+        device=device,
+        mps=jobenv.MPS_OF_THE_NODE,
+    )
+    return {**env, **jobenv.decided(job)}
+
+
+def _trainer(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float | None
+) -> tuple[str, str, int | None]:
+    """Run the trainer to its end: (stdout, stderr, exit code; None when --timeout stopped it)."""
+    try:
+        done = subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        return (exc.stdout if isinstance(exc.stdout, str) else ""), "stopped by --timeout", None
+    return done.stdout, done.stderr, done.returncode
+
+
+def _events(out: str) -> list[dict[str, Any]]:
+    """The trainer's JSON reports, one a line of its stdout."""
+    events = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                events.append(json.loads(line))
+    return events
+
+
+def run(
+    cfg: PackConfig,
+    gpu_type: str | None = None,
+    address: str | None = None,
+    out: Path | None = None,
+) -> RayReport:
+    """Submit ``cfg``'s jobs (the options ``memgov ray pack`` takes), Ray packing them by memory
+    on GPUs of ``gpu_type``; wait for all, and return (and write) the report."""
     import ray
 
     from memgov.pack import manifest as manifests
     from memgov.ray import options
 
-    found = manifests.load(spec.experiment)  # a bad folder fails here, before any job starts
-    found.framework(spec.framework)
+    found = manifests.load(cfg.experiment)  # a bad folder fails here, before any job starts
+    found.framework(cfg.framework)
     if not ray.is_initialized():
         ray.init(address=address or "auto", log_to_driver=False)
-    opts = options(spec.claim, gpu=spec.gpu, num_cpus=spec.threads, max_retries=0, max_calls=0)
+    spec = {**job_spec(cfg, gpu_type), "experiment": str(found.path)}
+    opts = options(cfg.claim, gpu=gpu_type, num_cpus=cfg.threads or 1, max_retries=0, max_calls=0)
     remote = ray.remote(**opts)(run_job)
-    body = {**asdict(spec), "experiment": str(found.path)}
     started = time.time()
-    jobs = ray.get([remote.remote(body, i) for i in range(spec.n)])
-    report = summarise(jobs, spec, opts, time.time() - started)
+    jobs = ray.get([remote.remote(spec, i) for i in range(cfg.n)])
+    report = summarise(jobs, job_spec(cfg, gpu_type), opts, time.time() - started)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -129,12 +182,12 @@ def run(spec: RayPackSpec, address: str | None = None, out: Path | None = None) 
 
 
 def summarise(
-    jobs: list[dict[str, Any]], spec: RayPackSpec, opts: dict[str, Any], wall_s: float
-) -> dict[str, Any]:
+    jobs: list[RayJob], spec: dict[str, Any], opts: dict[str, Any], wall_s: float
+) -> RayReport:
     def group(key: str) -> list[dict[str, Any]]:
         rows: dict[str, dict[str, Any]] = {}
         for job in jobs:
-            name = job[key] if key != "gpu" else f"{job['node_id'][:12]}/{job['gpu']}"
+            name = job["node_id"] if key != "gpu" else f"{job['node_id'][:12]}/{job['gpu']}"
             row = rows.setdefault(
                 name,
                 {
@@ -152,7 +205,7 @@ def summarise(
         return sorted(rows.values(), key=lambda r: str(r[key]))
 
     return {
-        "spec": asdict(spec),
+        "spec": spec,
         "ray_options": opts,
         "wall_s": round(wall_s, 1),
         "jobs": sorted(jobs, key=lambda j: j["job"]),

@@ -138,13 +138,10 @@ def auto_budget(job: str | None, capacity_mib: int) -> tuple[int, str]:
 def _budget_bytes(budget: int | str, capacity_mib: int, where: str) -> int:
     """``budget`` in bytes on a GPU of ``capacity_mib``, checked as every size is against its
     device (memgov._sizes.Size.on)."""
-    try:
-        size = Size(budget, "budget")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    size = Size(budget, "budget")
     try:
         return size.on(capacity_mib * MIB, where)
-    except ValueError as exc:  # a size: larger than the GPU; a percentage: 0 bytes
+    except ConfigError as exc:  # a size: larger than the GPU; a percentage: 0 bytes
         never = "; it can never fit: a budget lives on one GPU, memgov never splits it"
         raise ConfigError(f"{exc}{never if size.percent is None else ''}") from None
 
@@ -155,13 +152,11 @@ def _pick_type(gpu: int | str | None, known: list[int] | None, budget: int | str
             capacity = type_capacity(gpu.strip())
             assert capacity is not None
         else:
-            try:
-                capacity = parse_size(gpu, what="gpu") // MIB
-            except ValueError as exc:
-                raise ConfigError(
-                    f"{exc} (gpu= names a GPU type by its per-GPU capacity, e.g. '16GiB', or a "
-                    f"marker resource such as '{type_resource(16384)}')"
-                ) from None
+            also = (
+                "a GPU type's marker resource such as "
+                f"'{type_resource(16384)}' (gpu= names a GPU type by its per-GPU capacity)"
+            )
+            capacity = parse_size(gpu, what="gpu", also=also) // MIB
         if known and capacity not in known:
             raise ConfigError(
                 f"gpu={gpu!r} ({capacity} MiB): no node of this cluster declares that GPU type; "

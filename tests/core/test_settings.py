@@ -4,11 +4,10 @@ own variable and names it in errors, and the docs, the .pth line and pack read t
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.generated import check_shown
 
 import memgov
 from memgov import _autoenable, _settings
@@ -42,20 +41,7 @@ GARBAGE = {
 
 
 def test_the_docs_show_the_table() -> None:
-    text = DOC.read_text()
-    assert BEGIN in text and END in text, "docs/auto-enable.md lost its settings-table markers"
-    shown = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
-    assert shown == _settings.markdown(), (
-        "docs/auto-enable.md's settings table differs from memgov/_settings.py: paste the output "
-        "of `python -m memgov._settings` between the markers"
-    )
-
-
-def test_python_m_prints_the_table() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "memgov._settings"], capture_output=True, text=True, check=True
-    )
-    assert result.stdout == _settings.markdown()
+    check_shown(DOC, BEGIN, END, _settings.markdown, "memgov._settings")
 
 
 def test_every_memgov_variable_in_the_code_is_a_row() -> None:

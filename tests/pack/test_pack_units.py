@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from memgov import _autoenable, _settings
 from memgov._errors import LedgerError
-from memgov.pack import config, history, manifest, stats
+from memgov.pack import config, history, jobenv, manifest, stats
 from memgov.pack.jobs import classify
 from pack._util import MNIST, TINY, report, run_pack
 
@@ -45,16 +46,26 @@ def test_bundled_manifest_loads() -> None:
         ('[experiment]\nname = "a b"\n' + GOOD_FW, "accepted 1-64 letters"),
         ('[experiment]\nname = "x"\nreport = "xml"\n' + GOOD_FW, "accepted jsonl-stdout"),
         ('[experiment]\nname = "x"\ncolour = 1\n' + GOOD_FW, "unknown key(s) ['colour']"),
-        ('[experiment]\nname = "x"\n[frameworks.torch]\ncommand = "python t.py"\n',
-         "accepted a non-empty list of non-empty strings"),
-        ('[experiment]\nname = "x"\n[frameworks.torch]\ncommand = ["{py}", "t.py"]\n',
-         "unknown placeholder {py}"),
-        ('[experiment]\nname = "x"\n[defaults]\nepochs = 0\n' + GOOD_FW,
-         "[defaults] epochs = 0: accepted a whole number >= 1"),
-        ('[experiment]\nname = "x"\nrogue_args = ["--hog"]\n' + GOOD_FW,
-         "with a {mib} placeholder"),
-        ('[experiment]\nname = "x"\n[frameworks.torch]\ncommand = ["a"]\nenv = {A = 1}\n',
-         'accepted a table of NAME = "value" strings'),
+        (
+            '[experiment]\nname = "x"\n[frameworks.torch]\ncommand = "python t.py"\n',
+            "accepted a non-empty list of non-empty strings",
+        ),
+        (
+            '[experiment]\nname = "x"\n[frameworks.torch]\ncommand = ["{py}", "t.py"]\n',
+            "unknown placeholder {py}",
+        ),
+        (
+            '[experiment]\nname = "x"\n[defaults]\nepochs = 0\n' + GOOD_FW,
+            "[defaults] epochs = 0: accepted a whole number >= 1",
+        ),
+        (
+            '[experiment]\nname = "x"\nrogue_args = ["--hog"]\n' + GOOD_FW,
+            "with a {mib} placeholder",
+        ),
+        (
+            '[experiment]\nname = "x"\n[frameworks.torch]\ncommand = ["a"]\nenv = {A = 1}\n',
+            'accepted a table of NAME = "value" strings',
+        ),
     ],
 )
 def test_manifest_errors_say_what_is_accepted(tmp_path: Path, text: str, says: str) -> None:
@@ -85,8 +96,13 @@ except manifest.ManifestError as exc:
 
 @pytest.mark.parametrize("tomli", ["with-tomli", "without"])
 def test_on_python_310_manifests_are_read_with_tomli(tomli: str) -> None:
-    done = subprocess.run([sys.executable, "-c", AS_ON_PYTHON_310, tomli, str(MNIST)],
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", AS_ON_PYTHON_310, tomli, str(MNIST)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     got = json.loads(done.stdout)
     if tomli == "with-tomli":
         assert got == {"name": "mnist", "parser": "tomli"}
@@ -169,8 +185,19 @@ def test_history_writes_whole_files_and_a_held_lock_fails_not_hangs(
 def test_claim_auto_uses_recorded_peaks(tmp_path: Path) -> None:
     history.record(history.key("mnist", "torch", 32), [900 * MiB])
     out = tmp_path / "out"
-    done = run_pack("--n", "1", "--device", "cpu", str(MNIST), "--epochs", "1", "--out",
-                    str(out), "--no-progress", *TINY)
+    done = run_pack(
+        "--n",
+        "1",
+        "--device",
+        "cpu",
+        str(MNIST),
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+        *TINY,
+    )
     assert done.returncode == 0, done.stderr
     # The people's summary: one column per run, one row per figure.
     assert "samples/s, all jobs" in done.stdout and str(out / "report.json") in done.stdout
@@ -188,23 +215,37 @@ def test_jobs_never_inherit_a_job_setting_of_packs_own(monkeypatch: pytest.Monke
     for name in _settings.names(job=True):
         monkeypatch.setenv(name, "1")
     for mode in config.MODES:
-        assert not set(_settings.names(job=True)) & set(config.base_env(mode))
+        assert not set(_settings.names(job=True)) & set(jobenv.inherited(mode))
 
 
 def test_greedy_jobs_get_framework_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in (("MEMGOV_CLAIM", "2GiB"), ("OMP_NUM_THREADS", "3"),
-                        ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
-                        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G"), ("MEMGOV_DATA_CACHE", "/c"),
-                        ("PYTORCH_ALLOC_CONF", "per_process_memory_fraction:0.1"),
-                        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
-                        ("GPU_PORTION", "0.5"), ("NVIDIA_GPU_MEMORY_LIMIT", "2048")):
+    for name, value in (
+        ("MEMGOV_CLAIM", "2GiB"),
+        ("OMP_NUM_THREADS", "3"),
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1G"),
+        ("MEMGOV_DATA_CACHE", "/c"),
+        ("PYTORCH_ALLOC_CONF", "per_process_memory_fraction:0.1"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ("GPU_PORTION", "0.5"),
+        ("NVIDIA_GPU_MEMORY_LIMIT", "2048"),
+    ):
         monkeypatch.setenv(name, value)
-    env = {**config.base_env("greedy"), **config.job_env(
-        mode="greedy", claim_bytes=None, threads=None, ledger=Path("/l"), device_uuid="GPU-1",
-        simulated=None, mps_pipe=None, mps_log=None, wait=None)}
-    for gone in ("MEMGOV_CLAIM", "OMP_NUM_THREADS", "XLA_PYTHON_CLIENT_PREALLOCATE",
-                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "MEMGOV_THREADS", "PYTORCH_ALLOC_CONF",
-                 "PYTORCH_CUDA_ALLOC_CONF", "GPU_PORTION", "NVIDIA_GPU_MEMORY_LIMIT"):
+    env = {
+        **jobenv.inherited("greedy"),
+        **jobenv.decided(jobenv.JobEnv(mode="greedy", ledger=Path("/l"), visible="GPU-1")),
+    }
+    for gone in (
+        "MEMGOV_CLAIM",
+        "OMP_NUM_THREADS",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "MEMGOV_THREADS",
+        "PYTORCH_ALLOC_CONF",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "GPU_PORTION",
+        "NVIDIA_GPU_MEMORY_LIMIT",
+    ):
         assert gone not in env
     assert not _autoenable.triggered(env)  # auto-enable stays asleep in a greedy job
     assert env["MEMGOV_DATA_CACHE"] == "/c" and env["CUDA_VISIBLE_DEVICES"] == "GPU-1"
@@ -212,28 +253,37 @@ def test_greedy_jobs_get_framework_defaults(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_claim_jobs_are_governed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "16")
-    env = {**config.base_env("claim"), **config.job_env(
-        mode="claim", claim_bytes=1037 * MiB, threads=2, ledger=Path("/l"), device_uuid=None,
-        simulated="sim0:16GiB", mps_pipe=Path("/l/mps/pipe"), mps_log=Path("/l/mps/log"),
-        wait=30.0)}
+    env = {
+        **jobenv.inherited("claim"),
+        **jobenv.decided(
+            jobenv.JobEnv(
+                mode="claim",
+                claim=str(1037 * MiB),
+                threads=2,
+                ledger=Path("/l"),
+                simulated="sim0:16GiB",
+                mps_pipe=Path("/l/mps/pipe"),
+                mps_log=Path("/l/mps/log"),
+                wait=30.0,
+            )
+        ),
+    }
     assert env["MEMGOV_CLAIM"] == str(1037 * MiB) and env["MEMGOV_STRICT"] == "1"
     # The job's own memgov sets the thread variables (marked as memgov's, not the user's).
-    assert env["MEMGOV_THREADS"] == "2" and not any(v in env for v in config.THREAD_VARS)
+    assert env["MEMGOV_THREADS"] == "2" and not any(v in env for v in jobenv.THREAD_VARS)
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/l/mps/pipe" and "MEMGOV_MPS" not in env
     assert env["MEMGOV_WAIT"] == "30" and env["MEMGOV_DEVICES"] == "sim0:16GiB"
-    no_mps = config.job_env(mode="growth", claim_bytes=None, threads=1, ledger=Path("/l"),
-                            device_uuid=None, simulated=None, mps_pipe=None, mps_log=None,
-                            wait=None)
+    no_mps = jobenv.decided(jobenv.JobEnv(mode="growth", threads=1, ledger=Path("/l")))
     assert no_mps["MEMGOV_CLAIM"] == "growth" and no_mps["MEMGOV_MPS"] == "off"
 
 
 def test_jobs_under_mps_spread_over_the_daemons_unless_the_user_chose(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def env() -> dict[str, str]:
-        return config.job_env(mode="claim", claim_bytes=MiB, threads=None, ledger=Path("/l"),
-                              device_uuid=None, simulated=None, mps_pipe=Path("/p"),
-                              mps_log=None, wait=None)
+        return jobenv.decided(
+            jobenv.JobEnv(mode="claim", claim=str(MiB), ledger=Path("/l"), mps_pipe=Path("/p"))
+        )
 
     monkeypatch.delenv("MEMGOV_MPS_POLICY", raising=False)
     assert env()["MEMGOV_MPS_POLICY"] == "spread"
@@ -249,22 +299,45 @@ DONE = [{"event": "start"}, {"event": "done"}]
     ("events", "code", "sig", "tail", "stopped", "reason"),
     [
         (DONE, 0, None, [], None, None),
-        ([{"event": "error", "kind": "oom", "message": "OutOfMemoryError: x"}], 3, None, [],
-         None, "oom"),
-        ([{"event": "error", "kind": "cuda", "message": "AcceleratorError"}], 4, None, [], None,
-         "cuda_error"),
-        ([{"event": "error", "kind": "other", "message": "BudgetExceeded: cannot claim"}], 1,
-         None, [], None, "budget_refused"),
-        ([], 1, None, ["memgov._errors.BudgetExceeded: cannot claim 1 GiB"], None,
-         "budget_refused"),
+        (
+            [{"event": "error", "kind": "oom", "message": "OutOfMemoryError: x"}],
+            3,
+            None,
+            [],
+            None,
+            "oom",
+        ),
+        (
+            [{"event": "error", "kind": "cuda", "message": "AcceleratorError"}],
+            4,
+            None,
+            [],
+            None,
+            "cuda_error",
+        ),
+        (
+            [{"event": "error", "kind": "other", "message": "BudgetExceeded: cannot claim"}],
+            1,
+            None,
+            [],
+            None,
+            "budget_refused",
+        ),
+        ([], 1, None, ["memgov.BudgetExceeded: cannot claim 1 GiB"], None, "budget_refused"),
         ([], None, signal.SIGKILL, [], None, "killed"),
         ([], 3, None, [], None, "oom"),
         ([], None, signal.SIGTERM, [], "timeout", "timeout"),
         ([], 0, None, ["bye"], None, "error"),
     ],
 )
-def test_classify(events: list[dict[str, object]], code: int | None, sig: int | None,
-                  tail: list[str], stopped: str | None, reason: str | None) -> None:
+def test_classify(
+    events: list[dict[str, object]],
+    code: int | None,
+    sig: int | None,
+    tail: list[str],
+    stopped: str | None,
+    reason: str | None,
+) -> None:
     assert classify(events, code, sig, tail, stopped)[0] == reason
 
 
@@ -310,9 +383,12 @@ def test_docker_run_line_shares_the_ledger_and_replaces_the_entrypoint() -> None
 
     runner = DockerRunner("memgov-mnist", Path("/srv/ledger"), "GPU-abc", Path("/srv/ledger/mps"))
     argv, _env, name = runner.launch(
-        ["python", "train_torch.py", "--epochs", "1"], {"MEMGOV_CLAIM": "1073741824",
-                                                        "CUDA_VISIBLE_DEVICES": "GPU-abc"},
-        Path("/x/mnist"), "job-03", {"PATH": "/bin"})
+        ["python", "train_torch.py", "--epochs", "1"],
+        {"MEMGOV_CLAIM": "1073741824", "CUDA_VISIBLE_DEVICES": "GPU-abc"},
+        Path("/x/mnist"),
+        "job-03",
+        {"PATH": "/bin"},
+    )
     line = " ".join(argv)
     assert argv[:3] == ["docker", "run", "--rm"] and name is not None and name in argv
     assert "-v /srv/ledger:/srv/ledger" in line and "-v /x/mnist:/experiment" in line
@@ -327,16 +403,45 @@ def test_a_failure_detail_is_one_line_that_says_what_to_do() -> None:
     # What torch raised when a 49th client met a full MPS server: the error's text, then the C++
     # frames of where it was raised (40 lines of them on the H200).
     frames = "\n".join(f"frame #{i}: 0x7f00 in libc10_cuda.so" for i in range(40))
-    message = ("AcceleratorError: CUDA error: all CUDA-capable devices are busy or unavailable\n"
-               "Search for `cudaErrorDevicesUnavailable' in the CUDA docs\n"
-               f"Exception raised from c10_cuda_check_implementation at CUDAException.cpp:44\n"
-               f"{frames}")
-    reason, detail = classify([{"event": "error", "kind": "cuda", "message": message}], 1,
-                              None, [], None)
+    message = (
+        "AcceleratorError: CUDA error: all CUDA-capable devices are busy or unavailable\n"
+        "Search for `cudaErrorDevicesUnavailable' in the CUDA docs\n"
+        f"Exception raised from c10_cuda_check_implementation at CUDAException.cpp:44\n"
+        f"{frames}"
+    )
+    reason, detail = classify(
+        [{"event": "error", "kind": "cuda", "message": message}], 1, None, [], None
+    )
     assert reason == "mps_clients" and detail is not None
     assert "\n" not in detail and "frame #" not in detail
     assert "busy or unavailable" in detail and "--mps-daemons" in detail
     long = "OutOfMemoryError: " + "x" * 1000
-    _, oom = classify([{"event": "start"}, {"event": "error", "kind": "oom", "message": long}],
-                      3, None, [], None)
+    _, oom = classify(
+        [{"event": "start"}, {"event": "error", "kind": "oom", "message": long}], 3, None, [], None
+    )
     assert oom is not None and len(oom) <= 300 and oom.endswith("...")
+
+
+# -- runners by name -------------------------------------------------------------------------
+
+
+def test_runners_are_looked_up_by_name(tmp_path: Path) -> None:
+    from memgov.pack import runners
+
+    request = runners.RunnerRequest(framework="torch", ledger=tmp_path)
+    for name in runners.RUNNERS:
+        assert runners.make(name, request).name == name
+    with pytest.raises(runners.RunnerError, match="--runner 'podman': accepted process, "):
+        runners.make("podman", request)
+
+
+def test_pack_reaches_no_private_state_of_the_core() -> None:
+    """pack asks the core through its functions (a forked job starts auto-enable with
+    _autoenable.start_preloaded), never through its private variables."""
+    root = Path(__file__).resolve().parents[2] / "memgov" / "pack"
+    reached = [
+        f"{path.name}: {hit}"
+        for path in sorted(root.glob("*.py"))
+        for hit in re.findall(r"\b_autoenable\._\w+", path.read_text())
+    ]
+    assert not reached, reached
