@@ -2,7 +2,7 @@
 (docs/placement.md, "memgov's policy, and how far it gets").
 
     python benchmarks/placement_variants.py [--seeds 3] [--workers 2] \
-        [--out results/2026-11-24-cpu-2core-placement-variants.txt]
+        [--out results/cpu-2core/2026-11-24-placement-variants.txt]
 
 Each variant runs the default trace by the same protocol as the table (memgov/placement/
 simulate.py); the final allocation per seed and the mean are printed and written to OUT.
@@ -177,7 +177,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default="results/2026-11-24-cpu-2core-placement-variants.txt")
+    parser.add_argument("--out", default="results/cpu-2core/2026-11-24-placement-variants.txt")
     args = parser.parse_args()
     if args.seeds < 1 or args.workers < 1:
         parser.error("--seeds and --workers: accepted whole numbers >= 1")

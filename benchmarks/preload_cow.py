@@ -1,6 +1,6 @@
 """What a job forked by ``--runner preload`` keeps private, and where (CPU, one job at a time).
 
-    python benchmarks/preload_cow.py > results/2026-11-23-cpu-2core-preload-cow.txt
+    python benchmarks/preload_cow.py > results/cpu-2core/2026-11-23-preload-cow.txt
 
 1. Right after ``import torch`` and one tiny op: private memory (Private_Clean + Private_Dirty of
    /proc/PID/smaps_rollup, i.e. USS) of a job forked from the zygote against the same script

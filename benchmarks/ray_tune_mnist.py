@@ -1,6 +1,6 @@
 """A Ray Tune sweep of the MNIST experiment, packed by GPU memory on a simulated 3-node cluster.
 
-    python benchmarks/ray_tune_mnist.py --out results/2026-11-23-cpu-2core-ray-tune
+    python benchmarks/ray_tune_mnist.py --out results/cpu-2core/2026-11-23-ray-tune
 
 Nodes as in tests/ray (1x16 GiB, 1x80 GiB, 2x16 GiB, simulated with MEMGOV_DEVICES, one ledger
 folder each). Each trial asks memgov.ray for 1 GiB on the 16 GiB GPU type (Ray packs it by
