@@ -24,7 +24,7 @@ python3 -c "import prometheus_client" 2>/dev/null \
 timeout -s INT --kill-after=30 480 python3 -m memgov pack --n "$N" --mps on --runner preload \
   --epochs 20 --out "$OUT/pack" mnist >"$OUT/pack.log" 2>&1 &
 pack=$!
-timeout --kill-after=10 420 python3 benchmarks/exporter_scrape.py --wait-claims "$CLAIMS" \
+timeout --kill-after=10 420 python3 benchmarks/cpu/exporter_scrape.py --wait-claims "$CLAIMS" \
   --scrapes 100 --out "$OUT/exporter-scrape-n$N.json" 2>&1 | tee "$OUT/exporter-scrape-n$N.txt"
 rc=${PIPESTATUS[0]}
 kill -INT "$pack" 2>/dev/null

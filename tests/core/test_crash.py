@@ -2,7 +2,7 @@
 
 Liveness is the record's flock, which the kernel drops when the holder dies, so each test asserts
 that the budget is free on the very first try after the holder is reaped: no sleep, no retry.
-(How fast that is, is measured by benchmarks/core_checks.py, not asserted here.)
+(How fast that is, is measured by benchmarks/cpu/core_checks.py, not asserted here.)
 """
 
 from __future__ import annotations

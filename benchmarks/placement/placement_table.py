@@ -1,7 +1,7 @@
 """Placement at cluster scale: every policy on Alibaba's cluster-trace-gpu-v2023, 10 seeds, against
 the FGD simulator's published results (docs/placement.md), then the memory-realism table.
 
-    python benchmarks/placement_table.py [--seeds 10] [--workers 2] [--memory-seeds 3] \
+    python benchmarks/placement/placement_table.py [--seeds 10] [--workers 2] [--memory-seeds 3] \
         [--out results/cpu-2core/2026-11-24-placement]
 
 Writes OUT-table.txt/.json (final allocation per workload, policy and seed; the expected figures
@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "placement" / "data"
 WORKLOADS = ("openb_pod_list_default", "openb_pod_list_gpushare100")
 POLICIES = ("random", "dotprod", "gpupacking", "bestfit", "fgd", "memgov")
@@ -156,7 +156,7 @@ def main() -> int:
         f"{args.workers} workers"
     )
     head = [
-        f"command: python benchmarks/placement_table.py --seeds {args.seeds} --workers "
+        f"command: python benchmarks/placement/placement_table.py --seeds {args.seeds} --workers "
         f"{args.workers} --memory-seeds {args.memory_seeds}",
         f"machine: {machine}",
     ]

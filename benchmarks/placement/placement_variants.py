@@ -1,7 +1,7 @@
 """Variants of FGD tried while designing memgov's policy, and a look at FGD's final state
 (docs/placement.md, "memgov's policy, and how far it gets").
 
-    python benchmarks/placement_variants.py [--seeds 3] [--workers 2] \
+    python benchmarks/placement/placement_variants.py [--seeds 3] [--workers 2] \
         [--out results/cpu-2core/2026-11-24-placement-variants.txt]
 
 Each variant runs the default trace by the same protocol as the table (memgov/placement/
@@ -26,7 +26,7 @@ from memgov.placement.model import MILLI, ClusterState
 from memgov.placement.policies import FGDPolicy, Policy, Scores
 from memgov.placement.simulate import replay
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "placement" / "data"
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "placement" / "data"
 VARIANTS = {
     "fgd": "FGD as published (integer score, ties to the node order)",
     "fgd, random ties": "FGD, ties broken at random per job",
@@ -186,7 +186,7 @@ def main() -> int:
     with ProcessPoolExecutor(args.workers) as pool:
         finals = list(pool.map(run, *zip(*jobs, strict=True)))
     lines = [
-        f"command: python benchmarks/placement_variants.py --seeds {args.seeds} "
+        f"command: python benchmarks/placement/placement_variants.py --seeds {args.seeds} "
         f"--workers {args.workers}",
         f"default trace, final allocation % per seed {seeds[0]}-{seeds[-1]}, and the mean",
         "",

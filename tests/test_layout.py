@@ -1,0 +1,74 @@
+"""The repository's layout rules hold for files added later too: benchmarks/ by kind, results/ by
+machine with an index, every path that text names exists (benchmarks/README.md, results/README.md,
+tools/place_results.py and tools/move_benchmarks.py apply the rules)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = {"cpu", "gpu", "placement", "ray", "workloads", "common"}
+TEXT = [
+    *ROOT.glob("*.md"),
+    *ROOT.glob("docs/*.md"),
+    *ROOT.glob("benchmarks/**/*.py"),
+    *ROOT.glob("benchmarks/**/*.sh"),
+    *ROOT.glob("benchmarks/**/*.md"),
+    *ROOT.glob("tests/**/*.py"),
+]
+
+
+def test_benchmarks_are_filed_by_kind() -> None:
+    loose = [p.name for p in (ROOT / "benchmarks").iterdir() if p.name != "README.md"]
+    wrong = sorted(name for name in loose if name not in KINDS)
+    assert not wrong, f"file these by kind ({sorted(KINDS)}; tools/move_benchmarks.py): {wrong}"
+
+
+def test_every_benchmarks_path_named_exists() -> None:
+    missing = []
+    for path in TEXT:
+        text = path.read_text(encoding="utf-8")
+        for name in re.findall(r"(?<![\w/])benchmarks/[\w./<>{}$-]*[\w>}]", text):
+            if not set("<{$") & set(name) and not (ROOT / name).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not missing, "\n".join(sorted(set(missing)))
+
+
+def test_results_are_filed_by_machine_and_indexed() -> None:
+    """A flat results/DATE-MACHINE-NAME file is moved and indexed by tools/place_results.py."""
+    results = ROOT / "results"
+    flat = sorted(p.name for p in results.iterdir() if p.is_file() and p.name != "README.md")
+    assert not flat, f"run `python tools/place_results.py --index` to file: {flat}"
+    index = (results / "README.md").read_text(encoding="utf-8")
+    files = [p for p in results.rglob("*") if p.is_file() and p.parent != results]
+    unindexed = sorted(
+        str(p.relative_to(results)) for p in files if f"]({p.relative_to(results)})" not in index
+    )
+    assert not unindexed, f"run `python tools/place_results.py --index`: {unindexed}"
+    assert "| nothing |" not in index, "link these from the doc they serve, or delete them"
+
+
+@pytest.mark.parametrize(
+    "script", sorted((ROOT / "benchmarks").glob("**/*.sh")), ids=lambda p: p.name
+)
+def test_benchmark_shell_scripts_parse(script: Path) -> None:
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_gpu_check_names_existing_files(tmp_path: Path) -> None:
+    """benchmarks/gpu/verify.sh's dry listing (VERIFY_DRY=1): every check, nothing missing."""
+    verify = ROOT / "benchmarks" / "gpu" / "verify.sh"
+    checks = re.findall(r"^\s{4}([a-z_0-9]+)\)", verify.read_text(encoding="utf-8"), re.M)
+    assert {"env", "torch", "mps", "pack", "gpu"} <= set(checks)
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "VERIFY_DRY": "1"}
+    done = subprocess.run(
+        ["bash", str(verify), *checks], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "MISSING" not in done.stdout, done.stdout
+    assert not any(tmp_path.iterdir())  # a dry listing writes nothing
