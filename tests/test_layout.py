@@ -72,3 +72,23 @@ def test_every_gpu_check_names_existing_files(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "MISSING" not in done.stdout, done.stdout
     assert not any(tmp_path.iterdir())  # a dry listing writes nothing
+
+
+def test_every_test_folder_is_a_package() -> None:
+    """tests/README.md, "Package layout": unique module names for pytest and mypy."""
+    tests = ROOT / "tests"
+    folders = [tests, *(p for p in tests.rglob("*") if p.is_dir())]
+    bare = sorted(
+        str(p.relative_to(ROOT))
+        for p in folders
+        if "__pycache__" not in p.parts
+        and any(f.suffix == ".py" for f in p.iterdir())
+        and not (p / "__init__.py").exists()
+    )
+    assert not bare, f"give these an __init__.py (tests/README.md): {bare}"
+    helpers = [
+        f"{path.relative_to(ROOT)}"
+        for path in tests.rglob("*.py")
+        if re.search(r"^\s*(from|import) helpers\b", path.read_text(encoding="utf-8"), re.M)
+    ]
+    assert not helpers, f"import tests.helpers by its full name (tests/README.md): {helpers}"

@@ -16,10 +16,10 @@ import sys
 
 import psutil
 import pytest
-from helpers.procs import Child, ledger, wait_until
 
 import memgov
 from memgov._attribution import pidns_of
+from tests.helpers.procs import Child, ledger, wait_until
 
 GIB = 2**30
 pytestmark = pytest.mark.usefixtures("sim")
