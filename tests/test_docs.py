@@ -82,3 +82,18 @@ def test_every_results_file_the_docs_name_exists() -> None:
                         missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
     assert not missing, "no such results file:\n" + "\n".join(missing)
 
+
+TRACKER = re.compile(r"(?i)\bmust-shows?\b|\bgoals? \d|\bissues? #?\d|\brounds? \d")
+"""Words of the project's tracker and of its working rounds: a reader of the docs has neither."""
+
+
+def test_docs_use_no_tracker_words() -> None:
+    """The docs describe the present; the measurement history (rounds, goals) is docs/RESULTS.md."""
+    said = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in DOCS
+        if path.name != "RESULTS.md"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if TRACKER.search(line)
+    ]
+    assert not said, "tracker words outside docs/RESULTS.md:\n" + "\n".join(said)
