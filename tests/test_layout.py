@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,22 @@ def test_every_test_folder_is_a_package() -> None:
         if re.search(r"^\s*(from|import) helpers\b", path.read_text(encoding="utf-8"), re.M)
     ]
     assert not helpers, f"import tests.helpers by its full name (tests/README.md): {helpers}"
+
+
+def test_a_flat_results_name_is_placed_by_its_machine() -> None:
+    """What tools/place_results.py does to a file another branch adds under a flat name."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import place_results
+
+    results = ROOT / "results"
+    placed = place_results.placed
+    assert (
+        placed("2026-11-25-h100-queue-bench.json") == results / "h100/2026-11-25-queue-bench.json"
+    )
+    assert placed("2026-11-25-cpu-2core-x.txt") == results / "cpu-2core/2026-11-25-x.txt"
+    assert placed("2026-11-25-h200-x2-nccl.txt") == results / "h200-x2/2026-11-25-nccl.txt"
+    assert placed("README.md") is None
+    text = "`results/2026-11-25-h100-queue-{a,b}.json`, (../results/2026-11-25-cpu-2core-x.txt)"
+    assert place_results.rewrite(text) == (
+        "`results/h100/2026-11-25-queue-{a,b}.json`, (../results/cpu-2core/2026-11-25-x.txt)"
+    )
