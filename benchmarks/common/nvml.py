@@ -148,13 +148,15 @@ class LoadSampler:
                     gpu = float(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
                 except pynvml.NVMLError:
                     gpu = None
-            self.samples.append({
-                "t": t_now,
-                "cpu_busy": round(1 - (now[1] - before[1]) / total, 4) if total else None,
-                "runnable": float(now[2]),
-                "switches_per_s": round((now[3] - before[3]) / (t_now - t_before), 1),
-                "gpu_util": gpu,
-            })
+            self.samples.append(
+                {
+                    "t": t_now,
+                    "cpu_busy": round(1 - (now[1] - before[1]) / total, 4) if total else None,
+                    "runnable": float(now[2]),
+                    "switches_per_s": round((now[3] - before[3]) / (t_now - t_before), 1),
+                    "gpu_util": gpu,
+                }
+            )
             before, t_before = now, t_now
 
     def __enter__(self) -> LoadSampler:
@@ -167,8 +169,9 @@ class LoadSampler:
 
     def means(self, lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
         """Mean of each series over the samples taken in [lo, hi] (all samples by default)."""
-        inside = [s for s in self.samples
-                  if (lo is None or s["t"] >= lo) and (hi is None or s["t"] <= hi)]
+        inside = [
+            s for s in self.samples if (lo is None or s["t"] >= lo) and (hi is None or s["t"] <= hi)
+        ]
         out: dict[str, Any] = {"samples": len(inside)}
         for key in ("cpu_busy", "runnable", "switches_per_s", "gpu_util"):
             values = [s[key] for s in inside if s[key] is not None]
