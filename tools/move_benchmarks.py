@@ -65,10 +65,16 @@ def main(argv: list[str] | None = None) -> int:
         deeper = text.replace("resolve().parents[1]", "resolve().parents[2]")
         deeper = deeper.replace("resolve().parent.parent", "resolve().parents[2]")
         script.write_text(deeper, encoding="utf-8")
+    # References to every filed script, also those a later branch wrote to its old place.
+    filed = {
+        name: kind
+        for name, kind in KINDS.items()
+        if name in moved or (BENCHMARKS / kind / name).exists()
+    }
     for path in text_files():
         text = path.read_text(encoding="utf-8")
         changed = text
-        for name, kind in moved.items():
+        for name, kind in filed.items():
             changed = changed.replace(f"benchmarks/{name}", f"benchmarks/{kind}/{name}")
         if changed != text:
             print(f"rewrote references in {path.relative_to(ROOT)}")
