@@ -315,8 +315,8 @@ TABLE: tuple[Row, ...] = (
         "kept out of every device's budget (driver growth, fragmentation)", _reserve),
     Row("MEMGOV_CONTEXTS", "whole number >= 1, `off`",
         f"{DEFAULT_CONTEXTS} on a real GPU, no limit on a simulated one",
-        "claims without MPS admitted per GPU: each is a CUDA context, and the H200 refused new "
-        "contexts at 76 and at 104 with most memory free (docs/hard-limits.md)",
+        "claims without MPS admitted per GPU: each is a CUDA context, and a GPU runs out of "
+        "contexts long before memory (the context wall, docs/hard-limits.md)",
         _whole(f"accepted a whole number >= 1 (claims without MPS per GPU; default "
                f"{DEFAULT_CONTEXTS} on a real GPU) or off", off=True)),
     Row("MEMGOV_MPS_CLIENTS", "whole number >= 1", f"{DEFAULT_MPS_CLIENTS}",

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import host_changes
-from helpers.procs import Child
+
+from tests.helpers import host_changes
+from tests.helpers.procs import Child
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -147,8 +147,8 @@ def imports(path: Path) -> list[Import]:
 
     def visit(node: ast.AST, module_level: bool) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child, module_level)
+            for branch in node.orelse:
+                visit(branch, module_level)
             return
         if isinstance(node, ast.Import):
             found.extend(Import(a.name, node.lineno, module_level) for a in node.names)

@@ -57,3 +57,43 @@ def test_install_hints_name_the_distribution() -> None:
         if re.search(r"""pip install[^\n]*?(?<![\w./-])['"]?memgov\[""", line)
     ]
     assert not wrong, "\n".join(wrong)
+
+
+RESULTS_LINK = re.compile(r"(?<!\w)results/[\w.{},*/-]+")
+
+
+def _alternatives(pattern: str) -> list[str]:
+    """A link's brace alternatives: a-{b,c}.txt -> a-b.txt, a-c.txt."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [name for alt in match[1].split(",") for name in _alternatives(head + alt + tail)]
+
+
+def test_every_results_file_the_docs_name_exists() -> None:
+    """A figure's raw file is linked as results/MACHINE/DATE-NAME.EXT (braces and * allowed)."""
+    missing = []
+    for path in DOCS:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for link in RESULTS_LINK.findall(line):
+                for name in _alternatives(link.rstrip(".,:;")):
+                    if name.rstrip("/") != "results" and not list(ROOT.glob(name)):
+                        missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
+    assert not missing, "no such results file:\n" + "\n".join(missing)
+
+
+TRACKER = re.compile(r"(?i)\bmust-shows?\b|\bgoals? \d|\bissues? #?\d|\brounds? \d")
+"""Words of the project's tracker and of its working rounds: a reader of the docs has neither."""
+
+
+def test_docs_use_no_tracker_words() -> None:
+    """The docs describe the present; the measurement history (rounds, goals) is docs/RESULTS.md."""
+    said = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in DOCS
+        if path.name != "RESULTS.md"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if TRACKER.search(line)
+    ]
+    assert not said, "tracker words outside docs/RESULTS.md:\n" + "\n".join(said)

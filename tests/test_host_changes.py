@@ -13,7 +13,7 @@ TESTS = Path(__file__).resolve().parent
 
 SAMPLE = """
 import pytest
-from helpers.host_changes import changes_host
+from tests.helpers.host_changes import changes_host
 
 
 @pytest.fixture

@@ -104,8 +104,8 @@ class Watch:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._sampler: Any = None
         if not smoke:  # NVML every 50 ms in its own thread (the ledger poll is slower)
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from _sampler import FootprintSampler
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+            from nvml import FootprintSampler
 
             self._sampler = FootprintSampler()
 

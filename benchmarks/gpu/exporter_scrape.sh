@@ -3,7 +3,7 @@
 # 100 scrapes of /metrics timed (p50, p99), the exporter's RSS/USS, its per-GPU figures beside
 # NVML's, twice: (1) the exporter and the scraping client in the session of the script that
 # started pack, so every one of their threads competes with pack's jobs as an equal (the
-# condition of results/2026-11-24-h200-exporter-scrape-n140.*); (2) both in a session of their
+# condition of results/h200/2026-11-24-exporter-scrape-n140.*); (2) both in a session of their
 # own (setsid), as a service beside a user's jobs (kernel autogroups, or a systemd unit's
 # cgroup). One device call, < 9 minutes:
 #   bash benchmarks/gpu/verify.sh exporter     (or: bash benchmarks/gpu/exporter_scrape.sh)
@@ -29,12 +29,12 @@ timeout -s INT --kill-after=30 480 python3 -m memgov pack --n "$N" --mps on --ru
   --epochs 30 --out "$OUT/pack" mnist >"$OUT/pack.log" 2>&1 &
 pack=$!
 uptime
-timeout --kill-after=10 300 python3 benchmarks/exporter_scrape.py --wait-claims "$CLAIMS" \
+timeout --kill-after=10 300 python3 benchmarks/cpu/exporter_scrape.py --wait-claims "$CLAIMS" \
   --scrapes 100 --out "$OUT/exporter-scrape-n$N-same-session.json" 2>&1 \
   | tee "$OUT/exporter-scrape-n$N-same-session.txt"
 rc=${PIPESTATUS[0]}
 uptime
-timeout --kill-after=10 120 setsid python3 benchmarks/exporter_scrape.py --wait-claims "$CLAIMS" \
+timeout --kill-after=10 120 setsid python3 benchmarks/cpu/exporter_scrape.py --wait-claims "$CLAIMS" \
   --scrapes 100 --out "$OUT/exporter-scrape-n$N-own-session.json" 2>&1 \
   | tee "$OUT/exporter-scrape-n$N-own-session.txt"
 rc2=${PIPESTATUS[0]}

@@ -3,7 +3,7 @@
 # profiles), with pack's defaults (runner, claim, MPS, host gate all chosen by pack), --n 140 and
 # --n 25 in one call. Reports (report.json, the summary) go to $OUT.
 #   bash benchmarks/gpu/fresh_pack.sh            (EPOCHS=2 by default; N_LIST="140 25")
-# With EXPORTER=1, benchmarks/exporter_scrape.py starts memgov's exporter once 120 of the first
+# With EXPORTER=1, benchmarks/cpu/exporter_scrape.py starts memgov's exporter once 120 of the first
 # pack's jobs hold claims and times 100 scrapes (figures beside NVML's: docs/metrics.md) into
 # $OUT/exporter_scrape.json; prometheus_client must be importable (benchmarks/gpu/
 # exporter_scrape.sh says how to carry its wheel).
@@ -20,7 +20,7 @@ for n in ${N_LIST:-140 25}; do
   if [ "$first" = 1 ] && [ "${EXPORTER:-0}" = 1 ]; then
     python3 -c "import prometheus_client" 2>/dev/null || python3 -m pip install -q --no-index \
       --find-links .whl prometheus_client >/tmp/exporter_install.log 2>&1
-    timeout 400 python3 benchmarks/exporter_scrape.py --wait-claims 120 --scrapes 100 \
+    timeout 400 python3 benchmarks/cpu/exporter_scrape.py --wait-claims 120 --scrapes 100 \
       --out "$OUT/exporter_scrape.json" >"$OUT/exporter_scrape.log" 2>&1 &
     scraper=$!
   fi

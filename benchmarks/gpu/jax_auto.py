@@ -1,4 +1,4 @@
-"""Must-show 2: N default JAX MNIST trainers vs N with MEMGOV_CLAIM=1GiB, no code change.
+"""N default JAX MNIST trainers vs N with MEMGOV_CLAIM=1GiB, no code change.
 
 Runs on the GPU machine (needs a GPU, jax with CUDA, pynvml, and memgov installed into the same
 Python so that its memgov-autoenable.pth is in site-packages):
@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +30,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_DIR = REPO / "experiments" / "mnist"
+sys.path.insert(0, str(REPO / "benchmarks" / "common"))
+from nvml import FootprintSampler  # noqa: E402
+
 MIB = 2**20
 STRIPPED = ("MEMGOV_", "XLA_", "TF_FORCE_GPU_ALLOW_GROWTH", "JAX_PLATFORMS", "CUDA_MPS_")
 
@@ -54,56 +56,6 @@ def check_setup() -> str | None:
     if "jax" not in names:
         return f"memgov's jax adapter is not registered (adapters: {sorted(names)}): reinstall"
     return None
-
-
-class Sampler(threading.Thread):
-    """Peak NVML footprint per PID and the device's use over time (nothing with nvml=False)."""
-
-    def __init__(self, nvml: bool = True, interval: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.interval = interval
-        self.peaks: dict[int, int] = {}
-        self.timeline: list[tuple[float, float, int]] = []
-        self.stop = threading.Event()
-        self.t0 = time.monotonic()
-        self.nv: Any = None
-        if nvml:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nv = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-
-    def device(self) -> dict[str, Any]:
-        nv = self.nv
-        if nv is None:
-            return {"name": "cpu (dry run)"}
-        name = nv.nvmlDeviceGetName(self.handle)
-        return {
-            "name": name.decode() if isinstance(name, bytes) else name,
-            "total_mib": nv.nvmlDeviceGetMemoryInfo(self.handle).total / MIB,
-            "driver": str(nv.nvmlSystemGetDriverVersion()),
-        }
-
-    def used_mib(self) -> float:
-        if self.nv is None:
-            return 0.0
-        return float(self.nv.nvmlDeviceGetMemoryInfo(self.handle).used / MIB)
-
-    def run(self) -> None:
-        nv = self.nv
-        while nv is not None and not self.stop.is_set():
-            try:
-                procs = nv.nvmlDeviceGetComputeRunningProcesses(self.handle)
-                used = self.used_mib()
-            except nv.NVMLError:
-                time.sleep(self.interval)
-                continue
-            for p in procs:
-                if p.usedGpuMemory is not None and p.usedGpuMemory < 2**63:
-                    self.peaks[p.pid] = max(self.peaks.get(p.pid, 0), int(p.usedGpuMemory))
-            self.timeline.append((round(time.monotonic() - self.t0, 2), round(used), len(procs)))
-            time.sleep(self.interval)
 
 
 def child_env(governed: bool, claim: str, ledger: str) -> dict[str, str]:
@@ -140,7 +92,9 @@ def parse_job(index: int, proc: subprocess.Popen[str], out: str, err: str) -> di
     }
 
 
-def phase(name: str, args: argparse.Namespace, ledger: str, sampler: Sampler) -> dict[str, Any]:
+def phase(
+    name: str, args: argparse.Namespace, ledger: str, sampler: FootprintSampler
+) -> dict[str, Any]:
     env = child_env(name == "governed", args.claim, ledger)
     command = [
         sys.executable,
@@ -223,8 +177,8 @@ def main() -> None:
     problem = check_setup()
     if problem:
         sys.exit(f"jax_auto: {problem}")
-    sampler = Sampler(nvml=args.device == "gpu")
-    sampler.start()
+    sampler = FootprintSampler(0 if args.device == "gpu" else None, period_s=0.25)
+    sampler.__enter__()
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "device": sampler.device(),
@@ -248,7 +202,7 @@ def main() -> None:
                 f"{data['epoch_seconds_ok_jobs'][:3]}..., errors {data['errors']}",
                 flush=True,
             )
-    sampler.stop.set()
+    sampler.__exit__()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -30,8 +30,8 @@ from typing import Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _sampler import FootprintSampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # nvml.py
+from nvml import FootprintSampler
 
 ROOT = Path(__file__).resolve().parents[2]
 MNIST = ROOT / "experiments" / "mnist" / "train_torch.py"

@@ -61,6 +61,9 @@ from typing import Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+from nvml import process_usage
+
 ROOT = Path(__file__).resolve().parents[2]
 MNIST = ROOT / "experiments" / "mnist"
 GIB = 2**30
@@ -219,15 +222,7 @@ class Watch:
                 with_bar1 = nv.nvmlDeviceGetBAR1MemoryInfo(handle)
                 point["bar1_used_mib"] = round(with_bar1.bar1Used / MIB)
                 self.peak_bar1_used = max(self.peak_bar1_used or 0, with_bar1.bar1Used / MIB)
-                for lister in (nv.nvmlDeviceGetComputeRunningProcesses,
-                               nv.nvmlDeviceGetMPSComputeRunningProcesses):
-                    try:
-                        for p in lister(handle):
-                            value = p.usedGpuMemory or 0
-                            if value < 2**63:
-                                gpu_by_pid[p.pid] = max(gpu_by_pid.get(p.pid, 0), value)
-                    except nv.NVMLError:
-                        pass
+                gpu_by_pid = process_usage(handle)
                 point["gpu_procs"] = len(gpu_by_pid)
                 self.peak_procs = max(self.peak_procs, len(gpu_by_pid))
             except Exception as exc:  # a sampler must not end the step

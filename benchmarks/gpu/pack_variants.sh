@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Which trainer/MPS variant lets 25 packed torch jobs go furthest past one job (must-show 1)?
+# Which trainer/MPS variant lets 25 packed torch jobs go furthest past one job?
 #   bash benchmarks/gpu/pack_variants.sh "$OUT"
 # 1. GPU operations and wall time per step of one job alone, per trainer variant (torch.profiler).
 # 2. Per variant, one `memgov pack --n 25 --mode claim` with its own one-job (solo) run: the

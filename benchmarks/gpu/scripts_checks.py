@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import threads_checks as tc
-from _sampler import FootprintSampler
 from _threads_rates import aggregate
+from nvml import FootprintSampler
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,7 +117,7 @@ def write_mnist_raw(npz: Path, folder: Path) -> None:
 
 def job_command(kind: dict[str, Any], examples: Path, report: Path) -> list[str]:
     if kind["script"] is None:
-        return [sys.executable, str(ROOT / "benchmarks" / "plain_torch_mnist.py"),
+        return [sys.executable, str(ROOT / "benchmarks" / "workloads" / "plain_torch_mnist.py"),
                 *kind["args"], "--out", str(report)]
     return [sys.executable, str(examples / kind["script"]), *kind["args"]]
 

@@ -10,8 +10,8 @@ conditions are split over calls with --only, each keeping the pairs it compares:
     python3 benchmarks/gpu/threads_checks.py torch --only hand_mps,pack --out "$OUT"
     python3 benchmarks/gpu/threads_checks.py jax --cpu --n 3 --out /tmp/x   (script check, CPU)
 
-25 copies of a plain script (benchmarks/plain_<framework>_mnist.py: never imports memgov, sets no
-threads) per condition, all in this one call:
+25 copies of a plain script (benchmarks/workloads/plain_<framework>_mnist.py: never imports
+memgov, sets no threads) per condition, all in this one call:
   1a memgov_mps : MEMGOV_CLAIM=1GiB only, while a daemon started by `memgov mps start` runs
      hand_mps   : OMP_NUM_THREADS=1, no memgov, under an MPS daemon started by hand (private pipe
                   and log folders)
@@ -52,10 +52,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _sampler import LoadSampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # nvml.py
 from _threads_rates import aggregate, line, pack_rates, summary
+from nvml import LoadSampler
 
 ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ROOT / "benchmarks" / "workloads"
 SCRUB = (
     "MEMGOV_",
     "CUDA_MPS_",
@@ -473,7 +475,7 @@ def run_condition(
                        "--eval-limit", "500", *cond["trainer"]]
                 cwd = ROOT / "experiments" / "mnist"
             else:
-                cmd = [sys.executable, str(ROOT / "benchmarks" / f"plain_{fw}_mnist.py"), *common,
+                cmd = [sys.executable, str(WORKLOADS / f"plain_{fw}_mnist.py"), *common,
                        "--steps", str(steps), "--out", str(path)]
                 cwd = ROOT
             with open(folder / f"job{i:02d}.log", "wb") as log:

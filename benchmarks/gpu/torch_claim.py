@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _sampler import FootprintSampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # nvml.py
+from nvml import FootprintSampler
 
 WORKER = r"""
 import json, os, sys, time

@@ -47,11 +47,21 @@ checks=${*:-env torch mps pack}
 TOTAL_S=${VERIFY_BUDGET_S:-530}  # the device tool allows 600 s a call; this leaves the table room
 summary=()
 
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+# VERIFY_DRY=1: list what each check would run (and whether its files exist), run nothing.
+DRY=${VERIFY_DRY:-0}
+[ "$DRY" = 1 ] || python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
   || { echo "memgov install failed"; tail -20 "$OUT/install.log"; exit 1; }
 
 run() {  # run NAME TIMEOUT CMD...: time-boxed, output kept in $OUT/NAME.log
   local name=$1 limit=$2; shift 2
+  if [ "$DRY" = 1 ]; then
+    local word missing=
+    for word in "$@"; do
+      case $word in benchmarks/*|tests/*) [ -e "$word" ] || missing="$missing $word" ;; esac
+    done
+    printf '%-22s %4ss  %s%s\n' "$name" "$limit" "$*" "${missing:+   MISSING:$missing}"
+    return
+  fi
   local t0=$SECONDS
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
@@ -126,5 +136,6 @@ python3 -m memgov devices' ;;
       [ -f benchmarks/gpu/pack_checks.sh ] && run pack "$left" bash benchmarks/gpu/pack_checks.sh "$OUT" ;;
   esac
 done
+[ "$DRY" = 1 ] && exit 0
 echo; echo "== summary"; printf '%s\n' "${summary[@]}"
 python3 benchmarks/gpu/summarize.py "$OUT"

@@ -12,7 +12,7 @@ networks and batches of 1,000 fake images.
 
 ``solo_s`` (the whole process alone: interpreter, imports, CUDA start-up, training) and
 ``peak_mib`` (NVML's peak for the process, its CUDA context included, as memgov's profiles count
-it) come from size_kinds.py on an H200 (results/2026-11-24-h200-queue-sizing.txt). Every program
+it) come from size_kinds.py on an H200 (results/h200/2026-11-24-queue-sizing.txt). Every program
 there spent 7.5-14 s before its first step (imports and CUDA start-up; transformers' import is the
 slowest), so the kinds train for a few seconds only, to keep 30 jobs one at a time near 5 minutes.
 Where the arguments here differ from the measured ones, ``sized`` says how the figures follow
@@ -48,7 +48,7 @@ class Kind:
 
 _GPT2 = "benchmarks/gpu/gpt2_from_config.py"
 _RESNET = "benchmarks/queue/resnet_synthetic.py"
-_PLAIN = "benchmarks/plain_torch_mnist.py"
+_PLAIN = "benchmarks/workloads/plain_torch_mnist.py"
 _FAKE = ("--dataset", "fake", "--accel", "--workers", "2", "--outf", ".")
 _FAKE_TINY = ("--dataset", "fake", "--dry-run", "--workers", "0", "--batchSize", "8", "--outf", ".")
 _QUIET = ("--log-interval", "100000")
@@ -97,7 +97,7 @@ KINDS: dict[str, Kind] = {
             peak_mib=3338,
             sized="measured 4 epochs (19.3 s, 2.8 s each after 7.5 s of start-up); peak: torch's "
             "2,681 MiB + context (NVML's 50 ms samples missed cuDNN's benchmark; 3,338 MiB in "
-            "results/2026-11-24-h200-auto-checks.json)",
+            "results/h200/2026-11-24-auto-checks.json)",
         ),
         Kind(
             "plain",

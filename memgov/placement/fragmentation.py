@@ -141,7 +141,7 @@ LOOK_AHEAD_JOBS = 8
 """How many of the next typical jobs a GPU's idle milli may be used by, in `ExpectedWaste`:
 chosen among 2-10 and unbounded on seeds 0-9 of both traces, which are not the seeds reported
 (42-51), as the largest mean gain over FGD on both; 4-10 all beat FGD on every one of those seeds,
-2-3 and unbounded do not on gpushare100 (results/2026-11-24-cpu-2core-placement-look-ahead.txt)."""
+2-3 and unbounded do not on gpushare100 (results/cpu-2core/2026-11-24-placement-look-ahead.txt)."""
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def say(data: dict[str, object]) -> None:
     os.write(1, (json.dumps(data) + "\n").encode())
 
 
-class Probe(Dataset):  # type: ignore[type-arg]
+class Probe(Dataset):
     """Each item: the worker's PID and its ledger descriptors; a negative index never returns."""
 
     def __len__(self) -> int:

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.procs import ledger
 
 import memgov
 from memgov._claim import HOLDER_ENV
 from memgov._ledger import DeviceLedger, record_payload
 from memgov._records import Held
+from tests.helpers.procs import ledger
 
 GIB = 2**30
 pytestmark = pytest.mark.usefixtures("sim")

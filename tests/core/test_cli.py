@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.procs import Child, ledger, wait_until
 from typer.testing import CliRunner
 
 from memgov._ledger import new_record_name
 from memgov.cli import app
+from tests.helpers.procs import Child, ledger, wait_until
 
 GIB = 2**30
 pytestmark = pytest.mark.usefixtures("sim")

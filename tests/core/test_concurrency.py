@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from helpers.procs import Child, Monitor, ledger, wait_until
 
 import memgov
+from tests.helpers.procs import Child, Monitor, ledger, wait_until
 
 GIB = 2**30
 pytestmark = pytest.mark.usefixtures("sim")

@@ -2,7 +2,7 @@
 
 Liveness is the record's flock, which the kernel drops when the holder dies, so each test asserts
 that the budget is free on the very first try after the holder is reaped: no sleep, no retry.
-(How fast that is, is measured by benchmarks/core_checks.py, not asserted here.)
+(How fast that is, is measured by benchmarks/cpu/core_checks.py, not asserted here.)
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 
 import psutil
 import pytest
-from helpers.procs import Child, ledger, wait_until
 
 import memgov
 from memgov._attribution import pidns_of
+from tests.helpers.procs import Child, ledger, wait_until
 
 GIB = 2**30
 pytestmark = pytest.mark.usefixtures("sim")

@@ -39,7 +39,7 @@ def readme_errors() -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "cls", sorted(every_error_class(), key=lambda c: c.__name__), ids=lambda c: c.__name__
+    "cls", sorted(every_error_class(), key=str), ids=lambda c: getattr(c, "__name__", repr(c))
 )
 def test_each_error_names_its_public_path_and_is_documented(cls: type) -> None:
     public = f"{cls.__module__}.{cls.__qualname__}"

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.procs import ledger, wait_until
 
 import memgov
 from memgov import _flock, _records
 from memgov._flock import AdmissionLock
+from tests.helpers.procs import ledger, wait_until
 
 pytestmark = pytest.mark.usefixtures("sim")
 REAL_FLOCK = fcntl.flock

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers.procs import HELPERS, Child, ledger
 
 import memgov
 from memgov import _records, _status
 from memgov._ledger import new_record_name, record_payload
+from tests.helpers.procs import HELPERS, Child, ledger
 
 GIB = 2**30
 NOBODY = 65534

@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers.generated import check_shown
 
 import memgov
 from memgov import _autoenable, _settings
 from memgov._sizes import Size
+from tests.helpers.generated import check_shown
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "auto-enable.md"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from helpers.procs import Child, ledger, wait_until
 
 import memgov
+from tests.helpers.procs import Child, ledger, wait_until
 
 
 def test_a_threads_claim_does_not_wait_behind_another_threads_wait(

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers.host_changes import changes_host
+
+from tests.helpers.host_changes import changes_host
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "memgov-base:bookworm"

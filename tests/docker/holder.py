@@ -32,7 +32,7 @@ def _wait_for(path: Path, timeout: float = 300.0) -> None:
         time.sleep(0.1)
 
 
-def _try(action, *args) -> str:  # type: ignore[no-untyped-def]
+def _try(action, *args) -> str:
     try:
         action(*args)
     except OSError as exc:

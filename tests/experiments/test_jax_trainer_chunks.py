@@ -36,7 +36,7 @@ def train_jax(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     "n_samples, chunk, prepared",
     [(44, 2, False), (44, 3, False), (40, 5, False), (44, 2, True), (56, 4, True)],
 )
-def test_chunked_epoch_equals_per_step_loop(  # type: ignore[no-untyped-def]
+def test_chunked_epoch_equals_per_step_loop(
     train_jax, monkeypatch, n_samples, chunk, prepared
 ) -> None:
     import mnist_data
@@ -73,7 +73,7 @@ def test_chunked_epoch_equals_per_step_loop(  # type: ignore[no-untyped-def]
     np.testing.assert_array_equal(np.asarray(chunked.key), np.asarray(state[2]))
 
 
-def test_prepared_prediction_pads_the_last_batch(train_jax) -> None:  # type: ignore[no-untyped-def]
+def test_prepared_prediction_pads_the_last_batch(train_jax) -> None:
     import mnist_data
 
     _, _, x, y = mnist_data.load(None, None)

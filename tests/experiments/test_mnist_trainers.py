@@ -154,7 +154,7 @@ def test_cache_extraction_survives_racing_processes(tmp_path: Path) -> None:
 
     with np.load(BUNDLED) as npz:
         expected = [
-            hashlib.sha256(np.ascontiguousarray(npz[k])).hexdigest() for k in mnist_data.ARRAYS
+            hashlib.sha256(np.ascontiguousarray(npz[k]).data).hexdigest() for k in mnist_data.ARRAYS
         ]
     assert all(r["memmap"] for r in results)
     assert all(r["digests"] == expected for r in results)

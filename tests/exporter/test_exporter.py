@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers.procs import Child, ledger, wait_until
 
 from memgov._ledger import new_record_name
 from memgov.exporter.holders import parse_cgroup
+from tests.helpers.procs import Child, ledger, wait_until
 
 from .conftest import Exporter, FakeNvml, Scrape, parse, stop_exporter
 

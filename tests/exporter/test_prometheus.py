@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import host_changes
-from helpers.procs import Child
 
 from memgov._ledger import folder_name
+from tests.helpers import host_changes
+from tests.helpers.procs import Child
 
 from .conftest import Exporter, FakeNvml, free_port
 from .test_exporter import _plant_live, _record

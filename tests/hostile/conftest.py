@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.host_changes import changes_host
+
+from tests.helpers.host_changes import changes_host
 
 ACTOR = Path(__file__).resolve().parent / "actor.py"
 NAMES = ("mgl_a", "mgl_b")

@@ -39,8 +39,8 @@ inside: dict[int, bool] = {}
 kinds: dict[str, int] = {}
 
 
-def tracer(rng: random.Random, rate: float):  # type: ignore[no-untyped-def]
-    def trace(frame, event, arg):  # type: ignore[no-untyped-def]
+def tracer(rng: random.Random, rate: float):
+    def trace(frame, event, arg):
         if not frame.f_code.co_filename.startswith(MEMGOV_DIR):
             return trace if event == "call" else None
         if event == "line" and rng.random() < rate:

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import Child, Monitor, ledger
+
+from tests.helpers.procs import Child, Monitor, ledger
 
 from .conftest import User
 
@@ -32,7 +33,7 @@ class Watch(Monitor):
         self.last_seen: dict[str, float] = {}
         self.first_gone: dict[str, float] = {}
 
-    def sample(self):  # type: ignore[no-untyped-def]
+    def sample(self):
         snap = super().sample()
         now = time.monotonic()
         live = {c.record for c in snap.claims}

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import Child, ledger, wait_until
 
 import memgov
+from tests.helpers.procs import Child, ledger, wait_until
 
 FORKER = Path(__file__).resolve().parent / "forker.py"
 GIB = 2**30

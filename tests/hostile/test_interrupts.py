@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import Monitor, ledger
+
+from tests.helpers.procs import Monitor, ledger
 
 WORKER = Path(__file__).resolve().parent / "storm_worker.py"
 PROCESSES = 4

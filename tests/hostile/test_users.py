@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import Child
 
 import memgov
 from memgov import _status
 from memgov._ledger import new_record_name
+from tests.helpers.procs import Child
 
 from .conftest import User
 

@@ -294,9 +294,9 @@ def test_claim_points_cuda_at_the_daemon_with_room(fake_mps: Path, sim: str,
         assert claim.mode == "hard"
         assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == str(_mps.paths(2).pipe)
         assert os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
-        (record,) = [c for c in DeviceLedger(candidates(None)[0]).snapshot().claims
+        (third,) = [c for c in DeviceLedger(candidates(None)[0]).snapshot().claims
                      if c.name == "third"]
-        assert record.extra["mps_daemon"] == 2
+        assert third.extra["mps_daemon"] == 2
         with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
             _admission.admit([DeviceLedger(candidates(None)[0])], {"sim0": GIB}, None, "fourth",
                           {"sim0": ("hard", "test")}, None, (0, 1, 2))

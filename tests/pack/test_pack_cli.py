@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pack._util import MNIST, TINY, report, run_pack
+from ._util import MNIST, TINY, report, run_pack
 
 KEYS = ("n", "ok", "failed", "jobs", "footprint_mib", "epoch_s", "aggregate_samples_per_s",
         "device_peak_used_mib")

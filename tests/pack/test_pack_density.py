@@ -8,6 +8,7 @@ refuses (or queues) a job with that reason, as it does on a real GPU by default.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,11 +18,12 @@ from memgov.pack import stats
 from memgov.pack.config import PackConfig
 from memgov.pack.jobs import classify
 from memgov.pack.plan import _plans
-from pack._util import MNIST, TINY, report, run_pack
+
+from ._util import MNIST, TINY, report, run_pack
 
 
 def cfg(**kw: object) -> PackConfig:
-    return PackConfig(experiment=MNIST, **kw)  # type: ignore[arg-type]
+    return PackConfig(experiment=MNIST, **kw)
 
 
 def test_daemons_for_counts_48_clients_each(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,16 +126,19 @@ def test_many_jobs_at_once_get_one_hardware_connection_each() -> None:
 
     from memgov.pack import engine
 
-    gpu = SimpleNamespace(cpu=False, context_limit=72)
-    cpu = SimpleNamespace(cpu=True, context_limit=None)
+    def context(limit: int | None, cpu: bool = False) -> Any:
+        """A stand-in for engine.Context: one_connection reads only these two fields."""
+        return SimpleNamespace(cpu=cpu, context_limit=limit)
+
+    gpu, cpu = context(72), context(None, cpu=True)
     assert engine.one_connection(gpu, 72, {}) is None  # below the default wall: left alone
     why = engine.one_connection(gpu, 140, {})
     assert why and why.startswith("CUDA_DEVICE_MAX_CONNECTIONS=1") and "140 jobs at once" in why
     assert engine.one_connection(gpu, 140, {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}) is None  # user's
     assert engine.one_connection(cpu, 140, {}) is None  # no GPU, no connections
     # MEMGOV_CONTEXTS moves the threshold with the context limit; off: the default stays
-    assert engine.one_connection(SimpleNamespace(cpu=False, context_limit=120), 100, {}) is None
-    assert engine.one_connection(SimpleNamespace(cpu=False, context_limit=None), 100, {})
+    assert engine.one_connection(context(120), 100, {}) is None
+    assert engine.one_connection(context(None), 100, {})
 
 
 def test_an_automatic_claim_shrinks_so_every_job_fits_at_once(

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 import memgov
-from pack._util import MNIST, ROOT, TINY, pack_cmd, report, run_pack
+
+from ._util import MNIST, ROOT, TINY, pack_cmd, report, run_pack
 
 needs_root_unshare = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,

@@ -11,7 +11,8 @@ import pytest
 
 from memgov._errors import ConfigError
 from memgov.pack import PackConfig, hostmem
-from pack._util import MNIST, TINY, report, run_pack
+
+from ._util import MNIST, TINY, report, run_pack
 
 GiB = 2**30
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.generated import check_shown
 
 from memgov.pack import config
+from tests.helpers.generated import check_shown
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "pack.md"

@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from memgov.pack.preload import PreloadRunner
-from tests.pack._util import MNIST, TINY, pack_cmd, report, run_pack
+
+from ._util import MNIST, TINY, pack_cmd, report, run_pack
 
 PROBE = """\
 import json, os, sys, time

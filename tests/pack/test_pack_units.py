@@ -16,7 +16,8 @@ from memgov import _autoenable, _settings
 from memgov._errors import LedgerError
 from memgov.pack import config, history, jobenv, manifest, stats
 from memgov.pack.jobs import classify
-from pack._util import MNIST, TINY, report, run_pack
+
+from ._util import MNIST, TINY, report, run_pack
 
 MiB = 2**20
 
@@ -349,10 +350,10 @@ def test_aggregate_counts_the_window_where_all_jobs_ran() -> None:
     # a trains 100 samples over 0-10 s, b 100 samples over 5-15 s: both run during 5-10 s,
     # when each does 10 samples/s; over the whole 0-15 s span 200 samples make 13.3/s.
     jobs = [_job("a", [[0.0, 10.0, 100]]), _job("b", [[5.0, 15.0, 100]])]
-    got = stats.aggregate(jobs, all_at_once=True)  # type: ignore[arg-type]
+    got = stats.aggregate(jobs, all_at_once=True)
     assert got["aggregate_samples_per_s"] == 20.0 and got["window_s"] == 5.0
     assert got["aggregate_samples_per_s_span"] == round(200 / 15, 4)
-    waves = stats.aggregate(jobs, all_at_once=False)  # type: ignore[arg-type]
+    waves = stats.aggregate(jobs, all_at_once=False)
     assert waves["aggregate_samples_per_s"] == round(200 / 15, 4)
     assert waves["aggregate_basis"] == "span (jobs ran in waves)"
 
@@ -367,13 +368,13 @@ def test_slowdown_and_x_one_job_describe_the_same_seconds() -> None:
         {**_job("a", a), "steady_samples_per_s": 50.0, "steady_epoch_s": 20.0},
         {**_job("b", b), "steady_samples_per_s": 2000 / 30, "steady_epoch_s": 15.0},
     ]
-    run = {"epoch_s": 17.5, **stats.aggregate(jobs, all_at_once=True)}  # type: ignore[arg-type]
+    run = {"epoch_s": 17.5, **stats.aggregate(jobs, all_at_once=True)}
     assert run["window_s"] == 35.0 and run["per_job_samples_per_s"] == 50.0
     solo = {"jobs": [{"steady_samples_per_s": 100.0, "steady_epoch_s": 10.0}]}
     got = stats.compare(run, solo)
     assert got["speedup"] == 1.0 and got["slowdown"] == 2.0  # 2 jobs x 1/2 speed each
     # in waves there is no common window: each job's steady rate, against the solo's
-    waves = {"epoch_s": 17.5, **stats.aggregate(jobs, all_at_once=False)}  # type: ignore[arg-type]
+    waves = {"epoch_s": 17.5, **stats.aggregate(jobs, all_at_once=False)}
     assert stats.compare(waves, solo)["slowdown"] == round(100 / ((50 + 2000 / 30) / 2), 4)
 
 

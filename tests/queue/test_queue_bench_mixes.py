@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10: the same parser as tomli (a dependency there)
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: the same parser as tomli (a dependency there)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE = ROOT / "benchmarks" / "queue"
@@ -25,7 +25,7 @@ sys.path.insert(0, str(QUEUE))
 from kinds import BIG_FAMILIES, KINDS, SMALL  # noqa: E402
 
 JOB_KEYS = {"name", "cmd", "cwd", "claim", "arrival", "duration", "kind", "env", "gpu"}
-SIZING = ROOT / "results" / "2026-11-24-h200-queue-sizing.txt"
+SIZING = ROOT / "results" / "h200/2026-11-24-queue-sizing.txt"
 
 
 def make(out: Path, examples: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers.queuejobs import memgov_cli, sleeper
 
 import memgov.queue as q
 from memgov._errors import ConfigError, QueueError
 from memgov.queue.store import Store
+from tests.helpers.queuejobs import memgov_cli, sleeper
 
 BAD = {
     "not TOML": ("[[job]\ncmd = 1", "is not TOML.*accepted: an optional \\[queue\\]"),

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.queuejobs import GIB, overlapping, peak_claims, sleeper, write_queue
 
 import memgov.queue as q
 from memgov.queue import learn
 from memgov.queue.store import Store
+from tests.helpers.queuejobs import GIB, overlapping, peak_claims, sleeper, write_queue
 
 POLICIES = ("fifo-exclusive", "sjf-exclusive", "fifo", "bestfit", "tetris", "memgov")
 
@@ -147,7 +147,7 @@ def test_an_unknown_policy_is_refused_with_the_accepted_names(tmp_path: Path) ->
 
 
 def test_a_job_no_gpu_can_hold_fails_at_once_saying_why(tmp_path: Path) -> None:
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"name": "huge", "cmd": sleeper(0), "claim": "20GiB"},
         {"name": "nowhere", "cmd": sleeper(0), "claim": "1GiB", "gpu": 5},
         {"name": "fine", "cmd": sleeper(0), "claim": "1GiB"},

@@ -14,12 +14,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from helpers.queuejobs import GIB, write_queue  # noqa: E402
-
 import memgov.ray  # noqa: E402
 from memgov._devices import simulated_devices  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
 from memgov.queue.onray import run_on_ray  # noqa: E402
+from tests.helpers.queuejobs import GIB, write_queue  # noqa: E402
 
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.queuejobs import ROOT, memgov_cli, sleeper, write_queue
 
 import memgov.queue as q
 from memgov.queue.model import Attempt
 from memgov.queue.queuefile import job_spec
 from memgov.queue.store import Store
+from tests.helpers.queuejobs import ROOT, memgov_cli, sleeper, write_queue
 
 
 def lines(path: Path) -> list[str]:

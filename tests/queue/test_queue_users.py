@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.queuejobs import ROOT
-from hostile.conftest import User, base, shared, users  # noqa: F401  (fixtures)
+
+from tests.helpers.queuejobs import ROOT
+from tests.hostile.conftest import User, base, shared, users  # noqa: F401  (fixtures)
 
 pytestmark = [
     pytest.mark.host_changes("creates users mgl_a and mgl_b (useradd), removed after"),

@@ -26,13 +26,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from helpers.procs import Child  # noqa: E402
-
 import memgov  # noqa: E402
 import memgov.ray  # noqa: E402
 from memgov._devices import Device, simulated_devices  # noqa: E402
 from memgov._errors import BudgetExceeded, ConfigError  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
+from tests.helpers.procs import Child  # noqa: E402
 
 GIB = 2**30
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}

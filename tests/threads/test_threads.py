@@ -63,7 +63,8 @@ class Proc:
         first = self.proc.stdout.readline()
         if not first.startswith("ready"):
             self.proc.kill()
-            raise AssertionError(f"did not start: {first!r} {self.proc.stderr.read()[-3000:]}")
+            stderr = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"did not start: {first!r} {stderr[-3000:]}")
         self.first = first.split()
 
     def ask(self, command: str = "") -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 The Keras-example CNN, batch 32, batches made on the host and copied to the device one at a time,
 Adadelta(lr=1.0). Each epoch is a fixed number of steps; per-epoch samples/s go to --out (JSON).
-    python benchmarks/plain_torch_mnist.py --epochs 3 --steps 400 --out job.json
+    python benchmarks/workloads/plain_torch_mnist.py --epochs 3 --steps 400 --out job.json
 """
 
 from __future__ import annotations

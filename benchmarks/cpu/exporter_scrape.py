@@ -1,6 +1,6 @@
 """Scrape latency and memory of `memgov exporter`, with many governed processes holding claims.
 
-    python benchmarks/exporter_scrape.py [--url URL --pid PID] [--holders K] [--size 512MiB]
+    python benchmarks/cpu/exporter_scrape.py [--url URL --pid PID] [--holders K] [--size 512MiB]
         [--wait-claims N] [--scrapes 100] [--hogs H] [--tree DIR ...] [--out PATH.json]
 
 Without --url it starts `python -m memgov exporter --listen 127.0.0.1:PORT` itself (the ledger

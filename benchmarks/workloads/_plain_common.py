@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "mnist"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments" / "mnist"))
 import mnist_data
 
 

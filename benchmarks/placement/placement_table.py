@@ -1,8 +1,8 @@
 """Placement at cluster scale: every policy on Alibaba's cluster-trace-gpu-v2023, 10 seeds, against
 the FGD simulator's published results (docs/placement.md), then the memory-realism table.
 
-    python benchmarks/placement_table.py [--seeds 10] [--workers 2] [--memory-seeds 3] \
-        [--out results/2026-11-24-cpu-2core-placement]
+    python benchmarks/placement/placement_table.py [--seeds 10] [--workers 2] [--memory-seeds 3] \
+        [--out results/cpu-2core/2026-11-24-placement]
 
 Writes OUT-table.txt/.json (final allocation per workload, policy and seed; the expected figures
 from benchmarks/placement/data/expected_final_allocation.csv beside ours) and
@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "placement" / "data"
 WORKLOADS = ("openb_pod_list_default", "openb_pod_list_gpushare100")
 POLICIES = ("random", "dotprod", "gpupacking", "bestfit", "fgd", "memgov")
@@ -135,7 +135,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--memory-seeds", type=int, default=3)
-    parser.add_argument("--out", default="results/2026-11-24-cpu-2core-placement")
+    parser.add_argument("--out", default="results/cpu-2core/2026-11-24-placement")
     args = parser.parse_args()
     if args.seeds < 1 or args.workers < 1 or args.memory_seeds < 0:
         parser.error("--seeds and --workers: accepted whole numbers >= 1; --memory-seeds >= 0")
@@ -156,7 +156,7 @@ def main() -> int:
         f"{args.workers} workers"
     )
     head = [
-        f"command: python benchmarks/placement_table.py --seeds {args.seeds} --workers "
+        f"command: python benchmarks/placement/placement_table.py --seeds {args.seeds} --workers "
         f"{args.workers} --memory-seeds {args.memory_seeds}",
         f"machine: {machine}",
     ]

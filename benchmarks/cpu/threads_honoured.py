@@ -5,7 +5,7 @@ For each framework and setting, a fresh interpreter imports the framework, runs 
 the threads that did >= 10 % of the work's CPU time (a count that does not change when other
 load shares the cores), and the framework's own setting where it has one.
 
-    python benchmarks/threads_honoured.py [--frameworks torch,tensorflow,jax,numpy]
+    python benchmarks/cpu/threads_honoured.py [--frameworks torch,tensorflow,jax,numpy]
 
 Settings: framework defaults; OMP_NUM_THREADS=1; MEMGOV_CLAIM=1GiB with one governed neighbour
 (memgov's share: cores / 2); MEMGOV_CLAIM=1GiB with MEMGOV_THREADS=1; taskset -c 0 (affinity).

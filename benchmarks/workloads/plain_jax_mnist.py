@@ -2,7 +2,7 @@
 
 The Keras-example CNN, batch 32, host batches, one jit-compiled Adadelta(lr=1.0) step. Each epoch
 is a fixed number of steps; per-epoch samples/s go to --out (JSON). Epoch 0 includes compilation.
-    python benchmarks/plain_jax_mnist.py --epochs 4 --steps 400 --out job.json
+    python benchmarks/workloads/plain_jax_mnist.py --epochs 4 --steps 400 --out job.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The core ledger's checks (docs/RESULTS.md, "Core ledger"), as a script with a table and raw JSON.
 
-    python benchmarks/core_checks.py [--repeat 10] [--hold 0.5] [--json PATH]
+    python benchmarks/cpu/core_checks.py [--repeat 10] [--hold 0.5] [--json PATH]
 
 1a. 20 processes each claim 4 GiB of a simulated 64 GiB GPU with wait=None and hold: counts of
     admitted and refused, and the most claimed that a monitor ever saw. The monitor samples the

@@ -1,6 +1,6 @@
 """Claim+release latency of the host ledger with N concurrent claimer processes.
 
-    python benchmarks/ledger_latency.py [--n 1 16 64] [--cycles 50] [--json PATH]
+    python benchmarks/cpu/ledger_latency.py [--n 1 16 64] [--cycles 50] [--json PATH]
 
 For each N, N real processes start, import memgov and wait at a barrier; then each does K cycles
 of memgov.claim("1GiB") + release() on one simulated device with room for all of them (so no

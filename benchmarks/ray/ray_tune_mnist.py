@@ -1,6 +1,6 @@
 """A Ray Tune sweep of the MNIST experiment, packed by GPU memory on a simulated 3-node cluster.
 
-    python benchmarks/ray_tune_mnist.py --out results/2026-11-23-cpu-2core-ray-tune
+    python benchmarks/ray/ray_tune_mnist.py --out results/cpu-2core/2026-11-23-ray-tune
 
 Nodes as in tests/ray (1x16 GiB, 1x80 GiB, 2x16 GiB, simulated with MEMGOV_DEVICES, one ledger
 folder each). Each trial asks memgov.ray for 1 GiB on the 16 GiB GPU type (Ray packs it by
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MNIST = REPO / "experiments" / "mnist"
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}
 

@@ -1,6 +1,6 @@
 """What a job forked by ``--runner preload`` keeps private, and where (CPU, one job at a time).
 
-    python benchmarks/preload_cow.py > results/2026-11-23-cpu-2core-preload-cow.txt
+    python benchmarks/cpu/preload_cow.py > results/cpu-2core/2026-11-23-preload-cow.txt
 
 1. Right after ``import torch`` and one tiny op: private memory (Private_Clean + Private_Dirty of
    /proc/PID/smaps_rollup, i.e. USS) of a job forked from the zygote against the same script
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from memgov.pack.preload import PreloadRunner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBE = """\
 import json, os, sys, time
 import torch
@@ -62,7 +62,7 @@ def main() -> None:
     (work / "probe.py").write_text(PROBE)
     env = {"PYTHONUNBUFFERED": "1", "MEMGOV_DATA_CACHE": os.environ.get(
         "MEMGOV_DATA_CACHE", str(work / "cache"))}
-    print("$ python benchmarks/preload_cow.py")
+    print("$ python benchmarks/cpu/preload_cow.py")
     runner = PreloadRunner("torch")
     forked = start(runner, [sys.executable, "probe.py"], work, env)
     assert forked.stdout is not None

@@ -1,6 +1,6 @@
 """Host memory and start-up of packed jobs: ``--runner process`` against ``--runner preload``.
 
-    python benchmarks/preload_cpu.py --out results/2026-11-23-cpu-2core-preload [--n 8]
+    python benchmarks/cpu/preload_cpu.py --out results/cpu-2core/2026-11-23-preload [--n 8]
 
 Runs the same CPU pack twice (``memgov pack --device cpu --n N --no-solo --epochs 1`` of tiny
 MNIST torch jobs), once per runner, alternating ``--repeat`` times, and reports per job: USS and
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MNIST = ROOT / "experiments" / "mnist"
 
 

@@ -1,6 +1,6 @@
 """Ray 2.60 worker aborts ("Mutex corrupt", SIGABRT): with and without memgov, by max_calls.
 
-    REPRO_MODE=sleep|wait|poll|none REPRO_MAX_CALLS=1|0 python benchmarks/ray_abort_repro.py N
+    REPRO_MODE=sleep|wait|poll|none REPRO_MAX_CALLS=1|0 python benchmarks/ray/ray_abort_repro.py N
 
 N tasks with num_gpus=0.1 on one simulated 16 GiB node (8 CPUs). Modes: none (sleep 0.3 s,
 memgov not imported), sleep (random 0.2-3 s, memgov not imported), wait (memgov.claim("6GiB",

@@ -7,7 +7,7 @@ hits both alike. memgov's dependencies are left out (--no-deps): none of them in
 file, so they cost an interpreter start-up nothing, and leaving them out isolates memgov's line.
 A third series times the memgov venv with MEMGOV_CLAIM set (auto-enable's hook install).
 
-    python benchmarks/startup.py --runs 400 --out results/2026-11-21-cpu-2core-startup.json
+    python benchmarks/cpu/startup.py --runs 400 --out results/cpu-2core/2026-11-21-startup.json
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CLEARED = ("MEMGOV_", "CUDA_DEVICE_MEMORY_LIMIT", "ALIYUN_COM_GPU_MEM", "GPU_MEMORY_LIMIT",
            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "SLURM_SHARDS_ON_NODE", "PYTHON")  # fmt: skip
 

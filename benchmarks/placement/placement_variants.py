@@ -1,10 +1,10 @@
 """Variants of FGD tried while designing memgov's policy, and a look at FGD's final state
 (docs/placement.md, "memgov's policy, and how far it gets").
 
-    python benchmarks/placement_variants.py [--seeds 3] [--first-seed 42] [--workers 2] \
-        [--out results/2026-11-24-cpu-2core-placement-variants.txt]
-    python benchmarks/placement_variants.py --look-ahead --seeds 10 --first-seed 0 \
-        --out results/2026-11-24-cpu-2core-placement-look-ahead.txt
+    python benchmarks/placement/placement_variants.py [--seeds 3] [--first-seed 42] [--workers 2] \
+        [--out results/cpu-2core/2026-11-24-placement-variants.txt]
+    python benchmarks/placement/placement_variants.py --look-ahead --seeds 10 --first-seed 0 \
+        --out results/cpu-2core/2026-11-24-placement-look-ahead.txt
 
 Each variant runs the default trace by the same protocol as the table (memgov/placement/
 simulate.py); the final allocation per seed and the mean are printed and written to OUT.
@@ -31,7 +31,7 @@ from memgov.placement.model import MILLI, ClusterState
 from memgov.placement.policies import FGDPolicy, MemgovPolicy, Policy, Scores
 from memgov.placement.simulate import replay
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "placement" / "data"
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "placement" / "data"
 VARIANTS = {
     "fgd": "FGD as published (integer score, ties to the node order)",
     "fgd, random ties": "FGD, ties broken at random per job",
@@ -230,15 +230,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--first-seed", type=int, default=42)
     parser.add_argument("--look-ahead", action="store_true", help="sweep memgov's look-ahead")
-    parser.add_argument("--out", default="results/2026-11-24-cpu-2core-placement-variants.txt")
+    parser.add_argument("--out", default="results/cpu-2core/2026-11-24-placement-variants.txt")
     args = parser.parse_args()
     if args.seeds < 1 or args.workers < 1 or args.first_seed < 0:
         parser.error("--seeds and --workers: accepted whole numbers >= 1; --first-seed >= 0")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if args.look_ahead:
         command = (
-            f"command: python benchmarks/placement_variants.py --look-ahead --seeds {args.seeds} "
-            f"--first-seed {args.first_seed} --workers {args.workers}"
+            "command: python benchmarks/placement/placement_variants.py --look-ahead "
+            f"--seeds {args.seeds} --first-seed {args.first_seed} --workers {args.workers}"
         )
         lines = [command, *look_ahead_sweep(seeds, args.workers)]
         Path(args.out).write_text("\n".join(lines) + "\n")
@@ -248,7 +248,7 @@ def main() -> int:
     with ProcessPoolExecutor(args.workers) as pool:
         finals = list(pool.map(run, *zip(*jobs, strict=True)))
     lines = [
-        f"command: python benchmarks/placement_variants.py --seeds {args.seeds} "
+        f"command: python benchmarks/placement/placement_variants.py --seeds {args.seeds} "
         f"--first-seed {args.first_seed} --workers {args.workers}",
         f"default trace, final allocation % per seed {seeds[0]}-{seeds[-1]}, and the mean",
         "",

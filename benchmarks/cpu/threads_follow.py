@@ -8,7 +8,7 @@ and reports torch.get_num_threads() of its main thread every 0.1 s. Per design
 - how long after each arrival the earlier jobs had shrunk to the new share (follow latency);
 - the matmul rate (noisy on a shared machine; the thread counts are not).
 
-    python benchmarks/threads_follow.py --n 3 --stagger 2 --life 10
+    python benchmarks/cpu/threads_follow.py --n 3 --stagger 2 --life 10
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ For each thread of the process, its CPU time during 10 runs of a jitted 2000x200
 work. Unlike CPU time / wall time, this count does not change when other load shares the cores.
 Each setting runs in a fresh interpreter (XLA reads XLA_FLAGS once, at backend start):
 
-    python benchmarks/xla_threads.py --repeats 3
+    python benchmarks/cpu/xla_threads.py --repeats 3
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fairness of the ledger's FIFO queue under contention: N processes claiming with wait=.
 
-    python benchmarks/ledger_fairness.py [--n 64] [--seconds 20] [--wait 2] [--json PATH]
+    python benchmarks/cpu/ledger_fairness.py [--n 64] [--seconds 20] [--wait 2] [--json PATH]
 
 N real processes loop for a fixed time on one simulated 16 GiB device: claim a random 1-6 GiB
 with ``wait=W``, hold it 20-120 ms, release. So the device is mostly full and most claims queue.
