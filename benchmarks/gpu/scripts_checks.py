@@ -2,8 +2,9 @@
 
 The scripts are other people's (the PyTorch examples, fetched; never copied into memgov) plus
 this repository's plain loop in its Adam + pinned-gather form; each kind runs in every condition
-of ``--conditions``, ``--rounds`` times in turn (hand, memgov, hand, memgov ...), so slow drift of
-the machine falls on both sides. Conditions:
+of ``--conditions``, ``--rounds`` times, the order reversed every other round (hand, memgov,
+memgov, hand, ...), so neither side always runs first on a cold GPU or second on a warm one, and
+slow drift of the machine falls on both sides. Conditions:
 
   memgov_mps   MEMGOV_CLAIM=<the kind's claim> only, under a `memgov mps start` daemon
   hand_mps     OMP_NUM_THREADS=1, under an MPS daemon started by hand (private pipe/log folders)
@@ -270,7 +271,7 @@ def main() -> int:
     try:
         for round_ in range(1, args.rounds + 1):
             for kind in kinds:
-                for cond in conds:
+                for cond in conds if round_ % 2 else conds[::-1]:
                     if time.monotonic() - t0 > args.budget - 30:
                         report.setdefault("skipped", []).append(f"{kind}:{cond}@{round_}")
                         continue
