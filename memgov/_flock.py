@@ -32,6 +32,7 @@ import time
 import weakref
 from pathlib import Path
 
+from memgov import _trust
 from memgov._errors import LedgerError, LockTimeout
 
 LOCK_MODE = 0o644
@@ -153,47 +154,14 @@ def pid_running(pid: int) -> bool:
     return not (fields and fields[0] in (b"Z", b"X"))  # a zombie holds nothing
 
 
-def trusted_owner(uid: int) -> bool:
-    return uid in (0, os.geteuid()) or uid == _overflow_uid()
-
-
-@functools.cache
-def _overflow_uid() -> int | None:
-    """The uid that root's files show inside a user namespace that does not map the host's root
-    (docker --userns-remap): the kernel's overflow uid. None in the initial namespace.
-
-    Inside such a namespace memgov cannot tell the host's root from other unmapped users, so it
-    trusts that uid: the bind-mounted ledger is then what the host's admin set up
-    (docs/ledger.md, "Containers")."""
-    try:
-        # Bytes, decoded by the built-in fast path: this can run while the interpreter is short
-        # of codecs (a user that cannot read the encodings package, interpreter exit).
-        with open("/proc/self/uid_map", "rb") as f:
-            first = f.read().decode().split()
-        if first[:3] == ["0", "0", "4294967295"]:
-            return None
-        with open("/proc/sys/kernel/overflowuid", "rb") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def untrusted(path: Path, uid: int, what: str) -> LedgerError:
-    return LedgerError(
-        f"{what} {path} belongs to uid {uid}, neither root nor you (uid {os.geteuid()}): its "
-        "owner could delete other users' claims, so memgov will not use it. A ledger shared by "
-        "several users must be set up by root once (docs/ledger.md, 'Admin set-up'): "
-        f"`sudo install -d -m 1777 -o root -g root {path}` (or the systemd-tmpfiles line "
-        f"`d {path} 1777 root root -`), then `sudo memgov gc` to create the device folders; "
-        "or set MEMGOV_DIR to a folder of your own"
-    )
-
-
 class AdmissionLock:
     """The device's admission lock: taken with LOCK_EX | LOCK_NB, retried until ``timeout``."""
 
-    def __init__(self, path: Path, timeout: float, may_create: bool = True) -> None:
+    def __init__(self, path: Path, timeout: float, may_create: bool = True,
+                 folder: os.stat_result | None = None) -> None:
         self.path = path
+        self.folder = folder
+        """The checked folder it lies in (_trust: who may own the lock file)."""
         self.timeout = timeout
         self.may_create = may_create
         self._file: io.FileIO | None = None
@@ -246,12 +214,12 @@ class AdmissionLock:
                 if not self.may_create:
                     raise LedgerError(
                         f"{self.path} is missing, and its folder belongs to root: only root "
-                        "creates it (run `sudo memgov gc` once; docs/ledger.md, 'Admin set-up')"
+                        "creates it (run `sudo memgov gc` once; docs/ledger.md, 'Set-ups')"
                     ) from None
             except OSError as exc:
                 raise LedgerError(_why(self.path, exc)) from None
             else:
-                _check_lock_file(file, self.path)
+                _check_lock_file(file, self.path, self.folder)
                 return file
             try:
                 fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, LOCK_MODE)
@@ -282,7 +250,7 @@ class AdmissionLock:
         )
 
 
-def _check_lock_file(file: io.FileIO, path: Path) -> None:
+def _check_lock_file(file: io.FileIO, path: Path, folder: os.stat_result | None) -> None:
     try:
         info = os.fstat(file.fileno())
         if not stat.S_ISREG(info.st_mode):
@@ -290,8 +258,8 @@ def _check_lock_file(file: io.FileIO, path: Path) -> None:
                 f"cannot lock {path}: not a regular file (a FIFO, device or folder was put "
                 "there); remove it (root may have to)"
             )
-        if not trusted_owner(info.st_uid):
-            raise untrusted(path, info.st_uid, "lock file")
+        if not _trust.owner_trusted(info, path, folder):
+            raise _trust.untrusted(path, info.st_uid, "lock file", path.parent.parent.parent)
     except BaseException:
         file.close()
         raise

@@ -212,9 +212,10 @@ class DeviceLedger:
         with _records.open_dir(self.root, self.parts, create=True) as fd:
             # Make the folders first (checked, no symlinks); only the folder's owner (or root)
             # creates the lock file in it.
-            mine = os.fstat(fd).st_uid == os.geteuid() or os.geteuid() == 0
+            folder = os.fstat(fd)
+        mine = folder.st_uid == os.geteuid() or os.geteuid() == 0
         limit = _config.LOCK_TIMEOUT_S if timeout is None else timeout
-        return AdmissionLock(self.path / "admission.lock", limit, may_create=mine)
+        return AdmissionLock(self.path / "admission.lock", limit, may_create=mine, folder=folder)
 
     # -- reading -------------------------------------------------------------------------------
     def read(self) -> Reading:

@@ -28,15 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memgov import _trust
 from memgov._errors import LedgerError
 from memgov._flock import (
     flock_error,
     lock_table,
     own,
     pid_running,
-    trusted_owner,
     try_lock,
-    untrusted,
 )
 from memgov._parse import _parse
 
@@ -54,92 +53,56 @@ CPU-share records, counters, and each user's private profile and job-queue folde
 (memgov/_profiles.py, memgov/queue/store.py)."""
 RECORD_MODE = 0o644
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
 
 @contextlib.contextmanager
 def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
-    """Yield a descriptor of root/parts..., refusing symlinks and untrusted folders at every level.
+    """Yield a descriptor of root/parts..., every folder on the way checked (memgov/_trust.py).
 
-    Trust model: every folder from MEMGOV_DIR down must belong to root or to this user, and one
-    that others may write must have the sticky bit. Otherwise its owner (or anyone) could delete
-    other users' live records and take their budget. Only a folder's owner creates folders in it:
-    in a root-owned ledger the device folders are made by root (docs/ledger.md, "Admin set-up").
+    The whole path from ``/`` is walked (symlinks above ``root`` only where root or this user
+    owns them); from ``root`` down nothing is followed. Only a folder's owner creates folders in
+    it: in a root-owned ledger the device folders are made by root (docs/ledger.md, "Set-ups").
+    A missing folder raises FileNotFoundError unless ``create``.
     """
     # A stack of open folders; each is popped before it is closed, so an exception anywhere
-    # leaks at most one lockless folder descriptor and never closes a number twice.
+    # leaks no folder descriptor and never closes a number twice (_trust._open).
     stack: list[int] = []
     try:
+        info = _trust.walk(root, stack, create)
         path = root
-        stack.append(_open_folder(None, str(root), root, create, None))
         for part in parts:
-            parent = path
-            path = path / part
-            stack.append(_open_folder(stack[-1], part, path, create, parent))
+            parent, path = path, path / part
+            try:
+                opened = _trust._open(stack[-1], part)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                _mkdir(stack[-1], part, path, parent)
+                try:
+                    opened = _trust._open(stack[-1], part)
+                except OSError as exc:
+                    raise LedgerError(_trust.explain(path, exc)) from None
+            except OSError as exc:
+                raise LedgerError(_trust.explain(path, exc)) from None
+            _trust._replace(stack, opened)
+            role = _trust.SHARED if part in SHARED_FOLDERS else _trust.LEDGER
+            info = _trust.check(stack[-1], path, role, info, root)
         yield stack[-1]
     finally:
         while stack:
             os.close(stack.pop())
 
 
-def _open_folder(
-    dir_fd: int | None, name: str, path: Path, create: bool, parent: Path | None
-) -> int:
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        if not create:
-            raise
-        if dir_fd is None:
-            _mkdir_parents(path)  # MEMGOV_DIR's parents, like mkdir -p (a fresh container)
-        _mkdir(dir_fd, name, path, parent)
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-        except OSError as exc:
-            raise LedgerError(_explain(path, exc)) from None
-    except OSError as exc:
-        raise LedgerError(_explain(path, exc)) from None
-    try:
-        _check_folder(fd, path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _mkdir_parents(root: Path) -> None:
-    """Make MEMGOV_DIR's missing parents, like ``mkdir -p`` (a fresh machine or container has no
-    /tmp/jobs of ``MEMGOV_DIR=/tmp/jobs/ledger``); they get the umask's mode, only the ledger
-    folder itself is shared (1777)."""
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LedgerError(_explain(root.parent, exc)) from None
-
-
-def _check_folder(fd: int, path: Path) -> None:
-    info = os.fstat(fd)
-    if not trusted_owner(info.st_uid):
-        raise untrusted(path, info.st_uid, "ledger folder")
-    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-        raise LedgerError(
-            f"ledger folder {path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}) "
-            "without the sticky bit, so anyone could delete other users' claims; memgov will "
-            f"not use it. Fix: `chmod 1777 {path}` (as its owner or root)"
-        )
-
-
-def _mkdir(dir_fd: int | None, name: str, path: Path, parent: Path | None) -> None:
-    if dir_fd is not None and os.geteuid() != 0 and os.fstat(dir_fd).st_uid != os.geteuid():
+def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:
+    if os.geteuid() != 0 and os.fstat(dir_fd).st_uid != os.geteuid():
         # A folder this user made in root's ledger would be this user's: others would refuse it.
         raise LedgerError(
             f"ledger folder {path} is missing, and {parent} belongs to root: only root creates "
             "folders there. Run `sudo memgov gc` once (it creates every device's folders; "
-            "docs/ledger.md, 'Admin set-up')"
+            "docs/ledger.md, 'Set-ups')"
         )
-    # Only claims/ and queue/ are written by every user: root makes those 1777 (sticky, like
-    # /tmp) and every other folder 0755, so no user can plant files (admission.lock, a device
-    # folder) beside them. Any other user's folders are private (0755).
+    # Only claims/, queue/ and cpu/ are written by every user: root makes those 1777 (sticky,
+    # like /tmp) and every other folder 0755, so no user can plant files (admission.lock, a
+    # device folder) beside them. Any other user's folders are private (0755).
     shared = os.geteuid() == 0 and name in SHARED_FOLDERS
     mode = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
     try:
@@ -147,21 +110,9 @@ def _mkdir(dir_fd: int | None, name: str, path: Path, parent: Path | None) -> No
     except FileExistsError:
         return  # another process made it first
     except OSError as exc:
-        raise LedgerError(_explain(path, exc)) from None
+        raise LedgerError(_trust.explain(path, exc)) from None
     with contextlib.suppress(OSError):  # the umask trimmed the mode
         os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
-
-
-def _explain(path: Path, exc: OSError) -> str:
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        return f"ledger folder {path} is a symlink or not a folder; memgov never follows symlinks"
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return (
-            f"no permission for ledger folder {path}; it must be writable by every user that "
-            "claims GPUs (set up by root with mode 1777, see docs/ledger.md) or set MEMGOV_DIR "
-            "to a folder you can write"
-        )
-    return f"ledger folder {path}: {exc.strerror or exc}"
 
 
 @dataclass
