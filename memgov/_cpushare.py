@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memgov import _config, _flock, _parse, _records
+from memgov._attribution import pidns_of
 from memgov._cpus import Usable
 from memgov._errors import LedgerError
 
@@ -90,6 +91,7 @@ def register(
         "version": 1,
         "kind": "cpu",
         "pid": os.getpid(),
+        "pidns": pidns_of(),
         "host": socket.gethostname(),
         "created": time.time(),
         "cpus": sorted(usable.cpus),
@@ -110,7 +112,9 @@ def register(
 def peers(clean: bool = True, root: Path | None = None) -> list[Peer]:
     """Every live governed process in this ledger (``root``, default MEMGOV_DIR), in arrival
     order. A dead process's record is removed where this user may (``clean``); a file that is
-    not a good record is skipped."""
+    not a good record is skipped. Only records whose holder is verified count: the process the
+    record names is alive in this PID namespace and runs as the file's owner (a record anyone
+    can plant must not shrink everyone's share), one record per process."""
     try:
         opened = _records.open_dir(root or _config.ledger_dir(), PARTS, create=False)
         with opened as fd:
@@ -119,10 +123,24 @@ def peers(clean: bool = True, root: Path | None = None) -> list[Peer]:
         return []
 
 
+RELIST_EVERY = 10
+"""Scans between full listings while the folder looks unchanged (coarse timestamps)."""
+_last: dict[str, Any] = {}
+"""The previous scan of this process: the folder's identity and times, and the live records.
+While the folder is unchanged (no record made or removed), only those are probed again: an idle
+governed process's follower then costs O(live records), whatever else lies in the folder."""
+
+
 def _scan(fd: int, clean: bool) -> list[Peer]:
+    info = os.fstat(fd)
+    key = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns, os.getpid())
+    quick = _last.get("key") == key and _last.get("scans", 0) % RELIST_EVERY
+    names = list(_last.get("live", [])) if quick else sorted(os.listdir(fd))
     found = []
-    for name in sorted(os.listdir(fd)):
-        alive, data = _probe(fd, name)
+    pids: set[int] = set()
+    own_ns = _records._own_pidns()
+    for name in names:
+        alive, data, owner = _probe(fd, name)
         if alive is None:
             continue
         if not alive:
@@ -132,47 +150,92 @@ def _scan(fd: int, clean: bool) -> list[Peer]:
                     os.unlink(name, dir_fd=fd)
             continue
         peer = _peer(name, data)
-        if peer is not None:
-            found.append(peer)
+        if peer is None or peer.pid in pids or not _verified(peer, data, owner, own_ns):
+            continue
+        pids.add(peer.pid)
+        found.append(peer)
+    _last.update(key=key, live=[p.record for p in found], scans=_last.get("scans", 0) + 1)
     return found
 
 
-def _probe(fd: int, name: str) -> tuple[bool | None, dict[str, Any] | None]:
-    """(alive, parsed content); alive None: not a file of ours (skipped, never removed)."""
+def _verified(peer: Peer, data: dict[str, Any] | None, owner: int, own_ns: int | None) -> bool:
+    """Whether the record's process is alive here and runs as the record file's owner."""
+    pidns = data.get("pidns") if data is not None else None
+    # A record of an older memgov has no "pidns": its PID is taken as this namespace's, and the
+    # owner check below still ties it to the file's owner.
+    if data is None or own_ns is None or pidns not in (None, own_ns) or peer.pid <= 0:
+        return False
+    created = data.get("created")
+    if not _flock.process_alive(peer.pid, created if isinstance(created, (int, float)) else None):
+        return False
+    try:
+        with open(f"/proc/{peer.pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    real, effective = (int(x) for x in line.split()[1:3])
+                    return owner in (real, effective)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def sweep(root: Path | None = None) -> int:
+    """Remove every file in the CPU-share folder that no process holds (gc; root may remove any
+    user's). Returns how many went."""
+    try:
+        with _records.open_dir(root or _config.ledger_dir(), PARTS, create=False) as fd:
+            gone = 0
+            for name in os.listdir(fd):
+                alive, _data, _owner = _probe(fd, name, sweep=True)
+                young = name.startswith(_records.TMP_PREFIX) and not _older_than(
+                    fd, name, STALE_TMP_S)
+                if alive is False and not young:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=fd)
+                        gone += 1
+            return gone
+    except FileNotFoundError:
+        return 0
+
+
+def _probe(fd: int, name: str, sweep: bool = False
+           ) -> tuple[bool | None, dict[str, Any] | None, int]:
+    """(alive, parsed content, owner uid); alive None: not a file of ours (skipped, never
+    removed; with ``sweep``, any unlocked file counts as dead)."""
     ours = name.endswith(_records.SUFFIX) or name.startswith(_records.TMP_PREFIX)
-    if not ours:
-        return None, None
+    if not ours and not sweep:
+        return None, None, -1
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         # Owned (closed in a forked child by _flock's hook): a child forked while this thread
         # holds the probe's shared lock must not keep it, e.g. on a writer's locked-to-be file.
-        file = _flock.own(
-            os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-        )
-    except OSError:
-        return None, None  # gone, a symlink, unreadable, or a folder
+        file = _flock.open_owned(name, flags, fd)
+    except OSError as exc:
+        # gone or unreadable; a symlink or a folder is no one's record (gc removes a symlink)
+        return (False if sweep and exc.errno == errno.ELOOP else None), None, -1
     try:
         file_fd = file.fileno()
         info = os.fstat(file_fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
-            return None, None
+            return (False if sweep and not stat.S_ISDIR(info.st_mode) else None), None, -1
         try:
             fcntl.flock(file_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 alive = True
             else:
-                return None, None  # a filesystem without flock: nothing can be known
+                return None, None, -1  # a filesystem without flock: nothing can be known
         else:
             alive = False
-        if not alive or name.startswith(_records.TMP_PREFIX):
-            return alive, None
+        if not alive or name.startswith(_records.TMP_PREFIX) or sweep:
+            return alive, None, info.st_uid
         raw = os.read(file_fd, MAX_BYTES + 1)
     finally:
         file.close()
     try:  # other users' files: parsed with the ledger's bounds (depth, number length, range)
         text = raw.decode()
         if _parse._depth(text) > _parse.MAX_DEPTH:
-            return None, None
+            return None, None, -1
         data = json.loads(
             text,
             parse_int=_parse._bounded_int,
@@ -180,8 +243,8 @@ def _probe(fd: int, name: str) -> tuple[bool | None, dict[str, Any] | None]:
             parse_constant=_parse._no_constant,
         )
     except (UnicodeDecodeError, ValueError, RecursionError, OverflowError):
-        return None, None
-    return True, data if isinstance(data, dict) else None
+        return None, None, -1
+    return True, data if isinstance(data, dict) else None, info.st_uid
 
 
 def _peer(name: str, data: dict[str, Any] | None) -> Peer | None:

@@ -46,6 +46,7 @@ def diagnose() -> dict[str, Any]:
         "mps": _mps(),
         "budget": _budget(first),
         "ledger": ledger_sharing(),
+        "ledger_problem": _ledger_problem(),
         "threads": _threads(),
         "settings": _settings.report(),
         **_environment(),
@@ -91,6 +92,15 @@ def set_by_memgov(environ: Mapping[str, str]) -> dict[str, str]:
                 else f"a framework adapter of a governed process ({ENV_SET_MARK})"
             )
     return why
+
+
+def _ledger_problem() -> str | None:
+    from memgov import _status
+
+    try:
+        return _status.ledger_problem()
+    except Exception as exc:  # doctor reports, never crashes
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _devices() -> tuple[list[dict[str, Any]], str | None]:

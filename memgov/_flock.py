@@ -26,10 +26,12 @@ import errno
 import fcntl
 import functools
 import io
+import itertools
 import os
 import stat
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from memgov import _trust
@@ -53,6 +55,45 @@ def own(fd: int, writable: bool = False) -> io.FileIO:
     key = id(file)
     _live[key] = weakref.ref(file, functools.partial(_forget, key))
     return file
+
+
+def open_owned(
+    path: str | Path, flags: int, dir_fd: int | None = None, mode: int = 0o600,
+    writable: bool = False, register: bool = True,
+) -> io.FileIO:
+    """``os.open(path, flags, mode, dir_fd=dir_fd)``, owned by a FileIO before any bytecode runs.
+
+    Interrupts (Ctrl-C, a handler that raises) land between bytecodes, never inside a C call:
+    the descriptor goes into a list, and the FileIO owning it into another, each inside one C
+    call (map and extend). Whatever lands where, the cleanup below closes exactly what exists:
+    the FileIO if there is one, else the bare descriptor; never a number twice."""
+    return adopt(functools.partial(os.open, path, flags, mode, dir_fd=dir_fd), writable, register)
+
+
+def adopt(
+    make: Callable[[], int], writable: bool = False, register: bool = True
+) -> io.FileIO:
+    """The descriptor ``make()`` returns, owned by a FileIO before any bytecode runs (see
+    open_owned); a negative number (a C call that failed) is a ValueError."""
+    raw: list[int] = []
+    files: list[io.FileIO] = []
+    try:
+        raw.extend(itertools.islice(iter(make, None), 1))
+        files.extend(map(io.FileIO, raw, ("r+" if writable else "r",)))
+        if register:
+            _register(files[0])
+        return files[0]
+    except BaseException:
+        if files:
+            files[0].close()
+        elif raw and raw[0] >= 0:
+            os.close(raw[0])  # FileIO refused it (a folder) or never ran
+        raise
+
+
+def _register(file: io.FileIO) -> None:
+    key = id(file)
+    _live[key] = weakref.ref(file, functools.partial(_forget, key))
 
 
 def _forget(key: int, ref: weakref.ref[io.FileIO]) -> None:
@@ -144,6 +185,14 @@ def pid_running(pid: int) -> bool:
     """Whether ``pid`` (in this PID namespace) is a live process; unknown counts as live."""
     if pid <= 0:
         return True  # not visible from here: assume alive (fail closed)
+    return process_alive(pid)
+
+
+def process_alive(pid: int, created: float | None = None) -> bool:
+    """Whether ``pid`` (in this PID namespace) is a live process that existed at ``created``
+    (a record's time: a process started later is another one with the same PID). Unknown counts
+    as alive. A zombie thread-group leader whose other threads still run is alive: its main
+    thread ended, the process (and the descriptors holding its locks) did not."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read(4096).rsplit(b")", 1)[-1].split()
@@ -151,7 +200,49 @@ def pid_running(pid: int) -> bool:
         return False
     except OSError:
         return True
-    return not (fields and fields[0] in (b"Z", b"X"))  # a zombie holds nothing
+    if created is not None and len(fields) > 19 and _started(fields[19]) > created + 2.0:
+        return False  # the PID was reused after the record's writer died
+    if fields and fields[0] in (b"Z", b"X"):
+        return _other_threads_run(pid)
+    return True
+
+
+def _other_threads_run(pid: int) -> bool:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        if tid == str(pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                state = f.read(4096).rsplit(b")", 1)[-1].split()[:1]
+        except OSError:
+            continue
+        if state and state[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _started(ticks: bytes) -> float:
+    """A process's start time (field 22 of /proc/PID/stat) as seconds since the epoch."""
+    try:
+        return _boot_time() + int(ticks) / os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError):
+        return 0.0
+
+
+@functools.cache
+def _boot_time() -> float:
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0.0
 
 
 class AdmissionLock:
@@ -205,7 +296,7 @@ class AdmissionLock:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         for _ in range(3):
             try:
-                file = own(os.open(self.path, flags))
+                file = open_owned(self.path, flags)
             except IsADirectoryError:
                 raise LedgerError(
                     f"cannot lock {self.path}: a folder was put there; remove it (root may have to)"
@@ -222,12 +313,11 @@ class AdmissionLock:
                 _check_lock_file(file, self.path, self.folder)
                 return file
             try:
-                fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, LOCK_MODE)
+                file = open_owned(self.path, flags | os.O_CREAT | os.O_EXCL, mode=LOCK_MODE)
             except FileExistsError:
                 continue  # another process made it between our two opens
             except OSError as exc:
                 raise LedgerError(_why(self.path, exc)) from None
-            file = own(fd)
             with contextlib.suppress(OSError):  # the umask trimmed it; others must open it
                 os.fchmod(file.fileno(), LOCK_MODE)
             return file

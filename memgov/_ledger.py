@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,13 +228,15 @@ class DeviceLedger:
         processes = _nvml.processes(device.uuid)
         return Reading(device, processes, time.monotonic() - start)
 
-    def scan(self, clean: bool = True, queue: bool = True, reading: Reading | None = None
-             ) -> Snapshot:
+    def scan(self, clean: bool = True, queue: bool = True, reading: Reading | None = None,
+             sweep: bool = False) -> Snapshot:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
-        ``clean`` removes dead holders' files where this user may; ``queue=False`` skips the
-        queue (a refusal's message needs only the claims). ``reading``: NVML's view taken just
-        before the lock (:meth:`read`); None reads it now.
+        ``clean`` removes dead holders' files where this user may, and every other file no one
+        holds (nobody's live claim); ``sweep`` (gc) opens files whose names are not memgov's
+        too, so that those go as well; ``queue=False`` skips the queue (a refusal's message
+        needs only the claims). ``reading``: NVML's view taken just before the lock
+        (:meth:`read`); None reads it now.
         """
         reading = reading or self.read()
         device = reading.device
@@ -244,42 +247,9 @@ class DeviceLedger:
         for section in sections if queue else ("claims",):
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
-                for seen in _records.scan(fd, folder):
-                    where = printable(str(folder / seen.name))
-                    if seen.alive and seen.data is not None:
-                        if seen.data["device"] == device.uuid:
-                            sections[section].append(Entry.from_record(seen))
-                        else:
-                            other = printable(seen.data["device"])
-                            problems.append(f"{where}: record of device {other}")
-                        continue
-                    if seen.alive:
-                        if section == "claims" and seen.name.endswith(_records.SUFFIX):
-                            # A live claim whose size cannot be known: it blocks (fail closed).
-                            unknown.append(where)
-                            owner = "?" if seen.owner is None else seen.owner
-                            problems.append(
-                                f"{where}: {seen.problem} (holder alive, uid {owner}); "
-                                "its size is unknown, so no claim is admitted on this device "
-                                "until it is released or removed"
-                            )
-                        else:
-                            problems.append(f"{where}: {seen.problem} (holder alive)")
-                        continue
-                    debris = seen.name.startswith(_records.TMP_PREFIX)
-                    if seen.problem and not debris:
-                        # Not provably memgov's: a foreign, corrupt or unreadable file (or a
-                        # symlink) is reported and left alone, never deleted.
-                        problems.append(f"{where}: {seen.problem}")
-                        continue
-                    if (debris and not _old(fd, seen.name)) or not clean:
-                        continue  # a temporary file being written right now, or a read-only scan
-                    why = _records.remove_dead(fd, seen)
-                    label = seen.problem or "dead holder"
-                    if why is None:
-                        removed.append(f"{where} ({label})")
-                    elif why != _records.GONE:
-                        problems.append(f"{where}: {label}; {why}")
+                for seen in _records.scan(fd, folder, sweep=sweep):
+                    self._sort(seen, fd, folder, section, clean, sections, problems, removed,
+                               unknown, device)
         claims = sections["claims"]
         if device.simulated:
             # A simulated device's USED is by definition taken by processes outside memgov.
@@ -301,6 +271,48 @@ class DeviceLedger:
             removed=removed,
             unknown=unknown,
         )
+
+    @staticmethod
+    def _sort(seen: _records.Seen, fd: int, folder: Path, section: str, clean: bool,
+              sections: dict[str, list[Entry]], problems: list[str], removed: list[str],
+              unknown: list[str], device: Device) -> None:
+        """File one scanned file: a live entry, a problem, or (dead, if ``clean``) removed."""
+        if not seen.name:  # a summary line (files not opened)
+            problems.append(f"{printable(str(folder))}: {seen.problem}")
+            return
+        where = printable(str(folder / seen.name))
+        owner = "?" if seen.owner is None else seen.owner
+        if seen.alive and seen.data is not None:
+            if seen.data["device"] == device.uuid:
+                sections[section].append(Entry.from_record(seen))
+            else:
+                problems.append(f"{where}: record of device {printable(seen.data['device'])}")
+            return
+        if seen.alive:
+            if section == "claims" and _records.RECORD_NAME.match(seen.name):
+                # A live claim whose size cannot be known: it blocks (fail closed).
+                unknown.append(where)
+                problems.append(
+                    f"{where}: {seen.problem} (holder alive, uid {owner}); its size is unknown, "
+                    "so no claim is admitted on this device until it is released or removed"
+                )
+            else:
+                problems.append(f"{where}: {seen.problem} (holder alive, uid {owner})")
+            return
+        debris = seen.name.startswith(_records.TMP_PREFIX)
+        folder_like = seen.problem == "not a regular file" and _is_dir(fd, seen.name)
+        if not clean or folder_like or (debris and not _old(fd, seen.name)):
+            if seen.problem and not debris:
+                problems.append(f"{where}: {seen.problem} (uid {owner})")
+            return  # a read-only scan, a folder, or a temporary file being written right now
+        # Unlocked: nobody's live claim, whatever it holds (a live record is locked from the
+        # moment it has its name). Removed where this user may: root's gc clears any flood.
+        why = _records.remove_dead(fd, seen)
+        label = seen.problem or "dead holder"
+        if why is None:
+            removed.append(f"{where} ({label}, uid {owner})")
+        elif why != _records.GONE:
+            problems.append(f"{where}: {label} (uid {owner}); {why}")
 
     def snapshot(self) -> Snapshot:
         reading = self.read()
@@ -344,6 +356,13 @@ def record_payload(
         "mode": mode,
         **extra,
     }
+
+
+def _is_dir(folder_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _old(folder_fd: int, name: str) -> bool:

@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from memgov import _trust
+from memgov._attribution import pidns_of
 from memgov._errors import LedgerError
 from memgov._flock import (
     flock_error,
     lock_table,
-    own,
+    open_owned,
     pid_running,
+    process_alive,
     try_lock,
 )
 from memgov._parse import _parse
@@ -72,18 +74,18 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
         for part in parts:
             parent, path = path, path / part
             try:
-                opened = _trust._open(stack[-1], part)
+                _trust._open(stack, stack[-1], part)
             except FileNotFoundError:
                 if not create:
                     raise
                 _mkdir(stack[-1], part, path, parent)
                 try:
-                    opened = _trust._open(stack[-1], part)
+                    _trust._open(stack, stack[-1], part)
                 except OSError as exc:
                     raise LedgerError(_trust.explain(path, exc)) from None
             except OSError as exc:
                 raise LedgerError(_trust.explain(path, exc)) from None
-            _trust._replace(stack, opened)
+            _trust._drop_parent(stack)
             role = _trust.SHARED if part in SHARED_FOLDERS else _trust.LEDGER
             info = _trust.check(stack[-1], path, role, info, root)
         yield stack[-1]
@@ -162,7 +164,7 @@ def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, An
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         # 0600 until locked: no other user can open it, so none can hold a lock on it first.
-        file = own(os.open(tmp, flags, 0o600, dir_fd=folder_fd), writable=True)
+        file = open_owned(tmp, flags, folder_fd, mode=0o600, writable=True)
     except OSError as exc:
         raise LedgerError(f"cannot write {folder / tmp}: {exc.strerror or exc}") from None
     try:
@@ -204,30 +206,43 @@ class Seen:
     """(st_dev, st_ino) of the file that was read, so removal can tell it from a replacement."""
 
 
-MAX_FILES = 100_000
-"""More entries than this in one records folder is an attack or a broken ledger: refused."""
+NOT_RECORDS_SHOWN = 20
+"""Files with names that are not memgov's named one by one in a scan; the rest are counted."""
 
 
-def scan(folder_fd: int, folder: Path | None = None) -> list[Seen]:
+def scan(folder_fd: int, folder: Path | None = None, sweep: bool = False) -> list[Seen]:
     """Read every record in a folder; probe each one's lock. Never raises for a bad file; a
     LedgerError when the folder cannot be read or a file's state cannot be known (EMFILE, a
-    filesystem without flock): an unknown state must never count as "no claim"."""
+    filesystem without flock): an unknown state must never count as "no claim".
+
+    Files whose names are not memgov's are not opened (no live claim has such a name), so a
+    flood of them costs a scan only their listing; ``sweep`` (gc) opens them too, so that the
+    unlocked ones can be removed. There is no limit on the number of files: a limit would be a
+    switch anyone could flip."""
     folder = folder or Path(".")
     try:
         names = os.listdir(folder_fd)
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
-    if len(names) > MAX_FILES:
-        raise LedgerError(f"{folder} holds {len(names)} files (at most {MAX_FILES} accepted)")
     seen = []
     locks = LockTable()
+    foreign = 0
     for name in sorted(names):
         if name.startswith(TMP_PREFIX):
             item = _probe_tmp(folder_fd, folder, name, locks)
-        else:
+        elif RECORD_NAME.match(name) or sweep:
             item = _read(folder_fd, name, folder=folder, locks=locks)
+        else:
+            foreign += 1
+            item = None
+            if foreign <= NOT_RECORDS_SHOWN:
+                item = Seen(name, False, None, "not a memgov record (unknown name)", None)
         if item is not None:
             seen.append(item)
+    if foreign > NOT_RECORDS_SHOWN:
+        more = foreign - NOT_RECORDS_SHOWN
+        seen.append(Seen("", False, None, f"and {more} more files that are not memgov records "
+                         "(not opened; root's `memgov gc` removes them)", None))
     return seen
 
 
@@ -244,7 +259,9 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class LockTable:
-    """/proc/locks, read at most once per scan (it lists every lock on the host)."""
+    """/proc/locks, read at most once per scan and only for a file this user cannot open (its
+    lock cannot be probed): the table lists every lock on the host, and anyone can make it
+    large, so liveness never reads it otherwise."""
 
     def __init__(self) -> None:
         self._table: dict[str, list[int]] | None = None
@@ -268,10 +285,13 @@ def _read(
     locks = locks or LockTable()
     where = (folder or Path(".")) / name
     try:
-        # O_NONBLOCK: a FIFO or device planted here never blocks the open.
-        fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
+        # O_NONBLOCK: a FIFO or device planted here never blocks the open. The descriptor is
+        # owned by a FileIO made in the same C call (_open_probe): no interrupt leaks it.
+        probe = _open_probe(folder_fd, name)
     except FileNotFoundError:
         return None  # released while we listed
+    except IsADirectoryError:
+        return Seen(name, False, None, "not a regular file", _owner(folder_fd, name))
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return Seen(name, False, None, "a symlink (not followed)", _owner(folder_fd, name))
@@ -282,12 +302,7 @@ def _read(
         # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
         raise LedgerError(f"cannot read {where}: {exc.strerror or exc}") from None
     try:
-        # Owned from here: whatever is raised, the probe's lock goes with it, and a child forked
-        # while this thread holds it closes its copy (_flock's at-fork hook).
-        probe = own(fd)
-    except IsADirectoryError:  # own() closed it
-        return Seen(name, False, None, "not a regular file", _owner(folder_fd, name))
-    try:
+        fd = probe.fileno()
         info = os.fstat(fd)
         inode = (info.st_dev, info.st_ino)
         if not stat.S_ISREG(info.st_mode):
@@ -296,7 +311,7 @@ def _read(
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             alive = False
         except BlockingIOError:
-            alive = _holder_running(info, locks)
+            alive = True
         except OSError as exc:  # not a busy lock: the filesystem cannot lock at all (or failed)
             raise flock_error(where, exc) from None
         if not parse:
@@ -312,19 +327,50 @@ def _read(
     finally:
         probe.close()
     data, problem = _parse(raw)
+    if alive and data is not None:
+        alive = holder_alive(data)
     return Seen(name, alive, data, problem, info.st_uid, inode)
+
+
+def _open_probe(folder_fd: int, name: str) -> io.FileIO:
+    """``name`` opened read-only, never through a link, owned by a FileIO (open_owned) that a
+    forked child closes (_flock's at-fork hook): a child forked while this thread holds the
+    probe's shared lock must not keep it."""
+    return open_owned(name, _READ_FLAGS, folder_fd)
+
+
+def _own_pidns() -> int | None:
+    """This process's PID namespace, if /proc is this namespace's (else PIDs cannot be checked)."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None
+    except OSError:
+        return None
+    return pidns_of()
+
+
+def holder_alive(data: dict[str, Any]) -> bool:
+    """Whether the process a locked record names is still there (the lock says someone holds
+    the file; this says it is the process that took it).
+
+    A child forked from C (no at-fork hook) keeps its parent's descriptor, and so the lock, after
+    the parent died: the record names the parent, which is gone, so the record is dead. A PID
+    that cannot be checked from here (another PID namespace, a /proc that is not this namespace's)
+    counts as alive: fail closed. One read of /proc per live record, never the host's lock table.
+    """
+    pid, pidns = data.get("pid"), data.get("pidns")
+    if not isinstance(pid, int) or pid <= 0 or pidns is None or pidns != _own_pidns():
+        return True
+    created = data.get("created")
+    return process_alive(pid, created if isinstance(created, (int, float)) else None)
 
 
 def is_locked(folder_fd: int, name: str) -> bool:
     """Quick probe: whether ``name`` exists and someone holds a lock on it."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
+        probe = _open_probe(folder_fd, name)
     except OSError:
-        return False  # gone
-    try:
-        probe = own(fd)  # closed in a forked child too (_flock's at-fork hook)
-    except IsADirectoryError:  # own() closed it
-        return False  # a folder holds no ticket
+        return False  # gone, or a folder (which holds no ticket)
     try:
         fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
@@ -332,19 +378,6 @@ def is_locked(folder_fd: int, name: str) -> bool:
     finally:
         probe.close()
     return False
-
-
-def _holder_running(info: os.stat_result, locks: LockTable) -> bool:
-    """A held lock counts as alive unless /proc/locks shows its only taker has died.
-
-    fork() shares the open file: a child forked at the wrong moment, or from C (no at-fork hook
-    runs then), keeps its parent's lock after the parent dies. /proc/locks names the process that
-    took the lock; if that one is gone (and no other process took one), the record is dead.
-    """
-    pids = locks.holders(info.st_dev, info.st_ino)
-    if not pids:
-        return True  # unknown, or the lock just changed hands: fail closed
-    return any(pid_running(pid) for pid in pids)
 
 
 def _unreadable(folder_fd: int, name: str, exc: OSError, locks: LockTable) -> Seen:

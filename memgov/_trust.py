@@ -21,9 +21,11 @@ folder in a trusted folder that no one but its owner may write.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
+import itertools
 import os
 import stat
 from pathlib import Path
@@ -134,13 +136,18 @@ def untrusted(path: Path, uid: int, what: str, ledger: Path) -> LedgerError:
     )
 
 
-def _open(dir_fd: int | None, name: str) -> list[int]:
-    # The descriptor lands in the list inside one C call (map and extend run no bytecode in
-    # between), so an exception raised by a signal handler at the next bytecode still finds it
-    # there and the caller's cleanup closes it: no interrupt leaks it.
-    got: list[int] = []
-    got.extend(map(functools.partial(os.open, dir_fd=dir_fd), (name,), (_DIR_FLAGS,)))
-    return got
+def _open(stack: list[int], dir_fd: int | None, name: str) -> None:
+    """Open folder ``name`` and push it onto ``stack``. The descriptor lands on the stack inside
+    one C call (map and extend run no bytecode in between), so an exception raised by a signal
+    handler at the next bytecode still finds it there and the caller's cleanup closes it."""
+    stack.extend(map(functools.partial(os.open, dir_fd=dir_fd), (name,), (_DIR_FLAGS,)))
+
+
+def _drop_parent(stack: list[int]) -> None:
+    """Close the folder just below the top of ``stack``, popping and closing it in one C call
+    (no interrupt between the two can leak it or close it twice)."""
+    pop = iter(functools.partial(stack.pop, -2), None)
+    collections.deque(map(os.close, itertools.islice(pop, 1)), maxlen=0)
 
 
 def walk(root: Path, stack: list[int], create: bool) -> os.stat_result:
@@ -161,7 +168,7 @@ def walk(root: Path, stack: list[int], create: bool) -> os.stat_result:
         if name in ("", "."):
             continue
         try:
-            opened = _open(stack[-1], name)
+            _open(stack, stack[-1], name)
         except FileNotFoundError:
             if not create:
                 raise
@@ -185,7 +192,7 @@ def walk(root: Path, stack: list[int], create: bool) -> os.stat_result:
                 where = Path("/")
                 info = check(stack[-1], where, ABOVE, None, root)
             continue
-        _replace(stack, opened)
+        _drop_parent(stack)
         where = where / name
         info = check(stack[-1], where, LEDGER if last else ABOVE, info, root)
     return info
@@ -206,20 +213,11 @@ def _mkdir(dir_fd: int, name: str, path: Path) -> None:
 def _root(stack: list[int]) -> None:
     """Put ``/`` on top of ``stack`` (closing the folder it replaces)."""
     try:
-        opened = _open(None, "/")
+        _open(stack, None, "/")
     except OSError as exc:
         raise LedgerError(explain(Path("/"), exc)) from None
-    if stack:
-        _replace(stack, opened)
-    else:
-        stack.extend(opened)
-
-
-def _replace(stack: list[int], opened: list[int]) -> None:
-    """Put the newly opened folder on top of ``stack`` and close the one it replaces."""
-    stack.extend(opened)
-    old = stack.pop(-2)
-    os.close(old)
+    if len(stack) > 1:
+        _drop_parent(stack)
 
 
 def _symlink(dir_fd: int, name: str, path: Path, folder: os.stat_result, ledger: Path) -> str:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import select
 from pathlib import Path
 
-from memgov._flock import own
+from memgov._flock import adopt
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
@@ -49,10 +50,11 @@ class Waker:
         libc = _load()
         if libc is None:
             return
-        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-        if fd < 0:
+        try:  # owned by a FileIO at once: no interrupt can leak it (_flock.adopt)
+            self._file = adopt(functools.partial(libc.inotify_init1, _IN_NONBLOCK | _IN_CLOEXEC))
+        except (ValueError, OSError):
             return  # e.g. the per-user instance limit: fall back to timed sleeps
-        self._file = own(fd)
+        fd = self._file.fileno()
         for folder in folders:
             # Only a wake-up hint: a watch that fails (a folder swapped under us) costs latency.
             libc.inotify_add_watch(fd, os.fsencode(folder), _MASK | _IN_ONLYDIR | _IN_DONT_FOLLOW)

@@ -18,9 +18,11 @@ def doctor(as_json: JsonFlag = False) -> None:
     report = _doctor.diagnose()
     if as_json:
         print_json(report)
-        return
-    for line in render(report):
-        typer.echo(line)
+    else:
+        for line in render(report):
+            typer.echo(line)
+    if report.get("ledger_problem"):
+        raise typer.Exit(1)  # claims cannot use the ledger: say so in the exit status too
 
 
 def render(report: dict[str, Any]) -> list[str]:
@@ -73,6 +75,8 @@ def render(report: dict[str, Any]) -> list[str]:
     lines.append(f"budget: {budget['decision']}")
     ledger = report["ledger"]
     lines.append(f"ledger: {ledger['path']}: {ledger['note']}")
+    if report.get("ledger_problem"):
+        lines.append(f"ledger PROBLEM: {report['ledger_problem']}")
     threads = report["threads"]
     lines.append(f"CPU threads: {threads['decision']}")
     for p in threads.get("governed", []):

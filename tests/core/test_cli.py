@@ -87,23 +87,23 @@ def test_gc_says_what_it_removed_and_skipped(holder: Child, debris: dict[str, Pa
     result = runner.invoke(app, ["gc"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert f"removed {debris['dead']} (dead holder)" in lines
-    assert f"removed {debris['tmp']} (unfinished write of a dead process)" in lines
-    assert f"skipped {debris['foreign']}: not a memgov record (unknown name)" in lines
-    assert lines[-1] == "2 removed, 1 skipped"
-    assert not debris["dead"].exists() and not debris["tmp"].exists()
-    assert debris["foreign"].exists()
+    assert f"removed {debris['dead']} (dead holder, uid 0)" in lines
+    assert f"removed {debris['tmp']} (unfinished write of a dead process, uid 0)" in lines
+    # No live claim is unlocked, whatever its name: gc removes every file no one holds.
+    assert f"removed {debris['foreign']} (not a memgov record (unknown name), uid 0)" in lines
+    assert lines[-1] == "3 removed, 0 skipped"
+    assert not any(path.exists() for path in debris.values())
     assert [c.name for c in ledger().snapshot().claims] == ["trainer-a"]  # the live one stays
     again = runner.invoke(app, ["gc"])
-    assert again.stdout.splitlines()[-1] == "0 removed, 1 skipped"
+    assert again.stdout.splitlines()[-1] == "0 removed, 0 skipped"
 
 
 def test_gc_json(debris: dict[str, Path]) -> None:
     result = runner.invoke(app, ["gc", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert sorted(data) == ["removed", "skipped"]
-    assert len(data["removed"]) == 2 and len(data["skipped"]) == 1
+    assert sorted(data) == ["cpu_removed", "removed", "skipped"]
+    assert len(data["removed"]) == 3 and data["skipped"] == []
 
 
 def test_status_does_not_clean(debris: dict[str, Path]) -> None:

@@ -19,6 +19,7 @@ import pytest
 import memgov
 from memgov import _flock, _records
 from memgov._flock import AdmissionLock
+from memgov._ledger import new_record_name
 from tests.helpers.procs import ledger, wait_until
 
 pytestmark = pytest.mark.usefixtures("sim")
@@ -71,7 +72,8 @@ def test_record_probe_without_flock_is_a_clear_ledger_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ledger().snapshot()  # the folders exist
-    fd = os.open(ledger().path / "claims" / "x.json", os.O_WRONLY | os.O_CREAT, 0o644)
+    name = new_record_name()  # a record's name: other names are not opened
+    fd = os.open(ledger().path / "claims" / name, os.O_WRONLY | os.O_CREAT, 0o644)
     os.close(fd)
 
     def shared_fails(fd: int, op: int) -> None:
