@@ -224,6 +224,10 @@ def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None
                 ticket.file.close()
 
 
+def _uid(uid: int | None) -> str:
+    return "?" if uid is None else str(uid)
+
+
 def _capacity(device: _devices.Device) -> int:
     return max(0, device.total - _config.reserve(device.total, device.simulated))
 
@@ -244,13 +248,16 @@ def _refusal(
 ) -> BudgetExceeded:
     snap, ahead, _, blocked = max(refusals, key=lambda r: r[0].free)
     uuid = snap.device.uuid
-    holders = [(c.name, c.bytes) for c in snap.largest_holders()]
+    largest = snap.largest_holders()
+    holders = [(c.name, c.bytes) for c in largest]
     parts = [
         f"cannot claim {format_size(sizes[uuid])} on {uuid} ({snap.device.name}): "
         + snap.describe()
     ]
     if holders:
-        named = ", ".join(f"{printable(n)} {format_size(b)}" for n, b in holders)
+        # The file's owner, not the record's text: a record may name another user's process.
+        named = ", ".join(f"{printable(c.name)} {format_size(c.bytes)} (uid {_uid(c.uid)})"
+                          for c in largest)
         parts.append(f"largest holders: {named}")
     if blocked:
         parts.append(blocked)

@@ -324,20 +324,66 @@ class AdmissionLock:
         raise LedgerError(f"cannot lock {self.path}: it keeps disappearing")
 
     def _held_too_long(self) -> str:
-        holders = ""
-        try:
-            info = os.stat(self.path, follow_symlinks=False)
-            pids = lock_holders(info.st_dev, info.st_ino)
-        except OSError:
-            pids = None
-        if pids:
-            holders = " by pid " + ", ".join(str(p) for p in pids if p > 0) or " by a process "
-            holders += " (in another PID namespace)" if all(p <= 0 for p in pids) else ""
         return (
-            f"the admission lock {self.path} was held for over {self.timeout:g} s{holders}; "
-            "a stopped (SIGSTOP) or hostile process holds it, and every claim on this device "
-            "waits for it"
+            f"the admission lock {self.path} was held for over {self.timeout:g} s"
+            f"{lock_holder_text(self.path)}; a stopped (SIGSTOP) or hostile process holds it, "
+            "and every claim on this device waits for it"
         )
+
+
+def lock_holder_text(path: Path) -> str:
+    """Who holds the flock on ``path``, as far as this process can tell (an error message's
+    words; read only when a lock was held too long, never per scan)."""
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return ""
+    pids = lock_holders(info.st_dev, info.st_ino)
+    if pids is None:
+        return f" (who holds it is unknown: /proc/locks cannot be read here; try `lsof {path}`)"
+    visible = [p for p in pids if p > 0]
+    if not visible:
+        # /proc/locks lists a lock of a process this PID namespace cannot see as pid 0, or (newer
+        # kernels) not at all: either way the holder is outside this namespace.
+        return (
+            " by a process outside this PID namespace (this namespace's /proc/locks does not "
+            f"name it); on the host, `lsof {path}` or `grep :{info.st_ino} /proc/locks` names it"
+        )
+    alive = [p for p in visible if pid_running(p)]
+    if alive:
+        return " by pid " + ", ".join(map(str, alive))
+    took = ", ".join(map(str, visible))
+    heirs = [p for p in _open_by(info) if p != os.getpid()]
+    if heirs:
+        return (
+            f" by pid {', '.join(map(str, heirs))}, which inherited it from pid {took} (gone): "
+            "a child forked from C keeps its parent's descriptors"
+        )
+    return (
+        f" by a child of pid {took} (gone), which inherited the descriptor; this user cannot "
+        f"see which: `sudo lsof {path}` names it"
+    )
+
+
+def _open_by(info: os.stat_result) -> list[int]:
+    """PIDs (this namespace) with a descriptor open on the file ``info`` describes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                seen = os.stat(f"/proc/{entry}/fd/{fd}")
+            except OSError:
+                continue
+            if (seen.st_dev, seen.st_ino) == (info.st_dev, info.st_ino):
+                found.append(int(entry))
+                break
+    return found
 
 
 def _check_lock_file(file: io.FileIO, path: Path, folder: os.stat_result | None) -> None:

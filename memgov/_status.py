@@ -156,6 +156,7 @@ def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) 
             {
                 "name": c.name,
                 "pid": c.pid,
+                "uid": c.uid,
                 "bytes": c.bytes,
                 "use": snap.use.get(c.record),
                 "mode": c.mode,
@@ -172,7 +173,7 @@ def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) 
             for c in snap.claims
         ],
         "queue": [
-            {"name": q.name, "pid": q.pid, "bytes": q.bytes, "created": q.created}
+            {"name": q.name, "pid": q.pid, "uid": q.uid, "bytes": q.bytes, "created": q.created}
             for q in snap.queue
         ],
         "problems": snap.problems,

@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 
+from memgov._parse import printable
 from memgov._sizes import format_size
 from memgov.cli._common import JsonFlag, print_json
 
@@ -80,10 +81,11 @@ def render(report: dict[str, Any]) -> list[str]:
     threads = report["threads"]
     lines.append(f"CPU threads: {threads['decision']}")
     for p in threads.get("governed", []):
+        # Every field but the pid is text the record's writer chose: shown with escapes.
         lines.append(
-            f"  governed pid {p['pid']} ({p['host']}): {p['threads']} thread(s): "
-            + (p["why"] or p["source"])
-            + (f"; claim {p['claim']}" if p["claim"] else "")
+            f"  governed pid {p['pid']} ({printable(str(p['host']))}): {p['threads']} "
+            "thread(s): " + printable(str(p["why"] or p["source"]))
+            + (f"; claim {printable(str(p['claim']))}" if p["claim"] else "")
         )
     settings = report["settings"]
     lines.extend(f"setting problem: {row['problem']}" for row in settings if row["problem"])

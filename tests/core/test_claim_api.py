@@ -108,7 +108,7 @@ def test_budget_exceeded_says_why(planted: list[tuple[DeviceLedger, Held]]) -> N
     message = str(exc)
     assert "cannot claim 8.00 GiB on sim0" in message
     assert "free budget 4.00 GiB of 64.00 GiB" in message
-    assert "largest holders: big job 40.00 GiB, small job 20.00 GiB" in message
+    assert "largest holders: big job 40.00 GiB (uid 0), small job 20.00 GiB (uid 0)" in message
     assert "pass wait=SECONDS to queue for it" in message
     with memgov.claim("4GiB"):  # exactly what is free still fits
         pass
