@@ -241,6 +241,13 @@ def _mount_of(path: Path) -> dict[str, str] | None:
     return best
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a folder above it this user may not search: ledger_problem says so
+        return False
+
+
 def ledger_sharing(path: Path | None = None) -> dict[str, Any]:
     """Whether the ledger folder is shared with other containers, or private to this one."""
     from memgov import _config
@@ -250,13 +257,13 @@ def ledger_sharing(path: Path | None = None) -> dict[str, Any]:
     except Exception as exc:
         return {"path": None, "verdict": "error", "note": str(exc)}
     existing = folder
-    while not existing.exists() and existing != existing.parent:
+    while not _exists(existing) and existing != existing.parent:
         existing = existing.parent
     mount = _mount_of(existing.resolve())
     container = in_container()
     info: dict[str, Any] = {
         "path": str(folder),
-        "exists": folder.exists(),
+        "exists": _exists(folder),
         "writable": os.access(existing, os.W_OK),
         "container": container,
         "mount": mount,

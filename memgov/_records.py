@@ -65,33 +65,32 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
     it: in a root-owned ledger the device folders are made by root (docs/ledger.md, "Set-ups").
     A missing folder raises FileNotFoundError unless ``create``.
     """
-    # A stack of open folders; each is popped before it is closed, so an exception anywhere
-    # leaks no folder descriptor and never closes a number twice (_trust._open).
-    stack: list[int] = []
+    # The open folders, each owned by an object that closes it when freed (_trust.Stack): an
+    # exception anywhere leaks no folder descriptor and never closes a number twice.
+    stack: _trust.Stack = []
     try:
         info = _trust.walk(root, stack, create)
         path = root
         for part in parts:
             parent, path = path, path / part
             try:
-                _trust._open(stack, stack[-1], part)
+                _trust._open(stack, _trust.top(stack), part)
             except FileNotFoundError:
                 if not create:
                     raise
-                _mkdir(stack[-1], part, path, parent)
+                _mkdir(_trust.top(stack), part, path, parent)
                 try:
-                    _trust._open(stack, stack[-1], part)
+                    _trust._open(stack, _trust.top(stack), part)
                 except OSError as exc:
                     raise LedgerError(_trust.explain(path, exc)) from None
             except OSError as exc:
                 raise LedgerError(_trust.explain(path, exc)) from None
             _trust._drop_parent(stack)
             role = _trust.SHARED if part in SHARED_FOLDERS else _trust.LEDGER
-            info = _trust.check(stack[-1], path, role, info, root)
-        yield stack[-1]
+            info = _trust.check(_trust.top(stack), path, role, info, root)
+        yield _trust.top(stack)
     finally:
-        while stack:
-            os.close(stack.pop())
+        _trust.close_all(stack)
 
 
 def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:

@@ -185,6 +185,12 @@ def _folder(value: str, what: str) -> Path:
             f"{named(what, value.strip())} must be an absolute path (processes started from "
             "other folders and other containers must find the same ledger)"
         )
+    if path.parts[1:2] in (("proc",), ("sys",)) or ".." in path.parts:
+        raise ConfigError(
+            f"{named(what, value.strip())}: /proc and /sys are the kernel's views (their links "
+            "lead into other processes' folders) and '..' is not accepted; accepted: an "
+            "absolute path to a folder on a local filesystem, e.g. /tmp/memgov-ledger"
+        )
     return path
 
 

@@ -21,12 +21,11 @@ folder in a trusted folder that no one but its owner may write.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import functools
-import itertools
 import os
+import select
 import stat
 from pathlib import Path
 
@@ -136,21 +135,37 @@ def untrusted(path: Path, uid: int, what: str, ledger: Path) -> LedgerError:
     )
 
 
-def _open(stack: list[int], dir_fd: int | None, name: str) -> None:
-    """Open folder ``name`` and push it onto ``stack``. The descriptor lands on the stack inside
-    one C call (map and extend run no bytecode in between), so an exception raised by a signal
-    handler at the next bytecode still finds it there and the caller's cleanup closes it."""
-    stack.extend(map(functools.partial(os.open, dir_fd=dir_fd), (name,), (_DIR_FLAGS,)))
+Stack = list  # of select.epoll: see _open
+"""Open folders, innermost last. Each descriptor is adopted by a ``select.epoll`` object, the one
+object of the standard library that takes any descriptor and closes it, in C, when it is closed
+or freed (FileIO refuses folders). So an exception raised between any two bytecodes (Ctrl-C, a
+handler that raises) leaks no folder: an object dropped on the way closes its descriptor."""
 
 
-def _drop_parent(stack: list[int]) -> None:
-    """Close the folder just below the top of ``stack``, popping and closing it in one C call
-    (no interrupt between the two can leak it or close it twice)."""
-    pop = iter(functools.partial(stack.pop, -2), None)
-    collections.deque(map(os.close, itertools.islice(pop, 1)), maxlen=0)
+def _open(stack: Stack, dir_fd: int | None, name: str) -> None:
+    """Open folder ``name`` and push it onto ``stack``: open, adoption and push happen in one C
+    call (extend over two maps), with no bytecode in between."""
+    opened = map(functools.partial(os.open, dir_fd=dir_fd), (name,), (_DIR_FLAGS,))
+    stack.extend(map(select.epoll.fromfd, opened))
 
 
-def walk(root: Path, stack: list[int], create: bool) -> os.stat_result:
+def top(stack: Stack) -> int:
+    """The innermost open folder's descriptor."""
+    return int(stack[-1].fileno())
+
+
+def _drop_parent(stack: Stack) -> None:
+    """Close the folder just below the top of ``stack`` (an interrupt between the pop and the
+    close leaves the popped object to be freed, which closes it: never twice)."""
+    stack.pop(-2).close()
+
+
+def close_all(stack: Stack) -> None:
+    while stack:
+        stack.pop().close()
+
+
+def walk(root: Path, stack: Stack, create: bool) -> os.stat_result:
     """Push a descriptor of folder ``root`` onto ``stack``, every folder on its way checked.
 
     Missing folders are made (0755, this user's) when ``create``, like ``mkdir -p``; without it a
@@ -159,7 +174,7 @@ def walk(root: Path, stack: list[int], create: bool) -> os.stat_result:
         raise LedgerError(f"ledger folder {root}: must be an absolute path without '..'")
     _root(stack)
     where = Path("/")
-    info = check(stack[-1], where, ABOVE, None, root)
+    info = check(top(stack), where, ABOVE, None, root)
     pending = list(root.parts[1:])
     hops = 0
     while pending:
@@ -168,20 +183,20 @@ def walk(root: Path, stack: list[int], create: bool) -> os.stat_result:
         if name in ("", "."):
             continue
         try:
-            _open(stack, stack[-1], name)
+            _open(stack, top(stack), name)
         except FileNotFoundError:
             if not create:
                 raise
             hops += 1  # bounded: a folder someone keeps removing is no ledger
             if hops > MAX_SYMLINKS:
                 raise LedgerError(f"ledger folder {root}: its path keeps changing") from None
-            _mkdir(stack[-1], name, where / name)
+            _mkdir(top(stack), name, where / name)
             pending.insert(0, name)
             continue
         except OSError as exc:
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or last:
                 raise LedgerError(explain(where / name, exc)) from None
-            target = _symlink(stack[-1], name, where / name, info, root)
+            target = _symlink(top(stack), name, where / name, info, root)
             hops += 1
             if hops > MAX_SYMLINKS:
                 raise LedgerError(f"ledger folder {root}: too many symlinks on its path") from None
@@ -190,11 +205,11 @@ def walk(root: Path, stack: list[int], create: bool) -> os.stat_result:
                 pending = pending[1:]
                 _root(stack)
                 where = Path("/")
-                info = check(stack[-1], where, ABOVE, None, root)
+                info = check(top(stack), where, ABOVE, None, root)
             continue
         _drop_parent(stack)
         where = where / name
-        info = check(stack[-1], where, LEDGER if last else ABOVE, info, root)
+        info = check(top(stack), where, LEDGER if last else ABOVE, info, root)
     return info
 
 
@@ -210,7 +225,7 @@ def _mkdir(dir_fd: int, name: str, path: Path) -> None:
         os.chmod(name, 0o755, dir_fd=dir_fd, follow_symlinks=False)
 
 
-def _root(stack: list[int]) -> None:
+def _root(stack: Stack) -> None:
     """Put ``/`` on top of ``stack`` (closing the folder it replaces)."""
     try:
         _open(stack, None, "/")
@@ -230,7 +245,10 @@ def _symlink(dir_fd: int, name: str, path: Path, folder: os.stat_result, ledger:
         raise LedgerError(f"ledger folder {path}: not a folder")
     if not owner_trusted(info, path, folder):
         raise untrusted(path, info.st_uid, "symlink", ledger)
-    return os.readlink(name, dir_fd=dir_fd)
+    target = os.readlink(name, dir_fd=dir_fd)
+    if Path(target).parts[1:2] in (("proc",), ("sys",)):
+        raise LedgerError(f"ledger folder {path} leads into {target}: not a ledger folder")
+    return target
 
 
 def explain(path: Path, exc: OSError) -> str:

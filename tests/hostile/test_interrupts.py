@@ -64,3 +64,16 @@ def test_interrupt_storm_leaves_nothing_behind(device: str) -> None:
     assert all(not r["held"] and r["alive_threads"] == 0 for r in reports), reports
     assert all(r.get("unexpected", 0) == 0 for r in reports), reports
     assert injected > 1000 and sum(r["claims"] for r in reports) > 100, reports
+
+
+def test_no_descriptor_outlives_an_interrupted_claim(device: str) -> None:
+    # Ctrl-C at random moments of many claim/release cycles: the process's descriptors (all of
+    # them, /proc/self/fd) are as many afterwards as before (landed: 84 left after 3,000).
+    worker = Path(__file__).resolve().parent / "interrupted_claims.py"
+    for seed, most in ((1, 0.004), (2, 0.03)):
+        done = subprocess.run([sys.executable, str(worker), "3000", str(seed), str(most)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        assert got["interrupted"] > 300, got
+        assert got["after"] == got["before"] and got["ledger_files"] == 0, got
