@@ -247,7 +247,7 @@ class DeviceLedger:
         for section in sections if queue else ("claims",):
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
-                for seen in _records.scan(fd, folder, sweep=sweep):
+                for seen in _records.scan(fd, folder, sweep=sweep, remember=clean):
                     self._sort(seen, fd, folder, section, clean, sections, problems, removed,
                                unknown, device)
         claims = sections["claims"]

@@ -209,7 +209,9 @@ NOT_RECORDS_SHOWN = 20
 """Files with names that are not memgov's named one by one in a scan; the rest are counted."""
 
 
-def scan(folder_fd: int, folder: Path | None = None, sweep: bool = False) -> list[Seen]:
+def scan(
+    folder_fd: int, folder: Path | None = None, sweep: bool = False, remember: bool = False
+) -> list[Seen]:
     """Read every record in a folder; probe each one's lock. Never raises for a bad file; a
     LedgerError when the folder cannot be read or a file's state cannot be known (EMFILE, a
     filesystem without flock): an unknown state must never count as "no claim".
@@ -217,20 +219,30 @@ def scan(folder_fd: int, folder: Path | None = None, sweep: bool = False) -> lis
     Files whose names are not memgov's are not opened (no live claim has such a name), so a
     flood of them costs a scan only their listing; ``sweep`` (gc) opens them too, so that the
     unlocked ones can be removed. There is no limit on the number of files: a limit would be a
-    switch anyone could flip."""
+    switch anyone could flip. ``remember``: the caller removes every dead file it may, so the
+    dead ones still there next time are another user's (see ``_dead``)."""
     folder = folder or Path(".")
     try:
-        names = os.listdir(folder_fd)
+        key = os.fstat(folder_fd)[stat.ST_INO]
+        with os.scandir(folder_fd) as listing:
+            entries = sorted((entry.name, entry.inode()) for entry in listing)
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
+    known = set() if sweep else _dead.get(key, set())
+    dead: set[tuple[str, int]] = set()
     seen = []
     locks = LockTable()
     foreign = 0
-    for name in sorted(names):
+    for name, inode in entries:
+        if (name, inode) in known:
+            dead.add((name, inode))  # seen unlocked before: never a live record (see _dead)
+            continue
         if name.startswith(TMP_PREFIX):
             item = _probe_tmp(folder_fd, folder, name, locks)
         elif RECORD_NAME.match(name) or sweep:
             item = _read(folder_fd, name, folder=folder, locks=locks)
+            if item is not None and not item.alive and item.inode and item.inode[1] == inode:
+                dead.add((name, inode))
         else:
             foreign += 1
             item = None
@@ -238,11 +250,22 @@ def scan(folder_fd: int, folder: Path | None = None, sweep: bool = False) -> lis
                 item = Seen(name, False, None, "not a memgov record (unknown name)", None)
         if item is not None:
             seen.append(item)
+    if remember:
+        _dead[key] = dead
     if foreign > NOT_RECORDS_SHOWN:
         more = foreign - NOT_RECORDS_SHOWN
         seen.append(Seen("", False, None, f"and {more} more files that are not memgov records "
                          "(not opened; root's `memgov gc` removes them)", None))
     return seen
+
+
+_dead: dict[int, set[tuple[str, int]]] = {}
+"""Folder inode -> (name, inode) of the record-named files this process found unlocked (and
+reported, or could not remove) in its last scan there. A record is locked before it gets its
+name and keeps the lock until it is unlinked (an update renames a new inode over the name), so
+a file once seen unlocked under its name is never a live record: later scans of this process
+skip it without opening it. Another user's flood of dead files then costs a long-lived
+claimer one pass, not one per scan; gc (``sweep``) opens everything again."""
 
 
 def _probe_tmp(folder_fd: int, folder: Path, name: str, locks: LockTable) -> Seen | None:
