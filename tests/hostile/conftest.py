@@ -1,7 +1,7 @@
 """The hostile suite: real users of one host (created here, as root) against each other.
 
-Users mgl_a and mgl_b are made for the session and removed after it (only those this run made):
-a change to the host, so the tests using them run only with ``pytest --host-changes``.
+Users mgl_a, mgl_b and mgl_c are made for the session and removed after it (only those this
+run made): a change to the host, so the tests using them run only with ``pytest --host-changes``.
 Each test gets a fresh ledger under a sticky world-writable base folder, like /tmp.
 """
 
@@ -24,7 +24,7 @@ import pytest
 from tests.helpers.host_changes import changes_host
 
 ACTOR = Path(__file__).resolve().parent / "actor.py"
-NAMES = ("mgl_a", "mgl_b")
+NAMES = ("mgl_a", "mgl_b", "mgl_c")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creates users: needs root")
 

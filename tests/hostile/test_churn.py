@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.procs import Child, Monitor, ledger
 
-from .conftest import User
+from .conftest import ACTOR, User
 
 SECONDS = 20
 CLAIMERS = 16
@@ -50,10 +50,48 @@ def nearest(values: list[float], pct: float) -> float:
     return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1]
 
 
+FLOOD = """
+import fcntl, os, resource, sys, time
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+fds = []
+for i in range(min(5000, hard - 100)):
+    fd = os.open(os.path.join(OWN, str(i)), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX); fds.append(fd)
+def plant(folder, count, tag):
+    for i in range(count):
+        name = f"{time.time_ns():020d}-{tag}{i:08x}.json"
+        os.close(os.open(os.path.join(folder, name), os.O_CREAT | os.O_WRONLY, 0o644))
+plant(CLAIMS, 20000, "0000"); plant(CPU, 20000, "0000")
+print("{}", flush=True)
+wave = 0
+while True:
+    wave += 1
+    plant(CLAIMS, 500, f"{wave:04x}"); time.sleep(1.0)
+"""
+"""Another user's floods beside the churn: 20,000 dead record-named files in claims/ and in
+v1/cpu/ at the start, 500 more in claims/ every second, 5,000 flocks of its own files."""
+
+
+def start_flood(user: User, shared: Path) -> subprocess.Popen[str]:
+    own = shared.parent / "flood-locks"
+    own.mkdir()
+    os.chown(own, user.uid, user.uid)
+    device = shared / "v1" / "sim0"
+    code = (f"OWN, CLAIMS, CPU = {str(own)!r}, {str(device / 'claims')!r}, "
+            f"{str(shared / 'v1' / 'cpu')!r}\n" + FLOOD)
+    proc = subprocess.Popen([sys.executable, str(ACTOR), str(user.uid), code],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "{}"
+    return proc
+
+
+@pytest.mark.parametrize("floods", [False, True], ids=["clean", "floods"])
 def test_churn_with_sigkills_and_gc_between_users(
-    users: dict[str, User], shared: Path, monkeypatch: pytest.MonkeyPatch
+    users: dict[str, User], shared: Path, monkeypatch: pytest.MonkeyPatch, floods: bool
 ) -> None:
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:16GiB")  # the claimers fill it many times over
+    flood = start_flood(users["mgl_c"], shared) if floods else None
     rng = random.Random(12)
     watch = Watch()
     watch.start()
@@ -97,6 +135,9 @@ def test_churn_with_sigkills_and_gc_between_users(
         done.set()
         gc_thread.join(timeout=60)
         watch.stop()
+        if flood is not None:
+            flood.kill()
+            flood.wait(timeout=30)
     events = [e for c in finished for e in list(c.events.queue)]
     admitted = sum(e["event"] == "admitted" for e in events)
     errors = [e for e in events if e["event"] == "error"]
@@ -110,6 +151,7 @@ def test_churn_with_sigkills_and_gc_between_users(
                 reclaim_ms.append(max(0.0, gone - killed_at) * 1000)
     snap = ledger().snapshot()
     figures = {
+        "floods": floods,
         "seconds": SECONDS, "claimers_at_once": CLAIMERS, "processes": len(finished),
         "admitted": admitted, "sigkills": len(kills), "holders_killed": len(reclaim_ms),
         "gc_runs": gc_runs[0], "monitor_samples": watch.samples,
