@@ -145,8 +145,9 @@ def _scan(fd: int, clean: bool) -> list[Peer]:
             continue
         if not alive:
             tmp = name.startswith(_records.TMP_PREFIX)
-            if clean and (not tmp or _older_than(fd, name, STALE_TMP_S)):
-                with contextlib.suppress(OSError):  # another user's file in a sticky folder
+            mine = os.geteuid() in (0, owner)  # another user's: no unlink tried (a flood)
+            if clean and mine and (not tmp or _older_than(fd, name, STALE_TMP_S)):
+                with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=fd)
             continue
         peer = _peer(name, data)
@@ -205,6 +206,10 @@ def _probe(fd: int, name: str, sweep: bool = False
     ours = name.endswith(_records.SUFFIX) or name.startswith(_records.TMP_PREFIX)
     if not ours and not sweep:
         return None, None, -1
+    if not sweep:
+        empty = _records._empty(fd, name, sweep)
+        if empty is not None:  # no record is empty: dead, known from one lstat
+            return False, None, empty.owner if empty.owner is not None else -1
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         # Owned (closed in a forked child by _flock's hook): a child forked while this thread

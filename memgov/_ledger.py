@@ -307,7 +307,8 @@ class DeviceLedger:
             return  # a read-only scan, a folder, or a temporary file being written right now
         # Unlocked: nobody's live claim, whatever it holds (a live record is locked from the
         # moment it has its name). Removed where this user may: root's gc clears any flood.
-        why = _records.remove_dead(fd, seen)
+        mine = os.geteuid() in (0, seen.owner) or seen.owner is None
+        why = _records.remove_dead(fd, seen) if mine else _records.NOT_MINE
         label = seen.problem or "dead holder"
         if why is None:
             removed.append(f"{where} ({label}, uid {owner})")

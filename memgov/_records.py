@@ -223,7 +223,8 @@ def scan(
     dead ones still there next time are another user's (see ``_dead``)."""
     folder = folder or Path(".")
     try:
-        key = os.fstat(folder_fd)[stat.ST_INO]
+        info = os.fstat(folder_fd)
+        key = (info.st_dev, info.st_ino)
         with os.scandir(folder_fd) as listing:
             entries = sorted((entry.name, entry.inode()) for entry in listing)
     except OSError as exc:
@@ -240,7 +241,8 @@ def scan(
         if name.startswith(TMP_PREFIX):
             item = _probe_tmp(folder_fd, folder, name, locks)
         elif RECORD_NAME.match(name) or sweep:
-            item = _read(folder_fd, name, folder=folder, locks=locks)
+            item = _empty(folder_fd, name, sweep) or _read(
+                folder_fd, name, folder=folder, locks=locks)
             if item is not None and not item.alive and item.inode and item.inode[1] == inode:
                 dead.add((name, inode))
         else:
@@ -259,12 +261,27 @@ def scan(
     return seen
 
 
-_dead: dict[int, set[tuple[str, int]]] = {}
-"""Folder inode -> (name, inode) of the record-named files this process found unlocked (and
-reported, or could not remove) in its last scan there. A record is locked before it gets its
-name and keeps the lock until it is unlinked (an update renames a new inode over the name), so
-a file once seen unlocked under its name is never a live record: later scans of this process
-skip it without opening it. Another user's flood of dead files then costs a long-lived
+def _empty(folder_fd: int, name: str, sweep: bool) -> Seen | None:
+    """An empty regular file, known from one lstat without opening it: no record is empty (a
+    record is renamed into place with its content), locked or not, so it is nobody's claim. A
+    flood of empty files then costs a scan a stat each. None: not known to be empty (opened)."""
+    if sweep:
+        return None
+    try:
+        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_size:
+        return None
+    return Seen(name, False, None, "empty (not a record)", info.st_uid, (info.st_dev, info.st_ino))
+
+
+_dead: dict[tuple[int, int], set[tuple[str, int]]] = {}
+"""Folder (device, inode) -> (name, inode) of the record-named files this process found
+unlocked (and reported, or could not remove) in its last scan there. A record is locked before
+it gets its name and keeps the lock until it is unlinked (an update renames a new inode over
+the name), so a file once seen unlocked under its name is never a live record: later scans of
+this process skip it without opening it. Another user's flood of dead files then costs a long-lived
 claimer one pass, not one per scan; gc (``sweep``) opens everything again."""
 
 
@@ -423,6 +440,8 @@ def _owner(folder_fd: int, name: str) -> int | None:
         return None
 
 
+NOT_MINE = "cannot remove (another user's, in a sticky folder: root's `memgov gc` removes it)"
+"""Why a dead file of another user is left, said without trying (a flood costs no syscall)."""
 GONE = "gone"
 """remove_dead's answer when the file already vanished or was replaced: nothing to report."""
 

@@ -46,11 +46,19 @@ def snapshot(
         return _unclaimed(device)
     if not lock:
         return ledger.scan(clean=False)
+    swept: Snapshot | None = None
+    if clean:
+        # gc's sweep runs outside the admission lock: removing a file no one holds needs no lock
+        # (releases take none either), and a flood must not hold every admission up meanwhile.
+        swept = ledger.scan(clean=True, sweep=True)
     with ledger.locked():
         if set_up:
             with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
                 pass
-        snap = ledger.scan(clean=clean, sweep=clean)
+        snap = ledger.scan(clean=clean)
+        if swept is not None:
+            snap.removed[:0] = swept.removed
+            snap.problems[:] = list(dict.fromkeys([*swept.problems, *snap.problems]))
         _stats.add(ledger, reclaimed=len(snap.removed))
         return snap
 

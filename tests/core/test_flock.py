@@ -74,6 +74,7 @@ def test_record_probe_without_flock_is_a_clear_ledger_error(
     ledger().snapshot()  # the folders exist
     name = new_record_name()  # a record's name: other names are not opened
     fd = os.open(ledger().path / "claims" / name, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"{}")  # not empty: an empty file is known to be no record without a probe
     os.close(fd)
 
     def shared_fails(fd: int, op: int) -> None:

@@ -46,7 +46,7 @@ class User:
 
 
 @pytest.fixture(scope="session")
-@changes_host("creates the users mgl_a and mgl_b with useradd, removed after the session")
+@changes_host("creates the users mgl_a, mgl_b and mgl_c with useradd, removed after the session")
 def users() -> Iterator[dict[str, User]]:
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("needs root and useradd to create users")
