@@ -472,8 +472,9 @@ def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE
     """
     tmp = f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, mode, dir_fd=folder_fd)
+    file = open_owned(tmp, flags, folder_fd, mode=mode, writable=True)  # no interrupt leaks it
     try:
+        fd = file.fileno()
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
@@ -484,6 +485,6 @@ def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE
             os.unlink(tmp, dir_fd=folder_fd)
         raise
     finally:
-        os.close(fd)
+        file.close()
     with contextlib.suppress(OSError):
         os.fsync(folder_fd)

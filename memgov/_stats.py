@@ -26,7 +26,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memgov import _records
+from memgov import _flock, _records
 from memgov._parse import _bounded_float, _bounded_int, _depth, _no_constant
 
 if TYPE_CHECKING:
@@ -156,14 +156,16 @@ def _read_file(
     folder_fd: int, name: str, owner: int | None = None
 ) -> tuple[Counts | None, str | None]:
     """The counts in one file, or None and why not (None when it does not exist)."""
-    try:
-        fd = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd
-        )
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:  # owned by a FileIO at once: no interrupt between open and close leaks it
+        file = _flock.open_owned(name, flags, folder_fd, register=False)
     except FileNotFoundError:
         return None, None
+    except IsADirectoryError:
+        return None, "not a regular file"
     except OSError as exc:
         return None, f"unreadable ({exc.strerror})"
+    fd = file.fileno()
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -176,7 +178,7 @@ def _read_file(
     except OSError as exc:
         return None, f"unreadable ({exc.strerror})"
     finally:
-        os.close(fd)
+        file.close()
     try:
         return _parse_counts(raw), None
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as exc:

@@ -84,7 +84,7 @@ def test_settings_that_lead_nowhere_are_refused_saying_why(
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, variable: value},
+        env={**os.environ, "MEMGOV_DEVICES": "sim0:1GiB", variable: value},
     )
     assert done.returncode != 0 and said in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
