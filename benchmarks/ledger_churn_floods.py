@@ -1,4 +1,4 @@
-"""Claim latency under churn, clean and with another user's floods beside it (issue 23).
+"""Claim latency under churn, clean and with another user's floods beside it.
 
     sudo python benchmarks/ledger_churn_floods.py [--seconds 20] [--claimers 16] [--json PATH]
 
@@ -140,19 +140,20 @@ def phase(floods: bool, seconds: float, claimers: int, kill_every: float) -> dic
     ledger = base / "ledger"
     env = {**os.environ, "MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": "sim0:16GiB"}
     me = [sys.executable, __file__]
-    subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True, capture_output=True)
     flood = None
     first_gc_s = None
     if floods:
-        flood = subprocess.Popen([*me, "--flooder", str(ledger)], env=env, stdout=subprocess.PIPE,
-                                 text=True)
+        flood = subprocess.Popen(
+            [*me, "--flooder", str(ledger)], env=env, stdout=subprocess.PIPE, text=True
+        )
         assert flood.stdout is not None and flood.stdout.readline().strip() == "ready"
         # The admin's remedy for the backlog: root's gc once (timed), then the churn starts
         # with the flooder still planting waves and holding its flocks.
         started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "memgov", "gc"], env=env, check=True, capture_output=True
+        )
         first_gc_s = time.monotonic() - started
     done = threading.Event()
     gc_runs = [0]
@@ -162,8 +163,9 @@ def phase(floods: bool, seconds: float, claimers: int, kill_every: float) -> dic
             subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, capture_output=True)
             gc_runs[0] += 1
 
-    watch = subprocess.Popen([*me, "--monitor", str(seconds)], env=env, stdout=subprocess.PIPE,
-                             text=True)
+    watch = subprocess.Popen(
+        [*me, "--monitor", str(seconds)], env=env, stdout=subprocess.PIPE, text=True
+    )
     gc_thread = threading.Thread(target=gc_loop, daemon=True)
     gc_thread.start()
     rng = random.Random(12)
@@ -173,8 +175,14 @@ def phase(floods: bool, seconds: float, claimers: int, kill_every: float) -> dic
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         while len(live) < claimers:
-            live.append(subprocess.Popen([*me, "--claimer", str(rng.random())], env=env,
-                                         stdout=subprocess.PIPE, text=True))
+            live.append(
+                subprocess.Popen(
+                    [*me, "--claimer", str(rng.random())],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
         time.sleep(kill_every)
         victim = rng.choice(live)
         victim.send_signal(signal.SIGKILL)
@@ -202,12 +210,23 @@ def phase(floods: bool, seconds: float, claimers: int, kill_every: float) -> dic
     os.environ.update(MEMGOV_DIR=str(ledger), MEMGOV_DEVICES="sim0:16GiB")
     snap = _status.snapshots(clean=True)[0]
     result = {
-        "floods": floods, "seconds": seconds, "claimers_at_once": claimers,
-        "processes": len(finished), "sigkills": kills, "gc_runs": gc_runs[0],
+        "floods": floods,
+        "seconds": seconds,
+        "claimers_at_once": claimers,
+        "processes": len(finished),
+        "sigkills": kills,
+        "gc_runs": gc_runs[0],
         "first_gc_s": first_gc_s,
-        "admitted": len(claim_ns), "errors": len(errors), "error_examples": errors[:3],
-        "claim_ms": {"p50": nearest(claim_ns, 50), "p99": nearest(claim_ns, 99),
-                     "max": max(claim_ns) / 1e6} if claim_ns else None,
+        "admitted": len(claim_ns),
+        "errors": len(errors),
+        "error_examples": errors[:3],
+        "claim_ms": {
+            "p50": nearest(claim_ns, 50),
+            "p99": nearest(claim_ns, 99),
+            "max": max(claim_ns) / 1e6,
+        }
+        if claim_ns
+        else None,
         "monitor": watched,
         "left_at_end": {"claims": len(snap.claims), "queue": len(snap.queue)},
     }
@@ -219,8 +238,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--claimers", type=int, default=16)
-    parser.add_argument("--kill-every", type=float, default=0.04,
-                        help="seconds between SIGKILLs (one claimer each time)")
+    parser.add_argument(
+        "--kill-every",
+        type=float,
+        default=0.04,
+        help="seconds between SIGKILLs (one claimer each time)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--claimer")
     parser.add_argument("--monitor", type=float)
@@ -237,11 +260,19 @@ def main() -> None:
     clean = phase(False, args.seconds, args.claimers, args.kill_every)
     flooded = phase(True, args.seconds, args.claimers, args.kill_every)
     report = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "kernel": platform.release()},
-        "kill_every_s": args.kill_every, "clean": clean, "floods": flooded,
-        "p99_ratio": (flooded["claim_ms"]["p99"] / clean["claim_ms"]["p99"]
-                      if clean["claim_ms"] and flooded["claim_ms"] else None),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+        },
+        "kill_every_s": args.kill_every,
+        "clean": clean,
+        "floods": flooded,
+        "p99_ratio": (
+            flooded["claim_ms"]["p99"] / clean["claim_ms"]["p99"]
+            if clean["claim_ms"] and flooded["claim_ms"]
+            else None
+        ),
     }
     text = json.dumps(report, indent=2)
     print(text)

@@ -37,9 +37,11 @@ class AdmissionTiming:
 
     def report(self) -> str:
         total = self.seconds()
-        return (f"admission: {total:.3f} s; {self.tries} look(s) under the admission lock, "
-                f"waited {self.lock_wait_s:.3f} s for it, held it at most "
-                f"{self.lock_held_max_s * 1000:.1f} ms; NVML {self.nvml_s:.3f} s, outside the lock")
+        return (
+            f"admission: {total:.3f} s; {self.tries} look(s) under the admission lock, "
+            f"waited {self.lock_wait_s:.3f} s for it, held it at most "
+            f"{self.lock_held_max_s * 1000:.1f} ms; NVML {self.nvml_s:.3f} s, outside the lock"
+        )
 
 
 HEAD_POLL_S = 0.02
@@ -73,8 +75,7 @@ def admit(
 
     clock = timing or AdmissionTiming()
 
-    def payload_for(kind: str, ledger: DeviceLedger, daemon: int | None = None
-                    ) -> dict[str, Any]:
+    def payload_for(kind: str, ledger: DeviceLedger, daemon: int | None = None) -> dict[str, Any]:
         uuid = ledger.device.uuid
         mode, why = (modes or {}).get(uuid, ("soft", ""))
         extra: dict[str, Any] = {"mode_reason": why, **(info or {}).get(uuid, {})}
@@ -256,8 +257,9 @@ def _refusal(
     ]
     if holders:
         # The file's owner, not the record's text: a record may name another user's process.
-        named = ", ".join(f"{printable(c.name)} {format_size(c.bytes)} (uid {_uid(c.uid)})"
-                          for c in largest)
+        named = ", ".join(
+            f"{printable(c.name)} {format_size(c.bytes)} (uid {_uid(c.uid)})" for c in largest
+        )
         parts.append(f"largest holders: {named}")
     if blocked:
         parts.append(blocked)

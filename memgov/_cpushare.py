@@ -189,7 +189,8 @@ def sweep(root: Path | None = None) -> int:
             for name in os.listdir(fd):
                 alive, _data, _owner = _probe(fd, name, sweep=True)
                 young = name.startswith(_records.TMP_PREFIX) and not _older_than(
-                    fd, name, STALE_TMP_S)
+                    fd, name, STALE_TMP_S
+                )
                 if alive is False and not young:
                     with contextlib.suppress(OSError):
                         os.unlink(name, dir_fd=fd)
@@ -199,8 +200,9 @@ def sweep(root: Path | None = None) -> int:
         return 0
 
 
-def _probe(fd: int, name: str, sweep: bool = False
-           ) -> tuple[bool | None, dict[str, Any] | None, int]:
+def _probe(
+    fd: int, name: str, sweep: bool = False
+) -> tuple[bool | None, dict[str, Any] | None, int]:
     """(alive, parsed content, owner uid); alive None: not a file of ours (skipped, never
     removed; with ``sweep``, any unlocked file counts as dead)."""
     ours = name.endswith(_records.SUFFIX) or name.startswith(_records.TMP_PREFIX)

@@ -155,9 +155,12 @@ def _mps() -> dict[str, Any]:
 
     limits: dict[str, Any] = {}
     try:  # a bad setting is reported, never a crash of doctor
-        limits = {"clients_per_daemon": _mpsctl.client_limit(), "policy": _mpsctl.policy(),
-                  "contexts_per_gpu": _config.context_limit(simulated=False),
-                  "memgov_daemons": _mpsctl.running_daemons() if control else []}
+        limits = {
+            "clients_per_daemon": _mpsctl.client_limit(),
+            "policy": _mpsctl.policy(),
+            "contexts_per_gpu": _config.context_limit(simulated=False),
+            "memgov_daemons": _mpsctl.running_daemons() if control else [],
+        }
     except MemgovError as exc:
         limits = {"problem": str(exc)}
     return {

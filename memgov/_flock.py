@@ -58,8 +58,12 @@ def own(fd: int, writable: bool = False) -> io.FileIO:
 
 
 def open_owned(
-    path: str | Path, flags: int, dir_fd: int | None = None, mode: int = 0o600,
-    writable: bool = False, register: bool = True,
+    path: str | Path,
+    flags: int,
+    dir_fd: int | None = None,
+    mode: int = 0o600,
+    writable: bool = False,
+    register: bool = True,
 ) -> io.FileIO:
     """``os.open(path, flags, mode, dir_fd=dir_fd)``, owned by a FileIO before any bytecode runs.
 
@@ -70,9 +74,7 @@ def open_owned(
     return adopt(functools.partial(os.open, path, flags, mode, dir_fd=dir_fd), writable, register)
 
 
-def adopt(
-    make: Callable[[], int], writable: bool = False, register: bool = True
-) -> io.FileIO:
+def adopt(make: Callable[[], int], writable: bool = False, register: bool = True) -> io.FileIO:
     """The descriptor ``make()`` returns, owned by a FileIO before any bytecode runs (see
     open_owned); a negative number (a C call that failed) is a ValueError."""
     raw: list[int] = []
@@ -248,8 +250,13 @@ def _boot_time() -> float:
 class AdmissionLock:
     """The device's admission lock: taken with LOCK_EX | LOCK_NB, retried until ``timeout``."""
 
-    def __init__(self, path: Path, timeout: float, may_create: bool = True,
-                 folder: os.stat_result | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        timeout: float,
+        may_create: bool = True,
+        folder: os.stat_result | None = None,
+    ) -> None:
         self.path = path
         self.folder = folder
         """The checked folder it lies in (_trust: who may own the lock file)."""

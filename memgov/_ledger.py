@@ -228,8 +228,13 @@ class DeviceLedger:
         processes = _nvml.processes(device.uuid)
         return Reading(device, processes, time.monotonic() - start)
 
-    def scan(self, clean: bool = True, queue: bool = True, reading: Reading | None = None,
-             sweep: bool = False) -> Snapshot:
+    def scan(
+        self,
+        clean: bool = True,
+        queue: bool = True,
+        reading: Reading | None = None,
+        sweep: bool = False,
+    ) -> Snapshot:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
         ``clean`` removes dead holders' files where this user may, and every other file no one
@@ -248,8 +253,18 @@ class DeviceLedger:
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
                 for seen in _records.scan(fd, folder, sweep=sweep, remember=clean):
-                    self._sort(seen, fd, folder, section, clean, sections, problems, removed,
-                               unknown, device)
+                    self._sort(
+                        seen,
+                        fd,
+                        folder,
+                        section,
+                        clean,
+                        sections,
+                        problems,
+                        removed,
+                        unknown,
+                        device,
+                    )
         claims = sections["claims"]
         if device.simulated:
             # A simulated device's USED is by definition taken by processes outside memgov.
@@ -273,9 +288,18 @@ class DeviceLedger:
         )
 
     @staticmethod
-    def _sort(seen: _records.Seen, fd: int, folder: Path, section: str, clean: bool,
-              sections: dict[str, list[Entry]], problems: list[str], removed: list[str],
-              unknown: list[str], device: Device) -> None:
+    def _sort(
+        seen: _records.Seen,
+        fd: int,
+        folder: Path,
+        section: str,
+        clean: bool,
+        sections: dict[str, list[Entry]],
+        problems: list[str],
+        removed: list[str],
+        unknown: list[str],
+        device: Device,
+    ) -> None:
         """File one scanned file: a live entry, a problem, or (dead, if ``clean``) removed."""
         if not seen.name:  # a summary line (files not opened)
             problems.append(f"{printable(str(folder))}: {seen.problem}")

@@ -242,7 +242,8 @@ def scan(
             item = _probe_tmp(folder_fd, folder, name, locks)
         elif RECORD_NAME.match(name) or sweep:
             item = _empty(folder_fd, name, sweep) or _read(
-                folder_fd, name, folder=folder, locks=locks)
+                folder_fd, name, folder=folder, locks=locks
+            )
             if item is not None and not item.alive and item.inode and item.inode[1] == inode:
                 dead.add((name, inode))
         else:
@@ -256,8 +257,16 @@ def scan(
         _dead[key] = dead
     if foreign > NOT_RECORDS_SHOWN:
         more = foreign - NOT_RECORDS_SHOWN
-        seen.append(Seen("", False, None, f"and {more} more files that are not memgov records "
-                         "(not opened; root's `memgov gc` removes them)", None))
+        seen.append(
+            Seen(
+                "",
+                False,
+                None,
+                f"and {more} more files that are not memgov records "
+                "(not opened; root's `memgov gc` removes them)",
+                None,
+            )
+        )
     return seen
 
 

@@ -22,8 +22,7 @@ ACCEPTED = (
     'T/TiB, KB, MB, GB, TB, case-insensitive), or a percentage of the device ("25%")'
 )
 
-_BINARY = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50,
-           "e": 2**60}
+_BINARY = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50, "e": 2**60}
 """P and E too: no device is that large, but a size written with them is refused as too large,
 not as unreadable."""
 _UNITS: dict[str, int] = {

@@ -84,7 +84,8 @@ def render(report: dict[str, Any]) -> list[str]:
         # Every field but the pid is text the record's writer chose: shown with escapes.
         lines.append(
             f"  governed pid {p['pid']} ({printable(str(p['host']))}): {p['threads']} "
-            "thread(s): " + printable(str(p["why"] or p["source"]))
+            "thread(s): "
+            + printable(str(p["why"] or p["source"]))
             + (f"; claim {printable(str(p['claim']))}" if p["claim"] else "")
         )
     settings = report["settings"]

@@ -20,8 +20,7 @@ def console(stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
     if probe.is_terminal:
         return probe
-    return Console(stderr=stderr, width=PLAIN_WIDTH, soft_wrap=True, no_color=True,
-                   highlight=False)
+    return Console(stderr=stderr, width=PLAIN_WIDTH, soft_wrap=True, no_color=True, highlight=False)
 
 
 def one_line(text: str | None) -> str:
@@ -79,8 +78,17 @@ def status_table(data: dict[str, Any]) -> Table:
                 "-" if c.get("threads") is None else str(c["threads"]),
             )
         for q in dev["queue"]:
-            table.add_row("", f"[yellow]waiting[/] {_text(q['name'])}", str(q["pid"]),
-                          _uid(q.get("uid")), format_size(q["bytes"]), "", "", "queued", "")
+            table.add_row(
+                "",
+                f"[yellow]waiting[/] {_text(q['name'])}",
+                str(q["pid"]),
+                _uid(q.get("uid")),
+                format_size(q["bytes"]),
+                "",
+                "",
+                "queued",
+                "",
+            )
         for p in dev["problems"]:
             table.add_row("", f"[red]skipped[/] {_text(p)}", "", "", "", "", "", "", "")
         table.add_section()
@@ -93,6 +101,12 @@ def devices_table(found: list[dict[str, Any]]) -> Table:
         table.add_column(column)
     for d in found:
         seen = "-" if d["visible_index"] is None else f"cuda:{d['visible_index']}"
-        table.add_row(str(d["index"]), d["uuid"], d["name"], format_size(d["total"]),
-                      format_size(d["used"]), seen)
+        table.add_row(
+            str(d["index"]),
+            d["uuid"],
+            d["name"],
+            format_size(d["total"]),
+            format_size(d["used"]),
+            seen,
+        )
     return table

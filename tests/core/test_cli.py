@@ -59,8 +59,13 @@ def test_status_table_for_people(holder: Child) -> None:
 
 def test_status_through_the_installed_command(holder: Child) -> None:
     # The real entry point in a fresh interpreter: `python -m memgov` is what `memgov` runs.
-    result = subprocess.run([sys.executable, "-m", "memgov", "status", "--json"],
-                            capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    result = subprocess.run(
+        [sys.executable, "-m", "memgov", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     assert result.returncode == 0, result.stderr
     names = [c["name"] for c in json.loads(result.stdout)["devices"][0]["claims"]]
     assert names == ["trainer-a"]
@@ -71,10 +76,20 @@ def debris(private_ledger: Path) -> dict[str, Path]:
     ledger().snapshot()
     claims = private_ledger / "v1" / "sim0" / "claims"
     dead = claims / new_record_name()
-    dead.write_text(json.dumps({
-        "version": 1, "id": "x", "kind": "claim", "device": "sim0", "bytes": GIB,
-        "name": "crashed", "pid": 99999, "created": time.time(),
-    }))
+    dead.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "id": "x",
+                "kind": "claim",
+                "device": "sim0",
+                "bytes": GIB,
+                "name": "crashed",
+                "pid": 99999,
+                "created": time.time(),
+            }
+        )
+    )
     old_tmp = claims / ".tmp-half-written.json"
     old_tmp.write_text("{")
     os.utime(old_tmp, (time.time() - 3600, time.time() - 3600))
@@ -118,7 +133,8 @@ def test_devices_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.exit_code == 0, result.output
     found = json.loads(result.stdout)["devices"]
     assert [(d["uuid"], d["total"], d["used"], d["simulated"]) for d in found] == [
-        ("sim0", 16 * GIB, 0, True), ("sim1", 80 * GIB, 2 * GIB, True),
+        ("sim0", 16 * GIB, 0, True),
+        ("sim1", 80 * GIB, 2 * GIB, True),
     ]
 
 

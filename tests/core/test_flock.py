@@ -92,9 +92,7 @@ def test_record_probe_without_flock_is_a_clear_ledger_error(
         _records.scan(folder)
 
 
-def test_waiter_times_out_naming_the_holder_and_leaves_nothing(
-    lock_path: Path, busy: int
-) -> None:
+def test_waiter_times_out_naming_the_holder_and_leaves_nothing(lock_path: Path, busy: int) -> None:
     threads = threading.active_count()
     started = time.monotonic()
     with (
@@ -148,8 +146,9 @@ def test_planted_fifo_or_folder_as_lock_fails_at_once(lock_path: Path) -> None:
         pass
     lock_path.unlink()
     lock_path.mkdir()
-    with pytest.raises(memgov.LedgerError, match="a folder was put there"), AdmissionLock(
-        lock_path, timeout=30
+    with (
+        pytest.raises(memgov.LedgerError, match="a folder was put there"),
+        AdmissionLock(lock_path, timeout=30),
     ):
         pass
     assert time.monotonic() - started < 5

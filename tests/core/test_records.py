@@ -29,8 +29,14 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 
 def record(**changes: object) -> dict[str, object]:
     data: dict[str, object] = {
-        "version": 1, "id": "abcd", "kind": "claim", "device": "sim0", "bytes": 4 * GIB,
-        "name": "planted", "pid": 1234, "created": time.time(),
+        "version": 1,
+        "id": "abcd",
+        "kind": "claim",
+        "device": "sim0",
+        "bytes": 4 * GIB,
+        "name": "planted",
+        "pid": 1234,
+        "created": time.time(),
     }
     data.update(changes)
     return data
@@ -73,13 +79,19 @@ PLANTED: list[tuple[str, Callable[[Path], object], str]] = [
     ("boolbytes.json", lambda p: p.write_bytes(dumps(bytes=True)), "field 'bytes' missing"),
     ("negbytes.json", lambda p: p.write_bytes(dumps(bytes=-1)), "field 'bytes' out of range"),
     ("deep.json", lambda p: p.write_bytes(b"[" * 30_000 + b"]" * 30_000), "corrupt JSON (nested"),
-    ("digits.json", lambda p: p.write_bytes(dumps().replace(b"1234", b"9" * 5000)),
-     "corrupt JSON (a number of 5000 digits"),
+    (
+        "digits.json",
+        lambda p: p.write_bytes(dumps().replace(b"1234", b"9" * 5000)),
+        "corrupt JSON (a number of 5000 digits",
+    ),
     ("hugebytes.json", lambda p: p.write_bytes(dumps(bytes=10**400)), "corrupt JSON"),
     ("hugecreated.json", lambda p: p.write_bytes(dumps(created=10**400)), "corrupt JSON"),
     ("farcreated.json", lambda p: p.write_bytes(dumps(created=1e300)), "field 'created' out of"),
-    ("nan.json", lambda p: p.write_bytes(dumps().replace(b'"pid": 1234', b'"pid": NaN')),
-     "corrupt JSON (NaN is not accepted"),
+    (
+        "nan.json",
+        lambda p: p.write_bytes(dumps().replace(b'"pid": 1234', b'"pid": NaN')),
+        "corrupt JSON (NaN is not accepted",
+    ),
     ("floatpid.json", lambda p: p.write_bytes(dumps(pid=1.5)), "field 'pid' missing"),
     ("nullname.json", lambda p: p.write_bytes(dumps(name=None)), "field 'name' missing"),
     ("v2.json", lambda p: p.write_bytes(dumps(version=2)), "record version 2"),
@@ -107,7 +119,9 @@ def test_bad_file_is_reported_by_status_and_removed_by_gc(
     assert snap.claims == [] and snap.removed == []
     after = os.lstat(path)
     assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
-        before.st_ino, before.st_mtime_ns, before.st_size,
+        before.st_ino,
+        before.st_mtime_ns,
+        before.st_size,
     )
     # gc: no one holds the file, so it is no one's live claim: removed (a folder is left).
     swept = _status.snapshots(clean=True)[0]
@@ -160,8 +174,9 @@ def test_locked_corrupt_record_blocks_and_foreign_device_record_is_skipped(
         snap = _status.snapshots(clean=True)[0]
         assert snap.claims == [] and snap.removed == [] and snap.free == 0
         assert snap.unknown == [str(corrupt)]
-        assert any(f"{corrupt.name}: corrupt JSON" in p and "size is unknown" in p
-                   for p in snap.problems)
+        assert any(
+            f"{corrupt.name}: corrupt JSON" in p and "size is unknown" in p for p in snap.problems
+        )
         assert any(f"{foreign.name}: record of device sim9" in p for p in snap.problems)
         with pytest.raises(memgov.BudgetExceeded, match="unknown size block it"):
             memgov.claim("1GiB")
@@ -269,7 +284,9 @@ def test_folders_are_shared_and_records_readable(private_ledger: Path) -> None:
 def as_nobody(*action: str) -> dict[str, object]:
     result = subprocess.run(
         [sys.executable, str(AS_USER), str(NOBODY), *action],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     answer: dict[str, object] = json.loads(result.stdout)
@@ -278,8 +295,14 @@ def as_nobody(*action: str) -> dict[str, object]:
 
 def _fingerprint(path: Path) -> tuple[object, ...]:
     info = os.stat(path)
-    return (info.st_ino, info.st_uid, info.st_mode, info.st_size, info.st_mtime_ns,
-            path.read_bytes())
+    return (
+        info.st_ino,
+        info.st_uid,
+        info.st_mode,
+        info.st_size,
+        info.st_mtime_ns,
+        path.read_bytes(),
+    )
 
 
 @needs_root
@@ -317,9 +340,7 @@ def test_another_user_cannot_remove_roots_records(shared_ledger: Path) -> None:
         before = _fingerprint(live)
         seen = as_nobody("gc")
         assert seen["removed"] == [] and seen["claimed"] == 8 * GIB
-        assert seen["problems"] == [
-            f"{dead}: dead holder (uid 0); {_records.NOT_MINE}"
-        ]
+        assert seen["problems"] == [f"{dead}: dead holder (uid 0); {_records.NOT_MINE}"]
         # The sticky bit protects root's record even from a direct unlink.
         assert as_nobody("unlink", str(live)) == {"error": "PermissionError"}
         assert _fingerprint(live) == before and dead.exists()

@@ -38,7 +38,10 @@ class User:
         """Run CODE as this user (see actor.py); the last JSON line it printed."""
         result = subprocess.run(
             [sys.executable, str(ACTOR), str(self.uid), code],
-            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
         )
         assert result.returncode == 0, result.stdout + result.stderr
         lines = [ln[2:] for ln in result.stdout.splitlines() if ln.startswith("@@")]
@@ -56,8 +59,18 @@ def users() -> Iterator[dict[str, User]]:
         try:
             pwd.getpwnam(name)
         except KeyError:
-            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
-                            "/usr/sbin/nologin", name], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "useradd",
+                    "--no-create-home",
+                    "--user-group",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    name,
+                ],
+                check=True,
+                capture_output=True,
+            )
             made.append(name)
         found[name] = User(name, pwd.getpwnam(name).pw_uid)
     yield found
@@ -79,7 +92,8 @@ def base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 @pytest.fixture
 def shared(base: Path) -> Path:
     """The documented admin set-up: root runs `memgov gc` once, which makes every folder."""
-    result = subprocess.run([sys.executable, "-m", "memgov", "gc"], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "memgov", "gc"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return base / "ledger"

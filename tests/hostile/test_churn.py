@@ -78,10 +78,13 @@ def start_flood(user: User, shared: Path) -> subprocess.Popen[str]:
     own.mkdir()
     os.chown(own, user.uid, user.uid)
     device = shared / "v1" / "sim0"
-    code = (f"OWN, CLAIMS, CPU = {str(own)!r}, {str(device / 'claims')!r}, "
-            f"{str(shared / 'v1' / 'cpu')!r}\n" + FLOOD)
-    proc = subprocess.Popen([sys.executable, str(ACTOR), str(user.uid), code],
-                            stdout=subprocess.PIPE, text=True)
+    code = (
+        f"OWN, CLAIMS, CPU = {str(own)!r}, {str(device / 'claims')!r}, "
+        f"{str(shared / 'v1' / 'cpu')!r}\n" + FLOOD
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(ACTOR), str(user.uid), code], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "{}"
     return proc
 
@@ -100,8 +103,7 @@ def test_churn_with_sigkills_and_gc_between_users(
 
     def gc_loop() -> None:
         while not done.is_set():
-            subprocess.run([sys.executable, "-m", "memgov", "gc"], capture_output=True,
-                           timeout=60)
+            subprocess.run([sys.executable, "-m", "memgov", "gc"], capture_output=True, timeout=60)
             gc_runs[0] += 1
 
     gc_thread = threading.Thread(target=gc_loop, daemon=True)
@@ -116,8 +118,21 @@ def test_churn_with_sigkills_and_gc_between_users(
             while len(live) < CLAIMERS:
                 who = owners[len(finished) % 2]
                 size = rng.choice(["1GiB", "2GiB", "4GiB", "6GiB"])
-                live.append(Child([size, "--wait", "5", "--hold", "0.02", "--cycles", "50",
-                                   "--user", str(who.uid)]))
+                live.append(
+                    Child(
+                        [
+                            size,
+                            "--wait",
+                            "5",
+                            "--hold",
+                            "0.02",
+                            "--cycles",
+                            "50",
+                            "--user",
+                            str(who.uid),
+                        ]
+                    )
+                )
             time.sleep(0.04)
             victim = rng.choice(live)
             victim.kill()
@@ -152,13 +167,25 @@ def test_churn_with_sigkills_and_gc_between_users(
     snap = ledger().snapshot()
     figures = {
         "floods": floods,
-        "seconds": SECONDS, "claimers_at_once": CLAIMERS, "processes": len(finished),
-        "admitted": admitted, "sigkills": len(kills), "holders_killed": len(reclaim_ms),
-        "gc_runs": gc_runs[0], "monitor_samples": watch.samples,
-        "over_commits": len(watch.violations), "max_claimed": watch.max_claimed,
-        "errors": len(errors), "error_examples": errors[:3],
-        "reclaim_ms": {"p50": nearest(reclaim_ms, 50), "p99": nearest(reclaim_ms, 99),
-                       "max": max(reclaim_ms)} if reclaim_ms else None,
+        "seconds": SECONDS,
+        "claimers_at_once": CLAIMERS,
+        "processes": len(finished),
+        "admitted": admitted,
+        "sigkills": len(kills),
+        "holders_killed": len(reclaim_ms),
+        "gc_runs": gc_runs[0],
+        "monitor_samples": watch.samples,
+        "over_commits": len(watch.violations),
+        "max_claimed": watch.max_claimed,
+        "errors": len(errors),
+        "error_examples": errors[:3],
+        "reclaim_ms": {
+            "p50": nearest(reclaim_ms, 50),
+            "p99": nearest(reclaim_ms, 99),
+            "max": max(reclaim_ms),
+        }
+        if reclaim_ms
+        else None,
         "left_at_end": {"claims": len(snap.claims), "queue": len(snap.queue)},
     }
     print(json.dumps(figures))

@@ -1,4 +1,4 @@
-"""A ledger claims cannot use is never shown as an empty one (issue 22, item 4; docs/ledger.md,
+"""A ledger claims cannot use is never shown as an empty one (docs/ledger.md,
 "Set-ups"): `status`, `gc` and `doctor` say what is wrong and exit non-zero, for root and for a
 user, without a traceback; settings that lead nowhere are refused saying what is accepted."""
 
