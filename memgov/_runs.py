@@ -45,7 +45,6 @@ SAMPLE_S = 1.0
 RISE = 16 * 2**20
 """A peak that grows less than this (or 1 %) since the last rise counts as flat for give back."""
 
-_lock = threading.Lock()
 _run: Run | None = None
 
 
@@ -115,8 +114,7 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
     except Exception as exc:  # no store: the claim stands, the run is not recorded
         claim.reports["profile"] = f"profile: not recorded ({type(exc).__name__}: {exc})"
         return
-    with _lock:
-        _run = run
+    _run = run
     _install_excepthook()
     run.thread = threading.Thread(
         target=_sample_loop, args=(run,), name="memgov-profile", daemon=True
@@ -132,11 +130,24 @@ def finish(end: str) -> None:
     """End this process's run (``exit``, ``released``...): sample once more, fold it into the
     profile, remove the live file. A profile that cannot be written keeps the live file."""
     global _run
-    with _lock:
-        run, _run = _run, None
+    # Single assignments, no lock: an exception landing between a lock's acquire and its block
+    # (Ctrl-C, a handler that raises) would leave it held.
+    run = _run
     if run is None:
         return
-    run.stop.set()
+    _run = None
+    run.stop.set()  # first: the sampler thread holds the run, and so its live file, until then
+    try:
+        _fold(run, end)
+    finally:
+        # Whatever was raised above (Ctrl-C included), the live file's descriptor ends here
+        # (closing is idempotent: never a second close of a reused number).
+        run.held.file.close()
+
+
+def _fold(run: Run, end: str) -> None:
+    """Fold a finished run into its profile and remove its live file; a profile that cannot
+    be written keeps the live file, for the next reader (closing drops its lock)."""
     if run.thread is not None and run.thread is not threading.current_thread():
         run.thread.join(timeout=5)
     with contextlib.suppress(Exception):
@@ -147,10 +158,8 @@ def finish(end: str) -> None:
     try:
         _profiles.record(run.job, run.label, [run.entry()], run.command)
     except Exception:
-        # Kept for the next reader: the live file says how it ended; closing drops the lock.
         with contextlib.suppress(Exception):
             _profiles.update_live(run.held, run.payload())
-        run.held.file.close()
         return
     with contextlib.suppress(Exception):
         _profiles.end_live(run.held)
@@ -240,7 +249,9 @@ def _working(run: Run) -> bool:
 def _sample_loop(run: Run) -> None:
     from memgov import _profiles
 
-    while not run.stop.wait(SAMPLE_S):
+    # Also ends when the run is no longer this process's (finish() cut short before it could
+    # stop this thread): the thread must not keep the run's live file open.
+    while not run.stop.wait(SAMPLE_S) and _run is run:
         try:
             if _sample(run):
                 _profiles.update_live(run.held, run.payload())
