@@ -27,6 +27,7 @@ for others. Once per run.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import dataclasses
@@ -35,6 +36,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,7 +66,10 @@ class Run:
     last_rise: float = dataclasses.field(default_factory=time.monotonic)
     given_back: bool = False
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
+    sampled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set when the sampler thread has ended (it never writes the live file after that)."""
+    sampler: int | None = None
+    """The sampler thread's ident."""
 
     def entry(self) -> dict[str, Any]:
         """The run as its profile keeps it."""
@@ -115,11 +120,16 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
         claim.reports["profile"] = f"profile: not recorded ({type(exc).__name__}: {exc})"
         return
     _run = run
+    if claim.released:
+        # Another thread released the claim before its run was set (its release found none
+        # to end): end it now, or its live file would stay open.
+        finish("released")
+        return
     _install_excepthook()
-    run.thread = threading.Thread(
-        target=_sample_loop, args=(run,), name="memgov-profile", daemon=True
-    )
-    run.thread.start()
+    # A bare thread: threading.Thread.start() waits for the new thread to say it started, and
+    # waits forever if an exception lands in that thread first (an interrupt storm meets it).
+    # It holds the run weakly: a run dropped by a finish() cut short is freed, with its file.
+    run.sampler = _thread.start_new_thread(_sample_loop, (weakref.ref(run), run.stop, run.sampled))
 
 
 def current() -> Run | None:
@@ -136,20 +146,21 @@ def finish(end: str) -> None:
     if run is None:
         return
     _run = None
-    run.stop.set()  # first: the sampler thread holds the run, and so its live file, until then
     try:
+        run.stop.set()
         _fold(run, end)
     finally:
         # Whatever was raised above (Ctrl-C included), the live file's descriptor ends here
         # (closing is idempotent: never a second close of a reused number).
+        run.stop.set()
         run.held.file.close()
 
 
 def _fold(run: Run, end: str) -> None:
     """Fold a finished run into its profile and remove its live file; a profile that cannot
     be written keeps the live file, for the next reader (closing drops its lock)."""
-    if run.thread is not None and run.thread is not threading.current_thread():
-        run.thread.join(timeout=5)
+    if run.sampler is not None and run.sampler != threading.get_ident():
+        run.sampled.wait(timeout=5)
     with contextlib.suppress(Exception):
         _sample(run)
     run.end = run.end or end
@@ -246,18 +257,23 @@ def _working(run: Run) -> bool:
     return capped and _torch_reserved()[1] > 0
 
 
-def _sample_loop(run: Run) -> None:
+def _sample_loop(ref: weakref.ref[Run], stop: threading.Event, sampled: threading.Event) -> None:
     from memgov import _profiles
 
-    # Also ends when the run is no longer this process's (finish() cut short before it could
-    # stop this thread): the thread must not keep the run's live file open.
-    while not run.stop.wait(SAMPLE_S) and _run is run:
-        try:
-            if _sample(run):
-                _profiles.update_live(run.held, run.payload())
-            _maybe_give_back(run)
-        except Exception:  # a sampler must never disturb the program
-            continue
+    try:
+        while not stop.wait(SAMPLE_S):
+            run = ref()
+            if run is None or _run is not run:
+                return  # finish() was cut short: the run is no longer this process's
+            try:
+                if _sample(run):
+                    _profiles.update_live(run.held, run.payload())
+                _maybe_give_back(run)
+            except Exception:  # a sampler must never disturb the program
+                pass
+            del run  # between samples only the weak reference: see start()
+    finally:
+        sampled.set()
 
 
 # -- give back ----------------------------------------------------------------------------------
