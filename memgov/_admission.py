@@ -9,8 +9,10 @@ removals in the device's folders (_wake).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from memgov import _config, _devices, _enforce, _stats
@@ -154,10 +156,15 @@ def admit(
         places = {lg.device.uuid: QueuePlace(lg, tickets[lg.device.uuid].name) for lg in fitting}
         while True:
             poll = BEHIND_POLL_S
+            watch: dict[Path, frozenset[str] | None] = {}
             for ledger in fitting:
                 uuid = ledger.device.uuid
                 if not places[uuid].first():
-                    continue  # someone is ahead: only the first waiter takes the admission lock
+                    # Someone is ahead: only the first waiter takes the admission lock; this
+                    # one wakes when the ticket just ahead goes.
+                    ahead = places[uuid].ahead
+                    watch[ledger.path / "queue"] = None if ahead is None else frozenset([ahead])
+                    continue
                 poll = HEAD_POLL_S
                 try:
                     got = attempt(ledger, tickets[uuid], max(deadline - time.monotonic(), 0.05))
@@ -174,6 +181,8 @@ def admit(
                         raise
                     return ledger, held, payload
                 last[uuid] = got
+                # First in line: what can let it in is a claim its look counted going away.
+                watch[ledger.path / "claims"] = frozenset(c.record for c in got[0].claims)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 refusals = [
@@ -183,13 +192,22 @@ def admit(
                 for ledger in fitting:
                     _stats.add_locked(ledger, "timeout", ("timeout", clock.seconds()))
                 raise _refusal(refusals, sizes, wait_s, False)
-            waker.sleep(min(poll, remaining))
+            waker.sleep(min(poll, remaining), functools.partial(_wanted, watch))
     finally:
         try:
             _drop_tickets(fitting, tickets)
         finally:
             if waker is not None:
                 waker.close()
+
+
+def _wanted(watch: dict[Path, frozenset[str] | None], folder: Path, name: str) -> bool:
+    """Whether removing ``name`` from ``folder`` may let a waiter in (``watch``: per folder, the
+    names that matter; None: any). Another user's flood, or gc removing it, wakes no one."""
+    if folder not in watch:
+        return False
+    names = watch[folder]
+    return names is None or name in names
 
 
 def _counted(

@@ -39,12 +39,18 @@ from memgov._flock import (
     process_alive,
     try_lock,
 )
-from memgov._parse import _parse
+from memgov._parse import CLAIM_FIELDS, CPU_FIELDS, Fields, _parse
 
+VERSION_DIR = "v1"
+"""The ledger's layout version: every folder memgov uses lies under MEMGOV_DIR/v1."""
+VERSION = 1
+"""The version field of every record (claims, queue tickets, CPU-share records, runs)."""
 SUFFIX = ".json"
 RECORD_NAME = re.compile(r"^[0-9]{20}-[0-9a-f]{12}\.json$")
-"""What memgov names a record (_ledger.new_record_name); anything else is not one."""
+"""What memgov names a record (:func:`new_record_name`); anything else is not one."""
 TMP_PREFIX = ".tmp-"
+STALE_TMP_S = 60.0
+"""A temporary record older than this with no lock is debris of a dead writer."""
 MAX_BYTES = 64 * 1024
 SHARED_DIR_MODE = 0o1777
 """Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
@@ -116,6 +122,21 @@ def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:
         os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
 
 
+def new_record_name() -> str:
+    """A new record's name. Arrival order is the name order: nanoseconds since the epoch agree
+    across the containers of one host; the random tail keeps names unique."""
+    return f"{time.time_ns():020d}-{secrets.token_hex(6)}{SUFFIX}"
+
+
+def stale(folder_fd: int, name: str) -> bool:
+    """Whether file ``name`` is older than STALE_TMP_S (False when it cannot be told)."""
+    try:
+        mtime = os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mtime
+    except OSError:
+        return False
+    return time.time() - mtime > STALE_TMP_S
+
+
 @dataclass
 class Held:
     """A record this process holds: its lock lives as long as ``file`` is open."""
@@ -179,7 +200,10 @@ def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, An
             view = memoryview(data)
             while view:
                 view = view[os.write(file.fileno(), view) :]
-            os.fsync(file.fileno())
+            # No fsync: a record means something only while its holder keeps the lock, and no
+            # holder outlives a crash of the host; a torn record after one is dead (unlocked),
+            # and scans remove it. A claim then never waits for the disk under the admission
+            # lock (an fsync commits everyone's pending metadata, a flood's included).
             os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
         except OSError as exc:
             raise LedgerError(f"cannot write {folder / name}: {exc.strerror or exc}") from None
@@ -205,12 +229,30 @@ class Seen:
     """(st_dev, st_ino) of the file that was read, so removal can tell it from a replacement."""
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What a folder's records are: the fields each must have, and whether a file this user
+    cannot open may be a live record that must be counted (claims and queue tickets: yes, its
+    lock is looked up and a held one blocks; CPU-share records: no, one counts only once read,
+    so the host's lock table is never read for them)."""
+
+    fields: Fields
+    unreadable_counts: bool
+
+
+CLAIMS = Kind(CLAIM_FIELDS, unreadable_counts=True)
+CPU = Kind(CPU_FIELDS, unreadable_counts=False)
+
 NOT_RECORDS_SHOWN = 20
 """Files with names that are not memgov's named one by one in a scan; the rest are counted."""
 
 
 def scan(
-    folder_fd: int, folder: Path | None = None, sweep: bool = False, remember: bool = False
+    folder_fd: int,
+    folder: Path | None = None,
+    sweep: bool = False,
+    remember: bool = False,
+    kind: Kind = CLAIMS,
 ) -> list[Seen]:
     """Read every record in a folder; probe each one's lock. Never raises for a bad file; a
     LedgerError when the folder cannot be read or a file's state cannot be known (EMFILE, a
@@ -220,29 +262,30 @@ def scan(
     flood of them costs a scan only their listing; ``sweep`` (gc) opens them too, so that the
     unlocked ones can be removed. There is no limit on the number of files: a limit would be a
     switch anyone could flip. ``remember``: the caller removes every dead file it may, so the
-    dead ones still there next time are another user's (see ``_dead``)."""
+    dead ones still there next time are another user's (see ``_dead``). ``kind``: the records'
+    fields and how a file this user cannot open counts (:class:`Kind`)."""
     folder = folder or Path(".")
     try:
         info = os.fstat(folder_fd)
         key = (info.st_dev, info.st_ino)
         with os.scandir(folder_fd) as listing:
-            entries = sorted((entry.name, entry.inode()) for entry in listing)
+            # (name, inode) from the listing itself (d_ino): no stat per file.
+            entries = {(entry.name, entry.inode()) for entry in listing}
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
     known = set() if sweep else _dead.get(key, set())
-    dead: set[tuple[str, int]] = set()
+    # Files seen unlocked before are never a live record (see _dead): set operations in C, so
+    # a flood this process has met costs a scan its listing and nothing per file.
+    dead = entries & known
     seen = []
     locks = LockTable()
     foreign = 0
-    for name, inode in entries:
-        if (name, inode) in known:
-            dead.add((name, inode))  # seen unlocked before: never a live record (see _dead)
-            continue
+    for name, inode in sorted(entries - known):
         if name.startswith(TMP_PREFIX):
-            item = _probe_tmp(folder_fd, folder, name, locks)
+            item = _probe_tmp(folder_fd, folder, name, locks, kind)
         elif RECORD_NAME.match(name) or sweep:
             item = _empty(folder_fd, name, sweep) or _read(
-                folder_fd, name, folder=folder, locks=locks
+                folder_fd, name, folder=folder, locks=locks, kind=kind
             )
             if item is not None and not item.alive and item.inode and item.inode[1] == inode:
                 dead.add((name, inode))
@@ -273,8 +316,10 @@ def scan(
 def _empty(folder_fd: int, name: str, sweep: bool) -> Seen | None:
     """An empty regular file, known from one lstat without opening it: no record is empty (a
     record is renamed into place with its content), locked or not, so it is nobody's claim. A
-    flood of empty files then costs a scan a stat each. None: not known to be empty (opened)."""
-    if sweep:
+    flood of empty files then costs a scan a stat each, and gc a stat and an unlink each. None:
+    not known to be empty (opened). gc (``sweep``) opens a file not named as a record even so:
+    it removes that only when no one holds it."""
+    if sweep and not RECORD_NAME.match(name):
         return None
     try:
         info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
@@ -294,10 +339,12 @@ this process skip it without opening it. Another user's flood of dead files then
 claimer one pass, not one per scan; gc (``sweep``) opens everything again."""
 
 
-def _probe_tmp(folder_fd: int, folder: Path, name: str, locks: LockTable) -> Seen | None:
+def _probe_tmp(
+    folder_fd: int, folder: Path, name: str, locks: LockTable, kind: Kind
+) -> Seen | None:
     # A temporary file is locked by its writer; unlocked, its writer died before the rename.
     # One this user cannot open (another user's, still 0600) is that user's business: ignored.
-    item = _read(folder_fd, name, parse=False, folder=folder, locks=locks)
+    item = _read(folder_fd, name, parse=False, folder=folder, locks=locks, kind=kind)
     if item is None or item.alive or item.problem:
         return None
     return Seen(name, False, None, "unfinished write of a dead process", item.owner, item.inode)
@@ -329,6 +376,7 @@ def _read(
     parse: bool = True,
     folder: Path | None = None,
     locks: LockTable | None = None,
+    kind: Kind = CLAIMS,
 ) -> Seen | None:
     locks = locks or LockTable()
     where = (folder or Path(".")) / name
@@ -344,6 +392,8 @@ def _read(
         if exc.errno == errno.ELOOP:
             return Seen(name, False, None, "a symlink (not followed)", _owner(folder_fd, name))
         if exc.errno in (errno.EACCES, errno.EPERM):
+            if not kind.unreadable_counts:  # never read, so never counted: no lock lookup
+                return _not_counted(folder_fd, name, f"unreadable ({exc.strerror})")
             return _unreadable(folder_fd, name, exc, locks)
         if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EISDIR):  # a socket or device: no lock
             return Seen(name, False, None, f"unreadable ({exc.strerror})", _owner(folder_fd, name))
@@ -374,7 +424,7 @@ def _read(
             return Seen(name, alive, None, f"unreadable ({exc.strerror})", info.st_uid, inode)
     finally:
         probe.close()
-    data, problem = _parse(raw)
+    data, problem = _parse(raw, kind.fields)
     if alive and data is not None:
         alive = holder_alive(data)
     return Seen(name, alive, data, problem, info.st_uid, inode)
@@ -440,6 +490,15 @@ def _unreadable(folder_fd: int, name: str, exc: OSError, locks: LockTable) -> Se
     state = "locked or unknown" if alive else "not locked"
     inode = (info.st_dev, info.st_ino)
     return Seen(name, alive, None, f"unreadable ({exc.strerror}), {state}", info.st_uid, inode)
+
+
+def _not_counted(folder_fd: int, name: str, why: str) -> Seen:
+    """A file that counts as no one's record whatever its lock (a scan remembers it)."""
+    try:
+        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return Seen(name, False, None, why, None)
+    return Seen(name, False, None, why, info.st_uid, (info.st_dev, info.st_ino))
 
 
 def _owner(folder_fd: int, name: str) -> int | None:
