@@ -175,18 +175,9 @@ def _load(fd: int, path: Path, name: str) -> dict[str, Any] | None:
 
 
 def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
-    try:
-        text = raw.decode()
-        if _parse._depth(text) > _parse.MAX_DEPTH:
-            return None, "nested too deep"
-        data = json.loads(
-            text,
-            parse_int=_parse._bounded_int,
-            parse_float=_parse._bounded_float,
-            parse_constant=_parse._no_constant,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError, OverflowError) as exc:
-        return None, f"corrupt JSON: {str(exc)[:120]}"
+    data, problem = _parse.load_bounded(raw)
+    if problem is not None:
+        return None, problem
     if not isinstance(data, dict) or data.get("version") != VERSION:
         return None, f"not a version {VERSION} profile"
     if not isinstance(data.get("job"), str) or not isinstance(data.get("runs"), list):

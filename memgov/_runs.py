@@ -39,6 +39,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from memgov import _records
+
 if TYPE_CHECKING:
     from memgov._claim import Claim
     from memgov.adapter import Budget
@@ -90,7 +92,7 @@ class Run:
     def payload(self) -> dict[str, Any]:
         """The live file: a ledger record (so _records reads it with its bounds) plus the run."""
         return {
-            "version": 1,
+            "version": _records.VERSION,
             "id": self.claim.id,
             "kind": "run",
             "device": self.claim.device,
