@@ -100,6 +100,7 @@ def admit(
         """One admission under the device's lock: the admitted record, or why not."""
         uuid = ledger.device.uuid
         reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
+        ledger.first_look(reading)
         asked = time.monotonic()
         with ledger.locked(timeout):
             got = time.monotonic()

@@ -200,7 +200,8 @@ def sweep(root: Path | None = None) -> int:
                 young = item.name.startswith(_records.TMP_PREFIX) and not _records.stale(
                     fd, item.name
                 )
-                if item.name and not item.alive and not young and not _is_dir(fd, item.name):
+                folder_like = item.problem == "not a regular file" and _is_dir(fd, item.name)
+                if item.name and not item.alive and not young and not folder_like:
                     gone += _records.remove_dead(fd, item) is None
             return gone
     except FileNotFoundError:

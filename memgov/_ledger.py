@@ -269,6 +269,22 @@ class DeviceLedger:
             unknown=filing.unknown,
         )
 
+    def first_look(self, reading: Reading) -> None:
+        """A process's first scan of this device, taken without the admission lock: every file
+        another user left is looked at once here (and remembered dead), so the scan under the
+        lock looks only at what changed since. Otherwise each new process would hold the lock
+        for one stat per file of a flood, and hold off every other claimer meanwhile."""
+        try:
+            known = []
+            for section in ("claims", "queue"):
+                parts = (*self.parts, section)
+                with _records.open_dir(self.root, parts, create=False) as fd:
+                    known.append(_records.remembers(fd))
+            if not all(known):
+                self.scan(reading=reading)  # this user's dead files go now: no lock needed
+        except (FileNotFoundError, LedgerError):
+            pass  # the scan under the lock finds and says what is wrong
+
     def snapshot(self) -> Snapshot:
         reading = self.read()
         with self.locked():
@@ -383,7 +399,7 @@ class _Filing:
         mine = os.geteuid() in (0, seen.owner) or seen.owner is None
         why = _records.remove_dead(fd, seen) if mine else _records.NOT_MINE
         label = seen.problem or "dead holder"
-        if why is None:
+        if why is None:  # each named: gc reports (and counts) every file it removed
             where = printable(str(folder / seen.name))
             self.removed.append(f"{where} ({label}, uid {_uid(seen.owner)})")
         elif why != _records.GONE:

@@ -136,4 +136,6 @@ def _parse(raw: bytes, required: Fields = CLAIM_FIELDS) -> tuple[dict[str, Any] 
 def printable(text: str) -> str:
     """``text`` with control and other non-printable characters as escapes: file names and
     record fields are other users' text, and must not send sequences to anyone's terminal."""
+    if text.isprintable():  # the common case, checked in C
+        return text[:MAX_TEXT]
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:MAX_TEXT])

@@ -313,6 +313,15 @@ def scan(
     return seen
 
 
+def remembers(folder_fd: int) -> bool:
+    """Whether this process has scanned the folder with ``remember`` (knows its dead files)."""
+    try:
+        info = os.fstat(folder_fd)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) in _dead
+
+
 def _empty(folder_fd: int, name: str, sweep: bool) -> Seen | None:
     """An empty regular file, known from one lstat without opening it: no record is empty (a
     record is renamed into place with its content), locked or not, so it is nobody's claim. A
