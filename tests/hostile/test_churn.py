@@ -194,7 +194,7 @@ def test_churn_with_sigkills_and_gc_between_users(
     assert watch.violations == []
     assert snap.claims == [] and snap.queue == [] and snap.unknown == []
     assert errors == [], errors[:3]
-    # Floods slow the churn (every scan lists them; benchmarks/ledger_churn_floods.py measures
-    # by how much, results/2026-11-24-cpu-2core-ledger-churn-floods.json): under them the run
+    # Floods slow the churn (every scan lists them; benchmarks/cpu/ledger_churn_floods.py measures
+    # by how much, results/cpu-2core/2026-11-24-ledger-churn-floods.json): under them the run
     # must still have admitted, killed and collected, with the checks above all holding.
     assert admitted > (0 if floods else 100) and len(kills) > 100 and gc_runs[0] > 3

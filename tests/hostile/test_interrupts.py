@@ -81,7 +81,7 @@ def test_interrupt_storm_leaves_nothing_behind(device: str) -> None:
 def test_no_descriptor_outlives_an_interrupted_claim(device: str) -> None:
     # Ctrl-C at random moments of many claim/release cycles: the process's descriptors (all of
     # them, /proc/self/fd) are as many afterwards as before (the code before left 75 and 10:
-    # results/2026-11-24-cpu-2core-interrupted-claims.txt).
+    # results/cpu-2core/2026-11-24-interrupted-claims.txt).
     worker = Path(__file__).resolve().parent / "interrupted_claims.py"
     for seed, most in ((1, 0.004), (2, 0.03)):
         done = subprocess.run(

@@ -1,6 +1,6 @@
 """Claim latency under churn, clean and with another user's floods beside it.
 
-    sudo python benchmarks/ledger_churn_floods.py [--seconds 20] [--claimers 16] [--json PATH]
+    sudo python benchmarks/cpu/ledger_churn_floods.py [--seconds 20] [--claimers 16] [--json PATH]
 
 Run as root: the processes drop to uids of their own (no passwd entry is needed). Each phase
 runs in a fresh root-made ledger (`memgov gc` as root: the admin set-up) on one simulated

@@ -1,6 +1,6 @@
 """One claimer's claim() beside another user's flood of dead files, cold and warm.
 
-    sudo python benchmarks/claim_beside_flood.py [--files 10000] [--cycles 20] [--profile N]
+    sudo python benchmarks/cpu/claim_beside_flood.py [--files 10000] [--cycles 20] [--profile N]
 
 Run as root. A root-made ledger (`memgov gc`: the admin set-up) on one simulated 16 GiB device;
 uid 54322 owns FILES empty record-named files in claims/ and FILES in v1/cpu/ (what a flood
