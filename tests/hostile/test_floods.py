@@ -115,9 +115,14 @@ def test_a_flood_of_flocks_is_never_read_by_a_scan(
         for proc in flooders:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "{}"
         holder.expect("admitted")
-        reads = []
+        reads: list[int] = []
         real = _flock.lock_table
-        monkeypatch.setattr(_flock, "lock_table", lambda: reads.append(1) or real())
+
+        def counted() -> dict[str, list[int]] | None:
+            reads.append(1)
+            return real()
+
+        monkeypatch.setattr(_flock, "lock_table", counted)
         from memgov import _records
 
         monkeypatch.setattr(_records, "lock_table", _flock.lock_table)
