@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import Child
 
 import memgov
 from memgov import _flock, _status
+from tests.helpers.procs import Child
 
 from .conftest import ACTOR, User
 

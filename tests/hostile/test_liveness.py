@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import Child, wait_until
 
 import memgov
 from memgov import _status
@@ -23,6 +22,7 @@ from memgov._attribution import pidns_of
 from memgov._devices import devices
 from memgov._errors import LockTimeout
 from memgov._ledger import DeviceLedger, new_record_name
+from tests.helpers.procs import Child, wait_until
 
 from .conftest import ACTOR, User
 
