@@ -67,9 +67,10 @@ class Run:
     started: float = dataclasses.field(default_factory=time.monotonic)
     last_rise: float = dataclasses.field(default_factory=time.monotonic)
     given_back: bool = False
-    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
-    sampled: threading.Event = dataclasses.field(default_factory=threading.Event)
-    """Set when the sampler thread has ended (it never writes the live file after that)."""
+    flags: dict[str, bool] = dataclasses.field(default_factory=lambda: {"stop": False})
+    """"stop": set by finish(); "ended": set by the sampler thread as it ends (it never writes
+    the live file after that). Plain assignments, no threading.Event: an interrupt landing inside
+    Event.set() leaves its lock held, and the next set() or wait() hangs for good."""
     sampler: int | None = None
     """The sampler thread's ident."""
 
@@ -131,7 +132,7 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
     # A bare thread: threading.Thread.start() waits for the new thread to say it started, and
     # waits forever if an exception lands in that thread first (an interrupt storm meets it).
     # It holds the run weakly: a run dropped by a finish() cut short is freed, with its file.
-    run.sampler = _thread.start_new_thread(_sample_loop, (weakref.ref(run), run.stop, run.sampled))
+    run.sampler = _thread.start_new_thread(_sample_loop, (weakref.ref(run), run.flags))
 
 
 def current() -> Run | None:
@@ -149,12 +150,12 @@ def finish(end: str) -> None:
         return
     _run = None
     try:
-        run.stop.set()
+        run.flags["stop"] = True
         _fold(run, end)
     finally:
         # Whatever was raised above (Ctrl-C included), the live file's descriptor ends here
         # (closing is idempotent: never a second close of a reused number).
-        run.stop.set()
+        run.flags["stop"] = True
         run.held.file.close()
 
 
@@ -162,7 +163,9 @@ def _fold(run: Run, end: str) -> None:
     """Fold a finished run into its profile and remove its live file; a profile that cannot
     be written keeps the live file, for the next reader (closing drops its lock)."""
     if run.sampler is not None and run.sampler != threading.get_ident():
-        run.sampled.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while not run.flags.get("ended") and time.monotonic() < deadline:
+            time.sleep(0.005)
     with contextlib.suppress(Exception):
         _sample(run)
     run.end = run.end or end
@@ -259,11 +262,11 @@ def _working(run: Run) -> bool:
     return capped and _torch_reserved()[1] > 0
 
 
-def _sample_loop(ref: weakref.ref[Run], stop: threading.Event, sampled: threading.Event) -> None:
+def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool]) -> None:
     from memgov import _profiles
 
     try:
-        while not stop.wait(SAMPLE_S):
+        while not _stopped(flags, SAMPLE_S):
             run = ref()
             if run is None or _run is not run:
                 return  # finish() was cut short: the run is no longer this process's
@@ -275,7 +278,15 @@ def _sample_loop(ref: weakref.ref[Run], stop: threading.Event, sampled: threadin
                 pass
             del run  # between samples only the weak reference: see start()
     finally:
-        sampled.set()
+        flags["ended"] = True
+
+
+def _stopped(flags: dict[str, bool], seconds: float) -> bool:
+    """Sleep up to ``seconds`` in short steps; whether finish() asked the sampler to stop."""
+    deadline = time.monotonic() + seconds
+    while not flags.get("stop") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(flags.get("stop"))
 
 
 # -- give back ----------------------------------------------------------------------------------
