@@ -9,8 +9,10 @@ removals in the device's folders (_wake).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from memgov import _config, _devices, _enforce, _stats
@@ -37,9 +39,11 @@ class AdmissionTiming:
 
     def report(self) -> str:
         total = self.seconds()
-        return (f"admission: {total:.3f} s; {self.tries} look(s) under the admission lock, "
-                f"waited {self.lock_wait_s:.3f} s for it, held it at most "
-                f"{self.lock_held_max_s * 1000:.1f} ms; NVML {self.nvml_s:.3f} s, outside the lock")
+        return (
+            f"admission: {total:.3f} s; {self.tries} look(s) under the admission lock, "
+            f"waited {self.lock_wait_s:.3f} s for it, held it at most "
+            f"{self.lock_held_max_s * 1000:.1f} ms; NVML {self.nvml_s:.3f} s, outside the lock"
+        )
 
 
 HEAD_POLL_S = 0.02
@@ -73,8 +77,7 @@ def admit(
 
     clock = timing or AdmissionTiming()
 
-    def payload_for(kind: str, ledger: DeviceLedger, daemon: int | None = None
-                    ) -> dict[str, Any]:
+    def payload_for(kind: str, ledger: DeviceLedger, daemon: int | None = None) -> dict[str, Any]:
         uuid = ledger.device.uuid
         mode, why = (modes or {}).get(uuid, ("soft", ""))
         extra: dict[str, Any] = {"mode_reason": why, **(info or {}).get(uuid, {})}
@@ -97,6 +100,7 @@ def admit(
         """One admission under the device's lock: the admitted record, or why not."""
         uuid = ledger.device.uuid
         reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
+        ledger.first_look(reading)
         asked = time.monotonic()
         with ledger.locked(timeout):
             got = time.monotonic()
@@ -153,10 +157,15 @@ def admit(
         places = {lg.device.uuid: QueuePlace(lg, tickets[lg.device.uuid].name) for lg in fitting}
         while True:
             poll = BEHIND_POLL_S
+            watch: dict[Path, frozenset[str] | None] = {}
             for ledger in fitting:
                 uuid = ledger.device.uuid
                 if not places[uuid].first():
-                    continue  # someone is ahead: only the first waiter takes the admission lock
+                    # Someone is ahead: only the first waiter takes the admission lock; this
+                    # one wakes when the ticket just ahead goes.
+                    ahead = places[uuid].ahead
+                    watch[ledger.path / "queue"] = None if ahead is None else frozenset([ahead])
+                    continue
                 poll = HEAD_POLL_S
                 try:
                     got = attempt(ledger, tickets[uuid], max(deadline - time.monotonic(), 0.05))
@@ -173,6 +182,8 @@ def admit(
                         raise
                     return ledger, held, payload
                 last[uuid] = got
+                # First in line: what can let it in is a claim its look counted going away.
+                watch[ledger.path / "claims"] = frozenset(c.record for c in got[0].claims)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 refusals = [
@@ -182,13 +193,22 @@ def admit(
                 for ledger in fitting:
                     _stats.add_locked(ledger, "timeout", ("timeout", clock.seconds()))
                 raise _refusal(refusals, sizes, wait_s, False)
-            waker.sleep(min(poll, remaining))
+            waker.sleep(min(poll, remaining), functools.partial(_wanted, watch))
     finally:
         try:
             _drop_tickets(fitting, tickets)
         finally:
             if waker is not None:
                 waker.close()
+
+
+def _wanted(watch: dict[Path, frozenset[str] | None], folder: Path, name: str) -> bool:
+    """Whether removing ``name`` from ``folder`` may let a waiter in (``watch``: per folder, the
+    names that matter; None: any). Another user's flood, or gc removing it, wakes no one."""
+    if folder not in watch:
+        return False
+    names = watch[folder]
+    return names is None or name in names
 
 
 def _counted(
@@ -224,6 +244,10 @@ def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None
                 ticket.file.close()
 
 
+def _uid(uid: int | None) -> str:
+    return "?" if uid is None else str(uid)
+
+
 def _capacity(device: _devices.Device) -> int:
     return max(0, device.total - _config.reserve(device.total, device.simulated))
 
@@ -244,13 +268,17 @@ def _refusal(
 ) -> BudgetExceeded:
     snap, ahead, _, blocked = max(refusals, key=lambda r: r[0].free)
     uuid = snap.device.uuid
-    holders = [(c.name, c.bytes) for c in snap.largest_holders()]
+    largest = snap.largest_holders()
+    holders = [(c.name, c.bytes) for c in largest]
     parts = [
         f"cannot claim {format_size(sizes[uuid])} on {uuid} ({snap.device.name}): "
         + snap.describe()
     ]
     if holders:
-        named = ", ".join(f"{printable(n)} {format_size(b)}" for n, b in holders)
+        # The file's owner, not the record's text: a record may name another user's process.
+        named = ", ".join(
+            f"{printable(c.name)} {format_size(c.bytes)} (uid {_uid(c.uid)})" for c in largest
+        )
         parts.append(f"largest holders: {named}")
     if blocked:
         parts.append(blocked)

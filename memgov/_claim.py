@@ -180,28 +180,9 @@ def claim(
     finally:
         del attempt  # ends the mark (the weak reference dies with it)
     try:
-        threads = _threads.govern(chosen_threads, holder=f"{chosen.uuid}/{result.record}")
+        budget = _govern(result, chosen, chosen_threads, label)
     except BaseException:
-        try:
-            result.release()
-        finally:
-            _enforce.restore(touched)
-        raise
-    if _threads.report(threads):
-        result.reports["threads"] = str(_threads.report(threads))
-    budget = _adapters.Budget(
-        bytes=result.bytes,
-        device_uuid=chosen.uuid,
-        device_total=chosen.total,
-        device_index=result.index,
-        simulated=chosen.simulated,
-        name=label,
-        threads=threads.threads,
-        hard=result.mode == "hard",
-    )
-    try:
-        _adapters.govern(budget, result.reports)
-    except BaseException:
+        # A failed claim() holds nothing: the record released, the environment put back.
         try:
             result.release()
         finally:
@@ -214,6 +195,27 @@ def claim(
         sys.stderr.write(f"memgov: {result.reports['auto']}\n")
         sys.stderr.flush()
     return result
+
+
+def _govern(
+    result: Claim, chosen: _devices.Device, chosen_threads: _threads.Setting, label: str
+) -> _adapters.Budget:
+    """Give the admitted claim its CPU threads and its frameworks' caps; the budget applied."""
+    threads = _threads.govern(chosen_threads, holder=f"{chosen.uuid}/{result.record}")
+    if _threads.report(threads):
+        result.reports["threads"] = str(_threads.report(threads))
+    budget = _adapters.Budget(
+        bytes=result.bytes,
+        device_uuid=chosen.uuid,
+        device_total=chosen.total,
+        device_index=result.index,
+        simulated=chosen.simulated,
+        name=label,
+        threads=threads.threads,
+        hard=result.mode == "hard",
+    )
+    _adapters.govern(budget, result.reports)
+    return budget
 
 
 def _quiet() -> bool:

@@ -18,9 +18,6 @@ A process's share of threads (see :func:`share`):
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import json
 import os
 import socket
 import stat
@@ -29,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _flock, _parse, _records
+from memgov import _config, _flock, _records
+from memgov._attribution import pidns_of
 from memgov._cpus import Usable
 from memgov._errors import LedgerError
 
-PARTS = ("v1", "cpu")
-MAX_BYTES = 16 * 1024
-STALE_TMP_S = 60.0
+PARTS = (_records.VERSION_DIR, "cpu")
+"""The CPU-share folder (a simulated GPU may not take its name: _settings.RESERVED_NAMES)."""
 
 
 @dataclass(frozen=True)
@@ -87,9 +84,10 @@ def register(
     usable: Usable, threads: int | None, source: str, holder: str, why: str = ""
 ) -> Registration:
     payload = {
-        "version": 1,
+        "version": _records.VERSION,
         "kind": "cpu",
         "pid": os.getpid(),
+        "pidns": pidns_of(),
         "host": socket.gethostname(),
         "created": time.time(),
         "cpus": sorted(usable.cpus),
@@ -101,8 +99,7 @@ def register(
     }
     root = _config.ledger_dir()
     with _records.open_dir(root, PARTS, create=True) as fd:
-        name = f"{time.time_ns():020d}-{os.urandom(6).hex()}{_records.SUFFIX}"
-        held = _records.create(fd, root.joinpath(*PARTS), name, payload)
+        held = _records.create(fd, root.joinpath(*PARTS), _records.new_record_name(), payload)
     _flock.held_for_life(held.file)  # the process's CPU record, by design (not a leaked lock)
     return Registration(held, payload, root)
 
@@ -110,78 +107,105 @@ def register(
 def peers(clean: bool = True, root: Path | None = None) -> list[Peer]:
     """Every live governed process in this ledger (``root``, default MEMGOV_DIR), in arrival
     order. A dead process's record is removed where this user may (``clean``); a file that is
-    not a good record is skipped."""
+    not a good record is skipped. Only records whose holder is verified count: the process the
+    record names is alive in this PID namespace and runs as the file's owner (a record anyone
+    can plant must not shrink everyone's share), one record per process."""
+    root = root or _config.ledger_dir()
     try:
-        opened = _records.open_dir(root or _config.ledger_dir(), PARTS, create=False)
-        with opened as fd:
-            return _scan(fd, clean)
+        with _records.open_dir(root, PARTS, create=False) as fd:
+            return _scan(fd, root.joinpath(*PARTS), clean)
     except FileNotFoundError:
         return []
 
 
-def _scan(fd: int, clean: bool) -> list[Peer]:
+RELIST_EVERY = 10
+"""Scans between full listings while the folder looks unchanged (coarse timestamps)."""
+_last: dict[str, Any] = {}
+"""The previous scan of this process: the folder's identity and times, and the live records.
+While the folder is unchanged (no record made or removed), only those are probed again: an idle
+governed process's follower then costs O(live records), whatever else lies in the folder."""
+
+
+def _scan(fd: int, folder: Path, clean: bool) -> list[Peer]:
+    info = os.fstat(fd)
+    key = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns, os.getpid())
+    if _last.get("key") == key and _last.get("scans", 0) % RELIST_EVERY:
+        # Unchanged folder: the live records only (each read as a full scan reads it).
+        listed = [
+            _records._read(fd, name, folder=folder, kind=_records.CPU) for name in _last["live"]
+        ]
+        seen = [item for item in listed if item is not None]
+    else:
+        # A full scan: files this process found dead before are skipped by name and inode
+        # (_records._dead), so a flood of them costs a listing, not a stat each.
+        seen = _records.scan(fd, folder, remember=clean, kind=_records.CPU)
     found = []
-    for name in sorted(os.listdir(fd)):
-        alive, data = _probe(fd, name)
-        if alive is None:
+    pids: set[int] = set()
+    own_ns = _records._own_pidns()
+    for item in seen:
+        if not item.alive:
+            if clean and item.name:
+                _remove_dead(fd, item)
             continue
-        if not alive:
-            tmp = name.startswith(_records.TMP_PREFIX)
-            if clean and (not tmp or _older_than(fd, name, STALE_TMP_S)):
-                with contextlib.suppress(OSError):  # another user's file in a sticky folder
-                    os.unlink(name, dir_fd=fd)
+        peer = _peer(item.name, item.data)
+        if peer is None or peer.pid in pids or not _verified(peer, item.data, item.owner, own_ns):
             continue
-        peer = _peer(name, data)
-        if peer is not None:
-            found.append(peer)
+        pids.add(peer.pid)
+        found.append(peer)
+    _last.update(key=key, live=[p.record for p in found], scans=_last.get("scans", 0) + 1)
     return found
 
 
-def _probe(fd: int, name: str) -> tuple[bool | None, dict[str, Any] | None]:
-    """(alive, parsed content); alive None: not a file of ours (skipped, never removed)."""
-    ours = name.endswith(_records.SUFFIX) or name.startswith(_records.TMP_PREFIX)
-    if not ours:
-        return None, None
+def _remove_dead(fd: int, item: _records.Seen) -> None:
+    """Remove a dead record where this user may (another user's is left without trying: a
+    flood costs no unlink each); an unfinished write only once it is stale."""
+    if os.geteuid() not in (0, item.owner):
+        return
+    if item.name.startswith(_records.TMP_PREFIX) and not _records.stale(fd, item.name):
+        return
+    _records.remove_dead(fd, item)
+
+
+def _verified(
+    peer: Peer, data: dict[str, Any] | None, owner: int | None, own_ns: int | None
+) -> bool:
+    """Whether the record's process is alive here and runs as the record file's owner."""
+    pidns = data.get("pidns") if data is not None else None
+    # A record of an older memgov has no "pidns": its PID is taken as this namespace's, and the
+    # owner check below still ties it to the file's owner.
+    if data is None or own_ns is None or pidns not in (None, own_ns) or peer.pid <= 0:
+        return False
+    created = data.get("created")
+    if not _flock.process_alive(peer.pid, created if isinstance(created, (int, float)) else None):
+        return False
     try:
-        # Owned (closed in a forked child by _flock's hook): a child forked while this thread
-        # holds the probe's shared lock must not keep it, e.g. on a writer's locked-to-be file.
-        file = _flock.own(
-            os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-        )
-    except OSError:
-        return None, None  # gone, a symlink, unreadable, or a folder
+        with open(f"/proc/{peer.pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    real, effective = (int(x) for x in line.split()[1:3])
+                    return owner in (real, effective)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def sweep(root: Path | None = None) -> int:
+    """Remove every file in the CPU-share folder that no process holds (gc; root may remove any
+    user's). Returns how many went."""
+    root = root or _config.ledger_dir()
     try:
-        file_fd = file.fileno()
-        info = os.fstat(file_fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
-            return None, None
-        try:
-            fcntl.flock(file_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                alive = True
-            else:
-                return None, None  # a filesystem without flock: nothing can be known
-        else:
-            alive = False
-        if not alive or name.startswith(_records.TMP_PREFIX):
-            return alive, None
-        raw = os.read(file_fd, MAX_BYTES + 1)
-    finally:
-        file.close()
-    try:  # other users' files: parsed with the ledger's bounds (depth, number length, range)
-        text = raw.decode()
-        if _parse._depth(text) > _parse.MAX_DEPTH:
-            return None, None
-        data = json.loads(
-            text,
-            parse_int=_parse._bounded_int,
-            parse_float=_parse._bounded_float,
-            parse_constant=_parse._no_constant,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError, OverflowError):
-        return None, None
-    return True, data if isinstance(data, dict) else None
+        with _records.open_dir(root, PARTS, create=False) as fd:
+            gone = 0
+            for item in _records.scan(fd, root.joinpath(*PARTS), sweep=True, kind=_records.CPU):
+                young = item.name.startswith(_records.TMP_PREFIX) and not _records.stale(
+                    fd, item.name
+                )
+                folder_like = item.problem == "not a regular file" and _is_dir(fd, item.name)
+                if item.name and not item.alive and not young and not folder_like:
+                    gone += _records.remove_dead(fd, item) is None
+            return gone
+    except FileNotFoundError:
+        return 0
 
 
 def _peer(name: str, data: dict[str, Any] | None) -> Peer | None:
@@ -208,9 +232,9 @@ def _peer(name: str, data: dict[str, Any] | None) -> Peer | None:
     )
 
 
-def _older_than(fd: int, name: str, seconds: float) -> bool:
+def _is_dir(fd: int, name: str) -> bool:
     try:
-        return time.time() - os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime > seconds
+        return stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
 

@@ -46,6 +46,7 @@ def diagnose() -> dict[str, Any]:
         "mps": _mps(),
         "budget": _budget(first),
         "ledger": ledger_sharing(),
+        "ledger_problem": _ledger_problem(),
         "threads": _threads(),
         "settings": _settings.report(),
         **_environment(),
@@ -91,6 +92,15 @@ def set_by_memgov(environ: Mapping[str, str]) -> dict[str, str]:
                 else f"a framework adapter of a governed process ({ENV_SET_MARK})"
             )
     return why
+
+
+def _ledger_problem() -> str | None:
+    from memgov import _status
+
+    try:
+        return _status.ledger_problem()
+    except Exception as exc:  # doctor reports, never crashes
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _devices() -> tuple[list[dict[str, Any]], str | None]:
@@ -145,9 +155,12 @@ def _mps() -> dict[str, Any]:
 
     limits: dict[str, Any] = {}
     try:  # a bad setting is reported, never a crash of doctor
-        limits = {"clients_per_daemon": _mpsctl.client_limit(), "policy": _mpsctl.policy(),
-                  "contexts_per_gpu": _config.context_limit(simulated=False),
-                  "memgov_daemons": _mpsctl.running_daemons() if control else []}
+        limits = {
+            "clients_per_daemon": _mpsctl.client_limit(),
+            "policy": _mpsctl.policy(),
+            "contexts_per_gpu": _config.context_limit(simulated=False),
+            "memgov_daemons": _mpsctl.running_daemons() if control else [],
+        }
     except MemgovError as exc:
         limits = {"problem": str(exc)}
     return {
@@ -231,6 +244,13 @@ def _mount_of(path: Path) -> dict[str, str] | None:
     return best
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a folder above it this user may not search: ledger_problem says so
+        return False
+
+
 def ledger_sharing(path: Path | None = None) -> dict[str, Any]:
     """Whether the ledger folder is shared with other containers, or private to this one."""
     from memgov import _config
@@ -240,13 +260,13 @@ def ledger_sharing(path: Path | None = None) -> dict[str, Any]:
     except Exception as exc:
         return {"path": None, "verdict": "error", "note": str(exc)}
     existing = folder
-    while not existing.exists() and existing != existing.parent:
+    while not _exists(existing) and existing != existing.parent:
         existing = existing.parent
     mount = _mount_of(existing.resolve())
     container = in_container()
     info: dict[str, Any] = {
         "path": str(folder),
-        "exists": folder.exists(),
+        "exists": _exists(folder),
         "writable": os.access(existing, os.W_OK),
         "container": container,
         "mount": mount,

@@ -26,12 +26,15 @@ import errno
 import fcntl
 import functools
 import io
+import itertools
 import os
 import stat
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
+from memgov import _trust
 from memgov._errors import LedgerError, LockTimeout
 
 LOCK_MODE = 0o644
@@ -52,6 +55,47 @@ def own(fd: int, writable: bool = False) -> io.FileIO:
     key = id(file)
     _live[key] = weakref.ref(file, functools.partial(_forget, key))
     return file
+
+
+def open_owned(
+    path: str | Path,
+    flags: int,
+    dir_fd: int | None = None,
+    mode: int = 0o600,
+    writable: bool = False,
+    register: bool = True,
+) -> io.FileIO:
+    """``os.open(path, flags, mode, dir_fd=dir_fd)``, owned by a FileIO before any bytecode runs.
+
+    Interrupts (Ctrl-C, a handler that raises) land between bytecodes, never inside a C call:
+    the descriptor goes into a list, and the FileIO owning it into another, each inside one C
+    call (map and extend). Whatever lands where, the cleanup below closes exactly what exists:
+    the FileIO if there is one, else the bare descriptor; never a number twice."""
+    return adopt(functools.partial(os.open, path, flags, mode, dir_fd=dir_fd), writable, register)
+
+
+def adopt(make: Callable[[], int], writable: bool = False, register: bool = True) -> io.FileIO:
+    """The descriptor ``make()`` returns, owned by a FileIO before any bytecode runs (see
+    open_owned); a negative number (a C call that failed) is a ValueError."""
+    raw: list[int] = []
+    files: list[io.FileIO] = []
+    try:
+        raw.extend(itertools.islice(iter(make, None), 1))
+        files.extend(map(io.FileIO, raw, ("r+" if writable else "r",)))
+        if register:
+            _register(files[0])
+        return files[0]
+    except BaseException:
+        if files:
+            files[0].close()
+        elif raw and raw[0] >= 0:
+            os.close(raw[0])  # FileIO refused it (a folder) or never ran
+        raise
+
+
+def _register(file: io.FileIO) -> None:
+    key = id(file)
+    _live[key] = weakref.ref(file, functools.partial(_forget, key))
 
 
 def _forget(key: int, ref: weakref.ref[io.FileIO]) -> None:
@@ -143,6 +187,14 @@ def pid_running(pid: int) -> bool:
     """Whether ``pid`` (in this PID namespace) is a live process; unknown counts as live."""
     if pid <= 0:
         return True  # not visible from here: assume alive (fail closed)
+    return process_alive(pid)
+
+
+def process_alive(pid: int, created: float | None = None) -> bool:
+    """Whether ``pid`` (in this PID namespace) is a live process that existed at ``created``
+    (a record's time: a process started later is another one with the same PID). Unknown counts
+    as alive. A zombie thread-group leader whose other threads still run is alive: its main
+    thread ended, the process (and the descriptors holding its locks) did not."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read(4096).rsplit(b")", 1)[-1].split()
@@ -150,50 +202,64 @@ def pid_running(pid: int) -> bool:
         return False
     except OSError:
         return True
-    return not (fields and fields[0] in (b"Z", b"X"))  # a zombie holds nothing
+    if created is not None and len(fields) > 19 and _started(fields[19]) > created + 2.0:
+        return False  # the PID was reused after the record's writer died
+    if fields and fields[0] in (b"Z", b"X"):
+        return _other_threads_run(pid)
+    return True
 
 
-def trusted_owner(uid: int) -> bool:
-    return uid in (0, os.geteuid()) or uid == _overflow_uid()
+def _other_threads_run(pid: int) -> bool:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        if tid == str(pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                state = f.read(4096).rsplit(b")", 1)[-1].split()[:1]
+        except OSError:
+            continue
+        if state and state[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _started(ticks: bytes) -> float:
+    """A process's start time (field 22 of /proc/PID/stat) as seconds since the epoch."""
+    try:
+        return _boot_time() + int(ticks) / os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError):
+        return 0.0
 
 
 @functools.cache
-def _overflow_uid() -> int | None:
-    """The uid that root's files show inside a user namespace that does not map the host's root
-    (docker --userns-remap): the kernel's overflow uid. None in the initial namespace.
-
-    Inside such a namespace memgov cannot tell the host's root from other unmapped users, so it
-    trusts that uid: the bind-mounted ledger is then what the host's admin set up
-    (docs/ledger.md, "Containers")."""
+def _boot_time() -> float:
     try:
-        # Bytes, decoded by the built-in fast path: this can run while the interpreter is short
-        # of codecs (a user that cannot read the encodings package, interpreter exit).
-        with open("/proc/self/uid_map", "rb") as f:
-            first = f.read().decode().split()
-        if first[:3] == ["0", "0", "4294967295"]:
-            return None
-        with open("/proc/sys/kernel/overflowuid", "rb") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def untrusted(path: Path, uid: int, what: str) -> LedgerError:
-    return LedgerError(
-        f"{what} {path} belongs to uid {uid}, neither root nor you (uid {os.geteuid()}): its "
-        "owner could delete other users' claims, so memgov will not use it. A ledger shared by "
-        "several users must be set up by root once (docs/ledger.md, 'Admin set-up'): "
-        f"`sudo install -d -m 1777 -o root -g root {path}` (or the systemd-tmpfiles line "
-        f"`d {path} 1777 root root -`), then `sudo memgov gc` to create the device folders; "
-        "or set MEMGOV_DIR to a folder of your own"
-    )
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0.0
 
 
 class AdmissionLock:
     """The device's admission lock: taken with LOCK_EX | LOCK_NB, retried until ``timeout``."""
 
-    def __init__(self, path: Path, timeout: float, may_create: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        timeout: float,
+        may_create: bool = True,
+        folder: os.stat_result | None = None,
+    ) -> None:
         self.path = path
+        self.folder = folder
+        """The checked folder it lies in (_trust: who may own the lock file)."""
         self.timeout = timeout
         self.may_create = may_create
         self._file: io.FileIO | None = None
@@ -237,7 +303,7 @@ class AdmissionLock:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         for _ in range(3):
             try:
-                file = own(os.open(self.path, flags))
+                file = open_owned(self.path, flags)
             except IsADirectoryError:
                 raise LedgerError(
                     f"cannot lock {self.path}: a folder was put there; remove it (root may have to)"
@@ -246,43 +312,88 @@ class AdmissionLock:
                 if not self.may_create:
                     raise LedgerError(
                         f"{self.path} is missing, and its folder belongs to root: only root "
-                        "creates it (run `sudo memgov gc` once; docs/ledger.md, 'Admin set-up')"
+                        "creates it (run `sudo memgov gc` once; docs/ledger.md, 'Set-ups')"
                     ) from None
             except OSError as exc:
                 raise LedgerError(_why(self.path, exc)) from None
             else:
-                _check_lock_file(file, self.path)
+                _check_lock_file(file, self.path, self.folder)
                 return file
             try:
-                fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, LOCK_MODE)
+                file = open_owned(self.path, flags | os.O_CREAT | os.O_EXCL, mode=LOCK_MODE)
             except FileExistsError:
                 continue  # another process made it between our two opens
             except OSError as exc:
                 raise LedgerError(_why(self.path, exc)) from None
-            file = own(fd)
             with contextlib.suppress(OSError):  # the umask trimmed it; others must open it
                 os.fchmod(file.fileno(), LOCK_MODE)
             return file
         raise LedgerError(f"cannot lock {self.path}: it keeps disappearing")
 
     def _held_too_long(self) -> str:
-        holders = ""
-        try:
-            info = os.stat(self.path, follow_symlinks=False)
-            pids = lock_holders(info.st_dev, info.st_ino)
-        except OSError:
-            pids = None
-        if pids:
-            holders = " by pid " + ", ".join(str(p) for p in pids if p > 0) or " by a process "
-            holders += " (in another PID namespace)" if all(p <= 0 for p in pids) else ""
         return (
-            f"the admission lock {self.path} was held for over {self.timeout:g} s{holders}; "
-            "a stopped (SIGSTOP) or hostile process holds it, and every claim on this device "
-            "waits for it"
+            f"the admission lock {self.path} was held for over {self.timeout:g} s"
+            f"{lock_holder_text(self.path)}; a stopped (SIGSTOP) or hostile process holds it, "
+            "and every claim on this device waits for it"
         )
 
 
-def _check_lock_file(file: io.FileIO, path: Path) -> None:
+def lock_holder_text(path: Path) -> str:
+    """Who holds the flock on ``path``, as far as this process can tell (an error message's
+    words; read only when a lock was held too long, never per scan)."""
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return ""
+    pids = lock_holders(info.st_dev, info.st_ino)
+    if pids is None:
+        return f" (who holds it is unknown: /proc/locks cannot be read here; try `lsof {path}`)"
+    visible = [p for p in pids if p > 0]
+    if not visible:
+        # /proc/locks lists a lock of a process this PID namespace cannot see as pid 0, or (newer
+        # kernels) not at all: either way the holder is outside this namespace.
+        return (
+            " by a process outside this PID namespace (this namespace's /proc/locks does not "
+            f"name it); on the host, `lsof {path}` or `grep :{info.st_ino} /proc/locks` names it"
+        )
+    alive = [p for p in visible if pid_running(p)]
+    if alive:
+        return " by pid " + ", ".join(map(str, alive))
+    took = ", ".join(map(str, visible))
+    heirs = [p for p in _open_by(info) if p != os.getpid()]
+    if heirs:
+        return (
+            f" by pid {', '.join(map(str, heirs))}, which inherited it from pid {took} (gone): "
+            "a child forked from C keeps its parent's descriptors"
+        )
+    return (
+        f" by a child of pid {took} (gone), which inherited the descriptor; this user cannot "
+        f"see which: `sudo lsof {path}` names it"
+    )
+
+
+def _open_by(info: os.stat_result) -> list[int]:
+    """PIDs (this namespace) with a descriptor open on the file ``info`` describes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                seen = os.stat(f"/proc/{entry}/fd/{fd}")
+            except OSError:
+                continue
+            if (seen.st_dev, seen.st_ino) == (info.st_dev, info.st_ino):
+                found.append(int(entry))
+                break
+    return found
+
+
+def _check_lock_file(file: io.FileIO, path: Path, folder: os.stat_result | None) -> None:
     try:
         info = os.fstat(file.fileno())
         if not stat.S_ISREG(info.st_mode):
@@ -290,8 +401,8 @@ def _check_lock_file(file: io.FileIO, path: Path) -> None:
                 f"cannot lock {path}: not a regular file (a FIFO, device or folder was put "
                 "there); remove it (root may have to)"
             )
-        if not trusted_owner(info.st_uid):
-            raise untrusted(path, info.st_uid, "lock file")
+        if not _trust.owner_trusted(info, path, folder):
+            raise _trust.untrusted(path, info.st_uid, "lock file", path.parent.parent.parent)
     except BaseException:
         file.close()
         raise

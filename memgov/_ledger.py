@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +35,8 @@ from memgov._flock import AdmissionLock
 from memgov._parse import printable
 from memgov._sizes import format_size
 
-VERSION_DIR = "v1"
+VERSION_DIR = _records.VERSION_DIR
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
-STALE_TMP_S = 60.0
-"""A temporary record older than this with no lock is debris of a dead writer."""
 
 
 @dataclass(frozen=True)
@@ -170,10 +169,7 @@ class Snapshot:
         )
 
 
-def new_record_name() -> str:
-    # Arrival order is the name order: nanoseconds since the epoch agree across the containers of
-    # one host; the random tail keeps names unique.
-    return f"{time.time_ns():020d}-{secrets.token_hex(6)}{_records.SUFFIX}"
+new_record_name = _records.new_record_name
 
 
 def folder_name(uuid: str) -> str:
@@ -212,9 +208,10 @@ class DeviceLedger:
         with _records.open_dir(self.root, self.parts, create=True) as fd:
             # Make the folders first (checked, no symlinks); only the folder's owner (or root)
             # creates the lock file in it.
-            mine = os.fstat(fd).st_uid == os.geteuid() or os.geteuid() == 0
+            folder = os.fstat(fd)
+        mine = folder.st_uid == os.geteuid() or os.geteuid() == 0
         limit = _config.LOCK_TIMEOUT_S if timeout is None else timeout
-        return AdmissionLock(self.path / "admission.lock", limit, may_create=mine)
+        return AdmissionLock(self.path / "admission.lock", limit, may_create=mine, folder=folder)
 
     # -- reading -------------------------------------------------------------------------------
     def read(self) -> Reading:
@@ -226,60 +223,31 @@ class DeviceLedger:
         processes = _nvml.processes(device.uuid)
         return Reading(device, processes, time.monotonic() - start)
 
-    def scan(self, clean: bool = True, queue: bool = True, reading: Reading | None = None
-             ) -> Snapshot:
+    def scan(
+        self,
+        clean: bool = True,
+        queue: bool = True,
+        reading: Reading | None = None,
+        sweep: bool = False,
+    ) -> Snapshot:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
-        ``clean`` removes dead holders' files where this user may; ``queue=False`` skips the
-        queue (a refusal's message needs only the claims). ``reading``: NVML's view taken just
-        before the lock (:meth:`read`); None reads it now.
+        ``clean`` removes dead holders' files where this user may, and every other file no one
+        holds (nobody's live claim); ``sweep`` (gc) opens files whose names are not memgov's
+        too, so that those go as well; ``queue=False`` skips the queue (a refusal's message
+        needs only the claims). ``reading``: NVML's view taken just before the lock
+        (:meth:`read`); None reads it now.
         """
         reading = reading or self.read()
         device = reading.device
-        problems: list[str] = []
-        removed: list[str] = []
-        unknown: list[str] = []
-        sections: dict[str, list[Entry]] = {"claims": [], "queue": []}
-        for section in sections if queue else ("claims",):
+        filing = _Filing(device, clean)
+        for section in ("claims", "queue") if queue else ("claims",):
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
-                for seen in _records.scan(fd, folder):
-                    where = printable(str(folder / seen.name))
-                    if seen.alive and seen.data is not None:
-                        if seen.data["device"] == device.uuid:
-                            sections[section].append(Entry.from_record(seen))
-                        else:
-                            other = printable(seen.data["device"])
-                            problems.append(f"{where}: record of device {other}")
-                        continue
-                    if seen.alive:
-                        if section == "claims" and seen.name.endswith(_records.SUFFIX):
-                            # A live claim whose size cannot be known: it blocks (fail closed).
-                            unknown.append(where)
-                            owner = "?" if seen.owner is None else seen.owner
-                            problems.append(
-                                f"{where}: {seen.problem} (holder alive, uid {owner}); "
-                                "its size is unknown, so no claim is admitted on this device "
-                                "until it is released or removed"
-                            )
-                        else:
-                            problems.append(f"{where}: {seen.problem} (holder alive)")
-                        continue
-                    debris = seen.name.startswith(_records.TMP_PREFIX)
-                    if seen.problem and not debris:
-                        # Not provably memgov's: a foreign, corrupt or unreadable file (or a
-                        # symlink) is reported and left alone, never deleted.
-                        problems.append(f"{where}: {seen.problem}")
-                        continue
-                    if (debris and not _old(fd, seen.name)) or not clean:
-                        continue  # a temporary file being written right now, or a read-only scan
-                    why = _records.remove_dead(fd, seen)
-                    label = seen.problem or "dead holder"
-                    if why is None:
-                        removed.append(f"{where} ({label})")
-                    elif why != _records.GONE:
-                        problems.append(f"{where}: {label}; {why}")
-        claims = sections["claims"]
+                for seen in _records.scan(fd, folder, sweep=sweep, remember=clean):
+                    filing.file(seen, fd, folder, section)
+                filing.summarise(folder)
+        claims = filing.sections["claims"]
         if device.simulated:
             # A simulated device's USED is by definition taken by processes outside memgov.
             split = Attribution({c.record: None for c in claims}, device.used)
@@ -293,13 +261,29 @@ class DeviceLedger:
             device=device,
             reserve=_config.reserve(device.total, device.simulated),
             claims=claims,
-            queue=sections["queue"],
+            queue=filing.sections["queue"],
             use=split.use,
             outside=split.outside,
-            problems=problems,
-            removed=removed,
-            unknown=unknown,
+            problems=filing.problems,
+            removed=filing.removed,
+            unknown=filing.unknown,
         )
+
+    def first_look(self, reading: Reading) -> None:
+        """A process's first scan of this device, taken without the admission lock: every file
+        another user left is looked at once here (and remembered dead), so the scan under the
+        lock looks only at what changed since. Otherwise each new process would hold the lock
+        for one stat per file of a flood, and hold off every other claimer meanwhile."""
+        try:
+            known = []
+            for section in ("claims", "queue"):
+                parts = (*self.parts, section)
+                with _records.open_dir(self.root, parts, create=False) as fd:
+                    known.append(_records.remembers(fd))
+            if not all(known):
+                self.scan(reading=reading)  # this user's dead files go now: no lock needed
+        except (FileNotFoundError, LedgerError):
+            pass  # the scan under the lock finds and says what is wrong
 
     def snapshot(self) -> Snapshot:
         reading = self.read()
@@ -330,7 +314,7 @@ def record_payload(
     kind: str, device: Device, size: int, name: str, mode: str, **extra: Any
 ) -> dict[str, Any]:
     return {
-        "version": 1,
+        "version": _records.VERSION,
         "id": secrets.token_hex(8),
         "kind": kind,
         "device": device.uuid,
@@ -345,12 +329,99 @@ def record_payload(
     }
 
 
-def _old(folder_fd: int, name: str) -> bool:
+def _is_dir(folder_fd: int, name: str) -> bool:
     try:
-        mtime = os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mtime
+        return stat.S_ISDIR(os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
-    return time.time() - mtime > STALE_TMP_S
+
+
+def _old(folder_fd: int, name: str) -> bool:
+    return _records.stale(folder_fd, name)
+
+
+LEFT_SHOWN = 20
+"""Dead files a scan leaves (another user's, or a read-only scan) named one by one per folder;
+the rest are counted: a flood of them costs no line (or string) each."""
+
+
+class _Filing:
+    """Where each file of one scan goes: a live entry, a problem, or (dead, if ``clean``)
+    removed where this user may."""
+
+    def __init__(self, device: Device, clean: bool) -> None:
+        self.device = device
+        self.clean = clean
+        self.sections: dict[str, list[Entry]] = {"claims": [], "queue": []}
+        self.problems: list[str] = []
+        self.removed: list[str] = []
+        self.unknown: list[str] = []
+        """Live claim records whose size cannot be read (they block the device)."""
+        self.left = 0
+        """Dead files left in the current folder (see LEFT_SHOWN)."""
+
+    def file(self, seen: _records.Seen, fd: int, folder: Path, section: str) -> None:
+        if not seen.name:  # a summary line (files not opened)
+            self.problems.append(f"{printable(str(folder))}: {seen.problem}")
+        elif seen.alive:
+            self._live(seen, folder, section)
+        else:
+            self._dead(seen, fd, folder)
+
+    def _live(self, seen: _records.Seen, folder: Path, section: str) -> None:
+        where = printable(str(folder / seen.name))
+        if seen.data is not None:
+            if seen.data["device"] == self.device.uuid:
+                self.sections[section].append(Entry.from_record(seen))
+            else:
+                self.problems.append(f"{where}: record of device {printable(seen.data['device'])}")
+            return
+        owner = _uid(seen.owner)
+        if section == "claims" and _records.RECORD_NAME.match(seen.name):
+            # A live claim whose size cannot be known: it blocks (fail closed).
+            self.unknown.append(where)
+            self.problems.append(
+                f"{where}: {seen.problem} (holder alive, uid {owner}); its size is unknown, "
+                "so no claim is admitted on this device until it is released or removed"
+            )
+        else:
+            self.problems.append(f"{where}: {seen.problem} (holder alive, uid {owner})")
+
+    def _dead(self, seen: _records.Seen, fd: int, folder: Path) -> None:
+        debris = seen.name.startswith(_records.TMP_PREFIX)
+        folder_like = seen.problem == "not a regular file" and _is_dir(fd, seen.name)
+        if not self.clean or folder_like or (debris and not _old(fd, seen.name)):
+            if seen.problem and not debris:
+                self._leave(folder, seen, f"{seen.problem} (uid {_uid(seen.owner)})")
+            return  # a read-only scan, a folder, or a temporary file being written right now
+        # Unlocked: nobody's live claim, whatever it holds (a live record is locked from the
+        # moment it has its name). Removed where this user may: root's gc clears any flood.
+        mine = os.geteuid() in (0, seen.owner) or seen.owner is None
+        why = _records.remove_dead(fd, seen) if mine else _records.NOT_MINE
+        label = seen.problem or "dead holder"
+        if why is None:  # each named: gc reports (and counts) every file it removed
+            where = printable(str(folder / seen.name))
+            self.removed.append(f"{where} ({label}, uid {_uid(seen.owner)})")
+        elif why != _records.GONE:
+            self._leave(folder, seen, f"{label} (uid {_uid(seen.owner)}); {why}")
+
+    def _leave(self, folder: Path, seen: _records.Seen, why: str) -> None:
+        self.left += 1
+        if self.left <= LEFT_SHOWN:
+            self.problems.append(f"{printable(str(folder / seen.name))}: {why}")
+
+    def summarise(self, folder: Path) -> None:
+        """Close one folder: count the dead files left beyond LEFT_SHOWN."""
+        if self.left > LEFT_SHOWN:
+            self.problems.append(
+                f"{printable(str(folder))}: and {self.left - LEFT_SHOWN} more files no one holds "
+                "(left: another user's, or a read-only scan; root's `memgov gc` removes them)"
+            )
+        self.left = 0
+
+
+def _uid(uid: int | None) -> str:
+    return "?" if uid is None else str(uid)
 
 
 class QueuePlace:

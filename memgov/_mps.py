@@ -18,12 +18,15 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from memgov import _config
+from memgov._errors import MemgovError
 from memgov._mpsctl import (
     DEFAULT_PIPE,
     LOG_ENV,
@@ -147,14 +150,21 @@ def _start_one(k: int, program: str, timeout: float) -> None:
     # clients (NVIDIA MPS docs, CUDA_VISIBLE_DEVICES).
     for name in ("CUDA_VISIBLE_DEVICES", *_CLIENT_ENV):
         env.pop(name, None)
-    out_path = p.log / "start.out"
-    # Output to a file, not a pipe: a daemon that keeps our pipe open would block run().
-    with open(out_path, "w") as out:
+    # Output to a file, not a pipe: a daemon that keeps our pipe open would block run(). The
+    # file is made afresh in memgov's checked log folder, never through a link (_write_new).
+    with _open_dir(p.log) as folder, _write_new(folder, "start.out", p.log) as out:
         done = subprocess.run(
-            [program, "-d"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-            timeout=timeout, check=False, start_new_session=True,
+            [program, "-d"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            timeout=timeout,
+            check=False,
+            start_new_session=True,
         )
-    said = out_path.read_text(errors="replace").strip()
+        out.seek(0)
+        said = out.read(64 * 1024).decode(errors="replace").strip()
     if done.returncode != 0:
         raise MpsError(f"{program} -d exited with {done.returncode}: {said or 'no output'}")
     state = {
@@ -179,8 +189,9 @@ def _start_one(k: int, program: str, timeout: float) -> None:
     _write_state(p, {**state, "pid": daemon_pid(p.pipe)})
 
 
-def stop(force: bool = False, timeout: float = 10.0,
-         only: list[int] | None = None) -> dict[str, Any]:
+def stop(
+    force: bool = False, timeout: float = 10.0, only: list[int] | None = None
+) -> dict[str, Any]:
     """Stop memgov's daemons and their servers: ``quit``, wait, then SIGTERM/SIGKILL what is left.
 
     Refuses (unless ``force``) a daemon memgov did not start, or one that still has clients;
@@ -191,9 +202,12 @@ def stop(force: bool = False, timeout: float = 10.0,
         numbers = only if only is not None else list(range(MAX_DAEMONS))
         found = [k for k in numbers if reachable(paths(k).pipe) or read_state(k) is not None]
         if not found:
-            return {"stopped": False, "daemons": [],
-                    "actions": [f"no MPS daemon runs with pipe folder {paths().pipe}"],
-                    "left": []}
+            return {
+                "stopped": False,
+                "daemons": [],
+                "actions": [f"no MPS daemon runs with pipe folder {paths().pipe}"],
+                "left": [],
+            }
         checked = [(k, _stop_check(k, force)) for k in found]
         reports = [_stop_one(k, found_state, timeout) for k, found_state in checked]
     return {
@@ -219,8 +233,10 @@ def _stop_check(k: int, force: bool) -> tuple[dict[str, Any] | None, bool, list[
         )
     owner = state.get("uid") if state else None
     if owner is not None and owner != os.getuid() and os.getuid() != 0 and not force:
-        raise MpsError(f"the MPS daemon on {p.pipe} was started by uid {owner}; only that "
-                       "user or root can stop it")
+        raise MpsError(
+            f"the MPS daemon on {p.pipe} was started by uid {owner}; only that "
+            "user or root can stop it"
+        )
     servers = server_pids(p.pipe) if running else []
     clients = sorted({c for s in servers for c in client_pids(p.pipe, s)})
     if clients and not force:
@@ -232,8 +248,9 @@ def _stop_check(k: int, force: bool) -> tuple[dict[str, Any] | None, bool, list[
     return state, running, servers, clients
 
 
-def _stop_one(k: int, found: tuple[dict[str, Any] | None, bool, list[int], list[int]],
-              timeout: float) -> dict[str, Any]:
+def _stop_one(
+    k: int, found: tuple[dict[str, Any] | None, bool, list[int], list[int]], timeout: float
+) -> dict[str, Any]:
     import psutil
 
     p = paths(k)
@@ -265,11 +282,10 @@ def _stop_one(k: int, found: tuple[dict[str, Any] | None, bool, list[int], list[
                 actions.append(f"no permission to signal {proc.pid}")
         left = _wait_gone(left, grace)
     if not left and not reachable(p.pipe):
-        with contextlib.suppress(FileNotFoundError):
-            p.state.unlink()
+        with contextlib.suppress(FileNotFoundError, MemgovError), _open_dir(p.root) as folder:
+            os.unlink(p.state.name, dir_fd=folder)
     still = {x.pid for x in left}
-    actions.extend(f"{_name(proc)} {pid} exited" for pid, proc in known.items()
-                   if pid not in still)
+    actions.extend(f"{_name(proc)} {pid} exited" for pid, proc in known.items() if pid not in still)
     if k:
         actions = [f"daemon {k}: {a}" for a in actions]
     return {
@@ -299,9 +315,11 @@ def daemon(timeout: float = 10.0, daemons: int = 1) -> Iterator[dict[str, Any]]:
         yield {**info, "started_here": True}
     finally:
         try:
-            ours = [k for k in range(MAX_DAEMONS)  # ours, even half-started
-                    if k not in before
-                    and (read_state(k) or {}).get("started_by") == os.getpid()]
+            ours = [
+                k
+                for k in range(MAX_DAEMONS)  # ours, even half-started
+                if k not in before and (read_state(k) or {}).get("started_by") == os.getpid()
+            ]
             if ours:
                 stop(force=True, timeout=timeout, only=ours)
         finally:
@@ -310,39 +328,74 @@ def daemon(timeout: float = 10.0, daemons: int = 1) -> Iterator[dict[str, Any]]:
 
 # -- helpers -----------------------------------------------------------------------------------
 def read_state(k: int = 0) -> dict[str, Any] | None:
+    p = paths(k)
     try:
-        data = json.loads(paths(k).state.read_text())
-    except (FileNotFoundError, ValueError, OSError):
+        with _open_dir(p.root, create=False) as folder:
+            fd = os.open(
+                p.state.name,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                dir_fd=folder,
+            )
+        with open(fd, "rb") as f:
+            if not _mine(os.fstat(f.fileno())):
+                return None  # not a state file memgov wrote: someone else's
+            data = json.loads(f.read(64 * 1024))
+    except (OSError, ValueError, MemgovError):
         return None
     return data if isinstance(data, dict) else None
 
 
+def _mine(info: os.stat_result) -> bool:
+    return stat.S_ISREG(info.st_mode) and info.st_uid in (0, os.geteuid())
+
+
 def _write_state(p: Paths, data: dict[str, Any]) -> None:
-    tmp = p.root / f".state-{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p.state)
+    from memgov import _records
+
+    with _open_dir(p.root) as folder:
+        _records.write_atomic(folder, p.state.name, json.dumps(data, indent=1).encode())
+
+
+@contextlib.contextmanager
+def _open_dir(folder: Path, create: bool = True) -> Iterator[int]:
+    """A checked descriptor of one of memgov's MPS folders (memgov/_trust.py's rule: root's or
+    this user's, no one else may write it, no symlink anywhere below MEMGOV_DIR)."""
+    from memgov import _records
+
+    root = _config.ledger_dir()
+    with _records.open_dir(root, folder.relative_to(root).parts, create=create) as fd:
+        yield fd
+
+
+@contextlib.contextmanager
+def _write_new(folder: int, name: str, where: Path) -> Iterator[Any]:
+    """A new file ``name`` in the open folder, for writing: an old one is removed first (unlink
+    never follows a link), and O_EXCL | O_NOFOLLOW create it, so no link planted there is ever
+    written through."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=folder)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, 0o644, dir_fd=folder)
+    except OSError as exc:
+        raise MpsError(f"cannot write {where / name}: {exc.strerror or exc}") from None
+    with open(fd, "w+b") as out:
+        yield out
 
 
 def _make_dirs(p: Paths) -> None:
-    from memgov import _records
-
-    with _records.open_dir(p.root.parent, (), create=True):
-        pass  # memgov's shared folder, made the same way the ledger makes it
     for folder in (p.root, p.pipe, p.log):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(folder, 0o755)  # other users' clients need to reach the pipes
-        if folder.is_symlink() or not folder.is_dir():
-            raise MpsError(f"{folder} is a symlink or not a folder; memgov never follows symlinks")
+        with _open_dir(folder):
+            pass  # made (0755: other users' clients reach the pipes) and checked
 
 
 def _lock(p: Paths) -> Any:
-    from filelock import FileLock
+    from memgov._flock import AdmissionLock
 
     _make_dirs(p)
-    return FileLock(str(p.lock), timeout=_config.LOCK_TIMEOUT_S)
+    with _open_dir(p.root) as fd:
+        folder = os.fstat(fd)
+    return AdmissionLock(p.lock, _config.LOCK_TIMEOUT_S, may_create=True, folder=folder)
 
 
 def _wait_gone(procs: list[Any], timeout: float) -> list[Any]:

@@ -11,7 +11,10 @@ import json
 import math
 from typing import Any
 
-_REQUIRED: dict[str, type | tuple[type, ...]] = {
+Fields = dict[str, type | tuple[type, ...]]
+"""A record kind's required fields and their types."""
+
+CLAIM_FIELDS: Fields = {
     "version": int,
     "id": str,
     "kind": str,
@@ -21,6 +24,16 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "pid": int,
     "created": (int, float),
 }
+"""A claim record or queue ticket (memgov/_ledger.py)."""
+CPU_FIELDS: Fields = {
+    "version": int,
+    "kind": str,
+    "pid": int,
+    "created": (int, float),
+    "cpus": list,
+}
+"""A CPU-share record (memgov/_cpushare.py)."""
+_TEXT_FIELDS = ("id", "kind", "device", "name", "host", "mode", "holder", "source", "why")
 
 
 MAX_DEPTH = 8
@@ -77,23 +90,32 @@ def _depth(text: str) -> int:
     return deepest
 
 
-def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """Parse a record with bounds on size (the caller's), depth, number length and range."""
+def load_bounded(raw: bytes) -> tuple[Any, str | None]:
+    """JSON from another user's file, with bounds on depth, number length and range (the
+    caller bounds the size): (value, None), or (None, why not)."""
     try:
         text = raw.decode()
         if _depth(text) > MAX_DEPTH:
             return None, f"corrupt JSON (nested deeper than {MAX_DEPTH})"
-        data = json.loads(
+        return json.loads(
             text,
             parse_int=_bounded_int,
             parse_float=_bounded_float,
             parse_constant=_no_constant,
-        )
+        ), None
     except (UnicodeDecodeError, ValueError, RecursionError, OverflowError) as exc:
         return None, f"corrupt JSON ({str(exc)[:200]})"
+
+
+def _parse(raw: bytes, required: Fields = CLAIM_FIELDS) -> tuple[dict[str, Any] | None, str | None]:
+    """Parse a record with bounds on size (the caller's), depth, number length and range;
+    ``required``: the fields its kind must have (CLAIM_FIELDS, CPU_FIELDS)."""
+    data, problem = load_bounded(raw)
+    if problem is not None:
+        return None, problem
     if not isinstance(data, dict):
         return None, "not a JSON object"
-    for key, kind in _REQUIRED.items():
+    for key, kind in required.items():
         value = data.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
             return None, f"field {key!r} missing or of the wrong type"
@@ -102,11 +124,11 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if number and not low <= value <= high:  # type: ignore[operator]
             return None, f"field {key!r} out of range ({low:g} to {high:g})"
-    for key in ("id", "kind", "device", "name", "host", "mode"):
+    for key in _TEXT_FIELDS:
         value = data.get(key)
         if isinstance(value, str) and len(value) > MAX_TEXT:
             return None, f"field {key!r} longer than {MAX_TEXT} characters"
-    if data["version"] != 1:
+    if data["version"] != 1:  # _records.VERSION (this module is below _records)
         return None, f"record version {data['version']} (this memgov reads version 1)"
     return data, None
 
@@ -114,4 +136,6 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
 def printable(text: str) -> str:
     """``text`` with control and other non-printable characters as escapes: file names and
     record fields are other users' text, and must not send sequences to anyone's terminal."""
+    if text.isprintable():  # the common case, checked in C
+        return text[:MAX_TEXT]
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:MAX_TEXT])

@@ -32,9 +32,9 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _parse, _records
+from memgov import _config, _parse, _records, _trust
 from memgov._errors import LedgerError, ProfileError
-from memgov._flock import AdmissionLock
+from memgov._flock import AdmissionLock, open_owned
 from memgov._ledger import new_record_name
 
 PARTS = ("v1", "_profiles")
@@ -84,24 +84,28 @@ def folder(create: bool = True) -> Iterator[tuple[int, Path]]:
     root = _config.ledger_dir()
     uid = str(os.geteuid())
     path = root.joinpath(*PARTS, uid)
-    with _records.open_dir(root, PARTS, create=create) as parent:
-        fd = _open_private(parent, uid, path, create)
-        try:
-            yield fd, path
-        finally:
-            os.close(fd)
-
-
-def _open_private(parent: int, name: str, path: Path, create: bool) -> int:
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    # Each folder descriptor owned by an object that closes it when freed (_trust.Stack): an
+    # interrupt anywhere (Ctrl-C in a notebook) leaks none.
+    stack: _trust.Stack = []
     try:
-        fd = os.open(name, flags, dir_fd=parent)
+        with _records.open_dir(root, PARTS, create=create) as parent:
+            _open_private(stack, parent, uid, path, create)
+        yield _trust.top(stack), path
+    finally:
+        _trust.close_all(stack)
+
+
+def _open_private(stack: _trust.Stack, parent: int, name: str, path: Path, create: bool) -> None:
+    """Push this user's private folder ``name`` of ``parent`` onto ``stack`` (made if
+    ``create``); never through a link, never another user's."""
+    try:
+        _trust._open(stack, parent, name)
     except FileNotFoundError:
         if not create:
             raise
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, PRIVATE_MODE, dir_fd=parent)
-        return _open_private(parent, name, path, create=False)
+        return _open_private(stack, parent, name, path, create=False)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise ProfileError(
@@ -109,17 +113,15 @@ def _open_private(parent: int, name: str, path: Path, create: bool) -> int:
                 "never follows symlinks: ignored"
             ) from None
         raise ProfileError(f"profile folder {path}: {exc.strerror or exc}") from None
-    info = os.fstat(fd)
+    info = os.fstat(_trust.top(stack))
     if info.st_uid != os.geteuid():
-        os.close(fd)
         raise ProfileError(
             f"profile folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
             "another user made it, so its profiles are ignored; ask root to remove it "
             f"(`sudo rm -r {path}`)"
         )
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
-        os.fchmod(fd, PRIVATE_MODE)  # the umask or an old memgov: it is ours, make it private
-    return fd
+        os.fchmod(_trust.top(stack), PRIVATE_MODE)  # the umask or an old memgov: make it private
 
 
 @contextlib.contextmanager
@@ -136,9 +138,12 @@ def _load(fd: int, path: Path, name: str) -> dict[str, Any] | None:
     profile of this user's (the message says which file and why)."""
     where = path / name
     try:
-        file_fd = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
-        )
+        # Owned by a FileIO before any bytecode runs (_flock.open_owned): no interrupt leaks it.
+        file = open_owned(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, fd)
+    except IsADirectoryError:
+        raise ProfileError(
+            f"profile {where}: not a regular file; move it away or `memgov profiles forget`"
+        ) from None
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -147,6 +152,7 @@ def _load(fd: int, path: Path, name: str) -> dict[str, Any] | None:
             f"profile {where}: {why}; move it away or `memgov profiles forget`"
         ) from None
     try:
+        file_fd = file.fileno()
         info = os.fstat(file_fd)
         problem = None
         if not stat.S_ISREG(info.st_mode):
@@ -157,7 +163,7 @@ def _load(fd: int, path: Path, name: str) -> dict[str, Any] | None:
             problem = f"too large ({info.st_size} bytes, at most {MAX_BYTES})"
         raw = b"" if problem else os.read(file_fd, MAX_BYTES + 1)
     finally:
-        os.close(file_fd)
+        file.close()
     if problem is None:
         data, problem = _decode(raw)
         if data is not None:
@@ -169,18 +175,9 @@ def _load(fd: int, path: Path, name: str) -> dict[str, Any] | None:
 
 
 def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
-    try:
-        text = raw.decode()
-        if _parse._depth(text) > _parse.MAX_DEPTH:
-            return None, "nested too deep"
-        data = json.loads(
-            text,
-            parse_int=_parse._bounded_int,
-            parse_float=_parse._bounded_float,
-            parse_constant=_parse._no_constant,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError, OverflowError) as exc:
-        return None, f"corrupt JSON: {str(exc)[:120]}"
+    data, problem = _parse.load_bounded(raw)
+    if problem is not None:
+        return None, problem
     if not isinstance(data, dict) or data.get("version") != VERSION:
         return None, f"not a version {VERSION} profile"
     if not isinstance(data.get("job"), str) or not isinstance(data.get("runs"), list):

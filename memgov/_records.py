@@ -28,22 +28,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memgov import _trust
+from memgov._attribution import pidns_of
 from memgov._errors import LedgerError
 from memgov._flock import (
     flock_error,
     lock_table,
-    own,
+    open_owned,
     pid_running,
-    trusted_owner,
+    process_alive,
     try_lock,
-    untrusted,
 )
-from memgov._parse import _parse
+from memgov._parse import CLAIM_FIELDS, CPU_FIELDS, Fields, _parse
 
+VERSION_DIR = "v1"
+"""The ledger's layout version: every folder memgov uses lies under MEMGOV_DIR/v1."""
+VERSION = 1
+"""The version field of every record (claims, queue tickets, CPU-share records, runs)."""
 SUFFIX = ".json"
 RECORD_NAME = re.compile(r"^[0-9]{20}-[0-9a-f]{12}\.json$")
-"""What memgov names a record (_ledger.new_record_name); anything else is not one."""
+"""What memgov names a record (:func:`new_record_name`); anything else is not one."""
 TMP_PREFIX = ".tmp-"
+STALE_TMP_S = 60.0
+"""A temporary record older than this with no lock is debris of a dead writer."""
 MAX_BYTES = 64 * 1024
 SHARED_DIR_MODE = 0o1777
 """Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
@@ -54,92 +61,55 @@ CPU-share records, counters, and each user's private profile and job-queue folde
 (memgov/_profiles.py, memgov/queue/store.py)."""
 RECORD_MODE = 0o644
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
 
 @contextlib.contextmanager
 def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
-    """Yield a descriptor of root/parts..., refusing symlinks and untrusted folders at every level.
+    """Yield a descriptor of root/parts..., every folder on the way checked (memgov/_trust.py).
 
-    Trust model: every folder from MEMGOV_DIR down must belong to root or to this user, and one
-    that others may write must have the sticky bit. Otherwise its owner (or anyone) could delete
-    other users' live records and take their budget. Only a folder's owner creates folders in it:
-    in a root-owned ledger the device folders are made by root (docs/ledger.md, "Admin set-up").
+    The whole path from ``/`` is walked (symlinks above ``root`` only where root or this user
+    owns them); from ``root`` down nothing is followed. Only a folder's owner creates folders in
+    it: in a root-owned ledger the device folders are made by root (docs/ledger.md, "Set-ups").
+    A missing folder raises FileNotFoundError unless ``create``.
     """
-    # A stack of open folders; each is popped before it is closed, so an exception anywhere
-    # leaks at most one lockless folder descriptor and never closes a number twice.
-    stack: list[int] = []
+    # The open folders, each owned by an object that closes it when freed (_trust.Stack): an
+    # exception anywhere leaks no folder descriptor and never closes a number twice.
+    stack: _trust.Stack = []
     try:
+        info = _trust.walk(root, stack, create)
         path = root
-        stack.append(_open_folder(None, str(root), root, create, None))
         for part in parts:
-            parent = path
-            path = path / part
-            stack.append(_open_folder(stack[-1], part, path, create, parent))
-        yield stack[-1]
+            parent, path = path, path / part
+            try:
+                _trust._open(stack, _trust.top(stack), part)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                _mkdir(_trust.top(stack), part, path, parent)
+                try:
+                    _trust._open(stack, _trust.top(stack), part)
+                except OSError as exc:
+                    raise LedgerError(_trust.explain(path, exc)) from None
+            except OSError as exc:
+                raise LedgerError(_trust.explain(path, exc)) from None
+            _trust._drop_parent(stack)
+            role = _trust.SHARED if part in SHARED_FOLDERS else _trust.LEDGER
+            info = _trust.check(_trust.top(stack), path, role, info, root)
+        yield _trust.top(stack)
     finally:
-        while stack:
-            os.close(stack.pop())
+        _trust.close_all(stack)
 
 
-def _open_folder(
-    dir_fd: int | None, name: str, path: Path, create: bool, parent: Path | None
-) -> int:
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        if not create:
-            raise
-        if dir_fd is None:
-            _mkdir_parents(path)  # MEMGOV_DIR's parents, like mkdir -p (a fresh container)
-        _mkdir(dir_fd, name, path, parent)
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-        except OSError as exc:
-            raise LedgerError(_explain(path, exc)) from None
-    except OSError as exc:
-        raise LedgerError(_explain(path, exc)) from None
-    try:
-        _check_folder(fd, path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _mkdir_parents(root: Path) -> None:
-    """Make MEMGOV_DIR's missing parents, like ``mkdir -p`` (a fresh machine or container has no
-    /tmp/jobs of ``MEMGOV_DIR=/tmp/jobs/ledger``); they get the umask's mode, only the ledger
-    folder itself is shared (1777)."""
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LedgerError(_explain(root.parent, exc)) from None
-
-
-def _check_folder(fd: int, path: Path) -> None:
-    info = os.fstat(fd)
-    if not trusted_owner(info.st_uid):
-        raise untrusted(path, info.st_uid, "ledger folder")
-    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-        raise LedgerError(
-            f"ledger folder {path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}) "
-            "without the sticky bit, so anyone could delete other users' claims; memgov will "
-            f"not use it. Fix: `chmod 1777 {path}` (as its owner or root)"
-        )
-
-
-def _mkdir(dir_fd: int | None, name: str, path: Path, parent: Path | None) -> None:
-    if dir_fd is not None and os.geteuid() != 0 and os.fstat(dir_fd).st_uid != os.geteuid():
+def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:
+    if os.geteuid() != 0 and os.fstat(dir_fd).st_uid != os.geteuid():
         # A folder this user made in root's ledger would be this user's: others would refuse it.
         raise LedgerError(
             f"ledger folder {path} is missing, and {parent} belongs to root: only root creates "
             "folders there. Run `sudo memgov gc` once (it creates every device's folders; "
-            "docs/ledger.md, 'Admin set-up')"
+            "docs/ledger.md, 'Set-ups')"
         )
-    # Only claims/ and queue/ are written by every user: root makes those 1777 (sticky, like
-    # /tmp) and every other folder 0755, so no user can plant files (admission.lock, a device
-    # folder) beside them. Any other user's folders are private (0755).
+    # Only claims/, queue/ and cpu/ are written by every user: root makes those 1777 (sticky,
+    # like /tmp) and every other folder 0755, so no user can plant files (admission.lock, a
+    # device folder) beside them. Any other user's folders are private (0755).
     shared = os.geteuid() == 0 and name in SHARED_FOLDERS
     mode = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
     try:
@@ -147,21 +117,24 @@ def _mkdir(dir_fd: int | None, name: str, path: Path, parent: Path | None) -> No
     except FileExistsError:
         return  # another process made it first
     except OSError as exc:
-        raise LedgerError(_explain(path, exc)) from None
+        raise LedgerError(_trust.explain(path, exc)) from None
     with contextlib.suppress(OSError):  # the umask trimmed the mode
         os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
 
 
-def _explain(path: Path, exc: OSError) -> str:
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        return f"ledger folder {path} is a symlink or not a folder; memgov never follows symlinks"
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return (
-            f"no permission for ledger folder {path}; it must be writable by every user that "
-            "claims GPUs (set up by root with mode 1777, see docs/ledger.md) or set MEMGOV_DIR "
-            "to a folder you can write"
-        )
-    return f"ledger folder {path}: {exc.strerror or exc}"
+def new_record_name() -> str:
+    """A new record's name. Arrival order is the name order: nanoseconds since the epoch agree
+    across the containers of one host; the random tail keeps names unique."""
+    return f"{time.time_ns():020d}-{secrets.token_hex(6)}{SUFFIX}"
+
+
+def stale(folder_fd: int, name: str) -> bool:
+    """Whether file ``name`` is older than STALE_TMP_S (False when it cannot be told)."""
+    try:
+        mtime = os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mtime
+    except OSError:
+        return False
+    return time.time() - mtime > STALE_TMP_S
 
 
 @dataclass
@@ -211,7 +184,7 @@ def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, An
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         # 0600 until locked: no other user can open it, so none can hold a lock on it first.
-        file = own(os.open(tmp, flags, 0o600, dir_fd=folder_fd), writable=True)
+        file = open_owned(tmp, flags, folder_fd, mode=0o600, writable=True)
     except OSError as exc:
         raise LedgerError(f"cannot write {folder / tmp}: {exc.strerror or exc}") from None
     try:
@@ -227,7 +200,10 @@ def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, An
             view = memoryview(data)
             while view:
                 view = view[os.write(file.fileno(), view) :]
-            os.fsync(file.fileno())
+            # No fsync: a record means something only while its holder keeps the lock, and no
+            # holder outlives a crash of the host; a torn record after one is dead (unlocked),
+            # and scans remove it. A claim then never waits for the disk under the admission
+            # lock (an fsync commits everyone's pending metadata, a flood's included).
             os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
         except OSError as exc:
             raise LedgerError(f"cannot write {folder / name}: {exc.strerror or exc}") from None
@@ -253,37 +229,131 @@ class Seen:
     """(st_dev, st_ino) of the file that was read, so removal can tell it from a replacement."""
 
 
-MAX_FILES = 100_000
-"""More entries than this in one records folder is an attack or a broken ledger: refused."""
+@dataclass(frozen=True)
+class Kind:
+    """What a folder's records are: the fields each must have, and whether a file this user
+    cannot open may be a live record that must be counted (claims and queue tickets: yes, its
+    lock is looked up and a held one blocks; CPU-share records: no, one counts only once read,
+    so the host's lock table is never read for them)."""
+
+    fields: Fields
+    unreadable_counts: bool
 
 
-def scan(folder_fd: int, folder: Path | None = None) -> list[Seen]:
+CLAIMS = Kind(CLAIM_FIELDS, unreadable_counts=True)
+CPU = Kind(CPU_FIELDS, unreadable_counts=False)
+
+NOT_RECORDS_SHOWN = 20
+"""Files with names that are not memgov's named one by one in a scan; the rest are counted."""
+
+
+def scan(
+    folder_fd: int,
+    folder: Path | None = None,
+    sweep: bool = False,
+    remember: bool = False,
+    kind: Kind = CLAIMS,
+) -> list[Seen]:
     """Read every record in a folder; probe each one's lock. Never raises for a bad file; a
     LedgerError when the folder cannot be read or a file's state cannot be known (EMFILE, a
-    filesystem without flock): an unknown state must never count as "no claim"."""
+    filesystem without flock): an unknown state must never count as "no claim".
+
+    Files whose names are not memgov's are not opened (no live claim has such a name), so a
+    flood of them costs a scan only their listing; ``sweep`` (gc) opens them too, so that the
+    unlocked ones can be removed. There is no limit on the number of files: a limit would be a
+    switch anyone could flip. ``remember``: the caller removes every dead file it may, so the
+    dead ones still there next time are another user's (see ``_dead``). ``kind``: the records'
+    fields and how a file this user cannot open counts (:class:`Kind`)."""
     folder = folder or Path(".")
     try:
-        names = os.listdir(folder_fd)
+        info = os.fstat(folder_fd)
+        key = (info.st_dev, info.st_ino)
+        with os.scandir(folder_fd) as listing:
+            # (name, inode) from the listing itself (d_ino): no stat per file.
+            entries = {(entry.name, entry.inode()) for entry in listing}
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
-    if len(names) > MAX_FILES:
-        raise LedgerError(f"{folder} holds {len(names)} files (at most {MAX_FILES} accepted)")
+    known = set() if sweep else _dead.get(key, set())
+    # Files seen unlocked before are never a live record (see _dead): set operations in C, so
+    # a flood this process has met costs a scan its listing and nothing per file.
+    dead = entries & known
     seen = []
     locks = LockTable()
-    for name in sorted(names):
+    foreign = 0
+    for name, inode in sorted(entries - known):
         if name.startswith(TMP_PREFIX):
-            item = _probe_tmp(folder_fd, folder, name, locks)
+            item = _probe_tmp(folder_fd, folder, name, locks, kind)
+        elif RECORD_NAME.match(name) or sweep:
+            item = _empty(folder_fd, name, sweep) or _read(
+                folder_fd, name, folder=folder, locks=locks, kind=kind
+            )
+            if item is not None and not item.alive and item.inode and item.inode[1] == inode:
+                dead.add((name, inode))
         else:
-            item = _read(folder_fd, name, folder=folder, locks=locks)
+            foreign += 1
+            item = None
+            if foreign <= NOT_RECORDS_SHOWN:
+                item = Seen(name, False, None, "not a memgov record (unknown name)", None)
         if item is not None:
             seen.append(item)
+    if remember:
+        _dead[key] = dead
+    if foreign > NOT_RECORDS_SHOWN:
+        more = foreign - NOT_RECORDS_SHOWN
+        seen.append(
+            Seen(
+                "",
+                False,
+                None,
+                f"and {more} more files that are not memgov records "
+                "(not opened; root's `memgov gc` removes them)",
+                None,
+            )
+        )
     return seen
 
 
-def _probe_tmp(folder_fd: int, folder: Path, name: str, locks: LockTable) -> Seen | None:
+def remembers(folder_fd: int) -> bool:
+    """Whether this process has scanned the folder with ``remember`` (knows its dead files)."""
+    try:
+        info = os.fstat(folder_fd)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) in _dead
+
+
+def _empty(folder_fd: int, name: str, sweep: bool) -> Seen | None:
+    """An empty regular file, known from one lstat without opening it: no record is empty (a
+    record is renamed into place with its content), locked or not, so it is nobody's claim. A
+    flood of empty files then costs a scan a stat each, and gc a stat and an unlink each. None:
+    not known to be empty (opened). gc (``sweep``) opens a file not named as a record even so:
+    it removes that only when no one holds it."""
+    if sweep and not RECORD_NAME.match(name):
+        return None
+    try:
+        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_size:
+        return None
+    return Seen(name, False, None, "empty (not a record)", info.st_uid, (info.st_dev, info.st_ino))
+
+
+_dead: dict[tuple[int, int], set[tuple[str, int]]] = {}
+"""Folder (device, inode) -> (name, inode) of the record-named files this process found
+unlocked (and reported, or could not remove) in its last scan there. A record is locked before
+it gets its name and keeps the lock until it is unlinked (an update renames a new inode over
+the name), so a file once seen unlocked under its name is never a live record: later scans of
+this process skip it without opening it. Another user's flood of dead files then costs a long-lived
+claimer one pass, not one per scan; gc (``sweep``) opens everything again."""
+
+
+def _probe_tmp(
+    folder_fd: int, folder: Path, name: str, locks: LockTable, kind: Kind
+) -> Seen | None:
     # A temporary file is locked by its writer; unlocked, its writer died before the rename.
     # One this user cannot open (another user's, still 0600) is that user's business: ignored.
-    item = _read(folder_fd, name, parse=False, folder=folder, locks=locks)
+    item = _read(folder_fd, name, parse=False, folder=folder, locks=locks, kind=kind)
     if item is None or item.alive or item.problem:
         return None
     return Seen(name, False, None, "unfinished write of a dead process", item.owner, item.inode)
@@ -293,7 +363,9 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class LockTable:
-    """/proc/locks, read at most once per scan (it lists every lock on the host)."""
+    """/proc/locks, read at most once per scan and only for a file this user cannot open (its
+    lock cannot be probed): the table lists every lock on the host, and anyone can make it
+    large, so liveness never reads it otherwise."""
 
     def __init__(self) -> None:
         self._table: dict[str, list[int]] | None = None
@@ -313,30 +385,31 @@ def _read(
     parse: bool = True,
     folder: Path | None = None,
     locks: LockTable | None = None,
+    kind: Kind = CLAIMS,
 ) -> Seen | None:
     locks = locks or LockTable()
     where = (folder or Path(".")) / name
     try:
-        # O_NONBLOCK: a FIFO or device planted here never blocks the open.
-        fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
+        # O_NONBLOCK: a FIFO or device planted here never blocks the open. The descriptor is
+        # owned by a FileIO made in the same C call (_open_probe): no interrupt leaks it.
+        probe = _open_probe(folder_fd, name)
     except FileNotFoundError:
         return None  # released while we listed
+    except IsADirectoryError:
+        return Seen(name, False, None, "not a regular file", _owner(folder_fd, name))
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return Seen(name, False, None, "a symlink (not followed)", _owner(folder_fd, name))
         if exc.errno in (errno.EACCES, errno.EPERM):
+            if not kind.unreadable_counts:  # never read, so never counted: no lock lookup
+                return _not_counted(folder_fd, name, f"unreadable ({exc.strerror})")
             return _unreadable(folder_fd, name, exc, locks)
         if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EISDIR):  # a socket or device: no lock
             return Seen(name, False, None, f"unreadable ({exc.strerror})", _owner(folder_fd, name))
         # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
         raise LedgerError(f"cannot read {where}: {exc.strerror or exc}") from None
     try:
-        # Owned from here: whatever is raised, the probe's lock goes with it, and a child forked
-        # while this thread holds it closes its copy (_flock's at-fork hook).
-        probe = own(fd)
-    except IsADirectoryError:  # own() closed it
-        return Seen(name, False, None, "not a regular file", _owner(folder_fd, name))
-    try:
+        fd = probe.fileno()
         info = os.fstat(fd)
         inode = (info.st_dev, info.st_ino)
         if not stat.S_ISREG(info.st_mode):
@@ -345,7 +418,7 @@ def _read(
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             alive = False
         except BlockingIOError:
-            alive = _holder_running(info, locks)
+            alive = True
         except OSError as exc:  # not a busy lock: the filesystem cannot lock at all (or failed)
             raise flock_error(where, exc) from None
         if not parse:
@@ -360,20 +433,51 @@ def _read(
             return Seen(name, alive, None, f"unreadable ({exc.strerror})", info.st_uid, inode)
     finally:
         probe.close()
-    data, problem = _parse(raw)
+    data, problem = _parse(raw, kind.fields)
+    if alive and data is not None:
+        alive = holder_alive(data)
     return Seen(name, alive, data, problem, info.st_uid, inode)
+
+
+def _open_probe(folder_fd: int, name: str) -> io.FileIO:
+    """``name`` opened read-only, never through a link, owned by a FileIO (open_owned) that a
+    forked child closes (_flock's at-fork hook): a child forked while this thread holds the
+    probe's shared lock must not keep it."""
+    return open_owned(name, _READ_FLAGS, folder_fd)
+
+
+def _own_pidns() -> int | None:
+    """This process's PID namespace, if /proc is this namespace's (else PIDs cannot be checked)."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None
+    except OSError:
+        return None
+    return pidns_of()
+
+
+def holder_alive(data: dict[str, Any]) -> bool:
+    """Whether the process a locked record names is still there (the lock says someone holds
+    the file; this says it is the process that took it).
+
+    A child forked from C (no at-fork hook) keeps its parent's descriptor, and so the lock, after
+    the parent died: the record names the parent, which is gone, so the record is dead. A PID
+    that cannot be checked from here (another PID namespace, a /proc that is not this namespace's)
+    counts as alive: fail closed. One read of /proc per live record, never the host's lock table.
+    """
+    pid, pidns = data.get("pid"), data.get("pidns")
+    if not isinstance(pid, int) or pid <= 0 or pidns is None or pidns != _own_pidns():
+        return True
+    created = data.get("created")
+    return process_alive(pid, created if isinstance(created, (int, float)) else None)
 
 
 def is_locked(folder_fd: int, name: str) -> bool:
     """Quick probe: whether ``name`` exists and someone holds a lock on it."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
+        probe = _open_probe(folder_fd, name)
     except OSError:
-        return False  # gone
-    try:
-        probe = own(fd)  # closed in a forked child too (_flock's at-fork hook)
-    except IsADirectoryError:  # own() closed it
-        return False  # a folder holds no ticket
+        return False  # gone, or a folder (which holds no ticket)
     try:
         fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
@@ -381,19 +485,6 @@ def is_locked(folder_fd: int, name: str) -> bool:
     finally:
         probe.close()
     return False
-
-
-def _holder_running(info: os.stat_result, locks: LockTable) -> bool:
-    """A held lock counts as alive unless /proc/locks shows its only taker has died.
-
-    fork() shares the open file: a child forked at the wrong moment, or from C (no at-fork hook
-    runs then), keeps its parent's lock after the parent dies. /proc/locks names the process that
-    took the lock; if that one is gone (and no other process took one), the record is dead.
-    """
-    pids = locks.holders(info.st_dev, info.st_ino)
-    if not pids:
-        return True  # unknown, or the lock just changed hands: fail closed
-    return any(pid_running(pid) for pid in pids)
 
 
 def _unreadable(folder_fd: int, name: str, exc: OSError, locks: LockTable) -> Seen:
@@ -410,6 +501,15 @@ def _unreadable(folder_fd: int, name: str, exc: OSError, locks: LockTable) -> Se
     return Seen(name, alive, None, f"unreadable ({exc.strerror}), {state}", info.st_uid, inode)
 
 
+def _not_counted(folder_fd: int, name: str, why: str) -> Seen:
+    """A file that counts as no one's record whatever its lock (a scan remembers it)."""
+    try:
+        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return Seen(name, False, None, why, None)
+    return Seen(name, False, None, why, info.st_uid, (info.st_dev, info.st_ino))
+
+
 def _owner(folder_fd: int, name: str) -> int | None:
     try:
         return os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_uid
@@ -417,6 +517,8 @@ def _owner(folder_fd: int, name: str) -> int | None:
         return None
 
 
+NOT_MINE = "cannot remove (another user's, in a sticky folder: root's `memgov gc` removes it)"
+"""Why a dead file of another user is left, said without trying (a flood costs no syscall)."""
 GONE = "gone"
 """remove_dead's answer when the file already vanished or was replaced: nothing to report."""
 
@@ -447,8 +549,9 @@ def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE
     """
     tmp = f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, mode, dir_fd=folder_fd)
+    file = open_owned(tmp, flags, folder_fd, mode=mode, writable=True)  # no interrupt leaks it
     try:
+        fd = file.fileno()
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
@@ -459,6 +562,6 @@ def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE
             os.unlink(tmp, dir_fd=folder_fd)
         raise
     finally:
-        os.close(fd)
+        file.close()
     with contextlib.suppress(OSError):
         os.fsync(folder_fd)

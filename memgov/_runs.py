@@ -27,6 +27,7 @@ for others. Once per run.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import dataclasses
@@ -35,7 +36,10 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
+
+from memgov import _records
 
 if TYPE_CHECKING:
     from memgov._claim import Claim
@@ -45,7 +49,6 @@ SAMPLE_S = 1.0
 RISE = 16 * 2**20
 """A peak that grows less than this (or 1 %) since the last rise counts as flat for give back."""
 
-_lock = threading.Lock()
 _run: Run | None = None
 
 
@@ -64,8 +67,12 @@ class Run:
     started: float = dataclasses.field(default_factory=time.monotonic)
     last_rise: float = dataclasses.field(default_factory=time.monotonic)
     given_back: bool = False
-    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
+    flags: dict[str, bool] = dataclasses.field(default_factory=lambda: {"stop": False})
+    """"stop": set by finish(); "ended": set by the sampler thread as it ends (it never writes
+    the live file after that). Plain assignments, no threading.Event: an interrupt landing inside
+    Event.set() leaves its lock held, and the next set() or wait() hangs for good."""
+    sampler: int | None = None
+    """The sampler thread's ident."""
 
     def entry(self) -> dict[str, Any]:
         """The run as its profile keeps it."""
@@ -86,7 +93,7 @@ class Run:
     def payload(self) -> dict[str, Any]:
         """The live file: a ledger record (so _records reads it with its bounds) plus the run."""
         return {
-            "version": 1,
+            "version": _records.VERSION,
             "id": self.claim.id,
             "kind": "run",
             "device": self.claim.device,
@@ -115,13 +122,17 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
     except Exception as exc:  # no store: the claim stands, the run is not recorded
         claim.reports["profile"] = f"profile: not recorded ({type(exc).__name__}: {exc})"
         return
-    with _lock:
-        _run = run
+    _run = run
+    if claim.released:
+        # Another thread released the claim before its run was set (its release found none
+        # to end): end it now, or its live file would stay open.
+        finish("released")
+        return
     _install_excepthook()
-    run.thread = threading.Thread(
-        target=_sample_loop, args=(run,), name="memgov-profile", daemon=True
-    )
-    run.thread.start()
+    # A bare thread: threading.Thread.start() waits for the new thread to say it started, and
+    # waits forever if an exception lands in that thread first (an interrupt storm meets it).
+    # It holds the run weakly: a run dropped by a finish() cut short is freed, with its file.
+    run.sampler = _thread.start_new_thread(_sample_loop, (weakref.ref(run), run.flags))
 
 
 def current() -> Run | None:
@@ -132,13 +143,29 @@ def finish(end: str) -> None:
     """End this process's run (``exit``, ``released``...): sample once more, fold it into the
     profile, remove the live file. A profile that cannot be written keeps the live file."""
     global _run
-    with _lock:
-        run, _run = _run, None
+    # Single assignments, no lock: an exception landing between a lock's acquire and its block
+    # (Ctrl-C, a handler that raises) would leave it held.
+    run = _run
     if run is None:
         return
-    run.stop.set()
-    if run.thread is not None and run.thread is not threading.current_thread():
-        run.thread.join(timeout=5)
+    _run = None
+    try:
+        run.flags["stop"] = True
+        _fold(run, end)
+    finally:
+        # Whatever was raised above (Ctrl-C included), the live file's descriptor ends here
+        # (closing is idempotent: never a second close of a reused number).
+        run.flags["stop"] = True
+        run.held.file.close()
+
+
+def _fold(run: Run, end: str) -> None:
+    """Fold a finished run into its profile and remove its live file; a profile that cannot
+    be written keeps the live file, for the next reader (closing drops its lock)."""
+    if run.sampler is not None and run.sampler != threading.get_ident():
+        deadline = time.monotonic() + 5
+        while not run.flags.get("ended") and time.monotonic() < deadline:
+            time.sleep(0.005)
     with contextlib.suppress(Exception):
         _sample(run)
     run.end = run.end or end
@@ -147,10 +174,8 @@ def finish(end: str) -> None:
     try:
         _profiles.record(run.job, run.label, [run.entry()], run.command)
     except Exception:
-        # Kept for the next reader: the live file says how it ended; closing drops the lock.
         with contextlib.suppress(Exception):
             _profiles.update_live(run.held, run.payload())
-        run.held.file.close()
         return
     with contextlib.suppress(Exception):
         _profiles.end_live(run.held)
@@ -237,16 +262,31 @@ def _working(run: Run) -> bool:
     return capped and _torch_reserved()[1] > 0
 
 
-def _sample_loop(run: Run) -> None:
+def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool]) -> None:
     from memgov import _profiles
 
-    while not run.stop.wait(SAMPLE_S):
-        try:
-            if _sample(run):
-                _profiles.update_live(run.held, run.payload())
-            _maybe_give_back(run)
-        except Exception:  # a sampler must never disturb the program
-            continue
+    try:
+        while not _stopped(flags, SAMPLE_S):
+            run = ref()
+            if run is None or _run is not run:
+                return  # finish() was cut short: the run is no longer this process's
+            try:
+                if _sample(run):
+                    _profiles.update_live(run.held, run.payload())
+                _maybe_give_back(run)
+            except Exception:  # a sampler must never disturb the program
+                pass
+            del run  # between samples only the weak reference: see start()
+    finally:
+        flags["ended"] = True
+
+
+def _stopped(flags: dict[str, bool], seconds: float) -> bool:
+    """Sleep up to ``seconds`` in short steps; whether finish() asked the sampler to stop."""
+    deadline = time.monotonic() + seconds
+    while not flags.get("stop") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(flags.get("stop"))
 
 
 # -- give back ----------------------------------------------------------------------------------

@@ -67,6 +67,9 @@ SIM_FORMAT = (
     "by processes outside memgov)"
 )
 _SIM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+RESERVED_NAMES = frozenset({"cpu"})
+"""Folders of the ledger's v1/ that are not a device's (_cpushare.PARTS): a simulated GPU of
+that name would put its claims inside them."""
 SCHEDULER_TRIGGERS = (
     "CUDA_DEVICE_MEMORY_LIMIT",
     "ALIYUN_COM_GPU_MEM_CONTAINER",
@@ -185,6 +188,12 @@ def _folder(value: str, what: str) -> Path:
             f"{named(what, value.strip())} must be an absolute path (processes started from "
             "other folders and other containers must find the same ledger)"
         )
+    if path.parts[1:2] in (("proc",), ("sys",)) or ".." in path.parts:
+        raise ConfigError(
+            f"{named(what, value.strip())}: /proc and /sys are the kernel's views (their links "
+            "lead into other processes' folders) and '..' is not accepted; accepted: an "
+            "absolute path to a folder on a local filesystem, e.g. /tmp/memgov-ledger"
+        )
     return path
 
 
@@ -236,6 +245,12 @@ def simulated(value: str, what: str = "MEMGOV_DEVICES") -> list[tuple[str, int, 
         parts = [p.strip() for p in item.split(":")]
         if len(parts) not in (2, 3) or not _SIM_NAME.match(parts[0]):
             raise ConfigError(f"{what} item {item.strip()!r} is not valid; {SIM_FORMAT}")
+        if parts[0] in RESERVED_NAMES:
+            raise ConfigError(
+                f"{what} names a GPU {parts[0]!r}: the ledger's folder of that name holds the "
+                f"CPU-share records, not a device's claims; {SIM_FORMAT}, other than "
+                + ", ".join(sorted(RESERVED_NAMES))
+            )
         if any(name == parts[0] for name, _, _ in found):
             raise ConfigError(f"{what} names {parts[0]!r} twice; {SIM_FORMAT}")
         total = Size(parts[1], f"{what} {parts[0]} total", also=SIM_FORMAT).on(None)

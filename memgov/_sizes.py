@@ -22,7 +22,9 @@ ACCEPTED = (
     'T/TiB, KB, MB, GB, TB, case-insensitive), or a percentage of the device ("25%")'
 )
 
-_BINARY = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_BINARY = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50, "e": 2**60}
+"""P and E too: no device is that large, but a size written with them is refused as too large,
+not as unreadable."""
 _UNITS: dict[str, int] = {
     **_BINARY,
     **{f"{p}ib": v for p, v in _BINARY.items() if p not in ("", "b")},
@@ -30,6 +32,8 @@ _UNITS: dict[str, int] = {
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
+    "pb": 10**15,
+    "eb": 10**18,
 }
 # re.ASCII: \d would otherwise accept other scripts' digits ("٣GiB" read as 3 GiB).
 _SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[a-zA-Z]*)\s*$", re.ASCII)

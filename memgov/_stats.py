@@ -26,13 +26,16 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memgov import _records
+from memgov import _flock, _records
 from memgov._parse import _bounded_float, _bounded_int, _depth, _no_constant
 
 if TYPE_CHECKING:
     from memgov._ledger import DeviceLedger
 
 FOLDER = "stats"
+MAX_FILES = 100_000
+"""More counter files than this are not read (a display bound of the exporter: it refuses no
+claim; the ledger's own folders have no such bound)."""
 FILE_NAME = re.compile(r"^u([0-9]{1,10})\.json$")
 MAX_BYTES = 16 * 1024
 MAX_COUNT = 2**53
@@ -134,7 +137,7 @@ def read(ledger: DeviceLedger) -> tuple[dict[int, Counts], list[str]]:
     try:
         with _records.open_dir(ledger.root, (*ledger.parts, FOLDER), create=False) as fd:
             names = os.listdir(fd)
-            if len(names) > _records.MAX_FILES:
+            if len(names) > MAX_FILES:
                 return {}, [f"{FOLDER}/ holds {len(names)} files; not read"]
             for name in sorted(names):
                 match = FILE_NAME.match(name)
@@ -156,14 +159,16 @@ def _read_file(
     folder_fd: int, name: str, owner: int | None = None
 ) -> tuple[Counts | None, str | None]:
     """The counts in one file, or None and why not (None when it does not exist)."""
-    try:
-        fd = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd
-        )
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:  # owned by a FileIO at once: no interrupt between open and close leaks it
+        file = _flock.open_owned(name, flags, folder_fd, register=False)
     except FileNotFoundError:
         return None, None
+    except IsADirectoryError:
+        return None, "not a regular file"
     except OSError as exc:
         return None, f"unreadable ({exc.strerror})"
+    fd = file.fileno()
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -176,7 +181,7 @@ def _read_file(
     except OSError as exc:
         return None, f"unreadable ({exc.strerror})"
     finally:
-        os.close(fd)
+        file.close()
     try:
         return _parse_counts(raw), None
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as exc:

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from memgov import _config, _nvml, _records, _stats
 from memgov._attribution import Attribution, attribute
 from memgov._devices import Device, devices, refresh
+from memgov._errors import LedgerError
 from memgov._ledger import DeviceLedger, Snapshot
+from memgov._trust import set_up_advice
 
 
 def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
     """Every device's budget. Reads only: a device whose ledger folder does not exist yet (no one
     has claimed on it) is shown as unclaimed, and no folder is created (status, gc, doctor),
     unless ``set_up``: root's `memgov gc` is the admin set-up of a shared ledger and makes every
-    device's folders (and the CPU-share folder) with the modes other users need."""
+    device's folders (and the CPU-share folder) with the modes other users need. ``clean`` (gc)
+    removes every file no one holds, whatever its name.
+
+    A ledger that claims cannot use (MEMGOV_DIR a file, another user's, unreachable, or missing
+    where only root may make it) is a LedgerError saying so: never "no claims"."""
     if set_up:
         for shared in (
             ("v1", "cpu"),
@@ -34,17 +42,82 @@ def snapshot(
     the lock); every record is read whole either way, only the set of records may be a moment
     apart. Dead holders' records removed by ``clean`` are counted (_stats)."""
     ledger = DeviceLedger(device)
-    if not set_up and not ledger.path.is_dir():
+    if not set_up and not _present(ledger):
         return _unclaimed(device)
     if not lock:
         return ledger.scan(clean=False)
+    swept: Snapshot | None = None
+    if clean:
+        # gc's sweep runs outside the admission lock: removing a file no one holds needs no lock
+        # (releases take none either), and a flood must not hold every admission up meanwhile.
+        swept = ledger.scan(clean=True, sweep=True)
     with ledger.locked():
         if set_up:
             with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
                 pass
         snap = ledger.scan(clean=clean)
+        if swept is not None:
+            snap.removed[:0] = swept.removed
+            snap.problems[:] = list(dict.fromkeys([*swept.problems, *snap.problems]))
         _stats.add(ledger, reclaimed=len(snap.removed))
         return snap
+
+
+def _present(ledger: DeviceLedger) -> bool:
+    """Whether the device's folder exists (checked like every ledger path). If it does not, a
+    claim makes it: a LedgerError says so when it cannot (only root may, or no one here)."""
+    from memgov import _records
+
+    existing: tuple[Path, os.stat_result] | None = None
+    for depth in range(len(ledger.parts) + 1):
+        path = ledger.root.joinpath(*ledger.parts[:depth])
+        try:
+            with _records.open_dir(ledger.root, ledger.parts[:depth], create=False) as fd:
+                existing = (path, os.fstat(fd))
+        except FileNotFoundError:
+            break
+    else:
+        return True
+    if existing is None:  # MEMGOV_DIR itself is missing: a claim makes it, as mkdir -p would
+        above = ledger.root.parent
+        while not above.exists() and above != above.parent:
+            above = above.parent
+        if not os.access(above, os.W_OK | os.X_OK):
+            raise LedgerError(
+                f"ledger folder {ledger.root} is missing and this user may not make it in "
+                f"{above}, so every claim fails; " + set_up_advice(ledger.root)
+            )
+        return False
+    folder, info = existing
+    if os.geteuid() != 0 and info.st_uid != os.geteuid():
+        raise LedgerError(
+            f"{path} is missing and {folder} belongs to uid {info.st_uid}: only root makes "
+            f"folders there, so every claim on {ledger.device.uuid} fails until root runs "
+            "`sudo memgov gc` (docs/ledger.md, 'Set-ups')"
+        )
+    return False
+
+
+def ledger_problem() -> str | None:
+    """Why claims cannot use the ledger here (doctor), or None when they can."""
+    from memgov import _records
+    from memgov._errors import MemgovError
+
+    try:
+        found = devices()
+    except MemgovError:
+        found = []
+    try:
+        for device in found:
+            _present(DeviceLedger(device))
+        if not found:
+            with _records.open_dir(_config.ledger_dir(), (), create=False):
+                pass
+    except FileNotFoundError:
+        return None  # no ledger yet: the first claim makes it
+    except (MemgovError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def _unclaimed(device: Device) -> Snapshot:
@@ -91,6 +164,7 @@ def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) 
             {
                 "name": c.name,
                 "pid": c.pid,
+                "uid": c.uid,
                 "bytes": c.bytes,
                 "use": snap.use.get(c.record),
                 "mode": c.mode,
@@ -107,7 +181,7 @@ def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) 
             for c in snap.claims
         ],
         "queue": [
-            {"name": q.name, "pid": q.pid, "bytes": q.bytes, "created": q.created}
+            {"name": q.name, "pid": q.pid, "uid": q.uid, "bytes": q.bytes, "created": q.created}
             for q in snap.queue
         ],
         "problems": snap.problems,

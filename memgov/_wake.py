@@ -6,6 +6,10 @@ a timeout, so it is always bounded; a holder killed by a signal changes no file,
 wake at the timeout and re-check (their scan finds the dead record). Where inotify is missing or
 its per-user limit is reached, the sleep is just the timeout.
 
+Only removals that can change a waiter's fate wake it (``sleep``'s ``wanted``): another user's
+flood of files, or root's gc removing one, must not turn every waiter into a busy loop; an
+event queue that overflowed wakes it (something may have been missed).
+
 The inotify descriptor is owned like every ledger descriptor (_flock.own): closed once, closed in
 forked children, never inherited across exec.
 """
@@ -14,16 +18,25 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import select
+import struct
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from memgov._flock import own
+from memgov._flock import adopt
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 _MASK = 0x00000200
 """IN_DELETE: a record or ticket was removed (released, admitted, gave up, or cleaned)."""
+_IN_Q_OVERFLOW = 0x00004000
+_IN_IGNORED = 0x00008000
+"""The watch is gone (its folder was removed or swapped): look, then sleep on the timeout."""
+_EVENT = struct.Struct("iIII")
+"""struct inotify_event: wd, mask, cookie, len; then ``len`` bytes of NUL-padded name."""
 _IN_ONLYDIR = 0x01000000
 _IN_DONT_FOLLOW = 0x02000000
 
@@ -46,29 +59,61 @@ class Waker:
 
     def __init__(self, folders: list[Path]) -> None:
         self._file = None
+        self._folders: dict[int, Path] = {}
+        """Watch descriptor -> the folder it watches."""
         libc = _load()
         if libc is None:
             return
-        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-        if fd < 0:
+        try:  # owned by a FileIO at once: no interrupt can leak it (_flock.adopt)
+            self._file = adopt(functools.partial(libc.inotify_init1, _IN_NONBLOCK | _IN_CLOEXEC))
+        except (ValueError, OSError):
             return  # e.g. the per-user instance limit: fall back to timed sleeps
-        self._file = own(fd)
+        fd = self._file.fileno()
         for folder in folders:
             # Only a wake-up hint: a watch that fails (a folder swapped under us) costs latency.
-            libc.inotify_add_watch(fd, os.fsencode(folder), _MASK | _IN_ONLYDIR | _IN_DONT_FOLLOW)
+            flags = _MASK | _IN_ONLYDIR | _IN_DONT_FOLLOW
+            wd = libc.inotify_add_watch(fd, os.fsencode(folder), flags)
+            if wd >= 0:
+                self._folders[wd] = folder
 
-    def sleep(self, timeout: float) -> None:
+    def sleep(self, timeout: float, wanted: Callable[[Path, str], bool] | None = None) -> bool:
+        """Sleep until a file that ``wanted(folder, name)`` accepts is removed (any removal
+        when None): True; or ``timeout`` seconds: False."""
         file = self._file
         if file is None or file.closed:
             select.select([], [], [], max(0.0, timeout))
-            return
-        ready, _, _ = select.select([file], [], [], max(0.0, timeout))
-        if ready:
-            try:
-                while os.read(file.fileno(), 65536):
-                    pass
-            except (BlockingIOError, OSError):
-                pass  # drained
+            return False
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([file], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return False
+            if self._drain(wanted):
+                return True
+
+    def _drain(self, wanted: Callable[[Path, str], bool] | None) -> bool:
+        """Read every pending event; whether one of them is ``wanted``."""
+        assert self._file is not None
+        chunks = []
+        try:
+            while chunk := os.read(self._file.fileno(), 65536):
+                chunks.append(chunk)
+        except (BlockingIOError, OSError):
+            pass  # drained
+        if wanted is None:
+            return True
+        data = b"".join(chunks)
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
+            name = data[offset + _EVENT.size : offset + _EVENT.size + size].rstrip(b"\0")
+            offset += _EVENT.size + size
+            folder = self._folders.get(wd)
+            if mask & (_IN_Q_OVERFLOW | _IN_IGNORED) or folder is None:
+                return True  # events were lost (or a watch we do not know): look
+            if wanted(folder, os.fsdecode(name)):
+                return True
+        return False
 
     def close(self) -> None:
         if self._file is not None:

@@ -24,6 +24,8 @@ KINDS = {
     "core_checks.py": "cpu",
     "ledger_fairness.py": "cpu",
     "ledger_latency.py": "cpu",
+    "ledger_churn_floods.py": "cpu",
+    "claim_beside_flood.py": "cpu",
     "startup.py": "cpu",
     "threads_follow.py": "cpu",
     "threads_honoured.py": "cpu",

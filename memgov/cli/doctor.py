@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 
+from memgov._parse import printable
 from memgov._sizes import format_size
 from memgov.cli._common import JsonFlag, print_json
 
@@ -18,9 +19,11 @@ def doctor(as_json: JsonFlag = False) -> None:
     report = _doctor.diagnose()
     if as_json:
         print_json(report)
-        return
-    for line in render(report):
-        typer.echo(line)
+    else:
+        for line in render(report):
+            typer.echo(line)
+    if report.get("ledger_problem"):
+        raise typer.Exit(1)  # claims cannot use the ledger: say so in the exit status too
 
 
 def render(report: dict[str, Any]) -> list[str]:
@@ -73,13 +76,17 @@ def render(report: dict[str, Any]) -> list[str]:
     lines.append(f"budget: {budget['decision']}")
     ledger = report["ledger"]
     lines.append(f"ledger: {ledger['path']}: {ledger['note']}")
+    if report.get("ledger_problem"):
+        lines.append(f"ledger PROBLEM: {report['ledger_problem']}")
     threads = report["threads"]
     lines.append(f"CPU threads: {threads['decision']}")
     for p in threads.get("governed", []):
+        # Every field but the pid is text the record's writer chose: shown with escapes.
         lines.append(
-            f"  governed pid {p['pid']} ({p['host']}): {p['threads']} thread(s): "
-            + (p["why"] or p["source"])
-            + (f"; claim {p['claim']}" if p["claim"] else "")
+            f"  governed pid {p['pid']} ({printable(str(p['host']))}): {p['threads']} "
+            "thread(s): "
+            + printable(str(p["why"] or p["source"]))
+            + (f"; claim {printable(str(p['claim']))}" if p["claim"] else "")
         )
     settings = report["settings"]
     lines.extend(f"setting problem: {row['problem']}" for row in settings if row["problem"])

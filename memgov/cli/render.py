@@ -20,8 +20,7 @@ def console(stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
     if probe.is_terminal:
         return probe
-    return Console(stderr=stderr, width=PLAIN_WIDTH, soft_wrap=True, no_color=True,
-                   highlight=False)
+    return Console(stderr=stderr, width=PLAIN_WIDTH, soft_wrap=True, no_color=True, highlight=False)
 
 
 def one_line(text: str | None) -> str:
@@ -44,13 +43,19 @@ def _text(value: object) -> str:
     return escape(safe)
 
 
+def _uid(uid: object) -> str:
+    """The record file's owner: who really holds it (a record's own pid and name are text its
+    writer chose, and may name someone else's process)."""
+    return "?" if uid is None else str(uid)
+
+
 def status_table(data: dict[str, Any]) -> Table:
     import socket
 
     here = socket.gethostname()
     table = Table(title="memgov status", show_lines=False)
-    for column in ("GPU", "claim", "pid", "budget", "sized", "use", "mode", "threads"):
-        right = column in ("budget", "use", "pid", "threads")
+    for column in ("GPU", "claim", "pid", "uid", "budget", "sized", "use", "mode", "threads"):
+        right = column in ("budget", "use", "pid", "uid", "threads")
         table.add_column(column, justify="right" if right else "left")
     for dev in data["devices"]:
         head = (
@@ -59,12 +64,13 @@ def status_table(data: dict[str, Any]) -> Table:
             f"claimed {format_size(dev['claimed'])}  [green]free {format_size(dev['free'])}[/]"
         )
         if not dev["claims"]:
-            table.add_row(head, "[dim](no claims)[/]", "", "", "", "", "", "")
+            table.add_row(head, "[dim](no claims)[/]", "", "", "", "", "", "", "")
         for i, c in enumerate(dev["claims"]):
             table.add_row(
                 head if i == 0 else "",
                 _text(c["name"]),
                 _text(_holder(c, here)),
+                _uid(c.get("uid")),
                 format_size(c["bytes"]),
                 _text(c.get("sized") or "-"),
                 format_size(c["use"]),
@@ -72,10 +78,19 @@ def status_table(data: dict[str, Any]) -> Table:
                 "-" if c.get("threads") is None else str(c["threads"]),
             )
         for q in dev["queue"]:
-            table.add_row("", f"[yellow]waiting[/] {_text(q['name'])}", str(q["pid"]),
-                          format_size(q["bytes"]), "", "", "queued", "")
+            table.add_row(
+                "",
+                f"[yellow]waiting[/] {_text(q['name'])}",
+                str(q["pid"]),
+                _uid(q.get("uid")),
+                format_size(q["bytes"]),
+                "",
+                "",
+                "queued",
+                "",
+            )
         for p in dev["problems"]:
-            table.add_row("", f"[red]skipped[/] {_text(p)}", "", "", "", "", "", "")
+            table.add_row("", f"[red]skipped[/] {_text(p)}", "", "", "", "", "", "", "")
         table.add_section()
     return table
 
@@ -86,6 +101,12 @@ def devices_table(found: list[dict[str, Any]]) -> Table:
         table.add_column(column)
     for d in found:
         seen = "-" if d["visible_index"] is None else f"cuda:{d['visible_index']}"
-        table.add_row(str(d["index"]), d["uuid"], d["name"], format_size(d["total"]),
-                      format_size(d["used"]), seen)
+        table.add_row(
+            str(d["index"]),
+            d["uuid"],
+            d["name"],
+            format_size(d["total"]),
+            format_size(d["used"]),
+            seen,
+        )
     return table

@@ -63,17 +63,20 @@ def gc(as_json: JsonFlag = False) -> None:
     also the set-up of a ledger shared by several users: it makes every device's folders."""
     import os
 
-    from memgov import _status
+    from memgov import _cpushare, _status
 
     try:
         snaps = _status.snapshots(clean=True, set_up=os.geteuid() == 0)
+        cpu_removed = _cpushare.sweep()  # root's gc clears any user's dead files there too
     except MemgovError as exc:
         raise fail(exc) from None
     removed = [r for s in snaps for r in s.removed]
     problems = [p for s in snaps for p in s.problems]
     if as_json:
-        print_json({"removed": removed, "skipped": problems})
+        print_json({"removed": removed, "skipped": problems, "cpu_removed": cpu_removed})
         return
+    if cpu_removed:
+        typer.echo(f"removed {cpu_removed} file(s) no process holds from the CPU-share folder")
     for line in removed:
         typer.echo(f"removed {line}")
     for line in problems:

@@ -28,8 +28,9 @@ def planted() -> Iterator[list[tuple[DeviceLedger, Held]]]:
         book.remove("claims", record)
 
 
-def plant(planted: list[tuple[DeviceLedger, Held]], size: int, uuid: str = "sim0",
-          name: str = "other") -> None:
+def plant(
+    planted: list[tuple[DeviceLedger, Held]], size: int, uuid: str = "sim0", name: str = "other"
+) -> None:
     book = ledger(uuid)
     held = book.add("claims", record_payload("claim", book.device, size, name, "soft"))
     planted.append((book, held))
@@ -59,8 +60,13 @@ def test_claim_alive_answers_for_the_ledger(private_ledger: Path) -> None:
 
     claim = memgov.claim("1GiB")
     assert claim_alive("sim0", claim.record)
-    for uuid, record in [("sim0", "../claims/" + claim.record), ("sim0", ".tmp-x.json"),
-                         ("sim0", "x.json"), ("sim1", claim.record), ("sim0", "")]:
+    for uuid, record in [
+        ("sim0", "../claims/" + claim.record),
+        ("sim0", ".tmp-x.json"),
+        ("sim0", "x.json"),
+        ("sim1", claim.record),
+        ("sim0", ""),
+    ]:
         assert not claim_alive(uuid, record), (uuid, record)
     claim.release()
     assert not claim_alive("sim0", claim.record)
@@ -82,8 +88,9 @@ def test_one_claim_per_process() -> None:
         pass
 
 
-@pytest.mark.parametrize(("size", "expected"), [("25%", 16 * GIB), ("100%", 64 * GIB),
-                                                ("0.5%", int(64 * GIB * 0.005))])
+@pytest.mark.parametrize(
+    ("size", "expected"), [("25%", 16 * GIB), ("100%", 64 * GIB), ("0.5%", int(64 * GIB * 0.005))]
+)
 def test_percentages_are_of_the_device(size: str, expected: int) -> None:
     with memgov.claim(size) as claim:
         assert claim.bytes == expected
@@ -108,7 +115,7 @@ def test_budget_exceeded_says_why(planted: list[tuple[DeviceLedger, Held]]) -> N
     message = str(exc)
     assert "cannot claim 8.00 GiB on sim0" in message
     assert "free budget 4.00 GiB of 64.00 GiB" in message
-    assert "largest holders: big job 40.00 GiB, small job 20.00 GiB" in message
+    assert "largest holders: big job 40.00 GiB (uid 0), small job 20.00 GiB (uid 0)" in message
     assert "pass wait=SECONDS to queue for it" in message
     with memgov.claim("4GiB"):  # exactly what is free still fits
         pass
@@ -144,8 +151,9 @@ def test_reserve_shrinks_capacity_and_an_impossible_request_does_not_wait(
         pass
 
 
-@pytest.mark.parametrize(("raw", "reserve"), [("0", 0), ("12.5%", 8 * GIB), ("1GiB", GIB),
-                                              (" 2G ", 2 * GIB), ("", 0)])
+@pytest.mark.parametrize(
+    ("raw", "reserve"), [("0", 0), ("12.5%", 8 * GIB), ("1GiB", GIB), (" 2G ", 2 * GIB), ("", 0)]
+)
 def test_reserve_values(raw: str, reserve: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMGOV_RESERVE", raw)
     assert ledger().snapshot().reserve == reserve

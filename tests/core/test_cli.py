@@ -59,8 +59,13 @@ def test_status_table_for_people(holder: Child) -> None:
 
 def test_status_through_the_installed_command(holder: Child) -> None:
     # The real entry point in a fresh interpreter: `python -m memgov` is what `memgov` runs.
-    result = subprocess.run([sys.executable, "-m", "memgov", "status", "--json"],
-                            capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    result = subprocess.run(
+        [sys.executable, "-m", "memgov", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     assert result.returncode == 0, result.stderr
     names = [c["name"] for c in json.loads(result.stdout)["devices"][0]["claims"]]
     assert names == ["trainer-a"]
@@ -71,10 +76,20 @@ def debris(private_ledger: Path) -> dict[str, Path]:
     ledger().snapshot()
     claims = private_ledger / "v1" / "sim0" / "claims"
     dead = claims / new_record_name()
-    dead.write_text(json.dumps({
-        "version": 1, "id": "x", "kind": "claim", "device": "sim0", "bytes": GIB,
-        "name": "crashed", "pid": 99999, "created": time.time(),
-    }))
+    dead.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "id": "x",
+                "kind": "claim",
+                "device": "sim0",
+                "bytes": GIB,
+                "name": "crashed",
+                "pid": 99999,
+                "created": time.time(),
+            }
+        )
+    )
     old_tmp = claims / ".tmp-half-written.json"
     old_tmp.write_text("{")
     os.utime(old_tmp, (time.time() - 3600, time.time() - 3600))
@@ -87,23 +102,23 @@ def test_gc_says_what_it_removed_and_skipped(holder: Child, debris: dict[str, Pa
     result = runner.invoke(app, ["gc"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert f"removed {debris['dead']} (dead holder)" in lines
-    assert f"removed {debris['tmp']} (unfinished write of a dead process)" in lines
-    assert f"skipped {debris['foreign']}: not a memgov record (unknown name)" in lines
-    assert lines[-1] == "2 removed, 1 skipped"
-    assert not debris["dead"].exists() and not debris["tmp"].exists()
-    assert debris["foreign"].exists()
+    assert f"removed {debris['dead']} (dead holder, uid 0)" in lines
+    assert f"removed {debris['tmp']} (unfinished write of a dead process, uid 0)" in lines
+    # No live claim is unlocked, whatever its name: gc removes every file no one holds.
+    assert f"removed {debris['foreign']} (not a memgov record (unknown name), uid 0)" in lines
+    assert lines[-1] == "3 removed, 0 skipped"
+    assert not any(path.exists() for path in debris.values())
     assert [c.name for c in ledger().snapshot().claims] == ["trainer-a"]  # the live one stays
     again = runner.invoke(app, ["gc"])
-    assert again.stdout.splitlines()[-1] == "0 removed, 1 skipped"
+    assert again.stdout.splitlines()[-1] == "0 removed, 0 skipped"
 
 
 def test_gc_json(debris: dict[str, Path]) -> None:
     result = runner.invoke(app, ["gc", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert sorted(data) == ["removed", "skipped"]
-    assert len(data["removed"]) == 2 and len(data["skipped"]) == 1
+    assert sorted(data) == ["cpu_removed", "removed", "skipped"]
+    assert len(data["removed"]) == 3 and data["skipped"] == []
 
 
 def test_status_does_not_clean(debris: dict[str, Path]) -> None:
@@ -118,7 +133,8 @@ def test_devices_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.exit_code == 0, result.output
     found = json.loads(result.stdout)["devices"]
     assert [(d["uuid"], d["total"], d["used"], d["simulated"]) for d in found] == [
-        ("sim0", 16 * GIB, 0, True), ("sim1", 80 * GIB, 2 * GIB, True),
+        ("sim0", 16 * GIB, 0, True),
+        ("sim1", 80 * GIB, 2 * GIB, True),
     ]
 
 

@@ -157,3 +157,17 @@ def test_cuda_visible_devices_order(
     found = devices()
     assert len(found) == 3  # every host GPU is listed, visible or not
     assert {d.uuid: d.visible_index for d in found if d.visible_index is not None} == visible
+
+
+def test_a_simulated_gpu_cannot_take_the_cpu_share_folders_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # v1/cpu holds the CPU-share records: a GPU named cpu would keep its claims inside them.
+    from memgov import _cpushare, _settings
+
+    assert _cpushare.PARTS[-1] in _settings.RESERVED_NAMES
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:16GiB,cpu:8GiB")
+    with pytest.raises(memgov.ConfigError, match="'cpu': the ledger's folder of that name"):
+        devices()
+    monkeypatch.setenv("MEMGOV_DEVICES", "CPU:8GiB")  # another folder name: accepted
+    assert [d.uuid for d in devices()] == ["CPU"]

@@ -19,6 +19,7 @@ import pytest
 import memgov
 from memgov import _flock, _records
 from memgov._flock import AdmissionLock
+from memgov._ledger import new_record_name
 from tests.helpers.procs import ledger, wait_until
 
 pytestmark = pytest.mark.usefixtures("sim")
@@ -71,7 +72,9 @@ def test_record_probe_without_flock_is_a_clear_ledger_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ledger().snapshot()  # the folders exist
-    fd = os.open(ledger().path / "claims" / "x.json", os.O_WRONLY | os.O_CREAT, 0o644)
+    name = new_record_name()  # a record's name: other names are not opened
+    fd = os.open(ledger().path / "claims" / name, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"{}")  # not empty: an empty file is known to be no record without a probe
     os.close(fd)
 
     def shared_fails(fd: int, op: int) -> None:
@@ -89,9 +92,7 @@ def test_record_probe_without_flock_is_a_clear_ledger_error(
         _records.scan(folder)
 
 
-def test_waiter_times_out_naming_the_holder_and_leaves_nothing(
-    lock_path: Path, busy: int
-) -> None:
+def test_waiter_times_out_naming_the_holder_and_leaves_nothing(lock_path: Path, busy: int) -> None:
     threads = threading.active_count()
     started = time.monotonic()
     with (
@@ -145,8 +146,9 @@ def test_planted_fifo_or_folder_as_lock_fails_at_once(lock_path: Path) -> None:
         pass
     lock_path.unlink()
     lock_path.mkdir()
-    with pytest.raises(memgov.LedgerError, match="a folder was put there"), AdmissionLock(
-        lock_path, timeout=30
+    with (
+        pytest.raises(memgov.LedgerError, match="a folder was put there"),
+        AdmissionLock(lock_path, timeout=30),
     ):
         pass
     assert time.monotonic() - started < 5

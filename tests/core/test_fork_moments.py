@@ -52,7 +52,8 @@ from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 
 if sys.argv[1] == "cpu":  # a CPU-share record (memgov/_cpushare.py), read by peers()
-    folder, module = _config.ledger_dir().joinpath(*_cpushare.PARTS), _cpushare
+    # Probed by _records's reader, as claim records are.
+    folder, module = _config.ledger_dir().joinpath(*_cpushare.PARTS), _records
     scan = lambda: _cpushare.peers(clean=False)
 else:  # a claim record (memgov/_records.py), read by the device ledger's scan
     ledger = DeviceLedger(candidates(None)[0])

@@ -29,8 +29,14 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 
 def record(**changes: object) -> dict[str, object]:
     data: dict[str, object] = {
-        "version": 1, "id": "abcd", "kind": "claim", "device": "sim0", "bytes": 4 * GIB,
-        "name": "planted", "pid": 1234, "created": time.time(),
+        "version": 1,
+        "id": "abcd",
+        "kind": "claim",
+        "device": "sim0",
+        "bytes": 4 * GIB,
+        "name": "planted",
+        "pid": 1234,
+        "created": time.time(),
     }
     data.update(changes)
     return data
@@ -54,27 +60,38 @@ def claims_dir(private_ledger: Path) -> Path:
 
 def _socket(path: Path) -> None:
     sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(path))
+    here = os.getcwd()
+    os.chdir(path.parent)  # a socket's path is at most 107 bytes: bind the name alone
+    try:
+        sock.bind(path.name)
+    finally:
+        os.chdir(here)
     sock.close()
 
 
 PLANTED: list[tuple[str, Callable[[Path], object], str]] = [
     ("corrupt.json", lambda p: p.write_bytes(b"{not json"), "corrupt JSON"),
     ("binary.json", lambda p: p.write_bytes(b"\xff\xfe\x00garbage"), "corrupt JSON"),
-    ("empty.json", lambda p: p.write_bytes(b""), "corrupt JSON"),
+    ("empty.json", lambda p: p.write_bytes(b""), "empty (not a record)"),
     ("array.json", lambda p: p.write_bytes(b"[1, 2]"), "not a JSON object"),
     ("nobytes.json", lambda p: p.write_bytes(_without("bytes")), "field 'bytes' missing"),
     ("strbytes.json", lambda p: p.write_bytes(dumps(bytes="4GiB")), "field 'bytes' missing"),
     ("boolbytes.json", lambda p: p.write_bytes(dumps(bytes=True)), "field 'bytes' missing"),
     ("negbytes.json", lambda p: p.write_bytes(dumps(bytes=-1)), "field 'bytes' out of range"),
     ("deep.json", lambda p: p.write_bytes(b"[" * 30_000 + b"]" * 30_000), "corrupt JSON (nested"),
-    ("digits.json", lambda p: p.write_bytes(dumps().replace(b"1234", b"9" * 5000)),
-     "corrupt JSON (a number of 5000 digits"),
+    (
+        "digits.json",
+        lambda p: p.write_bytes(dumps().replace(b"1234", b"9" * 5000)),
+        "corrupt JSON (a number of 5000 digits",
+    ),
     ("hugebytes.json", lambda p: p.write_bytes(dumps(bytes=10**400)), "corrupt JSON"),
     ("hugecreated.json", lambda p: p.write_bytes(dumps(created=10**400)), "corrupt JSON"),
     ("farcreated.json", lambda p: p.write_bytes(dumps(created=1e300)), "field 'created' out of"),
-    ("nan.json", lambda p: p.write_bytes(dumps().replace(b'"pid": 1234', b'"pid": NaN')),
-     "corrupt JSON (NaN is not accepted"),
+    (
+        "nan.json",
+        lambda p: p.write_bytes(dumps().replace(b'"pid": 1234', b'"pid": NaN')),
+        "corrupt JSON (NaN is not accepted",
+    ),
     ("floatpid.json", lambda p: p.write_bytes(dumps(pid=1.5)), "field 'pid' missing"),
     ("nullname.json", lambda p: p.write_bytes(dumps(name=None)), "field 'name' missing"),
     ("v2.json", lambda p: p.write_bytes(dumps(version=2)), "record version 2"),
@@ -88,26 +105,34 @@ PLANTED: list[tuple[str, Callable[[Path], object], str]] = [
 
 
 @pytest.mark.parametrize(("name", "plant", "problem"), PLANTED, ids=[p[0] for p in PLANTED])
-def test_bad_file_is_reported_skipped_and_left_alone(
+def test_bad_file_is_reported_by_status_and_removed_by_gc(
     claims_dir: Path, name: str, plant: Callable[[Path], object], problem: str
 ) -> None:
-    # Content cases get a real record name: any other name is "not a memgov record" at once.
-    contents = name.endswith(".json") and name not in ("dir.json", "fifo.json", "sock.json",
-                                                       "dangling.json")
-    path = claims_dir / (new_record_name() if contents else name)
+    # Every case gets a real record name (any other name is "not a memgov record" unopened),
+    # except the one that tests that.
+    path = claims_dir / (name if name == "notes.txt" else new_record_name())
     plant(path)
     before = os.lstat(path)
-    snap = _status.snapshots(clean=True)[0]  # what `memgov gc` does
+    snap = _status.snapshots(clean=False)[0]  # what `memgov status` does: reads only
     mine = [p for p in snap.problems if path.name in p]
     assert len(mine) == 1 and mine[0].startswith(f"{path}: {problem}"), snap.problems
     assert snap.claims == [] and snap.removed == []
     after = os.lstat(path)
     assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
-        before.st_ino, before.st_mtime_ns, before.st_size,
+        before.st_ino,
+        before.st_mtime_ns,
+        before.st_size,
     )
-    with memgov.claim("64GiB") as whole:  # the bad file holds no budget
+    # gc: no one holds the file, so it is no one's live claim: removed (a folder is left).
+    swept = _status.snapshots(clean=True)[0]
+    if name == "dir.json":
+        assert path.is_dir() and any(path.name in p for p in swept.problems)
+    else:
+        gone = [r for r in swept.removed if path.name in r]
+        assert len(gone) == 1 and gone[0].startswith(f"{path} (") and gone[0].endswith(", uid 0)")
+        assert not os.path.lexists(path)
+    with memgov.claim("64GiB") as whole:  # the bad file held no budget
         assert whole.bytes == 64 * GIB
-    assert os.path.lexists(path)
 
 
 def test_symlinked_record_is_not_followed_and_its_target_untouched(
@@ -116,14 +141,17 @@ def test_symlinked_record_is_not_followed_and_its_target_untouched(
     target = tmp_path / "target.json"
     content = dumps()
     target.write_bytes(content)  # a valid record: followed, it would count 4 GiB
-    os.symlink(target, claims_dir / "link.json")
+    link = claims_dir / new_record_name()
+    os.symlink(target, link)
     stamp = os.stat(target)
-    snap = ledger().snapshot()
+    snap = _status.snapshots(clean=False)[0]
     assert snap.claims == [] and snap.removed == []
-    assert any("link.json: a symlink (not followed)" in p for p in snap.problems)
+    assert any(f"{link.name}: a symlink (not followed)" in p for p in snap.problems)
     assert os.stat(target).st_mtime_ns == stamp.st_mtime_ns
     assert target.read_bytes() == content
-    assert os.path.islink(claims_dir / "link.json")
+    assert os.path.islink(link)
+    ledger().snapshot()  # an admission's scan removes the link itself, never its target
+    assert not os.path.lexists(link) and target.read_bytes() == content
 
 
 def _hold_lock(path: Path) -> int:
@@ -146,8 +174,9 @@ def test_locked_corrupt_record_blocks_and_foreign_device_record_is_skipped(
         snap = _status.snapshots(clean=True)[0]
         assert snap.claims == [] and snap.removed == [] and snap.free == 0
         assert snap.unknown == [str(corrupt)]
-        assert any(f"{corrupt.name}: corrupt JSON" in p and "size is unknown" in p
-                   for p in snap.problems)
+        assert any(
+            f"{corrupt.name}: corrupt JSON" in p and "size is unknown" in p for p in snap.problems
+        )
         assert any(f"{foreign.name}: record of device sim9" in p for p in snap.problems)
         with pytest.raises(memgov.BudgetExceeded, match="unknown size block it"):
             memgov.claim("1GiB")
@@ -165,7 +194,7 @@ def test_dead_record_counts_nothing_and_gc_removes_it(claims_dir: Path) -> None:
     read_only = _status.snapshots(clean=False)[0]
     assert read_only.claims == [] and read_only.free == 64 * GIB and dead.exists()
     cleaned = _status.snapshots(clean=True)[0]
-    assert cleaned.removed == [f"{dead} (dead holder)"]
+    assert cleaned.removed == [f"{dead} (dead holder, uid 0)"]
     assert not dead.exists()
 
 
@@ -177,7 +206,7 @@ def test_unfinished_write_is_removed_only_when_old(claims_dir: Path) -> None:
     hour_ago = time.time() - 3600
     os.utime(old, (hour_ago, hour_ago))
     snap = _status.snapshots(clean=True)[0]
-    assert snap.removed == [f"{old} (unfinished write of a dead process)"]
+    assert snap.removed == [f"{old} (unfinished write of a dead process, uid 0)"]
     assert snap.problems == []
     assert fresh.exists() and not old.exists()
 
@@ -255,7 +284,9 @@ def test_folders_are_shared_and_records_readable(private_ledger: Path) -> None:
 def as_nobody(*action: str) -> dict[str, object]:
     result = subprocess.run(
         [sys.executable, str(AS_USER), str(NOBODY), *action],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     answer: dict[str, object] = json.loads(result.stdout)
@@ -264,8 +295,14 @@ def as_nobody(*action: str) -> dict[str, object]:
 
 def _fingerprint(path: Path) -> tuple[object, ...]:
     info = os.stat(path)
-    return (info.st_ino, info.st_uid, info.st_mode, info.st_size, info.st_mtime_ns,
-            path.read_bytes())
+    return (
+        info.st_ino,
+        info.st_uid,
+        info.st_mode,
+        info.st_size,
+        info.st_mtime_ns,
+        path.read_bytes(),
+    )
 
 
 @needs_root
@@ -303,13 +340,11 @@ def test_another_user_cannot_remove_roots_records(shared_ledger: Path) -> None:
         before = _fingerprint(live)
         seen = as_nobody("gc")
         assert seen["removed"] == [] and seen["claimed"] == 8 * GIB
-        assert seen["problems"] == [
-            f"{dead}: dead holder; cannot remove (Operation not permitted)"
-        ]
+        assert seen["problems"] == [f"{dead}: dead holder (uid 0); {_records.NOT_MINE}"]
         # The sticky bit protects root's record even from a direct unlink.
         assert as_nobody("unlink", str(live)) == {"error": "PermissionError"}
         assert _fingerprint(live) == before and dead.exists()
-    assert _status.snapshots(clean=True)[0].removed == [f"{dead} (dead holder)"]
+    assert _status.snapshots(clean=True)[0].removed == [f"{dead} (dead holder, uid 0)"]
 
 
 @needs_root
@@ -319,7 +354,9 @@ def test_unreadable_record_is_reported_to_a_user_who_cannot_read_it(shared_ledge
     secret.write_bytes(dumps())
     os.chmod(secret, 0o600)
     problems = as_nobody("gc")["problems"]
-    assert problems == [f"{secret}: unreadable (Permission denied), not locked"]
+    assert problems == [
+        f"{secret}: unreadable (Permission denied), not locked (uid 0); {_records.NOT_MINE}"
+    ]
     assert secret.exists()
 
 

@@ -19,6 +19,23 @@ def out(obj: object) -> None:
     print("@@" + json.dumps(obj), flush=True)
 
 
+def _load_cli() -> None:
+    """Load the command line and what status, gc and doctor import, by running each once with
+    --help and importing their modules: the interpreter's own files may be root's alone."""
+    import contextlib
+    import io
+
+    import memgov.cli
+    from memgov import _cpushare, _doctor, _status, _threads  # noqa: F401
+    from memgov.cli import doctor, status  # noqa: F401
+
+    for command in (["--help"], ["status", "--help"], ["gc", "--help"], ["doctor", "--help"]):
+        sys.argv = ["memgov", *command]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+            memgov.cli.main()
+    _doctor.diagnose()
+
+
 def main() -> None:
     uid, code = int(sys.argv[1]), sys.argv[2]
     import fcntl  # noqa: F401  (loaded as root, for CODE)
@@ -31,6 +48,8 @@ def main() -> None:
     from memgov import _status  # noqa: F401
     from memgov.cli import render  # noqa: F401
 
+    if "memgov.cli.main" in code:
+        _load_cli()  # as root: every module the commands import (see _load_cli)
     become(uid)
     exec(compile(code, "<actor>", "exec"), {"out": out, "__name__": "__actor__"})
 

@@ -1,7 +1,7 @@
 """The hostile suite: real users of one host (created here, as root) against each other.
 
-Users mgl_a and mgl_b are made for the session and removed after it (only those this run made):
-a change to the host, so the tests using them run only with ``pytest --host-changes``.
+Users mgl_a, mgl_b and mgl_c are made for the session and removed after it (only those this
+run made): a change to the host, so the tests using them run only with ``pytest --host-changes``.
 Each test gets a fresh ledger under a sticky world-writable base folder, like /tmp.
 """
 
@@ -24,7 +24,7 @@ import pytest
 from tests.helpers.host_changes import changes_host
 
 ACTOR = Path(__file__).resolve().parent / "actor.py"
-NAMES = ("mgl_a", "mgl_b")
+NAMES = ("mgl_a", "mgl_b", "mgl_c")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creates users: needs root")
 
@@ -38,7 +38,10 @@ class User:
         """Run CODE as this user (see actor.py); the last JSON line it printed."""
         result = subprocess.run(
             [sys.executable, str(ACTOR), str(self.uid), code],
-            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
         )
         assert result.returncode == 0, result.stdout + result.stderr
         lines = [ln[2:] for ln in result.stdout.splitlines() if ln.startswith("@@")]
@@ -46,7 +49,7 @@ class User:
 
 
 @pytest.fixture(scope="session")
-@changes_host("creates the users mgl_a and mgl_b with useradd, removed after the session")
+@changes_host("creates the users mgl_a, mgl_b and mgl_c with useradd, removed after the session")
 def users() -> Iterator[dict[str, User]]:
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("needs root and useradd to create users")
@@ -56,8 +59,18 @@ def users() -> Iterator[dict[str, User]]:
         try:
             pwd.getpwnam(name)
         except KeyError:
-            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
-                            "/usr/sbin/nologin", name], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "useradd",
+                    "--no-create-home",
+                    "--user-group",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    name,
+                ],
+                check=True,
+                capture_output=True,
+            )
             made.append(name)
         found[name] = User(name, pwd.getpwnam(name).pw_uid)
     yield found
@@ -79,7 +92,8 @@ def base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 @pytest.fixture
 def shared(base: Path) -> Path:
     """The documented admin set-up: root runs `memgov gc` once, which makes every folder."""
-    result = subprocess.run([sys.executable, "-m", "memgov", "gc"], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "memgov", "gc"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return base / "ledger"

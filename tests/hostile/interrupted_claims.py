@@ -1,0 +1,63 @@
+"""Claim and release in a loop while a timer raises KeyboardInterrupt at random moments (as
+Ctrl-C does in a notebook): python interrupted_claims.py CYCLES SEED MAX_DELAY_S.
+
+Prints one JSON line: cycles, how many were interrupted, and the descriptors open before and
+after (from /proc/self/fd) and the ledger files memgov still has open.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import signal
+import sys
+
+import memgov
+from memgov import _flock
+
+
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def main() -> None:
+    cycles, seed, most = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    rng = random.Random(seed)
+    signal.signal(signal.SIGALRM, interrupt)
+    memgov.claim("1GiB").release()  # imports, folders and the CPU-share record made once
+    before = descriptors()
+    interrupted = 0
+    for _ in range(cycles):
+        try:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00005, most))
+                memgov.claim("1GiB").release()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)  # one-shot: it cannot fire again after
+        except KeyboardInterrupt:
+            interrupted += 1
+        held = memgov.current()
+        if held is not None:  # interrupted after the claim was made: released like a user would
+            held.release()
+    gc.collect()
+    print(
+        json.dumps(
+            {
+                "cycles": cycles,
+                "interrupted": interrupted,
+                "before": before,
+                "after": descriptors(),
+                "ledger_files": _flock.open_count(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

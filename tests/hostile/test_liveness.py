@@ -1,0 +1,248 @@
+"""Who holds what, told right (docs/ledger.md, "Liveness"): a process whose main thread ended
+keeps its claim, a record names the user who owns its file (not whom its text names), planted
+records shrink no one's CPU share, and their text reaches no terminal; a lock held too long is
+blamed on the process that holds it."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import memgov
+from memgov import _status
+from memgov._attribution import pidns_of
+from memgov._devices import devices
+from memgov._errors import LockTimeout
+from memgov._ledger import DeviceLedger, new_record_name
+from tests.helpers.procs import Child, wait_until
+
+from .conftest import ACTOR, User
+
+GIB = 2**30
+
+
+def start(user: User, code: str) -> subprocess.Popen[str]:
+    """CODE as USER in the background; returns once it printed its first line ("{}")."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ACTOR), str(user.uid), code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "{}"
+    return proc
+
+
+def test_a_holder_whose_main_thread_ended_keeps_its_claim(
+    users: dict[str, User], shared: Path
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    # The main thread claims, starts a thread that lives on, and ends alone (SYS_exit, not
+    # exit_group): the thread-group leader is a zombie while the process and its lock live.
+    holder = start(
+        a,
+        "import ctypes, threading, time, memgov, sys\n"
+        "memgov.claim('48GiB', name='a-main-gone')\n"
+        "threading.Thread(target=time.sleep, args=(300,)).start()\n"
+        "print('{}', flush=True)\n"
+        "ctypes.CDLL(None).syscall(60, 0)\n",
+    )
+    try:
+        wait_until(
+            lambda: (
+                Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            ),
+            timeout=10,
+        )
+        got = b.run(
+            "import memgov\ntry:\n memgov.claim('32GiB'); out('ADMITTED')\n"
+            "except memgov.BudgetExceeded as e: out(e.free)"
+        )
+        assert got == 16 * GIB
+        gc = subprocess.run(
+            [sys.executable, "-m", "memgov", "gc", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert json.loads(gc.stdout)["removed"] == []
+        assert [c.name for c in _status.snapshots()[0].claims] == ["a-main-gone"]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_a_c_forked_child_holding_the_admission_lock_is_named(shared: Path) -> None:
+    code = (
+        "import ctypes, os, sys, time\nfrom memgov._devices import devices\n"
+        "from memgov._ledger import DeviceLedger\n"
+        "lock = DeviceLedger(devices()[0]).locked(1).__enter__()\n"
+        "pid = ctypes.CDLL(None).fork()\n"
+        "if pid == 0:\n time.sleep(300); os._exit(0)\n"
+        "print(pid, flush=True)\ntime.sleep(300)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        parent.kill()
+        parent.wait(timeout=30)
+        with pytest.raises(LockTimeout) as caught, DeviceLedger(devices()[0]).locked(0.5):
+            pass
+        assert f"by pid {child}, which inherited it from pid {parent.pid} (gone)" in str(
+            caught.value
+        )
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_a_lock_held_from_outside_the_claimers_pid_namespace_says_so(
+    users: dict[str, User], shared: Path
+) -> None:
+    holder = start(
+        users["mgl_b"],
+        "import time\nfrom memgov._devices import devices\n"
+        "from memgov._ledger import DeviceLedger\n"
+        "lock = DeviceLedger(devices()[0]).locked(1).__enter__()\n"
+        "print('{}', flush=True)\ntime.sleep(300)\n",
+    )
+    try:
+        inner = (
+            "from memgov._errors import LockTimeout\nfrom memgov._devices import devices\n"
+            "from memgov._ledger import DeviceLedger\ntry:\n"
+            " with DeviceLedger(devices()[0]).locked(timeout=0.5): print('got it')\n"
+            "except LockTimeout as e: print(e)\n"
+        )
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", inner],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "outside this PID namespace" in done.stdout, done.stdout + done.stderr
+        assert "lsof" in done.stdout
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_a_planted_record_is_shown_with_its_owner_not_the_user_it_names(
+    users: dict[str, User], shared: Path
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    victim = Child(["8GiB", "--name", "train-alice", "--user", str(a.uid)])
+    try:
+        pid = victim.expect("admitted")["pid"]
+        path = shared / "v1" / "sim0" / "claims" / new_record_name()
+        record = {
+            "version": 1,
+            "id": "ab",
+            "kind": "claim",
+            "device": "sim0",
+            "bytes": 48 * GIB,
+            "name": "train-alice",
+            "pid": pid,
+            "pidns": pidns_of(),
+            "host": os.uname().nodename,
+            "created": time.time(),
+            "mode": "soft",
+        }
+        planter = start(
+            b,
+            f"import fcntl, json, os\nfd = os.open({str(path)!r}, "
+            "os.O_CREAT | os.O_RDWR, 0o644)\n"
+            f"os.write(fd, json.dumps({record!r}).encode())\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('{}', flush=True)\n"
+            "import sys; sys.stdin.readline()\n",
+        )
+        try:
+            got = a.run(
+                "import memgov\ntry:\n memgov.claim('16GiB')\n"
+                "except memgov.BudgetExceeded as e: out(str(e))"
+            )
+            assert f"train-alice 48.00 GiB (uid {b.uid})" in got, got
+            claims = _status.status()["devices"][0]["claims"]
+            assert sorted((c["name"], c["uid"]) for c in claims) == [
+                ("train-alice", a.uid),
+                ("train-alice", b.uid),
+            ]
+            table = subprocess.run(
+                [sys.executable, "-m", "memgov", "status"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+            assert str(b.uid) in table
+        finally:
+            planter.communicate("\n", timeout=30)
+    finally:
+        victim.close()
+
+
+def test_planted_cpu_records_shrink_no_ones_share_and_reach_no_terminal(
+    users: dict[str, User], shared: Path
+) -> None:
+    b = users["mgl_b"]
+    cpu = shared / "v1" / "cpu"
+    cores = len(os.sched_getaffinity(0))
+    evil = "\x1b]0;owned\x07\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\"
+    # 21 locked records naming processes that are not b's (pid 1, and root's own pid), and one
+    # real governed process of b whose record carries terminal sequences in every text field.
+    code = (
+        "import fcntl, json, os, time, sys\nfds = []\n"
+        "for i in range(21):\n"
+        f" path = os.path.join({str(cpu)!r}, f'{{time.time_ns():020d}}-{{i:012x}}.json')\n"
+        " fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)\n"
+        f" data = dict(version=1, kind='cpu', pid=[1, {os.getpid()}][i % 2], "
+        f"pidns={pidns_of()}, host='h', created=time.time(), cpus=list(range(64)), "
+        "quota_key=None, threads=1, source='x', holder='', why='')\n"
+        " os.write(fd, json.dumps(data).encode()); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        " fds.append(fd)\n"
+        "from memgov import _cpus, _cpushare\n"
+        f"reg = _cpushare.register(_cpus.usable(), 1, {evil!r}, {evil!r}, {evil!r})\n"
+        "print('{}', flush=True)\nsys.stdin.readline()\n"
+    )
+    planter = start(b, code)
+    try:
+        with memgov.claim("1GiB") as held:
+            report = held.reports.get("threads", "")
+        assert f"{cores} usable core(s) / 2 governed process(es)" in report, report
+        doctor = subprocess.run(
+            [sys.executable, "-m", "memgov", "doctor"], capture_output=True, text=True, timeout=60
+        )
+        assert "\\x1b]0;owned" in doctor.stdout, doctor.stdout
+        assert "\x1b" not in doctor.stdout and "\x07" not in doctor.stdout
+    finally:
+        planter.communicate("\n", timeout=30)
+
+
+def test_pid_reuse_after_a_c_fork_frees_the_claim(shared: Path) -> None:
+    # The parent claims and forks from C, then dies; the child holds the lock. The record's
+    # PID is the parent's: gone, so the claim is free, without reading /proc/locks.
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "forker.py"), "c-fork"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    child = json.loads(proc.stdout.readline())["child"]
+    try:
+        assert _status.snapshots()[0].claimed == 8 * GIB
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        wait_until(lambda: _status.snapshots()[0].claimed == 0, timeout=5)
+        assert os.path.exists(f"/proc/{child}")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+_ = ctypes  # the tests above drive ctypes in their children
