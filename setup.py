@@ -58,10 +58,15 @@ class build_py_with_pth(build_py):
         return outputs
 
 
-ADAPTERS = {f"memgov_{p.name}": f"adapters/{p.name}" for p in sorted(HERE.glob("adapters/*/"))
-            if (p / "__init__.py").is_file()}
-EXPERIMENTS = {f"memgov.experiments.{p.parent.name}": f"experiments/{p.parent.name}"
-               for p in sorted(HERE.glob("experiments/*/experiment.toml"))}
+ADAPTERS = {
+    f"memgov_{p.name}": f"adapters/{p.name}"
+    for p in sorted(HERE.glob("adapters/*/"))
+    if (p / "__init__.py").is_file()
+}
+EXPERIMENTS = {
+    f"memgov.experiments.{p.parent.name}": f"experiments/{p.parent.name}"
+    for p in sorted(HERE.glob("experiments/*/experiment.toml"))
+}
 EXPERIMENT_DATA = ["*.toml", "*.md", "data/*"]
 
 

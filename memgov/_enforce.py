@@ -75,17 +75,25 @@ def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
     if setting == "off":
         return Plan(False, "MEMGOV_MPS=off")
     if cuda_initialized:
-        return Plan(False, "CUDA already initialised in this process; the driver reads the MPS "
-                           "limit only when CUDA starts")
+        return Plan(
+            False,
+            "CUDA already initialised in this process; the driver reads the MPS "
+            "limit only when CUDA starts",
+        )
     preset = os.environ.get(PIN_ENV)
     if preset and preset != os.environ.get(MARK_ENV):
-        return Plan(False, f"{PIN_ENV}={preset!r} was set outside memgov; memgov does not "
-                           "replace a limit it did not set")
+        return Plan(
+            False,
+            f"{PIN_ENV}={preset!r} was set outside memgov; memgov does not "
+            "replace a limit it did not set",
+        )
     from memgov import _mpsctl
 
     if _mpsctl.binary() is None:
-        return Plan(False, f"{_mpsctl.CONTROL} is not on PATH, so memgov cannot reach or check "
-                           "an MPS daemon")
+        return Plan(
+            False,
+            f"{_mpsctl.CONTROL} is not on PATH, so memgov cannot reach or check an MPS daemon",
+        )
     found = _mpsctl.client_daemons()
     if not found:
         where = os.environ.get(PIPE_ENV) or f"{_mpsctl.paths().pipe} or {_mpsctl.DEFAULT_PIPE}"
@@ -100,8 +108,10 @@ def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
             pid, uid = next(iter(others.items()))
             # MPS serves one user at a time: this client would wait at CUDA start-up until
             # every client of that server has ended.
-            foreign = (f"the MPS server (pid {pid}) on {pipe} runs as uid {uid}, this process "
-                       f"as uid {os.getuid()}; MPS would hold it until that server's clients end")
+            foreign = (
+                f"the MPS server (pid {pid}) on {pipe} runs as uid {uid}, this process "
+                f"as uid {os.getuid()}; MPS would hold it until that server's clients end"
+            )
     if not usable:
         return Plan(False, foreign)
     index, pipe = usable[0]
@@ -135,8 +145,9 @@ def pinned_limit(size: int, index: int) -> str:
     return f"{index}={max(1, size // MIB)}M"
 
 
-def apply(plan: Plan, size: int, index: int, compute: int | None,
-          daemon: int | None = None) -> dict[str, str | None]:
+def apply(
+    plan: Plan, size: int, index: int, compute: int | None, daemon: int | None = None
+) -> dict[str, str | None]:
     """Set the hard limit in this process's environment; return the previous values to restore.
 
     ``daemon``: the memgov daemon admission picked; CUDA reads its pipe folder at start-up.
@@ -217,12 +228,15 @@ def client_limit_reason(hard_clients: int, mode: str, device: str) -> str | None
     limit = client_limit()
     if hard_clients < limit:
         return None
-    return (f"MPS client limit {limit} reached on {device} ({hard_clients} hard-mode claims; "
-            "MEMGOV_MPS_CLIENTS sets the limit)")
+    return (
+        f"MPS client limit {limit} reached on {device} ({hard_clients} hard-mode claims; "
+        "MEMGOV_MPS_CLIENTS sets the limit)"
+    )
 
 
-def pick_daemon(by_daemon: Mapping[int, int], daemons: Sequence[int], device: str
-                ) -> tuple[int | None, str | None]:
+def pick_daemon(
+    by_daemon: Mapping[int, int], daemons: Sequence[int], device: str
+) -> tuple[int | None, str | None]:
     """(the daemon a hard claim joins, None) or (None, why none has room) on ``device``.
 
     ``by_daemon``: live hard claims on the device per daemon number (the ledger's count).
@@ -238,9 +252,11 @@ def pick_daemon(by_daemon: Mapping[int, int], daemons: Sequence[int], device: st
             return min(room, key=lambda k: (by_daemon.get(k, 0), k)), None
         return min(room), None
     counts = ", ".join(f"daemon {k}: {by_daemon.get(k, 0)}" for k in daemons)
-    return None, (f"MPS client limit {limit} reached on {device} on every running daemon "
-                  f"({counts} hard-mode claims); `memgov mps start --daemons N` runs more, "
-                  "MEMGOV_MPS_CLIENTS sets the limit per daemon")
+    return None, (
+        f"MPS client limit {limit} reached on {device} on every running daemon "
+        f"({counts} hard-mode claims); `memgov mps start --daemons N` runs more, "
+        "MEMGOV_MPS_CLIENTS sets the limit per daemon"
+    )
 
 
 def context_limit_reason(contexts: int, mode: str, device: Device) -> str | None:
@@ -252,6 +268,8 @@ def context_limit_reason(contexts: int, mode: str, device: Device) -> str | None
     limit = _config.context_limit(device.simulated)
     if limit is None or contexts < limit:
         return None
-    return (f"CUDA context limit {limit} reached on {device.uuid} ({contexts} claims without "
-            "MPS; past it CUDA fails at start-up with 'out of memory' while memory is free; "
-            "MEMGOV_CONTEXTS sets the limit, MPS lifts it)")
+    return (
+        f"CUDA context limit {limit} reached on {device.uuid} ({contexts} claims without "
+        "MPS; past it CUDA fails at start-up with 'out of memory' while memory is free; "
+        "MEMGOV_CONTEXTS sets the limit, MPS lifts it)"
+    )

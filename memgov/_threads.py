@@ -209,8 +209,9 @@ def explain() -> dict[str, object]:
     usable = _cpus.usable()
     info["usable"] = {
         "cores": sorted(usable.cpus),
-        "quota": None if usable.quota is None else {
-            "cpus": usable.quota.cpus, "source": usable.quota.source},
+        "quota": None
+        if usable.quota is None
+        else {"cpus": usable.quota.cpus, "source": usable.quota.source},
         "count": usable.count,
     }
     try:
@@ -219,8 +220,15 @@ def explain() -> dict[str, object]:
         live = []
         info["ledger_problem"] = f"{type(exc).__name__}: {exc}"
     info["governed"] = [
-        {"pid": p.pid, "host": p.host, "threads": p.threads, "source": p.source,
-         "why": p.why, "claim": p.holder or None} for p in live
+        {
+            "pid": p.pid,
+            "host": p.host,
+            "threads": p.threads,
+            "source": p.source,
+            "why": p.why,
+            "claim": p.holder or None,
+        }
+        for p in live
     ]
     part = _cpushare.share(usable, live, None)
     user = user_env()
@@ -240,6 +248,7 @@ def explain() -> dict[str, object]:
 
 
 # -- following ----------------------------------------------------------------------------------
+
 
 def _start_follower() -> None:
     with _lock:

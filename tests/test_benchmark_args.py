@@ -19,17 +19,24 @@ GPU = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
         ("threads_checks.py", ["torch", "--variant", "a b=--x"], "accepted NAME=TRAINER_ARGS"),
         ("threads_checks.py", ["torch", "--variant", "q=--x 'open"], "trainer arguments"),
         ("threads_checks.py", ["torch", "--repeat", "0"], "--repeat 0: accepted a whole number"),
-        ("torch_step_profile.py", ["--out", "/dev/null", "--variant", "=--x"],
-         "accepted NAME=TRAINER_ARGS"),
+        (
+            "torch_step_profile.py",
+            ["--out", "/dev/null", "--variant", "=--x"],
+            "accepted NAME=TRAINER_ARGS",
+        ),
     ],
 )
 def test_bad_options_are_refused_with_what_is_accepted(
     script: str, args: list[str], says: str, tmp_path: Path
 ) -> None:
-    done = subprocess.run([sys.executable, str(GPU / script), *args, "--out", str(tmp_path)]
-                          if script == "threads_checks.py" else
-                          [sys.executable, str(GPU / script), *args],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(GPU / script), *args, "--out", str(tmp_path)]
+        if script == "threads_checks.py"
+        else [sys.executable, str(GPU / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert says in done.stderr
     assert not any(tmp_path.iterdir())  # nothing run, nothing written

@@ -1,4 +1,5 @@
-"""The code base stays ruff- and mypy-clean: part of the test command, so CI enforces it."""
+"""The code base stays ruff-clean, formatted and mypy-clean: part of the test command, so CI
+enforces it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ def _tool(name: str) -> str:
 def test_ruff() -> None:
     result = subprocess.run([_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_formatted() -> None:
+    result = subprocess.run(
+        [_tool("ruff"), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, "run `ruff format .`:\n" + result.stdout + result.stderr
 
 
 def test_mypy() -> None:

@@ -95,8 +95,10 @@ def _threads(config: Any, threads: int, initialized: bool) -> str:
     if initialized:
         return what
     # The user's own setting before the claim wins (0 is TF's "not set: all cores").
-    chosen = [config.threading.get_intra_op_parallelism_threads(),
-              config.threading.get_inter_op_parallelism_threads()]
+    chosen = [
+        config.threading.get_intra_op_parallelism_threads(),
+        config.threading.get_inter_op_parallelism_threads(),
+    ]
     if any(isinstance(n, int) and n > 0 for n in chosen):
         return f"intra-op/inter-op threads {chosen[0]}/{chosen[1]} set by the user: kept"
     config.threading.set_intra_op_parallelism_threads(threads)

@@ -58,8 +58,12 @@ def worker(size: str, wait: float | None, hold: str, name: str) -> None:
 
 
 def spawn(args: list[str], prefix: list[str] | None = None) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([*(prefix or []), sys.executable, __file__, "--worker", *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*(prefix or []), sys.executable, __file__, "--worker", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if event(proc)["event"] != "ready":
         raise SystemExit(f"worker {proc.pid} did not start")
     return proc
@@ -136,9 +140,13 @@ def check_no_wait() -> dict[str, Any]:
         proc.wait(timeout=60)
     monitor.stop()
     return {
-        "claimers": 20, "size_gib": 4, "device_gib": 64,
-        "admitted": outcomes.count("admitted"), "refused": outcomes.count("refused"),
-        "monitor_samples": monitor.samples, "max_claimed_gib": monitor.max_claimed / GIB,
+        "claimers": 20,
+        "size_gib": 4,
+        "device_gib": 64,
+        "admitted": outcomes.count("admitted"),
+        "refused": outcomes.count("refused"),
+        "monitor_samples": monitor.samples,
+        "max_claimed_gib": monitor.max_claimed / GIB,
         "over_commits_seen": monitor.over_commits,
     }
 
@@ -157,19 +165,23 @@ def check_wait(hold: float) -> dict[str, Any]:
     queued = [i for i in order if admitted_names[i] in monitor.tickets]
     arrival = sorted(queued, key=lambda i: monitor.tickets[admitted_names[i]])
     return {
-        "claimers": 20, "size_gib": 4, "device_gib": 64, "hold_s": hold, "wait_s": 30,
+        "claimers": 20,
+        "size_gib": 4,
+        "device_gib": 64,
+        "hold_s": hold,
+        "wait_s": 30,
         "finished": finished,
         "admitted_s": sorted(round(a["t"] - start, 3) for a in admitted),
         "released_s": sorted(round(r["t"] - start, 3) for r in released),
         # Admitted only after some holder had released: they waited their turn.
-        "admitted_after_a_release": sum(
-            a["t"] > min(r["t"] for r in released) for a in admitted
-        ),
+        "admitted_after_a_release": sum(a["t"] > min(r["t"] for r in released) for a in admitted),
         "queued_seen_by_monitor": len(queued),
         "admitted_in_arrival_order": [admitted_names[i] for i in queued]
         == [admitted_names[i] for i in arrival],
-        "max_held_at_once": monitor.max_claims, "max_queue": monitor.max_queue,
-        "monitor_samples": monitor.samples, "max_claimed_gib": monitor.max_claimed / GIB,
+        "max_held_at_once": monitor.max_claims,
+        "max_queue": monitor.max_queue,
+        "monitor_samples": monitor.samples,
+        "max_claimed_gib": monitor.max_claimed / GIB,
         "over_commits_seen": monitor.over_commits,
     }
 
@@ -208,8 +220,11 @@ def check_sigkill(repeat: int, pidns: bool) -> dict[str, Any]:
     runs = [sigkill_once(prefix) for _ in range(repeat)]
     seconds = [r["seconds"] for r in runs]
     return {
-        "repeat": repeat, "seconds": seconds,
-        "min_s": min(seconds), "median_s": statistics.median(seconds), "max_s": max(seconds),
+        "repeat": repeat,
+        "seconds": seconds,
+        "min_s": min(seconds),
+        "median_s": statistics.median(seconds),
+        "max_s": max(seconds),
         "tries": [r["tries"] for r in runs],
     }
 
@@ -232,9 +247,13 @@ def main() -> None:
             "benchmark": "core_checks",
             "command": " ".join(["python", *sys.argv]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "platform": platform.platform(), "euid": os.geteuid(),
-                        "loadavg_1_5_15_at_start": os.getloadavg()},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "euid": os.geteuid(),
+                "loadavg_1_5_15_at_start": os.getloadavg(),
+            },
             "no_wait": check_no_wait(),
             "wait": check_wait(args.hold),
             "sigkill_host_pidns": check_sigkill(args.repeat, pidns=False),
@@ -255,21 +274,27 @@ def down(value: float, digits: int = 2) -> str:
 def print_table(report: dict[str, Any]) -> None:
     a, b = report["no_wait"], report["wait"]
     print("check                                   result")
-    print(f"1a 20 x 4 GiB on 64 GiB, wait=None       admitted {a['admitted']}, refused "
-          f"{a['refused']}, max claimed seen {a['max_claimed_gib']:g} GiB, over-commits "
-          f"{a['over_commits_seen']} in {a['monitor_samples']} samples")
-    print(f"1b same, wait=30, hold {b['hold_s']:g} s            finished {b['finished']}/20, "
-          f"at most {b['max_held_at_once']} held at once, {b['admitted_after_a_release']} admitted "
-          f"only after a release, "
-          f"FIFO {b['admitted_in_arrival_order']}, over-commits {b['over_commits_seen']} in "
-          f"{b['monitor_samples']} samples, last admitted at {b['admitted_s'][-1]} s")
+    print(
+        f"1a 20 x 4 GiB on 64 GiB, wait=None       admitted {a['admitted']}, refused "
+        f"{a['refused']}, max claimed seen {a['max_claimed_gib']:g} GiB, over-commits "
+        f"{a['over_commits_seen']} in {a['monitor_samples']} samples"
+    )
+    print(
+        f"1b same, wait=30, hold {b['hold_s']:g} s            finished {b['finished']}/20, "
+        f"at most {b['max_held_at_once']} held at once, {b['admitted_after_a_release']} admitted "
+        f"only after a release, "
+        f"FIFO {b['admitted_in_arrival_order']}, over-commits {b['over_commits_seen']} in "
+        f"{b['monitor_samples']} samples, last admitted at {b['admitted_s'][-1]} s"
+    )
     for key, label in (("sigkill_host_pidns", "host PID ns"), ("sigkill_own_pidns", "own PID ns")):
         k = report[key]
         if "skipped" in k:
             print(f"2  SIGKILL -> claimable ({label})      skipped: {k['skipped']}")
         else:
-            print(f"2  SIGKILL -> claimable ({label:11})  median {down(k['median_s'] * 1e3)} ms, "
-                  f"max {down(k['max_s'] * 1e3)} ms over {k['repeat']} kills")
+            print(
+                f"2  SIGKILL -> claimable ({label:11})  median {down(k['median_s'] * 1e3)} ms, "
+                f"max {down(k['max_s'] * 1e3)} ms over {k['repeat']} kills"
+            )
 
 
 if __name__ == "__main__":

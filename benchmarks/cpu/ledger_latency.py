@@ -66,7 +66,10 @@ def run_n(n: int, cycles: int) -> dict[str, Any]:
         procs = [
             subprocess.Popen(
                 [sys.executable, __file__, "--worker", str(cycles)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
             )
             for _ in range(n)
         ]
@@ -96,8 +99,11 @@ def run_n(n: int, cycles: int) -> dict[str, Any]:
         "n": n,
         "cycles_per_process": cycles,
         "samples": len(cycle_ns),
-        "cycle_ms": {"p50": percentile(cycle_ns, 50), "p99": percentile(cycle_ns, 99),
-                     "max": max(cycle_ns) / 1e6},
+        "cycle_ms": {
+            "p50": percentile(cycle_ns, 50),
+            "p99": percentile(cycle_ns, 99),
+            "max": max(cycle_ns) / 1e6,
+        },
         "claim_ms": {"p50": percentile(claim_ns, 50), "p99": percentile(claim_ns, 99)},
         "release_ms": {"p50": percentile(release_ns, 50), "p99": percentile(release_ns, 99)},
         "wall_s": wall,
@@ -106,8 +112,12 @@ def run_n(n: int, cycles: int) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    ).stdout.strip()
     return {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -120,8 +130,13 @@ def machine() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, nargs="+", default=[1, 16, 64],
-                        help="numbers of concurrent claimer processes (default: 1 16 64)")
+    parser.add_argument(
+        "--n",
+        type=int,
+        nargs="+",
+        default=[1, 16, 64],
+        help="numbers of concurrent claimer processes (default: 1 16 64)",
+    )
     parser.add_argument("--cycles", type=int, default=50, help="claim+release cycles per process")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
@@ -138,16 +153,20 @@ def main() -> None:
         "machine": machine(),
         "results": [],
     }
-    print(f"{'N':>4} {'samples':>8} {'cycle p50':>10} {'cycle p99':>10} {'claim p50':>10} "
-          f"{'claim p99':>10} {'rel. p50':>9} {'rel. p99':>9} {'cycles/s':>9}  (ms)")
+    print(
+        f"{'N':>4} {'samples':>8} {'cycle p50':>10} {'cycle p99':>10} {'claim p50':>10} "
+        f"{'claim p99':>10} {'rel. p50':>9} {'rel. p99':>9} {'cycles/s':>9}  (ms)"
+    )
     for n in args.n:
         row = run_n(n, args.cycles)
         report["results"].append(row)
         cells = [down(row[k][p]) for k in ("cycle_ms", "claim_ms") for p in ("p50", "p99")]
-        print(f"{n:>4} {row['samples']:>8} {cells[0]:>10} {cells[1]:>10} {cells[2]:>10} "
-              f"{cells[3]:>10} {down(row['release_ms']['p50']):>9} "
-              f"{down(row['release_ms']['p99']):>9} {down(row['cycles_per_s'], 1):>9}",
-              flush=True)
+        print(
+            f"{n:>4} {row['samples']:>8} {cells[0]:>10} {cells[1]:>10} {cells[2]:>10} "
+            f"{cells[3]:>10} {down(row['release_ms']['p50']):>9} "
+            f"{down(row['release_ms']['p99']):>9} {down(row['cycles_per_s'], 1):>9}",
+            flush=True,
+        )
     # Other processes on the machine inflate the tail: the load average says how busy it was.
     report["machine"]["loadavg_1_5_15_at_end"] = os.getloadavg()
     if args.json:

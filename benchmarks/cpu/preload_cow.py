@@ -50,31 +50,66 @@ def regions(pid: int) -> dict[tuple[str, str], int]:
     return found
 
 
-def start(runner: PreloadRunner, argv: list[str], cwd: Path, env: dict[str, str]
-          ) -> subprocess.Popen[str]:
+def start(
+    runner: PreloadRunner, argv: list[str], cwd: Path, env: dict[str, str]
+) -> subprocess.Popen[str]:
     wrapped, full, _ = runner.launch(argv, env, cwd, f"job-{len(argv)}", dict(os.environ))
-    return subprocess.Popen(wrapped, cwd=cwd, env=full, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    return subprocess.Popen(
+        wrapped,
+        cwd=cwd,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mgcow", dir="/tmp"))
     (work / "probe.py").write_text(PROBE)
-    env = {"PYTHONUNBUFFERED": "1", "MEMGOV_DATA_CACHE": os.environ.get(
-        "MEMGOV_DATA_CACHE", str(work / "cache"))}
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "MEMGOV_DATA_CACHE": os.environ.get("MEMGOV_DATA_CACHE", str(work / "cache")),
+    }
     print("$ python benchmarks/cpu/preload_cow.py")
     runner = PreloadRunner("torch")
     forked = start(runner, [sys.executable, "probe.py"], work, env)
     assert forked.stdout is not None
     child = json.loads(forked.stdout.readline())
     forked.wait()
-    spawned = subprocess.run([sys.executable, "probe.py"], cwd=work, capture_output=True,
-                             text=True, env={**os.environ, **env}, check=True)
-    print("1. after `import torch` and one op, private MiB (USS): forked",
-          child["private_mib"], "| spawned", json.loads(spawned.stdout)["private_mib"])
+    spawned = subprocess.run(
+        [sys.executable, "probe.py"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    )
+    print(
+        "1. after `import torch` and one op, private MiB (USS): forked",
+        child["private_mib"],
+        "| spawned",
+        json.loads(spawned.stdout)["private_mib"],
+    )
     mnist = ROOT / "experiments" / "mnist"
-    trainer = start(runner, [sys.executable, "train_torch.py", "--epochs", "2", "--device", "cpu",
-                             "--limit", "2048", "--eval-limit", "64"], mnist, env)
+    trainer = start(
+        runner,
+        [
+            sys.executable,
+            "train_torch.py",
+            "--epochs",
+            "2",
+            "--device",
+            "cpu",
+            "--limit",
+            "2048",
+            "--eval-limit",
+            "64",
+        ],
+        mnist,
+        env,
+    )
     assert trainer.stdout is not None
     for line in trainer.stdout:
         if '"epoch"' in line:
@@ -94,10 +129,14 @@ def main() -> None:
     for (_rng, name), kib in own.items():
         by_own[os.path.basename(name) if name.startswith("/") else name] += kib
     print("2. MNIST trainer forked from the zygote, after its first epoch (MiB):")
-    print(f"   private in all {sum(mine.values()) / 1024:.1f}; in the zygote's mappings (copied)"
-          f" {sum(copied.values()) / 1024:.1f}; in its own mappings {sum(own.values()) / 1024:.1f}")
-    print("   copied, by mapping:", ", ".join(f"{k} {v / 1024:.1f}"
-                                             for k, v in by_mapping.most_common(6)))
+    print(
+        f"   private in all {sum(mine.values()) / 1024:.1f}; in the zygote's mappings (copied)"
+        f" {sum(copied.values()) / 1024:.1f}; in its own mappings {sum(own.values()) / 1024:.1f}"
+    )
+    print(
+        "   copied, by mapping:",
+        ", ".join(f"{k} {v / 1024:.1f}" for k, v in by_mapping.most_common(6)),
+    )
     print("   own, by mapping:", ", ".join(f"{k} {v / 1024:.1f}" for k, v in by_own.most_common(4)))
     print(f"   the launcher: {sum(regions(trainer.pid).values()) / 1024:.1f}")
     trainer.wait()

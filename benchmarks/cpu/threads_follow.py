@@ -42,8 +42,13 @@ while not os.path.exists(stop):
 def run(mode: str, n: int, stagger: float, life: float) -> dict[str, object]:
     ledger = tempfile.mkdtemp(prefix=f"memgov-follow-{mode}-")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMGOV_", "OMP_", "MKL_"))}
-    env.update(MEMGOV_DIR=ledger, MEMGOV_DEVICES="sim0:16GiB", MEMGOV_CLAIM="1GiB",
-               MEMGOV_THREADS=mode, MEMGOV_QUIET="1")
+    env.update(
+        MEMGOV_DIR=ledger,
+        MEMGOV_DEVICES="sim0:16GiB",
+        MEMGOV_CLAIM="1GiB",
+        MEMGOV_THREADS=mode,
+        MEMGOV_QUIET="1",
+    )
     procs = []
     starts = []
     firsts = []
@@ -52,8 +57,9 @@ def run(mode: str, n: int, stagger: float, life: float) -> dict[str, object]:
         if i:
             time.sleep(stagger)
         starts.append(time.time())
-        proc = subprocess.Popen([sys.executable, "-c", JOB, stop], env=env,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", JOB, stop], env=env, stdout=subprocess.PIPE, text=True
+        )
         procs.append(proc)
         # The next one arrives `stagger` s after this one runs (start-up on a busy host varies).
         assert proc.stdout is not None
@@ -97,7 +103,10 @@ def run(mode: str, n: int, stagger: float, life: float) -> dict[str, object]:
     over = [total / cores for _, running, total in timeline if running]
     rate = sum((s[-1]["done"] / (s[-1]["t"] - s[0]["t"])) for s in series if len(s) > 1)
     return {
-        "mode": mode, "n": n, "stagger_s": stagger, "cores": cores,
+        "mode": mode,
+        "n": n,
+        "stagger_s": stagger,
+        "cores": cores,
         "max_total_threads": max(total for _, _, total in timeline),
         "mean_threads_per_core": round(statistics.mean(over), 3) if over else None,
         "follow_latency_s": latencies,
@@ -112,8 +121,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=3)
     parser.add_argument("--stagger", type=float, default=2.0)
-    parser.add_argument("--life", type=float, default=10.0,
-                        help="seconds all jobs run together after the last one arrived")
+    parser.add_argument(
+        "--life",
+        type=float,
+        default=10.0,
+        help="seconds all jobs run together after the last one arrived",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     print(f"cores {len(os.sched_getaffinity(0))}, load average at start {os.getloadavg()}")
@@ -123,8 +136,10 @@ def main() -> None:
         results.append(result)
         short = {k: v for k, v in result.items() if k != "timeline_every_0.5s"}
         print(json.dumps(short), flush=True)
-        print("  (t s, jobs running, total threads):",
-              " ".join(f"{t}:{r}/{tot}" for t, r, tot in result["timeline_every_0.5s"]))
+        print(
+            "  (t s, jobs running, total threads):",
+            " ".join(f"{t}:{r}/{tot}" for t, r, tot in result["timeline_every_0.5s"]),
+        )
     print(f"load average at end {os.getloadavg()}")
     if args.json:
         with open(args.json, "w") as out:

@@ -117,24 +117,45 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     ledger = tempfile.mkdtemp(prefix="memgov-threads-honoured-")
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("MEMGOV_", "OMP_", "MKL_", "OPENBLAS_", "XLA_"))}
-    base.update(MEMGOV_DIR=ledger, MEMGOV_DEVICES="sim0:16GiB", TF_CPP_MIN_LOG_LEVEL="3",
-                JAX_PLATFORMS="cpu")
-    print(f"cores in the affinity mask: {len(os.sched_getaffinity(0))}; load average at start: "
-          f"{os.getloadavg()}")
-    print(f"{'framework':22} {'setting':32} {'threads after import':>20} {'after work':>10} "
-          f"{'busy':>5}  framework's setting")
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MEMGOV_", "OMP_", "MKL_", "OPENBLAS_", "XLA_"))
+    }
+    base.update(
+        MEMGOV_DIR=ledger,
+        MEMGOV_DEVICES="sim0:16GiB",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        JAX_PLATFORMS="cpu",
+    )
+    print(
+        f"cores in the affinity mask: {len(os.sched_getaffinity(0))}; load average at start: "
+        f"{os.getloadavg()}"
+    )
+    print(
+        f"{'framework':22} {'setting':32} {'threads after import':>20} {'after work':>10} "
+        f"{'busy':>5}  framework's setting"
+    )
     rows = []
-    neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], env={**base, **{
-        "MEMGOV_CLAIM": "1GiB"}}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    neighbour = subprocess.Popen(
+        [sys.executable, "-c", NEIGHBOUR],
+        env={**base, **{"MEMGOV_CLAIM": "1GiB"}},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert neighbour.stdout is not None and neighbour.stdout.readline().startswith("ready")
     try:
         for name in args.frameworks.split(","):
             for label, extra, prefix in settings():
                 env = {**base, **extra}
-                done = subprocess.run([*prefix, sys.executable, "-c", TICKS + WORK[name]],
-                                      env=env, capture_output=True, text=True, timeout=600)
+                done = subprocess.run(
+                    [*prefix, sys.executable, "-c", TICKS + WORK[name]],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
                 if done.returncode != 0:
                     row = {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:120]}
                 else:
@@ -142,9 +163,12 @@ def main() -> None:
                 memgov = [x for x in done.stderr.splitlines() if "CPU thread" in x]
                 row.update(framework=name, label=label, memgov=memgov[:1])
                 rows.append(row)
-                print(f"{name:22} {label:32} {row.get('after_import', '-'):>20} "
-                      f"{row.get('after_work', '-'):>10} {row.get('busy', '-'):>5}  "
-                      f"{row.get('setting', row.get('error'))}", flush=True)
+                print(
+                    f"{name:22} {label:32} {row.get('after_import', '-'):>20} "
+                    f"{row.get('after_work', '-'):>10} {row.get('busy', '-'):>5}  "
+                    f"{row.get('setting', row.get('error'))}",
+                    flush=True,
+                )
     finally:
         neighbour.kill()
         neighbour.wait()

@@ -30,9 +30,11 @@ def aggregate(jobs: list[dict[str, Any]], launch: float) -> dict[str, Any]:
     every = [j["epochs"] for j in jobs]
     steady = [[e for e in js if e["epoch"] >= 1] for js in every]
     result["first_epoch_s_median"] = round(
-        statistics.median(js[0]["seconds"] for js in every if js), 3)
+        statistics.median(js[0]["seconds"] for js in every if js), 3
+    )
     result["start_s_median"] = round(
-        statistics.median(js[0]["t0"] - launch for js in every if js), 3)
+        statistics.median(js[0]["t0"] - launch for js in every if js), 3
+    )
     if all(every):
         # pack's "while all ran": latest first-epoch start to earliest last-epoch end.
         result.update(_window(every, "all_ran"))

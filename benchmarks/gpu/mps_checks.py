@@ -107,8 +107,11 @@ with _mps.daemon() as info:
 
 
 def base_env(memgov_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CUDA_MPS_", "MEMGOV_")) and k != "CUDA_VISIBLE_DEVICES"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CUDA_MPS_", "MEMGOV_")) and k != "CUDA_VISIBLE_DEVICES"
+    }
     env.update(MEMGOV_DIR=str(memgov_dir), PYTHONUNBUFFERED="1")
     return env
 
@@ -128,8 +131,13 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 120, **kw: Any) ->
     except subprocess.TimeoutExpired as exc:
         rc, out, err = "timeout", _text(exc.stdout), _text(exc.stderr)
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    return {"rc": rc, "lines": lines, "stdout": out[-3000:], "stderr_tail": err[-1500:],
-            "seconds": round(time.time() - t0, 2)}
+    return {
+        "rc": rc,
+        "lines": lines,
+        "stdout": out[-3000:],
+        "stderr_tail": err[-1500:],
+        "seconds": round(time.time() - t0, 2),
+    }
 
 
 def _text(data: str | bytes | None) -> str:
@@ -139,9 +147,12 @@ def _text(data: str | bytes | None) -> str:
 
 def mps_processes() -> dict[int, str]:
     # Zombies are left out: the daemon is orphaned on purpose, and reaping it is init's job.
-    return {p.pid: p.info["name"] for p in psutil.process_iter(["name", "status"])
-            if str(p.info["name"] or "").startswith("nvidia-cuda-mps")
-            and p.info["status"] != psutil.STATUS_ZOMBIE}
+    return {
+        p.pid: p.info["name"]
+        for p in psutil.process_iter(["name", "status"])
+        if str(p.info["name"] or "").startswith("nvidia-cuda-mps")
+        and p.info["status"] != psutil.STATUS_ZOMBIE
+    }
 
 
 def cli_json(args: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -154,8 +165,12 @@ def cli_json(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 
 def check_alloc(env: dict[str, str], sampler: FootprintSampler) -> dict[str, Any]:
-    variants = {"hard": {}, "hard-lift": {}, "soft": {"MEMGOV_MPS": "off"},
-                "soft-lift": {"MEMGOV_MPS": "off"}}
+    variants = {
+        "hard": {},
+        "hard-lift": {},
+        "soft": {"MEMGOV_MPS": "off"},
+        "soft-lift": {"MEMGOV_MPS": "off"},
+    }
     out: dict[str, Any] = {}
     for name, extra in variants.items():
         res = run([sys.executable, "-c", ALLOC, name, "1GiB"], {**env, **extra}, timeout=90)
@@ -164,8 +179,11 @@ def check_alloc(env: dict[str, str], sampler: FootprintSampler) -> dict[str, Any
         res.pop("lines")
         out[name] = res
     out["passed"] = all(
-        out[v].get("mode") == "hard" and "OutOfMemory" in str(out[v].get("error"))
-        and (out[v]["nvml_peak_mib"] or 1e9) <= 1024 for v in ("hard", "hard-lift"))
+        out[v].get("mode") == "hard"
+        and "OutOfMemory" in str(out[v].get("error"))
+        and (out[v]["nvml_peak_mib"] or 1e9) <= 1024
+        for v in ("hard", "hard-lift")
+    )
     return out
 
 
@@ -175,9 +193,13 @@ def check_late(env: dict[str, str], pipe: str) -> dict[str, Any]:
         res = run([sys.executable, "-c", LATE], {**env, **extra}, timeout=90)
         res.update(res.pop("lines")[0] if res["lines"] else {})
         out[name] = res
-    out["passed"] = all(r.get("rc") == 0 and r.get("mode") == "soft" and r.get("ok")
-                        and "CUDA already initialised" in r.get("reason", "")
-                        for r in out.values())
+    out["passed"] = all(
+        r.get("rc") == 0
+        and r.get("mode") == "soft"
+        and r.get("ok")
+        and "CUDA already initialised" in r.get("reason", "")
+        for r in out.values()
+    )
     return out
 
 
@@ -191,8 +213,9 @@ def events(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
 
 
-def check_rogue(env: dict[str, str], sampler: FootprintSampler, jobs: int,
-                claim_mib: int) -> dict[str, Any]:
+def check_rogue(
+    env: dict[str, str], sampler: FootprintSampler, jobs: int, claim_mib: int
+) -> dict[str, Any]:
     env = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MEMGOV_THREADS": "1"}
     common = ["--epochs", "1", "--device", "gpu", "--eval-limit", "2000"]
     procs = {}
@@ -200,8 +223,13 @@ def check_rogue(env: dict[str, str], sampler: FootprintSampler, jobs: int,
     for i in range(jobs):
         extra = ["--hog-mib", "4096"] if i == 0 else []
         procs[f"job{i:02d}"] = subprocess.Popen(
-            mnist_cmd(f"{claim_mib}MiB", f"job{i:02d}", [*common, *extra]), env=env,
-            cwd=MNIST.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            mnist_cmd(f"{claim_mib}MiB", f"job{i:02d}", [*common, *extra]),
+            env=env,
+            cwd=MNIST.parent,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     results: dict[str, dict[str, Any]] = {}
     for name, proc in procs.items():
         try:
@@ -213,9 +241,14 @@ def check_rogue(env: dict[str, str], sampler: FootprintSampler, jobs: int,
         mg = next((e for e in evs if e.get("event") == "memgov"), {})
         last = evs[-1] if evs else {}
         results[name] = {
-            "rogue": name == "job00", "rc": proc.returncode, "pid": proc.pid,
-            "mode": mg.get("mode"), "reason": mg.get("reason"), "last_event": last.get("event"),
-            "error_kind": last.get("kind"), "message": str(last.get("message", ""))[-300:],
+            "rogue": name == "job00",
+            "rc": proc.returncode,
+            "pid": proc.pid,
+            "mode": mg.get("mode"),
+            "reason": mg.get("reason"),
+            "last_event": last.get("event"),
+            "error_kind": last.get("kind"),
+            "message": str(last.get("message", ""))[-300:],
             "epoch_s": next((e["seconds"] for e in evs if e.get("event") == "epoch"), None),
             "nvml_peak_mib": sampler.peak_mib(proc.pid),
             "stderr_tail": stderr[-600:] if proc.returncode else "",
@@ -223,17 +256,24 @@ def check_rogue(env: dict[str, str], sampler: FootprintSampler, jobs: int,
     others = [r for r in results.values() if not r["rogue"]]
     rogue = results["job00"]
     return {
-        "jobs": jobs, "claim_mib": claim_mib, "seconds": round(time.time() - t0, 1),
+        "jobs": jobs,
+        "claim_mib": claim_mib,
+        "seconds": round(time.time() - t0, 1),
         "results": results,
         "rogue_failed_oom": rogue["rc"] != 0 and rogue["error_kind"] == "oom",
         "others_finished": sum(1 for r in others if r["rc"] == 0 and r["last_event"] == "done"),
         "all_hard": all(r["mode"] == "hard" for r in results.values()),
         "max_peak_mib": max((r["nvml_peak_mib"] or 0) for r in results.values()),
-        "passed": (rogue["rc"] != 0 and rogue["error_kind"] == "oom"
-                   and all(r["rc"] == 0 for r in others)
-                   and all(r["mode"] == "hard" for r in results.values())
-                   and all(r["nvml_peak_mib"] is not None and r["nvml_peak_mib"] <= claim_mib
-                           for r in results.values())),
+        "passed": (
+            rogue["rc"] != 0
+            and rogue["error_kind"] == "oom"
+            and all(r["rc"] == 0 for r in others)
+            and all(r["mode"] == "hard" for r in results.values())
+            and all(
+                r["nvml_peak_mib"] is not None and r["nvml_peak_mib"] <= claim_mib
+                for r in results.values()
+            )
+        ),
     }
 
 
@@ -255,24 +295,41 @@ def check_epochs(env: dict[str, str], pipe: str, runs: int, deadline: float) -> 
             evs = [e for e in res.pop("lines") if e.get("event") == "epoch"]
             mg = [e for e in events(res["stdout"]) if e.get("event") == "memgov"]
             epoch2 = next((e["seconds"] for e in evs if e["epoch"] == 2), None)
-            raw.append({"variant": name, "run": i, "rc": res["rc"], "epoch_s": [e["seconds"]
-                        for e in evs], "mode": mg[0]["mode"] if mg else None,
-                        "stderr_tail": res["stderr_tail"] if res["rc"] else ""})
+            raw.append(
+                {
+                    "variant": name,
+                    "run": i,
+                    "rc": res["rc"],
+                    "epoch_s": [e["seconds"] for e in evs],
+                    "mode": mg[0]["mode"] if mg else None,
+                    "stderr_tail": res["stderr_tail"] if res["rc"] else "",
+                }
+            )
             if epoch2 is not None:
                 times[name].append(epoch2)
     med = {k: statistics.median(v) if v else None for k, v in times.items()}
     ratio = med["hard"] / med["plain"] if med["hard"] and med["plain"] else None
-    return {"epoch": 2, "runs": raw, "epoch2_s": times, "median_s": med,
-            "ratio_hard_over_plain": ratio,
-            "ratios_per_run": [h / p for h, p in zip(times["hard"], times["plain"], strict=False)]}
+    return {
+        "epoch": 2,
+        "runs": raw,
+        "epoch2_s": times,
+        "median_s": med,
+        "ratio_hard_over_plain": ratio,
+        "ratios_per_run": [h / p for h, p in zip(times["hard"], times["plain"], strict=False)],
+    }
 
 
 def check_stop_cli(root: Path) -> dict[str, Any]:
     env = base_env(root / "cli")
     before = mps_processes()
     out: dict[str, Any] = {"start": cli_json(["mps", "start", "--json"], env)}
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, "hold"], env=env, text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, "hold"],
+        env=env,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert client.stdout is not None and client.stdin is not None
     out["client"] = json.loads(client.stdout.readline() or "{}")
     out["status_with_client"] = cli_json(["mps", "status", "--json"], env)
@@ -283,21 +340,35 @@ def check_stop_cli(root: Path) -> dict[str, Any]:
     out["stop"] = cli_json(["mps", "stop", "--json"], env)
     time.sleep(0.5)
     out["left"] = {p: n for p, n in mps_processes().items() if p not in before}
-    out["passed"] = (out["start"]["rc"] == 0 and out["client"].get("mode") == "hard"
-                     and out["stop_refused"]["rc"] == 2 and out["stop"]["rc"] == 0
-                     and not out["left"])
+    out["passed"] = (
+        out["start"]["rc"] == 0
+        and out["client"].get("mode") == "hard"
+        and out["stop_refused"]["rc"] == 2
+        and out["stop"]["rc"] == 0
+        and not out["left"]
+    )
     return out
 
 
 def check_stop_signal(root: Path, sig: signal.Signals) -> dict[str, Any]:
     env = base_env(root / sig.name)
     before = mps_processes()
-    ctx = subprocess.Popen([sys.executable, "-c", CONTEXT], env=env, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ctx = subprocess.Popen(
+        [sys.executable, "-c", CONTEXT],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert ctx.stdout is not None
     up = json.loads(ctx.stdout.readline() or "{}")
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, "hold"], env=env, text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, "hold"],
+        env=env,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert client.stdout is not None and client.stdin is not None
     connected = json.loads(client.stdout.readline() or "{}")
     during = {p: n for p, n in mps_processes().items() if p not in before}
@@ -312,10 +383,16 @@ def check_stop_signal(root: Path, sig: signal.Signals) -> dict[str, Any]:
         rc = "timeout"
     time.sleep(0.5)
     left = {p: n for p, n in mps_processes().items() if p not in before}
-    return {"signal": sig.name, "up": up, "client_mode": connected.get("mode"),
-            "mps_processes_during": during, "rc": rc, "left": left,
-            "stderr_tail": (ctx.stderr.read() if ctx.stderr else "")[-800:],
-            "passed": bool(up) and len(during) >= 2 and not left}  # daemon and server were up
+    return {
+        "signal": sig.name,
+        "up": up,
+        "client_mode": connected.get("mode"),
+        "mps_processes_during": during,
+        "rc": rc,
+        "left": left,
+        "stderr_tail": (ctx.stderr.read() if ctx.stderr else "")[-800:],
+        "passed": bool(up) and len(during) >= 2 and not left,
+    }  # daemon and server were up
 
 
 def machine() -> dict[str, Any]:
@@ -324,11 +401,16 @@ def machine() -> dict[str, Any]:
 
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    return {"gpu": str(pynvml.nvmlDeviceGetName(h)), "driver": str(
-        pynvml.nvmlSystemGetDriverVersion()), "compute_mode": pynvml.nvmlDeviceGetComputeMode(h),
-        "torch": torch.__version__, "cpus": os.cpu_count(),
-        "mps_control": subprocess.run(["which", "nvidia-cuda-mps-control"], capture_output=True,
-                                      text=True).stdout.strip()}
+    return {
+        "gpu": str(pynvml.nvmlDeviceGetName(h)),
+        "driver": str(pynvml.nvmlSystemGetDriverVersion()),
+        "compute_mode": pynvml.nvmlDeviceGetComputeMode(h),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "mps_control": subprocess.run(
+            ["which", "nvidia-cuda-mps-control"], capture_output=True, text=True
+        ).stdout.strip(),
+    }
 
 
 def main() -> int:
@@ -346,8 +428,13 @@ def main() -> int:
         del os.environ[name]
     from memgov import _mps
 
-    report: dict[str, Any] = {"check": "hard limits through MPS", "argv": sys.argv,
-                              "machine": machine(), "mps_before": mps_processes(), "checks": {}}
+    report: dict[str, Any] = {
+        "check": "hard limits through MPS",
+        "argv": sys.argv,
+        "machine": machine(),
+        "mps_before": mps_processes(),
+        "checks": {},
+    }
     checks = report["checks"]
     env = base_env(root / "main")
     sampler = FootprintSampler(period_s=0.05)
@@ -366,10 +453,10 @@ def main() -> int:
                 before_stop = mps_processes()
                 checks["4a_library_stop"] = _mps.stop(force=True)
                 time.sleep(0.5)
-                left = {p: n for p, n in mps_processes().items()
-                        if p not in report["mps_before"]}
-                checks["4a_library_stop"].update(mps_before_stop=before_stop, left_after=left,
-                                                 passed=not left)
+                left = {p: n for p, n in mps_processes().items() if p not in report["mps_before"]}
+                checks["4a_library_stop"].update(
+                    mps_before_stop=before_stop, left_after=left, passed=not left
+                )
         checks["4b_cli_stop"] = check_stop_cli(root)
         for sig in (signal.SIGINT, signal.SIGTERM):
             checks[f"4c_context_{sig.name}"] = check_stop_signal(root, sig)
@@ -388,20 +475,32 @@ def summarize(report: dict[str, Any]) -> None:
     print(f"{'1 variant':12} {'mode':5} {'alloc MiB':>9} {'NVML peak MiB':>13}  error")
     for v in ("hard", "hard-lift", "soft", "soft-lift"):
         r = a.get(v, {})
-        print(f"{v:12} {r.get('mode')!s:5} {r.get('allocated_mib')!s:>9} "
-              f"{r.get('nvml_peak_mib')!s:>13}  {str(r.get('error'))[:70]}")
+        print(
+            f"{v:12} {r.get('mode')!s:5} {r.get('allocated_mib')!s:>9} "
+            f"{r.get('nvml_peak_mib')!s:>13}  {str(r.get('error'))[:70]}"
+        )
     late = c.get("3_claim_after_cuda_init", {})
-    print("3 late claim:", {k: (v.get("mode"), v.get("ok")) for k, v in late.items()
-                            if isinstance(v, dict)}, "passed", late.get("passed"))
+    print(
+        "3 late claim:",
+        {k: (v.get("mode"), v.get("ok")) for k, v in late.items() if isinstance(v, dict)},
+        "passed",
+        late.get("passed"),
+    )
     r2 = c.get("2_rogue_among_25", {})
-    print(f"2 rogue: oom={r2.get('rogue_failed_oom')} others finished={r2.get('others_finished')}"
-          f"/{(r2.get('jobs') or 1) - 1} all hard={r2.get('all_hard')} max NVML peak "
-          f"{r2.get('max_peak_mib')} MiB (claim {r2.get('claim_mib')}) passed={r2.get('passed')}")
+    print(
+        f"2 rogue: oom={r2.get('rogue_failed_oom')} others finished={r2.get('others_finished')}"
+        f"/{(r2.get('jobs') or 1) - 1} all hard={r2.get('all_hard')} max NVML peak "
+        f"{r2.get('max_peak_mib')} MiB (claim {r2.get('claim_mib')}) passed={r2.get('passed')}"
+    )
     r5 = c.get("5_epoch_time", {})
-    print(f"5 epoch-2 medians s: {r5.get('median_s')} ratio hard/plain "
-          f"{r5.get('ratio_hard_over_plain')} per run {r5.get('ratios_per_run')}")
+    print(
+        f"5 epoch-2 medians s: {r5.get('median_s')} ratio hard/plain "
+        f"{r5.get('ratio_hard_over_plain')} per run {r5.get('ratios_per_run')}"
+    )
     for k in ("4a_library_stop", "4b_cli_stop", "4c_context_SIGINT", "4c_context_SIGTERM"):
-        print(f"{k}: passed={c.get(k, {}).get('passed')} left={c.get(k, {}).get('left', c.get(k, {}).get('left_after'))}")  # noqa: E501
+        print(
+            f"{k}: passed={c.get(k, {}).get('passed')} left={c.get(k, {}).get('left', c.get(k, {}).get('left_after'))}"
+        )  # noqa: E501
     if "error" in c:
         print("ERROR:", c["error"])
     print(f"total {report['seconds']} s")

@@ -69,15 +69,39 @@ MNIST = ROOT / "experiments" / "mnist"
 GIB = 2**30
 MIB = 2**20
 LOW_MEMORY = 10 * GIB
-STEPS = ("env", "servers", "mps48", "mps96", "mps140", "mps140auto", "nomps48", "nomps96",
-         "nomps140q", "mps48x2", "nomps140", "wall", "hostmem")
+STEPS = (
+    "env",
+    "servers",
+    "mps48",
+    "mps96",
+    "mps140",
+    "mps140auto",
+    "nomps48",
+    "nomps96",
+    "nomps140q",
+    "mps48x2",
+    "nomps140",
+    "wall",
+    "hostmem",
+)
 DEFAULT_STEPS = ("env", "servers", "mps48", "mps96", "mps140", "nomps48", "nomps96")
 """The table of docs/hard-limits.md in one call (~330 s on the H200); the rest with --only."""
 # What each step needs at most (s); a step starts only when this much of the budget is left.
-NEEDS = {"env": 15, "servers": 10, "mps48": 70, "mps96": 100, "mps140": 170, "mps140auto": 170,
-         "mps48x2": 70,
-         "nomps140": 125, "wall": 110, "hostmem": 50, "nomps48": 70, "nomps96": 110,
-         "nomps140q": 130}
+NEEDS = {
+    "env": 15,
+    "servers": 10,
+    "mps48": 70,
+    "mps96": 100,
+    "mps140": 170,
+    "mps140auto": 170,
+    "mps48x2": 70,
+    "nomps140": 125,
+    "wall": 110,
+    "hostmem": 50,
+    "nomps48": 70,
+    "nomps96": 110,
+    "nomps140q": 130,
+}
 # Starting 96-140 torch processes on 16 cores takes 35-65 s before the last one trains (measured
 # on the H200): a call that runs one big step gives it more, e.g. MPS_DENSITY_NEEDS="mps140=300".
 for _item in os.environ.get("MPS_DENSITY_NEEDS", "").replace(",", " ").split():
@@ -200,8 +224,9 @@ class Watch:
 
     def _sample(self) -> dict[str, Any]:
         available = psutil.virtual_memory().available / MIB
-        self.min_available = available if self.min_available is None else min(
-            self.min_available, available)
+        self.min_available = (
+            available if self.min_available is None else min(self.min_available, available)
+        )
         point: dict[str, Any] = {"available_mib": round(available)}
         servers = []
         for proc in psutil.process_iter(["name", "pid"]):
@@ -228,8 +253,9 @@ class Watch:
             except Exception as exc:  # a sampler must not end the step
                 point["nvml_error"] = str(exc)[:200]
         for pid, name, rss, uss in servers:
-            seen = self.servers.setdefault(pid, {"name": name, "rss_mib": 0, "uss_mib": 0,
-                                                 "gpu_mib": None})
+            seen = self.servers.setdefault(
+                pid, {"name": name, "rss_mib": 0, "uss_mib": 0, "gpu_mib": None}
+            )
             seen["rss_mib"] = max(seen["rss_mib"], round(rss / MIB, 1))
             seen["uss_mib"] = max(seen["uss_mib"], round(uss / MIB, 1))
             if pid in gpu_by_pid:
@@ -238,10 +264,15 @@ class Watch:
         return point
 
     def summary(self) -> dict[str, Any]:
-        return {"min_available_mib": _r(self.min_available), "peak_gpu_used_mib":
-                _r(self.peak_gpu_used), "peak_bar1_used_mib": _r(self.peak_bar1_used),
-                "peak_gpu_procs": self.peak_procs, "stopped_for_memory": self.low,
-                "mps_processes": self.servers, "series": self.series}
+        return {
+            "min_available_mib": _r(self.min_available),
+            "peak_gpu_used_mib": _r(self.peak_gpu_used),
+            "peak_bar1_used_mib": _r(self.peak_bar1_used),
+            "peak_gpu_procs": self.peak_procs,
+            "stopped_for_memory": self.low,
+            "mps_processes": self.servers,
+            "series": self.series,
+        }
 
 
 def _r(value: float | None) -> float | None:
@@ -268,18 +299,27 @@ class Bench:
         self.pack_args: list[str] = []
         self.t0 = time.monotonic()
         self.nvml = None if dry else _nvml()
-        self.results: dict[str, Any] = {"budget_s": budget, "dry_run": dry, "steps": {},
-                                        "skipped": {}}
+        self.results: dict[str, Any] = {
+            "budget_s": budget,
+            "dry_run": dry,
+            "steps": {},
+            "skipped": {},
+        }
         self.env = dict(os.environ)
-        self.env.update(MEMGOV_DIR=str(work / "ledger"), PYTHONUNBUFFERED="1",
-                        MEMGOV_DATA_CACHE=str(work / "data-cache"))
+        self.env.update(
+            MEMGOV_DIR=str(work / "ledger"),
+            PYTHONUNBUFFERED="1",
+            MEMGOV_DATA_CACHE=str(work / "data-cache"),
+        )
         if dry:
             fake = work / "bin"
             fake.mkdir(exist_ok=True)
             program = fake / "nvidia-cuda-mps-control"
             helper = ROOT / "tests" / "helpers" / "fake_mps_control.py"
-            program.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path("
-                               f"{str(helper)!r}, run_name='__main__')\n")
+            program.write_text(
+                f"#!{sys.executable}\nimport runpy\nrunpy.run_path("
+                f"{str(helper)!r}, run_name='__main__')\n"
+            )
             program.chmod(0o755)
             self.env["PATH"] = f"{fake}{os.pathsep}{self.env['PATH']}"
 
@@ -307,18 +347,26 @@ class Bench:
         path = self.out / "mps_density.json"
         path.write_text(json.dumps(self.results, indent=1, default=str))
 
-    def cli(self, *args: str, timeout: float = 60, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "memgov", *args], capture_output=True,
-                              text=True, timeout=timeout, env=env or self.env, cwd=ROOT)
+    def cli(
+        self, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "memgov", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env or self.env,
+            cwd=ROOT,
+        )
 
     def run_guarded(self, argv: list[str], limit: float, env: dict[str, str]) -> dict[str, Any]:
         """Run ``argv`` in its own session under the watchdog; stop it at ``limit`` seconds."""
         limit = max(5.0, min(limit, self.left() - 5))
         log = self.work / f"log-{time.monotonic_ns()}.txt"
         with open(log, "w") as f:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+            )
 
         def stop() -> None:
             with _quiet():
@@ -337,9 +385,13 @@ class Bench:
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         text = log.read_text(errors="replace")
-        return {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 1),
-                "limit_s": round(limit, 1), "output_tail": text[-3000:],
-                "watch": watch.summary()}
+        return {
+            "rc": proc.returncode,
+            "wall_s": round(time.monotonic() - t0, 1),
+            "limit_s": round(limit, 1),
+            "output_tail": text[-3000:],
+            "watch": watch.summary(),
+        }
 
     # -- steps ---------------------------------------------------------------------------------
     def env_step(self) -> dict[str, Any]:
@@ -348,34 +400,44 @@ class Bench:
             return (done.stdout + done.stderr).strip()[-2000:]
 
         return {
-            "nvidia_smi": sh("nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,"
-                             "compute_mode --format=csv"),
+            "nvidia_smi": sh(
+                "nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,"
+                "compute_mode --format=csv"
+            ),
             "nvidia_smi_bar1": sh("nvidia-smi -q -d MEMORY | grep -A3 -i bar1"),
             "control": shutil.which("nvidia-cuda-mps-control", path=self.env["PATH"]),
             "cores": len(os.sched_getaffinity(0)),
             "meminfo": sh("grep -E 'MemTotal|MemAvailable|SwapTotal|Committed_AS' /proc/meminfo"),
             "ulimit_u": sh("ulimit -u"),
             "pid_max": sh("cat /proc/sys/kernel/pid_max"),
-            "torch": sh(f"{sys.executable} -c 'import torch; print(torch.__version__, "
-                        "torch.version.cuda)'"),
+            "torch": sh(
+                f"{sys.executable} -c 'import torch; print(torch.__version__, torch.version.cuda)'"
+            ),
             "memgov_doctor": sh(f"cd {ROOT} && {sys.executable} -m memgov doctor | grep -i mps"),
         }
 
     def servers_step(self) -> dict[str, Any]:
         started = self.cli("mps", "start", "--daemons", "3", "--json")
-        result: dict[str, Any] = {"start_rc": started.returncode,
-                                  "start_stderr": started.stderr[-1000:]}
+        result: dict[str, Any] = {
+            "start_rc": started.returncode,
+            "start_stderr": started.stderr[-1000:],
+        }
         clients: list[subprocess.Popen[str]] = []
         try:
             info = json.loads(started.stdout) if started.returncode == 0 else {}
             result["daemon_start_s"] = info.get("start_s")
-            result["daemons"] = [{k: d.get(k) for k in ("daemon", "pipe", "daemon_pid")}
-                                 for d in info.get("daemons", [])]
+            result["daemons"] = [
+                {k: d.get(k) for k in ("daemon", "pipe", "daemon_pid")}
+                for d in info.get("daemons", [])
+            ]
             firsts = []
             with Watch(self.nvml) as watch:
                 for d in info.get("daemons", []):
-                    env = {**self.env, "CUDA_MPS_PIPE_DIRECTORY": d["pipe"],
-                           "CUDA_MPS_LOG_DIRECTORY": d["log"]}
+                    env = {
+                        **self.env,
+                        "CUDA_MPS_PIPE_DIRECTORY": d["pipe"],
+                        "CUDA_MPS_LOG_DIRECTORY": d["log"],
+                    }
                     pair = []
                     for _ in range(2):  # the first starts the daemon's server; the second not
                         t0 = time.monotonic()
@@ -392,8 +454,11 @@ class Bench:
             result["watch"] = watch.summary()
             status = self.cli("mps", "status", "--json")
             if status.returncode == 0:
-                result["status"] = {k: v for k, v in json.loads(status.stdout).items()
-                                    if k in ("running_daemons", "servers", "clients_per_gpu")}
+                result["status"] = {
+                    k: v
+                    for k, v in json.loads(status.stdout).items()
+                    if k in ("running_daemons", "servers", "clients_per_gpu")
+                }
         finally:
             _release_all(clients)
             stop = self.cli("mps", "stop", "--force", "--json")
@@ -401,22 +466,51 @@ class Bench:
             result["stop"] = stop.stdout[-1500:]
         return result
 
-    def pack_step(self, n: int, *, mps: bool, limit: float, extra: list[str] | None = None,
-                  env: dict[str, str] | None = None, barrier_s: float | None = None,
-                  barrier_n: int | None = None) -> dict[str, Any]:
+    def pack_step(
+        self,
+        n: int,
+        *,
+        mps: bool,
+        limit: float,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        barrier_s: float | None = None,
+        barrier_n: int | None = None,
+    ) -> dict[str, Any]:
         # The barrier waits for every job's start-up, which grows with the step's time.
         barrier_s = barrier_s if barrier_s is not None else max(40.0, limit / 2)
         name = f"pack-{n}-{time.monotonic_ns()}"
         out = self.work / name
         size = n if not self.dry else min(n, 4)
-        args = ["--n", str(size), "--no-solo", "--no-progress", "--out", str(out),
-                "--timeout", str(int(limit - 25 if not self.dry else 60)),
-                "--mps", "on" if mps and not self.dry else "off", *self.pack_args,
-                *(extra or [])]
-        train = ["--epochs", str(EPOCHS), "--", "--limit", str(LIMIT if not self.dry else 256),
-                 "--eval-limit", "64", "--barrier", str(self.work / f"{name}-barrier"),
-                 "--barrier-n", str(min(size, barrier_n or size)),
-                 "--barrier-timeout", f"{barrier_s:g}"]
+        args = [
+            "--n",
+            str(size),
+            "--no-solo",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--timeout",
+            str(int(limit - 25 if not self.dry else 60)),
+            "--mps",
+            "on" if mps and not self.dry else "off",
+            *self.pack_args,
+            *(extra or []),
+        ]
+        train = [
+            "--epochs",
+            str(EPOCHS),
+            "--",
+            "--limit",
+            str(LIMIT if not self.dry else 256),
+            "--eval-limit",
+            "64",
+            "--barrier",
+            str(self.work / f"{name}-barrier"),
+            "--barrier-n",
+            str(min(size, barrier_n or size)),
+            "--barrier-timeout",
+            f"{barrier_s:g}",
+        ]
         if self.dry:
             args += ["--device", "cpu"]
         argv = [sys.executable, "-m", "memgov", "pack", *args, str(MNIST), *train]
@@ -430,8 +524,11 @@ class Bench:
 
     def wall_step(self) -> dict[str, Any]:
         # The third wave only when the steps after this one still fit.
-        variants = [("default", {}, 0), ("max_connections_1", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
-                                         0), ("hold_0_mib", {"HOLD_MIB": "0"}, 220)]
+        variants = [
+            ("default", {}, 0),
+            ("max_connections_1", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, 0),
+            ("hold_0_mib", {"HOLD_MIB": "0"}, 220),
+        ]
         n = 200 if not self.dry else 3
         found = {}
         for label, extra, keep in variants:
@@ -479,27 +576,43 @@ class Bench:
                 errors[key] = errors.get(key, 0) + 1
                 first_error = first_error or v
         _release_all(procs)
-        return {"clients": len(procs), "ok": len(ok), "errors": errors, "first_error": first_error,
-                "no_answer": len(procs) - len(lines), "ok_at_s": _quantiles(ok),
-                "wall_s": round(time.monotonic() - t0, 1), "watch": watch.summary()}
+        return {
+            "clients": len(procs),
+            "ok": len(ok),
+            "errors": errors,
+            "first_error": first_error,
+            "no_answer": len(procs) - len(lines),
+            "ok_at_s": _quantiles(ok),
+            "wall_s": round(time.monotonic() - t0, 1),
+            "watch": watch.summary(),
+        }
 
     def hostmem_step(self) -> dict[str, Any]:
         found: dict[str, Any] = {}
         if self.dry:
             return {"skipped": "no GPU (dry run)"}
-        variants = [("lazy", {"CUDA_MODULE_LOADING": "LAZY"}),
-                    ("eager", {"CUDA_MODULE_LOADING": "EAGER"})]
+        variants = [
+            ("lazy", {"CUDA_MODULE_LOADING": "LAZY"}),
+            ("eager", {"CUDA_MODULE_LOADING": "EAGER"}),
+        ]
         for label, extra in variants:
-            found[label] = _probe(HOSTMEM, {**self.env, **extra, "OMP_NUM_THREADS": "1"},
-                                  min(40, self.left() - 10))
+            found[label] = _probe(
+                HOSTMEM, {**self.env, **extra, "OMP_NUM_THREADS": "1"}, min(40, self.left() - 10)
+            )
         started = self.cli("mps", "start", "--json")
         try:
             info = json.loads(started.stdout) if started.returncode == 0 else {}
             if info.get("pipe"):
-                found["mps_client"] = _probe(HOSTMEM, {**self.env, "OMP_NUM_THREADS": "1",
-                                                       "CUDA_MPS_PIPE_DIRECTORY": info["pipe"],
-                                                       "CUDA_MPS_LOG_DIRECTORY": info["log"]},
-                                              min(40, self.left() - 10))
+                found["mps_client"] = _probe(
+                    HOSTMEM,
+                    {
+                        **self.env,
+                        "OMP_NUM_THREADS": "1",
+                        "CUDA_MPS_PIPE_DIRECTORY": info["pipe"],
+                        "CUDA_MPS_LOG_DIRECTORY": info["log"],
+                    },
+                    min(40, self.left() - 10),
+                )
         finally:
             self.cli("mps", "stop", "--force")
         return found
@@ -507,8 +620,13 @@ class Bench:
 
 def _probe(code: str, env: dict[str, str], timeout: float = 40) -> dict[str, Any]:
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=max(5.0, timeout), env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=max(5.0, timeout),
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     try:
@@ -518,15 +636,23 @@ def _probe(code: str, env: dict[str, str], timeout: float = 40) -> dict[str, Any
 
 
 def _client(env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", CLIENT], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", CLIENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
     box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline().strip()
-                                                        if proc.stdout else ""), daemon=True)
+    reader = threading.Thread(
+        target=lambda: box.append(proc.stdout.readline().strip() if proc.stdout else ""),
+        daemon=True,
+    )
     reader.start()
     reader.join(timeout)
     return box[0] if box else "no answer"
@@ -571,8 +697,11 @@ def _dist(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
     ordered = sorted(values)
-    return {"median": round(statistics.median(ordered), 3),
-            "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 3), "max": round(ordered[-1], 3)}
+    return {
+        "median": round(statistics.median(ordered), 3),
+        "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 3),
+        "max": round(ordered[-1], 3),
+    }
 
 
 # -- figures of one pack report ------------------------------------------------------------------
@@ -580,23 +709,35 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
     jobs = report.get("jobs") or []
     ok = [j for j in jobs if j["status"] == "ok"]
     rogue = [j for j in jobs if j.get("rogue_mib")]
-    over = [j["label"] for j in jobs if j.get("footprint_mib") and j.get("claim_mib")
-            and j["footprint_mib"] > j["claim_mib"]]
+    over = [
+        j["label"]
+        for j in jobs
+        if j.get("footprint_mib") and j.get("claim_mib") and j["footprint_mib"] > j["claim_mib"]
+    ]
     daemons: dict[str, int] = {}
     for j in jobs:
         if j.get("mps_daemon") is not None:
             daemons[str(j["mps_daemon"])] = daemons.get(str(j["mps_daemon"]), 0) + 1
     started = [j for j in jobs if j.get("epochs_done")]
     return {
-        "n": report.get("n"), "ok": report.get("ok"), "failed": report.get("failed"),
-        "reasons": report.get("reasons"), "trained": len(started),
-        "parallel": report.get("parallel"), "parallel_held_by": report.get("parallel_held_by"),
-        "claim_mib": report.get("claim_mib"), "footprint_mib": report.get("footprint_mib"),
+        "n": report.get("n"),
+        "ok": report.get("ok"),
+        "failed": report.get("failed"),
+        "reasons": report.get("reasons"),
+        "trained": len(started),
+        "parallel": report.get("parallel"),
+        "parallel_held_by": report.get("parallel_held_by"),
+        "claim_mib": report.get("claim_mib"),
+        "footprint_mib": report.get("footprint_mib"),
         "footprint_max_mib": report.get("footprint_max_mib"),
-        "footprint_max_non_rogue_mib": max((j["footprint_mib"] or 0) for j in jobs
-                                           if not j.get("rogue_mib")) if jobs else None,
+        "footprint_max_non_rogue_mib": max(
+            (j["footprint_mib"] or 0) for j in jobs if not j.get("rogue_mib")
+        )
+        if jobs
+        else None,
         "jobs_over_claim": over,
-        "epoch_s": report.get("epoch_s"), "epoch_s_max": report.get("epoch_s_max"),
+        "epoch_s": report.get("epoch_s"),
+        "epoch_s_max": report.get("epoch_s_max"),
         "aggregate_samples_per_s": report.get("aggregate_samples_per_s"),
         "aggregate_basis": report.get("aggregate_basis"),
         "aggregate_samples_per_s_span": report.get("aggregate_samples_per_s_span"),
@@ -605,21 +746,38 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
         "host_uss_peak_mib": report.get("host_uss_peak_mib"),
         "host_used_peak_mib": report.get("host_used_peak_mib"),
         "device_peak_used_mib": report.get("device_peak_used_mib"),
-        "host_gate": report.get("host_gate"), "capacity": report.get("capacity"),
-        "mps": report.get("mps"), "clients_per_daemon": daemons,
+        "host_gate": report.get("host_gate"),
+        "capacity": report.get("capacity"),
+        "mps": report.get("mps"),
+        "clients_per_daemon": daemons,
         "clients_per_daemon_at_once": at_once_per_daemon(jobs),
         "ready_s": _dist([j["ready_s"] for j in jobs if j.get("ready_s") is not None]),
         "admission": admissions(jobs),
-        "ready_parts_s": {part: _dist([j["ready_parts_s"][part] for j in jobs
-                                       if (j.get("ready_parts_s") or {}).get(part) is not None])
-                          for part in ("interpreter", "data", "framework")},
+        "ready_parts_s": {
+            part: _dist(
+                [
+                    j["ready_parts_s"][part]
+                    for j in jobs
+                    if (j.get("ready_parts_s") or {}).get(part) is not None
+                ]
+            )
+            for part in ("interpreter", "data", "framework")
+        },
         "ok_job_epochs": len(ok),
-        "rogue": [{k: j.get(k) for k in ("label", "status", "reason", "footprint_mib",
-                                         "claim_mib", "claim_mode")} |
-                  {"detail": (j.get("detail") or "")[:300]} for j in rogue],
-        "first_failures": [{k: j.get(k) for k in ("label", "reason", "footprint_mib")} |
-                           {"detail": (j.get("detail") or "")[:300]}
-                           for j in jobs if j["status"] != "ok" and not j.get("rogue_mib")][:5],
+        "rogue": [
+            {
+                k: j.get(k)
+                for k in ("label", "status", "reason", "footprint_mib", "claim_mib", "claim_mode")
+            }
+            | {"detail": (j.get("detail") or "")[:300]}
+            for j in rogue
+        ],
+        "first_failures": [
+            {k: j.get(k) for k in ("label", "reason", "footprint_mib")}
+            | {"detail": (j.get("detail") or "")[:300]}
+            for j in jobs
+            if j["status"] != "ok" and not j.get("rogue_mib")
+        ][:5],
     }
 
 
@@ -629,9 +787,10 @@ def at_once_per_daemon(jobs: list[dict[str, Any]]) -> dict[str, int]:
     events = []
     for j in jobs:
         if j.get("mps_daemon") is not None and j.get("started_s") is not None:
-            events += [(j["started_s"], 1, str(j["mps_daemon"])),
-                       (j["ended_s"] if j.get("ended_s") is not None else 1e18, -1,
-                        str(j["mps_daemon"]))]
+            events += [
+                (j["started_s"], 1, str(j["mps_daemon"])),
+                (j["ended_s"] if j.get("ended_s") is not None else 1e18, -1, str(j["mps_daemon"])),
+            ]
     now: dict[str, int] = {}
     most: dict[str, int] = {}
     for _, step, daemon in sorted(events, key=lambda e: (e[0], e[1])):  # ends first on a tie
@@ -640,9 +799,11 @@ def at_once_per_daemon(jobs: list[dict[str, Any]]) -> dict[str, int]:
     return most
 
 
-ADMISSION = re.compile(r"memgov: admission: ([0-9.]+) s; (\d+) look\(s\) under the admission "
-                       r"lock, waited ([0-9.]+) s for it, held it at most ([0-9.]+) ms; "
-                       r"NVML ([0-9.]+) s")
+ADMISSION = re.compile(
+    r"memgov: admission: ([0-9.]+) s; (\d+) look\(s\) under the admission "
+    r"lock, waited ([0-9.]+) s for it, held it at most ([0-9.]+) ms; "
+    r"NVML ([0-9.]+) s"
+)
 
 
 def admissions(jobs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -656,10 +817,13 @@ def admissions(jobs: list[dict[str, Any]]) -> dict[str, Any]:
         found += [tuple(float(x) for x in m.groups()) for m in ADMISSION.finditer(text)]
     if not found:
         return {"slow": 0}
-    return {"slow": len(found), "total_s": _dist([f[0] for f in found]),
-            "lock_wait_s": _dist([f[2] for f in found]),
-            "lock_held_max_ms": max(f[3] for f in found),
-            "nvml_s": _dist([f[4] for f in found])}
+    return {
+        "slow": len(found),
+        "total_s": _dist([f[0] for f in found]),
+        "lock_wait_s": _dist([f[2] for f in found]),
+        "lock_held_max_ms": max(f[3] for f in found),
+        "nvml_s": _dist([f[4] for f in found]),
+    }
 
 
 def busy_rate(jobs: list[dict[str, Any]], share: float) -> dict[str, Any] | None:
@@ -680,22 +844,31 @@ def busy_rate(jobs: list[dict[str, Any]], share: float) -> dict[str, Any] | None
         t += 0.25
     if not rates:
         return {"median": None, "max": None, "seconds": 0.0, "jobs": trained}
-    return {"median": round(statistics.median(rates)), "max": round(max(rates)),
-            "seconds": len(rates) * 0.25, "jobs": trained}
+    return {
+        "median": round(statistics.median(rates)),
+        "max": round(max(rates)),
+        "seconds": len(rates) * 0.25,
+        "jobs": trained,
+    }
 
 
 # -- the table -----------------------------------------------------------------------------------
 def table(results: dict[str, Any]) -> str:
-    rows = ["step       ok/n     trained at-once held_by      daemons@once   claim  foot(max) "
-            "epoch_s  agg/s(90%)  agg/s(pack)  USS/job  min_avail  reasons"]
+    rows = [
+        "step       ok/n     trained at-once held_by      daemons@once   claim  foot(max) "
+        "epoch_s  agg/s(90%)  agg/s(pack)  USS/job  min_avail  reasons"
+    ]
     for name, step in results["steps"].items():
         f = step.get("figures")
         if not f:
             continue
         busy = f["rate_while_90pct_trained"] or {}
         mps = f.get("mps") or {}
-        spread = (json.dumps(f.get("clients_per_daemon_at_once") or f["clients_per_daemon"])
-                  if mps.get("used") else "-")
+        spread = (
+            json.dumps(f.get("clients_per_daemon_at_once") or f["clients_per_daemon"])
+            if mps.get("used")
+            else "-"
+        )
         rows.append(
             f"{name:10} {f['ok']}/{f['n']:<5} {f['trained']:>7} {f['parallel']!s:>7} "
             f"{f['parallel_held_by']!s:12} {spread:14} "
@@ -703,32 +876,50 @@ def table(results: dict[str, Any]) -> str:
             f"({f['footprint_max_non_rogue_mib']!s}) "
             f"{f['epoch_s']!s:>7} {busy.get('median')!s:>11} {f['aggregate_samples_per_s']!s:>12} "
             f"{f['uss_per_job_mib']!s:>8} {step['watch']['min_available_mib']!s:>9}  "
-            f"{f['reasons']}")
+            f"{f['reasons']}"
+        )
         ready, adm = f.get("ready_s") or {}, f.get("admission") or {}
-        rows.append(f"{'':10} start-up s median {ready.get('median')} p90 {ready.get('p90')} "
-                    f"max {ready.get('max')}; slow admissions {adm.get('slow')}, lock wait max "
-                    f"{(adm.get('lock_wait_s') or {}).get('max')} s, held max "
-                    f"{adm.get('lock_held_max_ms')} ms, NVML max "
-                    f"{(adm.get('nvml_s') or {}).get('max')} s")
+        rows.append(
+            f"{'':10} start-up s median {ready.get('median')} p90 {ready.get('p90')} "
+            f"max {ready.get('max')}; slow admissions {adm.get('slow')}, lock wait max "
+            f"{(adm.get('lock_wait_s') or {}).get('max')} s, held max "
+            f"{adm.get('lock_held_max_ms')} ms, NVML max "
+            f"{(adm.get('nvml_s') or {}).get('max')} s"
+        )
         parts = f.get("ready_parts_s") or {}
-        rows.append(f"{'':10} start-up medians: " + ", ".join(
-            f"{k} {(v or {}).get('median')} s" for k, v in parts.items()))
+        rows.append(
+            f"{'':10} start-up medians: "
+            + ", ".join(f"{k} {(v or {}).get('median')} s" for k, v in parts.items())
+        )
     servers = results["steps"].get("servers") or {}
     if servers.get("clients"):
-        rows.append("server start: daemons " + json.dumps(servers.get("daemon_start_s")) + "; "
-                    + "; ".join(f"d{c['daemon']}: first client {c['first']['wall_s']} s, second "
-                                f"{c['second']['wall_s']} s" for c in servers["clients"]))
+        rows.append(
+            "server start: daemons "
+            + json.dumps(servers.get("daemon_start_s"))
+            + "; "
+            + "; ".join(
+                f"d{c['daemon']}: first client {c['first']['wall_s']} s, second "
+                f"{c['second']['wall_s']} s"
+                for c in servers["clients"]
+            )
+        )
         procs = (servers.get("watch") or {}).get("mps_processes") or {}
-        rows.append("MPS processes: " + "; ".join(
-            f"{p['name']} gpu={p['gpu_mib']} rss={p['rss_mib']} uss={p['uss_mib']}"
-            for p in procs.values()))
+        rows.append(
+            "MPS processes: "
+            + "; ".join(
+                f"{p['name']} gpu={p['gpu_mib']} rss={p['rss_mib']} uss={p['uss_mib']}"
+                for p in procs.values()
+            )
+        )
     wall = results["steps"].get("wall") or {}
     for label, w in wall.items():
         if isinstance(w, dict) and "ok" in w:
-            rows.append(f"wall {label}: {w['ok']}/{w['clients']} contexts, errors {w['errors']}, "
-                        f"no answer {w['no_answer']}, gpu peak {w['watch']['peak_gpu_used_mib']} "
-                        f"MiB, bar1 peak {w['watch']['peak_bar1_used_mib']} MiB, min avail "
-                        f"{w['watch']['min_available_mib']} MiB")
+            rows.append(
+                f"wall {label}: {w['ok']}/{w['clients']} contexts, errors {w['errors']}, "
+                f"no answer {w['no_answer']}, gpu peak {w['watch']['peak_gpu_used_mib']} "
+                f"MiB, bar1 peak {w['watch']['peak_bar1_used_mib']} MiB, min avail "
+                f"{w['watch']['min_available_mib']} MiB"
+            )
     host = results["steps"].get("hostmem") or {}
     for label, h in host.items():
         if isinstance(h, dict) and "uss_mib" in h:
@@ -739,9 +930,11 @@ def table(results: dict[str, Any]) -> str:
         if claim:
             rows.append(f"{name} claim: {claim.get('mib')} MiB ({claim.get('source')})")
         for r in rogue.get("rogue", []):
-            rows.append(f"{name} rogue {r['label']}: {r['status']} {r['reason']} footprint "
-                        f"{r['footprint_mib']} MiB of claim {r['claim_mib']} ({r['claim_mode']}): "
-                        f"{r['detail'][:160]}")
+            rows.append(
+                f"{name} rogue {r['label']}: {r['status']} {r['reason']} footprint "
+                f"{r['footprint_mib']} MiB of claim {r['claim_mib']} ({r['claim_mode']}): "
+                f"{r['detail'][:160]}"
+            )
     if results["skipped"]:
         rows.append(f"skipped: {results['skipped']}")
     return "\n".join(rows)
@@ -751,13 +944,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--budget", type=float, default=500.0, help="seconds for every step")
-    parser.add_argument("--only", default=os.environ.get("ONLY", ""),
-                        help="comma- or space-separated steps (default all, in order)")
-    parser.add_argument("--pack-args", default=os.environ.get("PACK_ARGS", "--runner preload"),
-                        help="more `memgov pack` options for every pack step, e.g. "
-                        "'--runner preload'")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="no GPU: tiny CPU packs and a stand-in control program")
+    parser.add_argument(
+        "--only",
+        default=os.environ.get("ONLY", ""),
+        help="comma- or space-separated steps (default all, in order)",
+    )
+    parser.add_argument(
+        "--pack-args",
+        default=os.environ.get("PACK_ARGS", "--runner preload"),
+        help="more `memgov pack` options for every pack step, e.g. '--runner preload'",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU: tiny CPU packs and a stand-in control program",
+    )
     args = parser.parse_args()
     wanted = [s for s in args.only.replace(",", " ").split() if s] or list(DEFAULT_STEPS)
     unknown = [s for s in wanted if s not in STEPS]
@@ -776,22 +977,27 @@ def main() -> int:
         "mps96": lambda: bench.pack_step(96, mps=True, limit=NEEDS["mps96"]),
         # Claims of 1,000 MiB (the job's footprint is 886 MiB): 140 of pack's automatic
         # 1,039 MiB (footprint x 1.10 + 64 MiB) do not fit the card's 142,826 MiB of budget.
-        "mps140": lambda: bench.pack_step(140, mps=True, limit=NEEDS["mps140"],
-                                          extra=["--rogue", "1:4096", "--claim", "1000MiB"]),
+        "mps140": lambda: bench.pack_step(
+            140, mps=True, limit=NEEDS["mps140"], extra=["--rogue", "1:4096", "--claim", "1000MiB"]
+        ),
         # pack's own claim: made smaller so that 140 fit (docs/pack.md, --claim auto)
-        "mps140auto": lambda: bench.pack_step(140, mps=True, limit=NEEDS["mps140auto"],
-                                              extra=["--rogue", "1:4096"]),
-        "mps48x2": lambda: bench.pack_step(48, mps=True, limit=NEEDS["mps48x2"],
-                                           extra=["--mps-daemons", "2"], env=spread),
-        "nomps140": lambda: bench.pack_step(140, mps=False, limit=NEEDS["nomps140"],
-                                            env={"MEMGOV_CONTEXTS": "off"}, barrier_s=20),
+        "mps140auto": lambda: bench.pack_step(
+            140, mps=True, limit=NEEDS["mps140auto"], extra=["--rogue", "1:4096"]
+        ),
+        "mps48x2": lambda: bench.pack_step(
+            48, mps=True, limit=NEEDS["mps48x2"], extra=["--mps-daemons", "2"], env=spread
+        ),
+        "nomps140": lambda: bench.pack_step(
+            140, mps=False, limit=NEEDS["nomps140"], env={"MEMGOV_CONTEXTS": "off"}, barrier_s=20
+        ),
         "nomps48": lambda: bench.pack_step(48, mps=False, limit=NEEDS["nomps48"]),
         # 72 at once (MEMGOV_CONTEXTS), so the barrier waits for 72; the rest pass it at once.
         "nomps96": lambda: bench.pack_step(96, mps=False, limit=NEEDS["nomps96"], barrier_n=72),
         "wall": bench.wall_step,
         "hostmem": bench.hostmem_step,
-        "nomps140q": lambda: bench.pack_step(140, mps=False, limit=NEEDS["nomps140q"],
-                                             barrier_s=10),
+        "nomps140q": lambda: bench.pack_step(
+            140, mps=False, limit=NEEDS["nomps140q"], barrier_s=10
+        ),
     }
     try:
         for name in STEPS:

@@ -69,11 +69,17 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     result: dict[str, Any] = {"cpus": os.cpu_count()}
-    done = subprocess.run([sys.executable, "-c", PROFILE, str(MNIST)], capture_output=True,
-                          text=True, timeout=120, cwd=MNIST)
+    done = subprocess.run(
+        [sys.executable, "-c", PROFILE, str(MNIST)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=MNIST,
+    )
     lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
-    result["profile"] = json.loads(lines[-1]) if lines else {"rc": done.returncode,
-                                                              "stderr": done.stderr[-2000:]}
+    result["profile"] = (
+        json.loads(lines[-1]) if lines else {"rc": done.returncode, "stderr": done.stderr[-2000:]}
+    )
     work = Path(tempfile.mkdtemp(prefix="memgov-diag-"))
     env = {**os.environ, "MEMGOV_DIR": str(work / "ledger"), "PYTHONUNBUFFERED": "1"}
     samples: list[list[float]] = []
@@ -82,20 +88,45 @@ def main() -> None:
     sampler.start()
     t0 = time.time()
     pack = subprocess.run(
-        [sys.executable, "-m", "memgov", "pack", "--n", "25", "--framework", "torch", "--mode",
-         "claim", "--epochs", "3", "--no-progress", "--out", str(work / "pack"), str(MNIST),
-         "--", "--eval-limit", "500"],
-        env=env, capture_output=True, text=True, timeout=200)
+        [
+            sys.executable,
+            "-m",
+            "memgov",
+            "pack",
+            "--n",
+            "25",
+            "--framework",
+            "torch",
+            "--mode",
+            "claim",
+            "--epochs",
+            "3",
+            "--no-progress",
+            "--out",
+            str(work / "pack"),
+            str(MNIST),
+            "--",
+            "--eval-limit",
+            "500",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     stop.set()
     sampler.join()
     report_path = work / "pack" / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     busy = [sum(s) / len(s) for s in samples]
     result["pack"] = {
-        "rc": pack.returncode, "wall_s": round(time.time() - t0, 1),
+        "rc": pack.returncode,
+        "wall_s": round(time.time() - t0, 1),
         "aggregate_samples_per_s": report.get("aggregate_samples_per_s"),
-        "speedup": report.get("speedup"), "solo_samples_per_s": report.get("solo_samples_per_s"),
-        "epoch_s": report.get("epoch_s"), "window_s": report.get("window_s"),
+        "speedup": report.get("speedup"),
+        "solo_samples_per_s": report.get("solo_samples_per_s"),
+        "epoch_s": report.get("epoch_s"),
+        "window_s": report.get("window_s"),
         "cpu_busy_pct_samples": [round(b, 1) for b in busy],
         "cpu_busy_pct_max": max(busy, default=None),
         "stderr_tail": pack.stderr[-1500:],
@@ -106,9 +137,11 @@ def main() -> None:
     for key, count in prof.get("top_gpu_ops", [])[:12]:
         print(f"  {count / max(1, prof.get('steps', 1)):6.2f}/step  {key[:90]}")
     p = result["pack"]
-    print(f"pack rc={p['rc']} agg={p['aggregate_samples_per_s']} x1={p['speedup']} "
-          f"epoch={p['epoch_s']} cpu busy % (all cores): max {p['cpu_busy_pct_max']}, "
-          f"samples {p['cpu_busy_pct_samples'][:80]}")
+    print(
+        f"pack rc={p['rc']} agg={p['aggregate_samples_per_s']} x1={p['speedup']} "
+        f"epoch={p['epoch_s']} cpu busy % (all cores): max {p['cpu_busy_pct_max']}, "
+        f"samples {p['cpu_busy_pct_samples'][:80]}"
+    )
 
 
 if __name__ == "__main__":

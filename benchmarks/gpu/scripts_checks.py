@@ -49,25 +49,56 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS: dict[str, dict[str, Any]] = {
     # The PyTorch examples' MNIST: one persistent DataLoader worker, pinned memory, a test pass
     # with batches of 1,000 (peak 1,358 MiB alone on the H200: a 1 GiB claim is too small).
-    "mnist": {"script": "mnist/main.py", "args": ["--epochs", "1", "--log-interval", "100000"],
-              "claim": "1600MiB", "data": True},
+    "mnist": {
+        "script": "mnist/main.py",
+        "args": ["--epochs", "1", "--log-interval", "100000"],
+        "claim": "1600MiB",
+        "data": True,
+    },
     # DCGAN on FakeData: two DataLoader workers, two networks, Adam, cudnn.benchmark. Alone it
     # peaks at 3,338 MiB (NVML): cuDNN's benchmark tries algorithms with large workspaces. Under a
     # 1 GiB claim it ran (962 MiB) with slower ones: 0.92x of the uncapped hand-tuned copies.
-    "dcgan": {"script": "dcgan/main.py", "args": ["--dataset", "fake", "--niter", "4",
-                                                 "--accel", "--workers", "2"],
-              "claim": "3584MiB", "data": False},
+    "dcgan": {
+        "script": "dcgan/main.py",
+        "args": ["--dataset", "fake", "--niter", "4", "--accel", "--workers", "2"],
+        "claim": "3584MiB",
+        "data": False,
+    },
     # The VAE example: a DataLoader worker, a test pass, images written with save_image.
-    "vae": {"script": "vae/main.py", "args": ["--epochs", "1", "--log-interval", "100000"],
-            "claim": "1GiB", "data": True},
+    "vae": {
+        "script": "vae/main.py",
+        "args": ["--epochs", "1", "--log-interval", "100000"],
+        "claim": "1GiB",
+        "data": True,
+    },
     # This repository's plain loop (never imports memgov) in the shape that was slower: Adam,
     # batches gathered on the CPU from pinned host tensors.
-    "pinned": {"script": None, "args": ["--optimizer", "adam", "--gather", "pinned",
-                                         "--epochs", "8", "--steps", "500", "--device", "gpu"],
-               "claim": "1GiB", "data": False},
+    "pinned": {
+        "script": None,
+        "args": [
+            "--optimizer",
+            "adam",
+            "--gather",
+            "pinned",
+            "--epochs",
+            "8",
+            "--steps",
+            "500",
+            "--device",
+            "gpu",
+        ],
+        "claim": "1GiB",
+        "data": False,
+    },
 }
-CONDITIONS = ("hand_mps", "memgov_mps", "memgov_mps_fixed", "memgov_mps_big", "hand_mps_cap",
-              "memgov_soft")
+CONDITIONS = (
+    "hand_mps",
+    "memgov_mps",
+    "memgov_mps_fixed",
+    "memgov_mps_big",
+    "hand_mps_cap",
+    "memgov_soft",
+)
 
 
 def condition(name: str, claim: str, total: int) -> dict[str, Any]:
@@ -103,9 +134,12 @@ def write_mnist_raw(npz: Path, folder: Path) -> None:
     raw = folder / "MNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     with np.load(npz) as data:
-        arrays = {"train-images-idx3-ubyte": data["x_train"], "train-labels-idx1-ubyte":
-                  data["y_train"], "t10k-images-idx3-ubyte": data["x_test"],
-                  "t10k-labels-idx1-ubyte": data["y_test"]}
+        arrays = {
+            "train-images-idx3-ubyte": data["x_train"],
+            "train-labels-idx1-ubyte": data["y_train"],
+            "t10k-images-idx3-ubyte": data["x_test"],
+            "t10k-labels-idx1-ubyte": data["y_test"],
+        }
     for name, array in arrays.items():
         array = np.ascontiguousarray(array, dtype=np.uint8)
         magic = (0x0803 if array.ndim == 3 else 0x0801).to_bytes(4, "big")
@@ -118,24 +152,35 @@ def write_mnist_raw(npz: Path, folder: Path) -> None:
 
 def job_command(kind: dict[str, Any], examples: Path, report: Path) -> list[str]:
     if kind["script"] is None:
-        return [sys.executable, str(ROOT / "benchmarks" / "workloads" / "plain_torch_mnist.py"),
-                *kind["args"], "--out", str(report)]
+        return [
+            sys.executable,
+            str(ROOT / "benchmarks" / "workloads" / "plain_torch_mnist.py"),
+            *kind["args"],
+            "--out",
+            str(report),
+        ]
     return [sys.executable, str(examples / kind["script"]), *kind["args"]]
 
 
 def foreign_lines(log: str) -> tuple[int, list[str]]:
     """(memgov info lines, lines that look like an error of memgov's or a traceback)."""
-    lines = [x.split(" ", 1)[-1] if x[:1] == " " or x[:1].isdigit() else x
-             for x in (y.lstrip() for y in log.splitlines())]
+    lines = [
+        x.split(" ", 1)[-1] if x[:1] == " " or x[:1].isdigit() else x
+        for x in (y.lstrip() for y in log.splitlines())
+    ]
     info = sum(1 for x in lines if x.startswith("memgov:"))
-    suspect = [x for x in lines
-               if ("memgov" in x and not x.startswith("memgov:"))
-               or x.startswith(("Traceback", "Exception ignored"))]
+    suspect = [
+        x
+        for x in lines
+        if ("memgov" in x and not x.startswith("memgov:"))
+        or x.startswith(("Traceback", "Exception ignored"))
+    ]
     return info, suspect[:10]
 
 
-def _stamp(proc: subprocess.Popen[bytes], path: Path, launched: float,
-           firsts: dict[int, float]) -> None:
+def _stamp(
+    proc: subprocess.Popen[bytes], path: Path, launched: float, firsts: dict[int, float]
+) -> None:
     """Copy the job's output to its log, each line stamped with seconds since its launch; the
     first line's time (torch imported, device chosen: e.g. vae's "Using device") goes in
     ``firsts``, so start-up and training can be told apart in scripts that time nothing."""
@@ -147,8 +192,14 @@ def _stamp(proc: subprocess.Popen[bytes], path: Path, launched: float,
             log.write(f"{now - launched:8.3f} {raw.decode(errors='replace')}")
 
 
-def run(kind_name: str, cond_name: str, args: argparse.Namespace, work: Path,
-        hand_daemon: dict[str, Any], total: int) -> dict[str, Any]:
+def run(
+    kind_name: str,
+    cond_name: str,
+    args: argparse.Namespace,
+    work: Path,
+    hand_daemon: dict[str, Any],
+    total: int,
+) -> dict[str, Any]:
     kind = KINDS[kind_name]
     cond = condition(cond_name, kind["claim"], total)
     folder = work / f"{kind_name}-{cond_name}-{time.monotonic_ns()}"
@@ -169,10 +220,17 @@ def run(kind_name: str, cond_name: str, args: argparse.Namespace, work: Path,
                 (cwd / "results").mkdir(parents=True)  # vae writes its images there
                 cmd = job_command(kind, args.examples.resolve(), cwd / "report.json")
                 started = time.time()
-                proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-                reader = threading.Thread(target=_stamp, args=(proc, cwd / "log", started,
-                                                               firsts), daemon=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=cwd,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                reader = threading.Thread(
+                    target=_stamp, args=(proc, cwd / "log", started, firsts), daemon=True
+                )
                 reader.start()
                 readers.append(reader)
                 procs.append((proc, cwd, None, started))
@@ -197,26 +255,42 @@ def run(kind_name: str, cond_name: str, args: argparse.Namespace, work: Path,
         doc: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             doc = json.loads((cwd / "report.json").read_text())
-        jobs.append({"rc": proc.returncode, "launched": started,
-                     "wall_s": round(ended.get(proc.pid, time.time()) - started, 2),
-                     "first_output_s": round(firsts.get(proc.pid, -1.0), 2),
-                     "nvml_peak_mib": round(sampler.peaks.get(proc.pid, 0) / 2**20, 1),
-                     "memgov_info_lines": info, "suspect_lines": suspect,
-                     "tail": text.splitlines()[-4:] if proc.returncode else [],
-                     "ok": proc.returncode == 0, "epochs": doc.get("epochs", []),
-                     "allocator": doc.get("allocator")})
+        jobs.append(
+            {
+                "rc": proc.returncode,
+                "launched": started,
+                "wall_s": round(ended.get(proc.pid, time.time()) - started, 2),
+                "first_output_s": round(firsts.get(proc.pid, -1.0), 2),
+                "nvml_peak_mib": round(sampler.peaks.get(proc.pid, 0) / 2**20, 1),
+                "memgov_info_lines": info,
+                "suspect_lines": suspect,
+                "tail": text.splitlines()[-4:] if proc.returncode else [],
+                "ok": proc.returncode == 0,
+                "epochs": doc.get("epochs", []),
+                "allocator": doc.get("allocator"),
+            }
+        )
     last = max(ended.values(), default=time.time())
-    result = {"kind": kind_name, "condition": cond_name, "what": cond["what"],
-              "mps_start": cond.get("mps_start"), "ok": sum(j["ok"] for j in jobs),
-              "n": len(jobs), "span_s": round(last - launch, 2),
-              "wall_s_median": round(statistics.median(j["wall_s"] for j in jobs), 2),
-              "first_output_s": sorted(j["first_output_s"] for j in jobs),
-              "device_peak_mib": round(sampler.device_peak / 2**20, 1),
-              "suspect_lines": sorted({x for j in jobs for x in j["suspect_lines"]})[:10],
-              "jobs": jobs}
+    result = {
+        "kind": kind_name,
+        "condition": cond_name,
+        "what": cond["what"],
+        "mps_start": cond.get("mps_start"),
+        "ok": sum(j["ok"] for j in jobs),
+        "n": len(jobs),
+        "span_s": round(last - launch, 2),
+        "wall_s_median": round(statistics.median(j["wall_s"] for j in jobs), 2),
+        "first_output_s": sorted(j["first_output_s"] for j in jobs),
+        "device_peak_mib": round(sampler.device_peak / 2**20, 1),
+        "suspect_lines": sorted({x for j in jobs for x in j["suspect_lines"]})[:10],
+        "jobs": jobs,
+    }
     if kind["script"] is None:
-        result["rates"] = {k: v for k, v in aggregate(jobs, launch).items()
-                           if k.startswith(("samples_per_s", "span", "ok", "n"))}
+        result["rates"] = {
+            k: v
+            for k, v in aggregate(jobs, launch).items()
+            if k.startswith(("samples_per_s", "span", "ok", "n"))
+        }
     return result
 
 
@@ -229,18 +303,27 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
         hands = [r for r in mine if r["condition"] == "hand_mps"]
         for cond in sorted({r["condition"] for r in mine} - {"hand_mps"}):
             theirs = [r for r in mine if r["condition"] == cond]
-            each = [round(h["span_s"] / t["span_s"], 3) for h, t in zip(hands, theirs, strict=False)
-                    if t["span_s"] > 0]
+            each = [
+                round(h["span_s"] / t["span_s"], 3)
+                for h, t in zip(hands, theirs, strict=False)
+                if t["span_s"] > 0
+            ]
             if each:
-                out[f"{kind}:{cond}"] = {"x_hand_span_each_round": each,
-                                         "median": round(statistics.median(each), 3)}
+                out[f"{kind}:{cond}"] = {
+                    "x_hand_span_each_round": each,
+                    "median": round(statistics.median(each), 3),
+                }
     return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--examples", type=Path, default=ROOT / ".public" / "examples",
-                   help="a checkout (or copy) of github.com/pytorch/examples")
+    p.add_argument(
+        "--examples",
+        type=Path,
+        default=ROOT / ".public" / "examples",
+        help="a checkout (or copy) of github.com/pytorch/examples",
+    )
     p.add_argument("--mnist", type=Path, default=ROOT / ".public" / "data" / "mnist.npz")
     p.add_argument("--kinds", default="mnist,dcgan,vae")
     p.add_argument("--conditions", default="hand_mps,memgov_mps")
@@ -278,9 +361,12 @@ def main() -> int:
                     r = run(kind, cond, args, work, hand_daemon, total)
                     r["round"] = round_
                     report["runs"].append(r)
-                    print(f"{kind:7} {cond:17} round {round_}: ok {r['ok']}/{r['n']} span "
-                          f"{r['span_s']} s, device peak {r['device_peak_mib']} MiB, "
-                          f"suspect lines {len(r['suspect_lines'])}", flush=True)
+                    print(
+                        f"{kind:7} {cond:17} round {round_}: ok {r['ok']}/{r['n']} span "
+                        f"{r['span_s']} s, device peak {r['device_peak_mib']} MiB, "
+                        f"suspect lines {len(r['suspect_lines'])}",
+                        flush=True,
+                    )
     finally:
         tc.stop_hand_mps(hand_daemon)
         tc.stop_memgov_mps(tc.base_env(work, False))

@@ -72,14 +72,14 @@ SCRUB = (
 )
 
 
-
 def variant(text: str) -> tuple[str, str]:
     """NAME=ARGS (trainer flags, may be empty), as --variant takes it."""
     name, sep, flags = text.partition("=")
     if not sep or not name.strip() or not name.replace("-", "_").isidentifier():
         raise argparse.ArgumentTypeError(
             f"{text!r}: accepted NAME=TRAINER_ARGS, NAME letters, digits, - or _ "
-            "(e.g. 'graph=--cuda-graph' or 'default=')")
+            "(e.g. 'graph=--cuda-graph' or 'default=')"
+        )
     try:
         shlex.split(flags)
     except ValueError as exc:
@@ -169,8 +169,9 @@ def main() -> int:
                 print(f"=== {name}: {cond['what']}", flush=True)
                 sampler = LoadSampler(gpu_index=None if args.cpu else 0)
                 with sampler:
-                    result = run_one(name, cond, fw, args, base, work, hand_daemon, left,
-                                     epochs, steps)
+                    result = run_one(
+                        name, cond, fw, args, base, work, hand_daemon, left, epochs, steps
+                    )
                 # CPU and GPU load while every job trained, and over the whole condition.
                 opened = result.get("all_ran_from") is not None
                 result["load_all_ran"] = (
@@ -429,20 +430,21 @@ def _stamp_reports(proc: subprocess.Popen[bytes], path: Path) -> None:
         with contextlib.suppress(ValueError, AttributeError, KeyError, TypeError):
             event = json.loads(raw)
             if event.get("event") == "epoch":
-                doc["epochs"].append({
-                    "epoch": event["epoch"] - 1,
-                    "samples": event["samples"],
-                    "t0": now - event["seconds"],
-                    "t1": now,
-                    "seconds": event["seconds"],
-                })
+                doc["epochs"].append(
+                    {
+                        "epoch": event["epoch"] - 1,
+                        "samples": event["samples"],
+                        "t0": now - event["seconds"],
+                        "t1": now,
+                        "seconds": event["seconds"],
+                    }
+                )
             elif event.get("event") == "start":
                 doc["start"] = event
             elif event.get("event") == "done":
                 doc["ok"] = True
             path.write_text(json.dumps(doc))
     path.write_text(json.dumps(doc))
-
 
 
 def run_condition(
@@ -471,12 +473,27 @@ def run_condition(
             path = folder / f"job{i:02d}.json"
             common = ["--epochs", str(epochs), "--device", device]
             if trainer:  # pack's job, as pack starts it, with pack's data size and evaluation
-                cmd = [sys.executable, f"train_{fw}.py", *common, "--limit", str(steps * 32),
-                       "--eval-limit", "500", *cond["trainer"]]
+                cmd = [
+                    sys.executable,
+                    f"train_{fw}.py",
+                    *common,
+                    "--limit",
+                    str(steps * 32),
+                    "--eval-limit",
+                    "500",
+                    *cond["trainer"],
+                ]
                 cwd = ROOT / "experiments" / "mnist"
             else:
-                cmd = [sys.executable, str(WORKLOADS / f"plain_{fw}_mnist.py"), *common,
-                       "--steps", str(steps), "--out", str(path)]
+                cmd = [
+                    sys.executable,
+                    str(WORKLOADS / f"plain_{fw}_mnist.py"),
+                    *common,
+                    "--steps",
+                    str(steps),
+                    "--out",
+                    str(path),
+                ]
                 cwd = ROOT
             with open(folder / f"job{i:02d}.log", "wb") as log:
                 proc = subprocess.Popen(

@@ -79,7 +79,10 @@ def main() -> None:
         procs = {
             role: subprocess.Popen(
                 [sys.executable, "-c", WORKER, role, str(args.seconds)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             for role in ("trainer", "neighbour", "hog")
         }
@@ -105,13 +108,17 @@ def main() -> None:
         "results": results,
     }
     Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"{'role':10} {'exit':>4} {'result':18} {'nvml peak MiB':>14} {'init MiB':>9} "
-          f"{'1st step MiB':>12}")
+    print(
+        f"{'role':10} {'exit':>4} {'result':18} {'nvml peak MiB':>14} {'init MiB':>9} "
+        f"{'1st step MiB':>12}"
+    )
     for role, res in results.items():
         done, ready = res["done"] or {}, res["ready"] or {}
-        print(f"{role:10} {res['exit']:>4} {done.get('result', '?'):18} "
-              f"{res['nvml_peak_mib']!s:>14} {ready.get('after_init_mib', 0):>9.0f} "
-              f"{ready.get('after_first_step_mib', 0):>12.0f}")
+        print(
+            f"{role:10} {res['exit']:>4} {done.get('result', '?'):18} "
+            f"{res['nvml_peak_mib']!s:>14} {ready.get('after_init_mib', 0):>9.0f} "
+            f"{ready.get('after_first_step_mib', 0):>12.0f}"
+        )
         if done.get("message"):
             print("   OOM message tail:", done["message"][-240:].replace("\n", " | "))
 

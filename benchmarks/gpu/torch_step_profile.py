@@ -21,14 +21,14 @@ MARK = "probe.optimizer_step"
 sys.path.insert(0, str(ROOT / "experiments" / "mnist"))
 
 
-
 def variant(text: str) -> tuple[str, str]:
     """NAME=ARGS (trainer flags, may be empty), as --variant takes it."""
     name, sep, flags = text.partition("=")
     if not sep or not name.strip() or not name.replace("-", "_").isidentifier():
         raise argparse.ArgumentTypeError(
             f"{text!r}: accepted NAME=TRAINER_ARGS, NAME letters, digits, - or _ "
-            "(e.g. 'graph=--cuda-graph' or 'default=')")
+            "(e.g. 'graph=--cuda-graph' or 'default=')"
+        )
     try:
         shlex.split(flags)
     except ValueError as exc:
@@ -86,8 +86,11 @@ def main() -> None:
         trainer.opt.step = step
         every = prof.key_averages()
         # Annotations (ours, torch's "Optimizer.step#...") sum the kernels under them: left out.
-        kernels = [e for e in every if e.device_type.name == "CUDA"
-                   and not e.key.startswith((MARK, "Optimizer."))]
+        kernels = [
+            e
+            for e in every
+            if e.device_type.name == "CUDA" and not e.key.startswith((MARK, "Optimizer."))
+        ]
         optimizer = [e for e in every if e.key == MARK]
         n = args.steps
         out[name] = {
@@ -103,8 +106,10 @@ def main() -> None:
                 max((e.cpu_time_total for e in optimizer), default=0) / n, 2
             ),
             "ops": sorted(
-                ([e.key[:90], round(e.count / n, 2), round(e.device_time_total / n, 2)]
-                 for e in kernels),
+                (
+                    [e.key[:90], round(e.count / n, 2), round(e.device_time_total / n, 2)]
+                    for e in kernels
+                ),
                 key=lambda r: -r[2],
             )[:25],
         }

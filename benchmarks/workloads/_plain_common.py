@@ -30,9 +30,13 @@ def parse(framework: str) -> argparse.Namespace:
         # Another common shape of script (where a speed gap was seen): Adam, and batches gathered on
         # the CPU from tensors kept in pinned host memory, copied with non_blocking=True.
         p.add_argument("--optimizer", choices=("adadelta", "adam"), default="adadelta")
-        p.add_argument("--gather", choices=("numpy", "pinned"), default="numpy",
-                       help="numpy: batches made from the numpy arrays; pinned: indexed out of "
-                       "torch tensors in pinned host memory")
+        p.add_argument(
+            "--gather",
+            choices=("numpy", "pinned"),
+            default="numpy",
+            help="numpy: batches made from the numpy arrays; pinned: indexed out of "
+            "torch tensors in pinned host memory",
+        )
     return p.parse_args()
 
 

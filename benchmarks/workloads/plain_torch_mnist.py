@@ -56,8 +56,7 @@ def main() -> None:
             if pinned is not None:  # gathered on the CPU (index_select of the pinned tensors)
                 x, y = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
             else:  # host-side conversion, as a typical script does: torch CPU ops
-                x = torch.from_numpy(xb).unsqueeze(1).float().div_(255.0).to(dev,
-                                                                            non_blocking=True)
+                x = torch.from_numpy(xb).unsqueeze(1).float().div_(255.0).to(dev, non_blocking=True)
                 y = torch.from_numpy(yb.astype(np.int64)).to(dev, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
@@ -70,8 +69,15 @@ def main() -> None:
     allocator = {}
     if use_gpu:  # how often the caching allocator hit its cap and freed its cache to retry
         stats = torch.cuda.memory_stats()
-        allocator = {k: stats.get(k) for k in ("num_alloc_retries", "num_device_alloc",
-                                               "num_device_free", "reserved_bytes.all.peak")}
+        allocator = {
+            k: stats.get(k)
+            for k in (
+                "num_alloc_retries",
+                "num_device_alloc",
+                "num_device_free",
+                "reserved_bytes.all.peak",
+            )
+        }
     report.done(device=str(dev), torch=torch.__version__, allocator=allocator)
 
 

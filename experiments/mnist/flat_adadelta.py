@@ -74,8 +74,15 @@ class FlatAdadelta:
             for p, (at, n) in zip(self.params, self.spans, strict=True):
                 if p.grad is not None:
                     part = slice(at, at + n)
-                    _torch_step(self.flat[part], self._memory_order(p), self.square_avg[part],
-                                self.acc_delta[part], self.lr, self.rho, self.eps)
+                    _torch_step(
+                        self.flat[part],
+                        self._memory_order(p),
+                        self.square_avg[part],
+                        self.acc_delta[part],
+                        self.lr,
+                        self.rho,
+                        self.eps,
+                    )
             return
         # A gradient has its parameter's strides (autograd's layout contract), so its memory,
         # read in order, lines up with the parameter's run of the buffer.
@@ -149,7 +156,8 @@ def _triton_step() -> Any:
         n = flat.numel()
         # 1 - rho in double precision, as torch's value=1 - rho (0.05, not float32's
         # 0.050000012 that 1 - rho computed in the kernel gives).
-        adadelta[(triton.cdiv(n, block),)](flat, grad, sa, ad, n, lr, rho, 1 - rho, eps,
-                                           BLOCK=block)
+        adadelta[(triton.cdiv(n, block),)](
+            flat, grad, sa, ad, n, lr, rho, 1 - rho, eps, BLOCK=block
+        )
 
     return step

@@ -189,8 +189,11 @@ def _train(framework: str, args: argparse.Namespace, build: Callable[..., Traine
         # Where start-up went: the interpreter until this script ran (site hooks included),
         # the data, then the framework's import, its device, the model (and what prepare
         # compiled ahead).
-        startup_s={"interpreter": age, "data": round(loaded - entered, 3),
-                   "framework": round(time.perf_counter() - loaded, 3)},
+        startup_s={
+            "interpreter": age,
+            "data": round(loaded - entered, 3),
+            "framework": round(time.perf_counter() - loaded, 3),
+        },
         **({"prepared": prepared} if prepared else {}),
     )
     if args.barrier:

@@ -28,8 +28,10 @@ RHO, EPS, LR = 0.95, 1e-7, 1.0  # Keras' Adadelta defaults, lr as in the Keras e
 CHUNK = 64
 
 
-_CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "cache_hits",
-                 "/jax/compilation_cache/cache_misses": "cache_misses"}
+_CACHE_EVENTS = {
+    "/jax/compilation_cache/cache_hits": "cache_hits",
+    "/jax/compilation_cache/cache_misses": "cache_misses",
+}
 _cache_counts = {"cache_hits": 0, "cache_misses": 0}
 
 
@@ -71,7 +73,8 @@ class JaxTrainer:
         self.batch: int | None = None
         self._step: Any = jax.jit(functools.partial(_train_step, jax), donate_argnums=(0, 1, 2, 3))
         self._indexed: Any = jax.jit(
-            functools.partial(_train_indexed, jax), donate_argnums=(0, 1, 2, 3))
+            functools.partial(_train_indexed, jax), donate_argnums=(0, 1, 2, 3)
+        )
         self._predict: Any = jax.jit(lambda p, x: jnp.argmax(_forward(jax, p, x, None), axis=-1))
 
     def prepare(self, train_samples: int, batch: int) -> dict[str, Any]:
@@ -97,7 +100,8 @@ class JaxTrainer:
             x1, y1 = np.zeros((short, *image), np.uint8), np.zeros(short, np.int32)
             self._step = self._step.lower(*state, x1, y1).compile()
         self._predict = self._predict.lower(
-            self.params, np.zeros((batch, *image), np.uint8)).compile()
+            self.params, np.zeros((batch, *image), np.uint8)
+        ).compile()
         return {"compile_s": round(time.perf_counter() - t0, 3), **_cache_counts}
 
     def train_epoch(self, batches: harness.Batches) -> tuple[float, float]:

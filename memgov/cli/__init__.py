@@ -35,16 +35,24 @@ def _print_version(value: bool) -> None:
         from memgov import __version__
 
         where = os.path.dirname(package_file)
-        typer.echo(f"memgov {__version__} (pip: {DISTRIBUTION}; {where}; Python "
-                   f"{sys.version.split()[0]} at {sys.executable})")
+        typer.echo(
+            f"memgov {__version__} (pip: {DISTRIBUTION}; {where}; Python "
+            f"{sys.version.split()[0]} at {sys.executable})"
+        )
         raise typer.Exit()
 
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_print_version, is_eager=True,
-        help="Print memgov's version, where it is installed, and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print memgov's version, where it is installed, and exit.",
+        ),
+    ] = False,
 ) -> None:
     """Share one NVIDIA GPU between many training processes."""
 

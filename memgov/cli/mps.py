@@ -43,24 +43,31 @@ def _print(info: dict[str, Any], as_json: bool) -> None:
 def _show(info: dict[str, Any]) -> None:
     for d in info.get("daemons") or [info]:
         state = "running" if d["running"] else "not running"
-        typer.echo(f"MPS daemon {d.get('daemon', 0)}: {state} (pipe folder {d['pipe']}, "
-                   f"log folder {d['log']})")
+        typer.echo(
+            f"MPS daemon {d.get('daemon', 0)}: {state} (pipe folder {d['pipe']}, "
+            f"log folder {d['log']})"
+        )
         if d["running"]:
             owner = "started by memgov" if d["started_by_memgov"] else "not started by memgov"
             typer.echo(f"  daemon pid {d['daemon_pid']}, {owner}")
             for server in d["servers"]:
                 pids = " ".join(map(str, server["clients"])) or "none"
-                typer.echo(f"  server pid {server['pid']}: {len(server['clients'])} "
-                           f"client(s): {pids}")
+                typer.echo(
+                    f"  server pid {server['pid']}: {len(server['clients'])} client(s): {pids}"
+                )
     if info["binary"] is None:
         typer.echo("nvidia-cuda-mps-control: not on PATH (claims stay soft)")
     if info["running"]:
         running = info.get("running_daemons", 1)
         for uuid, count in info["clients_per_gpu"].items():
-            typer.echo(f"{uuid}: {count} client(s) of at most {info['client_limit']} per daemon "
-                       f"x {running} daemon(s)")
-        typer.echo(f"hard claims pick a daemon with room (MEMGOV_MPS_POLICY={info['policy']}) "
-                   "and point CUDA_MPS_PIPE_DIRECTORY at it")
+            typer.echo(
+                f"{uuid}: {count} client(s) of at most {info['client_limit']} per daemon "
+                f"x {running} daemon(s)"
+            )
+        typer.echo(
+            f"hard claims pick a daemon with room (MEMGOV_MPS_POLICY={info['policy']}) "
+            "and point CUDA_MPS_PIPE_DIRECTORY at it"
+        )
     if info.get("default_daemon"):
         typer.echo("another MPS daemon answers at the system default /tmp/nvidia-mps")
 
@@ -72,9 +79,11 @@ def start(
     daemons: Annotated[
         int,
         typer.Option(
-            "--daemons", min=1, max=16,
+            "--daemons",
+            min=1,
+            max=16,
             help="Control daemons to run (each admits MEMGOV_MPS_CLIENTS clients per GPU, 48 "
-                 "by default); those not yet running are started.",
+            "by default); those not yet running are started.",
         ),
     ] = 1,
 ) -> None:

@@ -95,17 +95,23 @@ def main(argv: list[str]) -> None:
         conn.connect(path)
     except OSError as exc:
         _fail(f"no zygote answers at {path} ({exc.strerror or exc}); the job did not start")
-    request = json.dumps({
-        "argv": command, "env": dict(os.environ), "cwd": os.getcwd(),
-        "cpus": sorted(os.sched_getaffinity(0)), "umask": _umask(),
-    }).encode()
+    request = json.dumps(
+        {
+            "argv": command,
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "umask": _umask(),
+        }
+    ).encode()
     message = struct.pack("!I", len(request)) + request
     try:
         sent = socket.send_fds(conn, [message], [0, 1, 2])
         conn.sendall(message[sent:])
     except OSError as exc:
-        _fail(f"the zygote at {path} took no request ({exc.strerror or exc}); "
-              "the job did not start")
+        _fail(
+            f"the zygote at {path} took no request ({exc.strerror or exc}); the job did not start"
+        )
     replies = conn.makefile("rb")
     while True:
         try:
@@ -139,8 +145,10 @@ def main(argv: list[str]) -> None:
         else:  # EOF: the zygote ended (killed) before it reported the job's end
             if _child:
                 _signal_job(_child[0], signal.SIGKILL)
-                _fail(f"the zygote ended while the job ran (pid {_child[0]}); the job was "
-                      "killed with it")
+                _fail(
+                    f"the zygote ended while the job ran (pid {_child[0]}); the job was "
+                    "killed with it"
+                )
             _fail("the zygote ended before it started the job; the job did not start")
 
 

@@ -214,8 +214,10 @@ class Zygote:
         for child in list(self.children.values()):
             if child.conn is not None:
                 with contextlib.suppress(OSError):
-                    child.conn.sendall(f"error {self.why} while the job ran (pid {child.pid}); "
-                                       "the job was killed\n".encode())
+                    child.conn.sendall(
+                        f"error {self.why} while the job ran (pid {child.pid}); "
+                        "the job was killed\n".encode()
+                    )
                 self._drop_conn(child)
             self._reap(child)
         self.listener.close()
@@ -245,8 +247,14 @@ def _read_request(conn: socket.socket) -> Request | None:
         raw = json.loads(data[4:].decode("utf-8"))
         if len(fds) != 3:
             raise ValueError("expected 3 descriptors")
-        return Request(list(raw["argv"]), dict(raw["env"]), str(raw["cwd"]),
-                       list(raw["cpus"]), int(raw["umask"]), fds)
+        return Request(
+            list(raw["argv"]),
+            dict(raw["env"]),
+            str(raw["cwd"]),
+            list(raw["cpus"]),
+            int(raw["umask"]),
+            fds,
+        )
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         _close_fds(fds)
         return None
@@ -282,8 +290,9 @@ def preload(framework: str) -> dict[str, Any]:
     try:
         importlib.import_module(framework)
     except Exception as exc:  # the jobs will say it themselves: they are spawned normally
-        status["spawn_reason"] = (f"the zygote could not import {framework} "
-                                  f"({type(exc).__name__}: {exc})")
+        status["spawn_reason"] = (
+            f"the zygote could not import {framework} ({type(exc).__name__}: {exc})"
+        )
         return status
     status["import_s"] = round(time.monotonic() - began, 3)
     try:  # the zygote reaps through pidfds (Linux >= 5.3)
@@ -293,6 +302,7 @@ def preload(framework: str) -> dict[str, Any]:
         return status
     # memgov's own start-up path of a governed job, so children share it too.
     from memgov import _autoenable, _claim  # noqa: F401
+
     status["threads_after_import"] = _task_count()
     status["thread_names"] = _thread_names()
     gc.collect()
@@ -302,7 +312,8 @@ def preload(framework: str) -> dict[str, Any]:
     if survivors > 1:
         status["spawn_reason"] = (
             f"{framework} leaves {survivors - 1} thread(s) running through fork "
-            f"({', '.join(names) or 'unnamed'}); forking a multi-threaded process is unsafe")
+            f"({', '.join(names) or 'unnamed'}); forking a multi-threaded process is unsafe"
+        )
     return status
 
 
@@ -337,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         status["forked"] = zygote.forked
         _write_status(args.status, status)
         return 0
-    return _forked.become_job(request.argv, request.env, request.cwd, request.cpus,
-                             request.umask, request.fds, startup)
+    return _forked.become_job(
+        request.argv, request.env, request.cwd, request.cpus, request.umask, request.fds, startup
+    )
 
 
 def _write_status(path: str, status: dict[str, Any]) -> None:

@@ -48,8 +48,19 @@ def record(name: str, peaks: list[int], **info: Any) -> list[dict[str, Any]]:
     if not peaks:
         return read(name)
     now = time.time()
-    runs = [{"peak": int(p), "end": "exit", "time": now, "claim": None, "sized": "pack",
-             "measure": "pack", "simulated": False, "pack": info} for p in peaks]
+    runs = [
+        {
+            "peak": int(p),
+            "end": "exit",
+            "time": now,
+            "claim": None,
+            "sized": "pack",
+            "measure": "pack",
+            "simulated": False,
+            "pack": info,
+        }
+        for p in peaks
+    ]
     profile = _profiles.record(name, name, runs, command=f"memgov pack ({name})")
     return [{**run, "bytes": run["peak"]} for run in profile.runs if run.get("peak")]
 

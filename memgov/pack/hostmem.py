@@ -71,10 +71,12 @@ class HostGate:
         trained = [uss for uss, training in jobs if training and uss]
         if learns and trained and max(trained) != self.per_job:
             self.per_job = max(trained)
-            self.source = (f"the largest host USS of this run's jobs past their first epoch "
-                           f"({len(trained)})")
-        growth = sum(max(0, self.per_job - (uss or 0)) for uss, training in jobs
-                     if not (learns and training))
+            self.source = (
+                f"the largest host USS of this run's jobs past their first epoch ({len(trained)})"
+            )
+        growth = sum(
+            max(0, self.per_job - (uss or 0)) for uss, training in jobs if not (learns and training)
+        )
         available = psutil.virtual_memory().available
         return available - growth - self.reserve >= self.per_job
 
@@ -95,17 +97,23 @@ class HostGate:
     def refusal(self) -> str:
         import psutil
 
-        return (f"not started: host memory. One job needs ~{format_size(self.per_job)} "
-                f"({self.source}); {format_size(psutil.virtual_memory().available)} available, "
-                f"{format_size(self.reserve)} kept free, and no job of this run was left to "
-                "finish. Free host memory, or pass a smaller --host-per-job if the estimate "
-                "is too high")
+        return (
+            f"not started: host memory. One job needs ~{format_size(self.per_job)} "
+            f"({self.source}); {format_size(psutil.virtual_memory().available)} available, "
+            f"{format_size(self.reserve)} kept free, and no job of this run was left to "
+            "finish. Free host memory, or pass a smaller --host-per-job if the estimate "
+            "is too high"
+        )
 
     def summary(self) -> dict[str, Any]:
-        return {"per_job_mib": round(self.per_job / 2**20, 1), "source": self.source,
-                "reserve_mib": round(self.reserve / 2**20, 1),
-                "jobs_that_waited": len(self.deferred), "refused": self.refused,
-                "most_running": self.most_running}
+        return {
+            "per_job_mib": round(self.per_job / 2**20, 1),
+            "source": self.source,
+            "reserve_mib": round(self.reserve / 2**20, 1),
+            "jobs_that_waited": len(self.deferred),
+            "refused": self.refused,
+            "most_running": self.most_running,
+        }
 
 
 def gate(setting: str | None, recorded: list[int], total: int) -> HostGate | None:

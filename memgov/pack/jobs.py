@@ -22,8 +22,18 @@ from typing import IO, Any
 
 from memgov.pack.runners import Runner
 
-REASONS = ("oom", "cuda_error", "contexts", "mps_clients", "budget_refused", "host_memory",
-           "killed", "timeout", "interrupted", "error")
+REASONS = (
+    "oom",
+    "cuda_error",
+    "contexts",
+    "mps_clients",
+    "budget_refused",
+    "host_memory",
+    "killed",
+    "timeout",
+    "interrupted",
+    "error",
+)
 """Why a job failed: out of memory, another CUDA error, the GPU created no more CUDA contexts
 (CUDA's "out of memory" before the job started, or the ledger's context limit), its MPS server
 took no more clients, its claim was refused, the host had no memory for it (never started, see
@@ -61,7 +71,8 @@ class Job:
     garbage: int = 0
     """stdout lines that were not JSON reports."""
     tail: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+        default_factory=lambda: collections.deque(maxlen=TAIL_LINES)
+    )
     log: Path | None = None
     refusal: str | None = None
     """Why pack did not start it (host memory), in words."""
@@ -70,11 +81,19 @@ class Job:
     def running(self) -> bool:
         return self.proc is not None and self.ended is None
 
-    def start(self, runner: Runner, cwd: Path, base_env: dict[str, str], log_dir: Path,
-              inbox: queue.Queue[tuple[str, str, dict[str, Any]]], t0: float,
-              cpus: set[int] | None = None) -> None:
+    def start(
+        self,
+        runner: Runner,
+        cwd: Path,
+        base_env: dict[str, str],
+        log_dir: Path,
+        inbox: queue.Queue[tuple[str, str, dict[str, Any]]],
+        t0: float,
+        cpus: set[int] | None = None,
+    ) -> None:
         argv, env, self.container = runner.launch(
-            self.spec.argv, self.spec.env, cwd, self.spec.label, base_env)
+            self.spec.argv, self.spec.env, cwd, self.spec.label, base_env
+        )
         self.log = log_dir / f"{self.spec.label}.stderr"
         err = open(self.log, "wb")  # noqa: SIM115 (closed by the stderr pump)
 
@@ -84,8 +103,13 @@ class Job:
 
         try:
             self.proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True,
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
                 preexec_fn=pin if cpus else None,
             )
         except OSError:
@@ -93,10 +117,12 @@ class Job:
             raise
         self.started = time.monotonic() - t0
         label = self.spec.label
-        threading.Thread(target=self._pump_err, args=(err,), daemon=True,
-                         name=f"{label}-stderr").start()
-        threading.Thread(target=self._pump_out, args=(inbox, t0), daemon=True,
-                         name=f"{label}-stdout").start()
+        threading.Thread(
+            target=self._pump_err, args=(err,), daemon=True, name=f"{label}-stderr"
+        ).start()
+        threading.Thread(
+            target=self._pump_out, args=(inbox, t0), daemon=True, name=f"{label}-stdout"
+        ).start()
 
     def _pump_out(self, inbox: queue.Queue[tuple[str, str, dict[str, Any]]], t0: float) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -155,8 +181,13 @@ class Job:
         return ("ok" if reason is None else "failed"), reason, detail, code, sig
 
 
-def classify(events: list[dict[str, Any]], code: int | None, sig: int | None, tail: list[str],
-             stopped_by: str | None) -> tuple[str | None, str | None]:
+def classify(
+    events: list[dict[str, Any]],
+    code: int | None,
+    sig: int | None,
+    tail: list[str],
+    stopped_by: str | None,
+) -> tuple[str | None, str | None]:
     """(reason, detail) for a finished job; (None, None) when it succeeded."""
     error = next((e for e in events if e.get("event") == "error"), None)
     done = any(e.get("event") == "done" for e in events)
@@ -172,12 +203,16 @@ def classify(events: list[dict[str, Any]], code: int | None, sig: int | None, ta
                 return "contexts", message
             return "budget_refused", message
         if not started and CONTEXT_WALL in full.lower():
-            return "contexts", (f"no CUDA context at start-up (the GPU's context limit: "
-                                f"{message}); run fewer jobs at once (--parallel) or use MPS")
+            return "contexts", (
+                f"no CUDA context at start-up (the GPU's context limit: "
+                f"{message}); run fewer jobs at once (--parallel) or use MPS"
+            )
         if not started and MPS_FULL in full.lower():
-            return "mps_clients", (f"the MPS server admitted no more clients ({message}); run "
-                                   "fewer jobs at once (--parallel) or more daemons "
-                                   "(--mps-daemons)")
+            return "mps_clients", (
+                f"the MPS server admitted no more clients ({message}); run "
+                "fewer jobs at once (--parallel) or more daemons "
+                "(--mps-daemons)"
+            )
         kind = error.get("kind")
         if kind == "oom":
             return "oom", message

@@ -69,8 +69,12 @@ class Sampler:
         self.errors: list[str] = []
 
     # -- registration (main thread) ------------------------------------------------------------
-    def track(self, key: str, root: Callable[[], int | None],
-              members: Callable[[int], list[int] | None] | None = None) -> None:
+    def track(
+        self,
+        key: str,
+        root: Callable[[], int | None],
+        members: Callable[[int], list[int] | None] | None = None,
+    ) -> None:
         """``root`` finds the job's first host process; ``members`` (optional) lists all of
         the job's host processes from it (a container's cgroup), else its tree is walked."""
         with self._lock:
@@ -223,5 +227,8 @@ class Sampler:
                 job.mps_daemon = entry.extra.get("mps_daemon")
 
     def summary(self) -> dict[str, Any]:
-        return {"samples": self.samples, "host_every_s": round(self.slow_s, 2),
-                "errors": list(self.errors)}
+        return {
+            "samples": self.samples,
+            "host_every_s": round(self.slow_s, 2),
+            "errors": list(self.errors),
+        }

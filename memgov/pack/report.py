@@ -14,18 +14,44 @@ from typing import Any
 PLOTS_INSTALL = "pip install 'memgov-gpu[plots]'"
 
 CSV_COLUMNS = (
-    "run", "role", "n", "mode", "mps", "index", "label", "status", "reason", "exit_code",
-    "signal", "rogue_mib", "footprint_mib", "claim_mib", "claim_mode", "rss_mib", "uss_mib",
-    "epochs_done", "epoch_s", "steady_epoch_s", "samples", "samples_per_s", "test_acc",
-    "peak_allocator_mib", "started_s", "ended_s", "detail",
+    "run",
+    "role",
+    "n",
+    "mode",
+    "mps",
+    "index",
+    "label",
+    "status",
+    "reason",
+    "exit_code",
+    "signal",
+    "rogue_mib",
+    "footprint_mib",
+    "claim_mib",
+    "claim_mode",
+    "rss_mib",
+    "uss_mib",
+    "epochs_done",
+    "epoch_s",
+    "steady_epoch_s",
+    "samples",
+    "samples_per_s",
+    "test_acc",
+    "peak_allocator_mib",
+    "started_s",
+    "ended_s",
+    "detail",
 )
 
 
 def write(report: dict[str, Any], out: Path) -> None:
     """Write plot.png, report.csv and report.json (last, so it names what was written)."""
     out.mkdir(parents=True, exist_ok=True)
-    report["files"] = {"json": str(out / "report.json"), "csv": str(out / "report.csv"),
-                       "plot": None}
+    report["files"] = {
+        "json": str(out / "report.json"),
+        "csv": str(out / "report.csv"),
+        "plot": None,
+    }
     try:
         import matplotlib  # noqa: F401
     except ImportError:  # an optional extra: say how to get it, once, instead of a traceback
@@ -57,8 +83,14 @@ def _csv(report: dict[str, Any]) -> str:
     writer.writeheader()
     for run in report["runs"]:
         for job in run["jobs"]:
-            row = {**job, "run": run["label"], "role": run["role"], "n": run["n"],
-                   "mode": run["mode"], "mps": run["mps"]}
+            row = {
+                **job,
+                "run": run["label"],
+                "role": run["role"],
+                "n": run["n"],
+                "mode": run["mode"],
+                "mps": run["mps"],
+            }
             row["epoch_s"] = ";".join(f"{s:g}" for s in job["epoch_s"])
             writer.writerow(row)
     return buffer.getvalue()
@@ -82,39 +114,59 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def _title(report: dict[str, Any]) -> str:
     where = report["device"]["name"] if report.get("device") else "CPU"
-    return (f"memgov pack: {report['experiment']} / {report['framework']} / {report['mode']} "
-            f"on {where}")
+    return (
+        f"memgov pack: {report['experiment']} / {report['framework']} / {report['mode']} on {where}"
+    )
 
 
 def _runs_figure(plt: Any, report: dict[str, Any], runs: list[dict[str, Any]]) -> Any:
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True,
-                                      constrained_layout=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, constrained_layout=True)
     fig.suptitle(_title(report))
     colors = {"baseline": "tab:gray", "main": "tab:blue", "solo": "tab:green"}
     width = 0.8 / max(1, len(runs))
     gpu = any(j["footprint_mib"] is not None for r in runs for j in r["jobs"])
-    key, label = ("footprint_mib", "peak footprint, MiB (NVML)") if gpu else \
-        ("uss_mib", "host USS, MiB (CPU pack: no GPU footprint)")
+    key, label = (
+        ("footprint_mib", "peak footprint, MiB (NVML)")
+        if gpu
+        else ("uss_mib", "host USS, MiB (CPU pack: no GPU footprint)")
+    )
     for k, run in enumerate(runs):
         xs = [j["index"] + (k - (len(runs) - 1) / 2) * width for j in run["jobs"]]
         name = f"{run['label']} ({run['mode']}{', MPS' if run['mps'] else ''})"
         color = colors.get(run["role"])
         top.bar(xs, [j[key] or 0 for j in run["jobs"]], width=width, color=color, label=name)
         if run.get("claim_mib") and gpu:
-            top.axhline(run["claim_mib"], color=color, linestyle="--", linewidth=1,
-                        label=f"claim {run['claim_mib']:g} MiB")
+            top.axhline(
+                run["claim_mib"],
+                color=color,
+                linestyle="--",
+                linewidth=1,
+                label=f"claim {run['claim_mib']:g} MiB",
+            )
         for j, x in zip(run["jobs"], xs, strict=True):
             bottom.scatter([x] * len(j["epoch_s"]), j["epoch_s"], s=12, color=color)
             if j["status"] != "ok":
                 y = max(j["epoch_s"], default=0)
                 bottom.scatter([x], [y], marker="x", s=60, color="tab:red")
-                bottom.annotate(j["reason"] or "failed", (x, y), fontsize=7, color="tab:red",
-                                rotation=60, xytext=(2, 4), textcoords="offset points")
+                bottom.annotate(
+                    j["reason"] or "failed",
+                    (x, y),
+                    fontsize=7,
+                    color="tab:red",
+                    rotation=60,
+                    xytext=(2, 4),
+                    textcoords="offset points",
+                )
         bottom.scatter([], [], s=12, color=color, label=f"{name}: every epoch")
     solo = report.get("solo")
     if solo and solo["jobs"] and solo["jobs"][0]["steady_epoch_s"]:
-        bottom.axhline(solo["jobs"][0]["steady_epoch_s"], color="tab:green", linestyle="--",
-                       linewidth=1, label="one job alone (steady epoch)")
+        bottom.axhline(
+            solo["jobs"][0]["steady_epoch_s"],
+            color="tab:green",
+            linestyle="--",
+            linewidth=1,
+            label="one job alone (steady epoch)",
+        )
     from matplotlib.ticker import MaxNLocator
 
     for ax in (top, bottom):
@@ -166,8 +218,9 @@ def table(report: dict[str, Any]) -> Any:
     t = Table(title=_title(report), title_justify="left")
     t.add_column("")
     for run in runs:
-        t.add_column(f"{run['label']}\n{run['mode']}{' +MPS' if run['mps'] else ''}",
-                     justify="right")
+        t.add_column(
+            f"{run['label']}\n{run['mode']}{' +MPS' if run['mps'] else ''}", justify="right"
+        )
     rows: list[tuple[str, Any]] = [
         ("jobs", lambda r: str(r["n"])),
         ("ok", lambda r: str(r["ok"])),

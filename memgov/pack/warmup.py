@@ -65,9 +65,11 @@ def cache_folder(choice: str, framework: str, out: Path) -> tuple[Path | None, s
         own = os.environ.get("JAX_COMPILATION_CACHE_DIR", "").strip()
         if own:
             return _checked(Path(own), "JAX_COMPILATION_CACHE_DIR"), (
-                "JAX_COMPILATION_CACHE_DIR from pack's environment")
+                "JAX_COMPILATION_CACHE_DIR from pack's environment"
+            )
         return _checked(out / "compile-cache", "--compile-cache auto"), (
-            "--compile-cache auto: a new folder in the report folder")
+            "--compile-cache auto: a new folder in the report folder"
+        )
     return _checked(Path(text).expanduser(), "--compile-cache"), f"--compile-cache {text}"
 
 
@@ -77,15 +79,18 @@ def _checked(folder: Path, what: str) -> Path:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = folder.stat()
     except OSError as exc:
-        raise ConfigError(f"{what} {folder}: cannot create the cache folder "
-                          f"({exc.strerror or exc}); accepted {CHOICES}") from None
+        raise ConfigError(
+            f"{what} {folder}: cannot create the cache folder "
+            f"({exc.strerror or exc}); accepted {CHOICES}"
+        ) from None
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigError(f"{what} {folder}: not a folder; accepted {CHOICES}")
     if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         # JAX runs what it finds there: a folder others can write is code others can run.
         raise ConfigError(
             f"{what} {folder}: the folder must be yours and writable by you alone (JAX runs the "
-            f"programs it finds in its compilation cache); accepted {CHOICES}")
+            f"programs it finds in its compilation cache); accepted {CHOICES}"
+        )
     return folder.resolve()
 
 
@@ -99,8 +104,14 @@ def cache_env(folder: Path) -> dict[str, str]:
     }
 
 
-def warm_up(spec: JobSpec, runner: Runner, cwd: Path, base_env: dict[str, str],
-            log_dir: Path, timeout: float | None) -> dict[str, Any]:
+def warm_up(
+    spec: JobSpec,
+    runner: Runner,
+    cwd: Path,
+    base_env: dict[str, str],
+    log_dir: Path,
+    timeout: float | None,
+) -> dict[str, Any]:
     """Run ``spec`` until its ``start`` report (or its end, or ``timeout``), then stop it.
 
     Returns what happened: ``status`` (``warm``: it reported start; ``ended``: it ended first;

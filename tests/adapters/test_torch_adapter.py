@@ -58,7 +58,8 @@ def test_claim_then_import_torch_does_not_initialise_cuda(tmp_path) -> None:
         "print(torch.cuda.is_initialized(), c.reports.get('torch'))"
     )
     env = {"MEMGOV_DIR": str(tmp_path), "MEMGOV_DEVICES": "sim0:16GiB", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split()[0] == "False"
     assert "torch:" in out.stdout

@@ -96,8 +96,10 @@ def test_auto_without_scheduler_budget_is_a_first_run_then_the_profile(env, py):
     env["MEMGOV_CLAIM"] = "auto"
     result = py("import jax\n" + REPORT, env)
     assert report(result) == {"bytes": 4 * GIB, "mode": "claim", "claims": 1}
-    assert any(line.startswith("memgov: auto: 4.00 GiB = first run of python-c")
-               for line in memgov_lines(result.stderr))
+    assert any(
+        line.startswith("memgov: auto: 4.00 GiB = first run of python-c")
+        for line in memgov_lines(result.stderr)
+    )
     again = py("import jax\n" + REPORT, env)
     assert report(again)["bytes"] < 4 * GIB
     assert any("run of python-c + 10 % + 64 MiB" in line for line in memgov_lines(again.stderr))
@@ -239,25 +241,40 @@ def test_a_slow_admission_says_where_its_time_went(env: dict[str, str]) -> None:
     # queued for it (MEMGOV_WAIT); that process then prints its admission line, which quick
     # claims do not.
     queue = Path(env["MEMGOV_DIR"]) / "v1" / "sim0" / "queue"
-    code = ("import memgov, pathlib, time; c = memgov.claim('16GiB'); print('held', flush=True)\n"
-            f"q = pathlib.Path({str(queue)!r})\n"
-            "while not any(q.glob('*.json')): time.sleep(0.02)\n"
-            "time.sleep(0.7); c.release()")
-    holder = subprocess.Popen([sys.executable, "-c", code], env={**env, "MEMGOV_RESERVE": "0"},
-                              stdout=subprocess.PIPE, text=True)
+    code = (
+        "import memgov, pathlib, time; c = memgov.claim('16GiB'); print('held', flush=True)\n"
+        f"q = pathlib.Path({str(queue)!r})\n"
+        "while not any(q.glob('*.json')): time.sleep(0.02)\n"
+        "time.sleep(0.7); c.release()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**env, "MEMGOV_RESERVE": "0"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         started = time.monotonic()
         waited = subprocess.run(
-            [sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=180,
-            env={**env, "MEMGOV_RESERVE": "0", "MEMGOV_CLAIM": "8GiB", "MEMGOV_WAIT": "60"})
+            [sys.executable, "-c", "import torch"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**env, "MEMGOV_RESERVE": "0", "MEMGOV_CLAIM": "8GiB", "MEMGOV_WAIT": "60"},
+        )
         assert waited.returncode == 0, waited.stderr
         assert time.monotonic() - started >= 0.7
         lines = [x for x in waited.stderr.splitlines() if x.startswith("memgov: admission: ")]
         assert len(lines) == 1 and "look(s) under the admission lock" in lines[0], waited.stderr
     finally:
         holder.wait(timeout=60)
-    quick = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True,
-                           timeout=180, env={**env, "MEMGOV_CLAIM": "1GiB"})
+    quick = subprocess.run(
+        [sys.executable, "-c", "import torch"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**env, "MEMGOV_CLAIM": "1GiB"},
+    )
     assert quick.returncode == 0 and "memgov: claim" in quick.stderr, quick.stderr
     assert "memgov: admission:" not in quick.stderr

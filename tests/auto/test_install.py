@@ -94,18 +94,27 @@ def lend_third_party(fresh: Path) -> None:
 def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
     wheels = tmp_path / "wheels"
     pip_run = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    built = subprocess.run([*pip_run, "wheel", "--no-deps", "-w", str(wheels), str(REPO)],
-                           capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [*pip_run, "wheel", "--no-deps", "-w", str(wheels), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("memgov_gpu-*.whl")
     fresh = tmp_path / "fresh"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True, timeout=120
+    )
     lend_third_party(fresh)
     python = fresh / "bin" / "python"
     # pip of this venv, installing into the fresh one (the fresh venv has no pip of its own).
-    installed = subprocess.run([*pip_run, "--python", str(python), "install", str(wheel)],
-                               capture_output=True, text=True, timeout=300)
+    installed = subprocess.run(
+        [*pip_run, "--python", str(python), "install", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr[-3000:]
 
     work = tmp_path / "elsewhere"  # outside the checkout: no experiments/ folder to find
@@ -114,8 +123,9 @@ def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
     env.update(MEMGOV_DIR=str(tmp_path / "ledger"), PATH=f"{fresh / 'bin'}:{env['PATH']}")
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=240, cwd=work,
-                              env=env)
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=240, cwd=work, env=env
+        )
 
     where = run(str(python), "-c", "import memgov, memgov.pack; print(memgov.__file__)")
     assert where.returncode == 0, where.stderr
@@ -133,9 +143,26 @@ def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
         assert listed.returncode == 0 and '"devices"' in listed.stdout, listed.stderr
 
     out = tmp_path / "report"
-    packed = run(memgov, "pack", "--device", "cpu", "--n", "2", "--epochs", "1", "--no-solo",
-                 "--no-progress", "--out", str(out), "mnist",
-                 "--", "--limit", "256", "--eval-limit", "64")
+    packed = run(
+        memgov,
+        "pack",
+        "--device",
+        "cpu",
+        "--n",
+        "2",
+        "--epochs",
+        "1",
+        "--no-solo",
+        "--no-progress",
+        "--out",
+        str(out),
+        "mnist",
+        "--",
+        "--limit",
+        "256",
+        "--eval-limit",
+        "64",
+    )
     assert packed.returncode == 0, packed.stdout + packed.stderr
     report = json.loads((out / "report.json").read_text())
     bundled = site_packages(fresh) / "memgov" / "experiments" / "mnist" / "experiment.toml"
@@ -146,9 +173,28 @@ def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
     # --runner preload from the wheel: its zygote and launcher modules ship, and the forked
     # trainers (which never import memgov) are governed as spawned ones are.
     out = tmp_path / "report-preload"
-    packed = run(memgov, "pack", "--device", "cpu", "--n", "2", "--epochs", "1", "--no-solo",
-                 "--no-progress", "--runner", "preload", "--out", str(out), "mnist",
-                 "--", "--limit", "256", "--eval-limit", "64")
+    packed = run(
+        memgov,
+        "pack",
+        "--device",
+        "cpu",
+        "--n",
+        "2",
+        "--epochs",
+        "1",
+        "--no-solo",
+        "--no-progress",
+        "--runner",
+        "preload",
+        "--out",
+        str(out),
+        "mnist",
+        "--",
+        "--limit",
+        "256",
+        "--eval-limit",
+        "64",
+    )
     assert packed.returncode == 0, packed.stdout + packed.stderr
     report = json.loads((out / "report.json").read_text())
     assert [j["status"] for j in report["jobs"]] == ["ok", "ok"]
@@ -174,10 +220,13 @@ def test_docker_build_context_has_every_file_the_build_reads():
 def test_ci_runs_exactly_the_readmes_set_up_and_test_commands():
     """The README's two commands, the test one with --host-changes, which the README shows."""
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Set up and test"):]
+    section = readme[readme.index("## Set up and test") :]
     blocks = [b.split("```")[0].strip() for b in section.split("```bash\n")[1:3]]
     set_up, test = blocks[0].splitlines()
     ci_test = blocks[1].split("#")[0].strip()
-    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
-          if line and not line.startswith(("#", "set ", "cd "))]
+    ci = [
+        line
+        for line in (REPO / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
     assert ci == [set_up, ci_test] and ci_test == f"{test} --host-changes"

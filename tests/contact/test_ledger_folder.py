@@ -33,12 +33,16 @@ def test_status_gc_doctor_create_no_folder(env, tmp_path):
     # gc run by root is the admin set-up of a shared ledger and makes the folders (tests/hostile)
     reads = (["status"], ["status", "--json"], ["devices"], ["doctor"])
     for argv in reads if os.geteuid() == 0 else (*reads, ["gc"]):
-        result = subprocess.run([*MEMGOV, *argv], env=env, capture_output=True, text=True,
-                                timeout=60)
+        result = subprocess.run(
+            [*MEMGOV, *argv], env=env, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, (argv, result.stderr)
         assert not (tmp_path / "not-yet").exists(), argv
-    data = json.loads(subprocess.run([*MEMGOV, "status", "--json"], env=env,
-                                     capture_output=True, text=True, timeout=60).stdout)
+    data = json.loads(
+        subprocess.run(
+            [*MEMGOV, "status", "--json"], env=env, capture_output=True, text=True, timeout=60
+        ).stdout
+    )
     assert [(d["uuid"], d["claimed"], d["free"], d["claims"]) for d in data["devices"]] == [
         ("sim0", 0, 16 * GIB, [])
     ]
@@ -46,10 +50,12 @@ def test_status_gc_doctor_create_no_folder(env, tmp_path):
 
 def test_status_after_a_claim_still_shows_it(env, py, tmp_path: Path):
     env["MEMGOV_CLAIM"] = "1GiB"
-    code = ("import subprocess, sys, json, torch\n"
-            "print(subprocess.run([sys.executable, '-m', 'memgov', 'status', '--json'], "
-            "capture_output=True, text=True).stdout)")
+    code = (
+        "import subprocess, sys, json, torch\n"
+        "print(subprocess.run([sys.executable, '-m', 'memgov', 'status', '--json'], "
+        "capture_output=True, text=True).stdout)"
+    )
     result = py(code, env)
     assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout[result.stdout.index("{"):])
+    data = json.loads(result.stdout[result.stdout.index("{") :])
     assert data["devices"][0]["claimed"] == GIB

@@ -34,8 +34,7 @@ def _lock_free(path: Path) -> bool:
         os.close(fd)
 
 
-def test_nvml_is_read_outside_the_admission_lock(sim: str, monkeypatch: pytest.MonkeyPatch
-                                                 ) -> None:
+def test_nvml_is_read_outside_the_admission_lock(sim: str, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = replace(_devices.candidates(None)[0], simulated=False)
     lock = _ledger.DeviceLedger(fake).path / "admission.lock"
     seen: list[tuple[str, bool]] = []

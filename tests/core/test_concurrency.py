@@ -98,8 +98,21 @@ def test_no_deadlock_and_no_over_commit_under_churn(
     sizes = ["2GiB", "4GiB", "8GiB", "12GiB", "16GiB"]
     devices = ["auto", "0", "1"]
     for i in range(10):
-        children.append(Child([sizes[i % len(sizes)], "--device", devices[i % len(devices)],
-                               "--wait", "60", "--hold", "0.02", "--cycles", "5"]))
+        children.append(
+            Child(
+                [
+                    sizes[i % len(sizes)],
+                    "--device",
+                    devices[i % len(devices)],
+                    "--wait",
+                    "60",
+                    "--hold",
+                    "0.02",
+                    "--cycles",
+                    "5",
+                ]
+            )
+        )
     try:
         for child in children:
             code = child.proc.wait(timeout=90)

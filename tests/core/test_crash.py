@@ -47,8 +47,9 @@ def test_sigkilled_holder_frees_its_budget_at_once(children: list[Child]) -> Non
 @pytest.mark.skipif(os.geteuid() != 0, reason="unshare --pid needs root (CAP_SYS_ADMIN)")
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")
 def test_sigkilled_holder_in_its_own_pid_namespace(children: list[Child]) -> None:
-    holder = Child(["64GiB", "--hold", "forever"],
-                   prefix=["unshare", "--pid", "--fork", "--mount-proc"])
+    holder = Child(
+        ["64GiB", "--hold", "forever"], prefix=["unshare", "--pid", "--fork", "--mount-proc"]
+    )
     children.append(holder)
     got = holder.expect("admitted")
     assert got["pid"] == 1 and got["pidns"] != pidns_of()  # it is init of a new namespace
@@ -124,8 +125,9 @@ def test_killed_waiter_does_not_block_the_queue(children: list[Child]) -> None:
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "MEMGOV_HOLDER"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_exit_without_release_removes_the_record() -> None:

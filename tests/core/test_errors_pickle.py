@@ -23,8 +23,9 @@ SAMPLES = [
     _errors.NoDeviceError("no gpu"),
     _errors.ProfileError("not a profile"),
     _errors.QueueError("not a queue job"),
-    _errors.BudgetExceeded("does not fit", device="sim0", requested=5, free=3,
-                           holders=[("a", 2)], queued_ahead=1),
+    _errors.BudgetExceeded(
+        "does not fit", device="sim0", requested=5, free=3, holders=[("a", 2)], queued_ahead=1
+    ),
     MpsError("no daemon"),
     ManifestError("bad manifest"),
     RunnerError("no docker"),
@@ -60,4 +61,7 @@ def test_a_real_refusal_pickles(monkeypatch: pytest.MonkeyPatch) -> None:
         memgov.claim("2GiB")
     back = pickle.loads(pickle.dumps(refused.value))
     assert (back.free, back.requested, back.holders) == (
-        refused.value.free, refused.value.requested, refused.value.holders)
+        refused.value.free,
+        refused.value.requested,
+        refused.value.holders,
+    )

@@ -253,18 +253,43 @@ def test_barrier_holds_jobs_until_all_are_ready(tmp_path: Path, env: dict[str, s
     """Two trainers with --barrier-n 2: the first waits for the second before its first epoch;
     alone (--barrier-n 3, one never comes) a job goes on after --barrier-timeout."""
     script = SCRIPTS["torch"]
-    base = [sys.executable, script, "--epochs", "1", "--limit", "64", "--batch", "32",
-            "--device", "cpu", "--no-eval", "--barrier", str(tmp_path / "b")]
-    first = subprocess.Popen([*base, "--barrier-n", "2"], cwd=MNIST, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = [
+        sys.executable,
+        script,
+        "--epochs",
+        "1",
+        "--limit",
+        "64",
+        "--batch",
+        "32",
+        "--device",
+        "cpu",
+        "--no-eval",
+        "--barrier",
+        str(tmp_path / "b"),
+    ]
+    first = subprocess.Popen(
+        [*base, "--barrier-n", "2"],
+        cwd=MNIST,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert first.stdout is not None
         start = json.loads(first.stdout.readline())
         assert start["event"] == "start"
         time.sleep(1.0)
         assert first.poll() is None  # waiting at the barrier, not training
-        second = subprocess.run([*base, "--barrier-n", "2"], cwd=MNIST, env=env,
-                                capture_output=True, text=True, timeout=180)
+        second = subprocess.run(
+            [*base, "--barrier-n", "2"],
+            cwd=MNIST,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         out, _ = first.communicate(timeout=180)
     finally:
         if first.poll() is None:
@@ -274,9 +299,14 @@ def test_barrier_holds_jobs_until_all_are_ready(tmp_path: Path, env: dict[str, s
         assert (barrier["seen"], barrier["wanted"]) == (2, 2)
     waited = next(e for e in _events(out) if e["event"] == "barrier")["waited_s"]
     assert waited >= 1.0  # the first job waited for the second one's start-up
-    alone = subprocess.run([*base[:-1], str(tmp_path / "c"), "--barrier-n", "2",
-                            "--barrier-timeout", "0.5"], cwd=MNIST, env=env,
-                           capture_output=True, text=True, timeout=180)
+    alone = subprocess.run(
+        [*base[:-1], str(tmp_path / "c"), "--barrier-n", "2", "--barrier-timeout", "0.5"],
+        cwd=MNIST,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert alone.returncode == 0, alone.stderr[-2000:]
     barrier = next(e for e in _events(alone.stdout) if e["event"] == "barrier")
     assert barrier["seen"] == 1 and barrier["waited_s"] >= 0.5

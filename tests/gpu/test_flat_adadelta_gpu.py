@@ -30,10 +30,16 @@ def test_fused_update_matches_torch_adadelta(monkeypatch: pytest.MonkeyPatch) ->
     import flat_adadelta
 
     torch.manual_seed(5)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 32, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-        torch.nn.Linear(32 * 26 * 26, 10),
-    ).cuda().to(memory_format=torch.channels_last)
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Conv2d(1, 32, 3),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32 * 26 * 26, 10),
+        )
+        .cuda()
+        .to(memory_format=torch.channels_last)
+    )
     twin = copy.deepcopy(model)
     mine, theirs = list(model.parameters()), list(twin.parameters())
     flat = flat_adadelta.FlatAdadelta(torch, mine, lr=1.0, rho=0.95, eps=1e-7)
@@ -60,8 +66,19 @@ def test_the_trainer_learns_with_the_fused_update(flags: list[str]) -> None:
     import json
     import subprocess
 
-    cmd = [sys.executable, "train_torch.py", "--device", "gpu", "--epochs", "2", "--limit",
-           "6400", "--eval-limit", "1000", *flags]
+    cmd = [
+        sys.executable,
+        "train_torch.py",
+        "--device",
+        "gpu",
+        "--epochs",
+        "2",
+        "--limit",
+        "6400",
+        "--eval-limit",
+        "1000",
+        *flags,
+    ]
     done = subprocess.run(cmd, cwd=MNIST, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     events = [json.loads(line) for line in done.stdout.splitlines()]

@@ -50,20 +50,31 @@ with _mps.daemon():
 
 def mps_processes() -> set[int]:
     # Process names are cut to 15 characters by the kernel: "nvidia-cuda-mps" is both.
-    return {p.pid for p in psutil.process_iter(["name"])
-            if str(p.info["name"] or "").startswith("nvidia-cuda-mps")}
+    return {
+        p.pid
+        for p in psutil.process_iter(["name"])
+        if str(p.info["name"] or "").startswith("nvidia-cuda-mps")
+    }
 
 
 def env_for(ledger: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("CUDA_MPS_") and k not in ("MEMGOV_DEVICES", "CUDA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CUDA_MPS_") and k not in ("MEMGOV_DEVICES", "CUDA_VISIBLE_DEVICES")
+    }
     env["MEMGOV_DIR"] = str(ledger)
     return env
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memgov.cli", "mps", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "memgov.cli", "mps", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def gone(before: set[int], timeout: float = 5.0) -> set[int]:
@@ -80,8 +91,9 @@ def test_mps_stop_leaves_no_daemon_or_server(private_ledger: Path) -> None:
     started = cli("start", "--json", env=env)
     try:
         assert started.returncode == 0, started.stderr
-        client = subprocess.run([sys.executable, "-c", CLIENT], env=env, capture_output=True,
-                                text=True, timeout=120)
+        client = subprocess.run(
+            [sys.executable, "-c", CLIENT], env=env, capture_output=True, text=True, timeout=120
+        )
         assert client.stdout.split() == ["hard"], client.stderr[-2000:]
         status = json.loads(cli("status", "--json", env=env).stdout)
         assert status["running"] and status["started_by_memgov"]
@@ -97,8 +109,13 @@ def test_mps_stop_leaves_no_daemon_or_server(private_ledger: Path) -> None:
 def test_daemon_context_stops_on_signal(private_ledger: Path, sig: signal.Signals) -> None:
     env = env_for(private_ledger)
     before = mps_processes()
-    ctx = subprocess.Popen([sys.executable, "-c", CONTEXT], env=env, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ctx = subprocess.Popen(
+        [sys.executable, "-c", CONTEXT],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert ctx.stdout is not None and ctx.stdout.readline().strip() == "up"
         assert mps_processes() - before, "no MPS daemon came up"
@@ -145,14 +162,20 @@ def test_a_real_server_is_under_its_daemon_so_claims_need_not_ask(private_ledger
     started = cli("start", "--json", env=env)
     try:
         assert started.returncode == 0, started.stderr
-        client = subprocess.Popen([sys.executable, "-c", HOLD], env=env, text=True,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        client = subprocess.Popen(
+            [sys.executable, "-c", HOLD],
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         try:
             assert client.stdout is not None and client.stdout.readline().split() == ["hard"]
             pipe = _mps.paths(0).pipe  # MEMGOV_DIR is private_ledger here too
             daemon = psutil.Process(int((pipe / "nvidia-cuda-mps-control.pid").read_text()))
-            servers = [c for c in daemon.children(recursive=True)
-                       if c.name().startswith("nvidia-cuda-mps")]
+            servers = [
+                c for c in daemon.children(recursive=True) if c.name().startswith("nvidia-cuda-mps")
+            ]
             assert servers, [c.name() for c in daemon.children(recursive=True)]
             assert all(s.uids().real == os.getuid() for s in servers)
             assert _mpsctl.servers_all_ours([pipe])

@@ -20,8 +20,11 @@ def main() -> None:
     become(int(uid))
     if action == "gc":
         snap = _status.snapshots(clean=True)[0]
-        print(json.dumps({"removed": snap.removed, "problems": snap.problems,
-                          "claimed": snap.claimed}))
+        print(
+            json.dumps(
+                {"removed": snap.removed, "problems": snap.problems, "claimed": snap.claimed}
+            )
+        )
     elif action == "unlink":
         try:
             os.unlink(args[0])

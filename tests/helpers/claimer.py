@@ -85,8 +85,14 @@ def main() -> int:
             say("error", type=type(exc).__name__, message=str(exc))
             return 4
         with claim:
-            say("admitted", record=claim.record, device=claim.device, pid=os.getpid(),
-                pidns=pidns_of(), bytes=claim.bytes)
+            say(
+                "admitted",
+                record=claim.record,
+                device=claim.device,
+                pid=os.getpid(),
+                pidns=pidns_of(),
+                bytes=claim.bytes,
+            )
             if args.fork:
                 child = os.fork()
                 if child == 0:

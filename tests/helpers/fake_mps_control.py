@@ -53,8 +53,7 @@ def serve() -> None:
                 answer = clients.read_text() if clients.exists() else ""
             elif command.startswith("spawn_child"):  # tests only: a "server" as user UID
                 uid = int(command.split()[1])
-                code = (f"import os, time; os.setgid({uid}); os.setuid({uid}); "
-                        "time.sleep(120)")
+                code = f"import os, time; os.setgid({uid}); os.setuid({uid}); time.sleep(120)"
                 child = subprocess.Popen([sys.executable, "-c", code])
                 answer = f"{child.pid}\n"
             elif command == "quit":
@@ -90,9 +89,14 @@ def main() -> int:
         serve()
         return 0
     if sys.argv[1:2] == ["-d"]:
-        child = subprocess.Popen([sys.executable, __file__, "--serve"], start_new_session=True,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, close_fds=True)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
         deadline = time.monotonic() + 10
         while not (pipe_dir() / "nvidia-cuda-mps-control.pid").exists():
             if child.poll() is not None or time.monotonic() > deadline:

@@ -59,8 +59,7 @@ def claimer(seed: int) -> None:
             sys.settrace(tracer(rng, 0.003) if rng.random() < 0.5 else None)
             inside[me] = True
             try:
-                held = memgov.claim(f"{rng.randint(1, 3)}GiB",
-                                    wait=rng.choice([None, 0.05, 0.3]))
+                held = memgov.claim(f"{rng.randint(1, 3)}GiB", wait=rng.choice([None, 0.05, 0.3]))
                 counts["claims"] += 1
                 time.sleep(rng.uniform(0, 0.01))
                 held.release()
@@ -147,9 +146,16 @@ def main() -> None:
     with open("/proc/locks") as table:
         mine = [ln for ln in table.read().splitlines() if ln.split()[4:5] == [str(os.getpid())]]
     alive = sum(t.is_alive() for t in threads)
-    report = {**counts, "kinds": kinds, "foreign": foreign, "alive_threads": alive,
-              "held": memgov.current() is not None, "open_ledger_files": _flock.open_count(),
-              "my_locks": len(mine), "my_lock_lines": mine}
+    report = {
+        **counts,
+        "kinds": kinds,
+        "foreign": foreign,
+        "alive_threads": alive,
+        "held": memgov.current() is not None,
+        "open_ledger_files": _flock.open_count(),
+        "my_locks": len(mine),
+        "my_lock_lines": mine,
+    }
     print(json.dumps(report), flush=True)
     sys.stdin.readline()  # the test checks the ledger now
     with memgov.claim("1GiB", wait=30):  # nothing stuck: a normal claim still works

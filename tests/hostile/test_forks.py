@@ -30,8 +30,12 @@ def locks_of(pid: int) -> list[str]:
 
 
 def start(mode: str) -> tuple[subprocess.Popen[str], list[dict[str, int]]]:
-    proc = subprocess.Popen([sys.executable, str(FORKER), mode], stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(FORKER), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     lines = [json.loads(proc.stdout.readline()) for _ in range(2 if mode == "wait-fork" else 1)]
     return proc, lines

@@ -16,8 +16,13 @@ from memgov._mpsctl import MpsError
 
 def mps(*args: str, path: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": str(path)}  # a PATH without the MPS control program
-    return subprocess.run([sys.executable, "-m", "memgov.cli", "mps", *args],
-                          capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "memgov.cli", "mps", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_start_fails_clearly_without_the_control_program(tmp_path: Path) -> None:

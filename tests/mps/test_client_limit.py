@@ -66,8 +66,12 @@ def test_hard_claims_past_the_limit_are_refused_soft_ones_are_not(limit_two: str
     assert "MPS client limit 2 reached on sim0 (2 hard-mode claims" in message
     assert "pass wait=SECONDS to queue for it" in message
     soft = admit(("soft", "no MPS daemon reachable"))  # memory fits; soft claims are no clients
-    out = subprocess.run([sys.executable, "-m", "memgov.cli", "status", "--json"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "memgov.cli", "status", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     modes = sorted(c["mode"] for c in json.loads(out.stdout)["devices"][0]["claims"])
     assert modes == ["hard", "hard", "soft"]
     for ledger, record in [*held, soft]:
@@ -113,8 +117,9 @@ def test_a_killed_hard_holder_frees_its_client_slot(
     sim: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "1")
-    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "admitted"
         with pytest.raises(memgov.BudgetExceeded, match="MPS client limit 1 reached"):

@@ -44,13 +44,20 @@ def fake_mps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     bin_dir = base / "bin"
     bin_dir.mkdir()
     program = bin_dir / "nvidia-cuda-mps-control"
-    program.write_text(f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(FAKE)!r}, "
-                       "run_name='__main__')\n")
+    program.write_text(
+        f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(FAKE)!r}, run_name='__main__')\n"
+    )
     program.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("MEMGOV_DIR", str(base / "ledger"))
-    for name in ("CUDA_MPS_PIPE_DIRECTORY", "MEMGOV_MPS_CLIENTS", "MEMGOV_MPS_POLICY",
-                 "MEMGOV_MPS", "MEMGOV_CONTEXTS", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+    for name in (
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "MEMGOV_MPS_CLIENTS",
+        "MEMGOV_MPS_POLICY",
+        "MEMGOV_MPS",
+        "MEMGOV_CONTEXTS",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    ):
         monkeypatch.delenv(name, raising=False)
     yield base / "ledger"
     for k in _mps.running_daemons():
@@ -61,8 +68,12 @@ def fake_mps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memgov.cli", "mps", *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "memgov.cli", "mps", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_start_runs_as_many_daemons_as_asked_each_with_its_folders(fake_mps: Path) -> None:
@@ -123,8 +134,9 @@ def test_the_context_manager_stops_only_what_it_started(fake_mps: Path) -> None:
     _mps.stop()
 
 
-def test_a_claim_may_join_any_running_daemon(fake_mps: Path, monkeypatch: pytest.MonkeyPatch
-                                             ) -> None:
+def test_a_claim_may_join_any_running_daemon(
+    fake_mps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _mps.start(daemons=3)
     plan = _enforce.decide([GPU], cuda_initialized=False)
     assert plan.hard and plan.memgov_daemon and plan.daemons == (0, 1, 2)
@@ -149,16 +161,25 @@ def test_a_claim_may_join_any_running_daemon(fake_mps: Path, monkeypatch: pytest
 def admit(daemons: tuple[int, ...], wait: float | None = None) -> tuple[DeviceLedger, Held, int]:
     (device,) = candidates(None)
     ledger, held, payload = _admission.admit(
-        [DeviceLedger(device)], {device.uuid: GIB}, wait, "job",
-        {device.uuid: ("hard", "test")}, None, daemons)
+        [DeviceLedger(device)],
+        {device.uuid: GIB},
+        wait,
+        "job",
+        {device.uuid: ("hard", "test")},
+        None,
+        daemons,
+    )
     return ledger, held, payload["mps_daemon"]
 
 
-@pytest.mark.parametrize(("policy", "order"), [
-    ("", [0, 0, 1, 1, 2, 2]),  # default: fill the lowest-numbered daemon first
-    ("fill", [0, 0, 1, 1, 2, 2]),
-    ("spread", [0, 1, 2, 0, 1, 2]),
-])
+@pytest.mark.parametrize(
+    ("policy", "order"),
+    [
+        ("", [0, 0, 1, 1, 2, 2]),  # default: fill the lowest-numbered daemon first
+        ("fill", [0, 0, 1, 1, 2, 2]),
+        ("spread", [0, 1, 2, 0, 1, 2]),
+    ],
+)
 def test_hard_claims_fill_or_spread_over_the_daemons(
     sim: str, monkeypatch: pytest.MonkeyPatch, policy: str, order: list[int]
 ) -> None:
@@ -169,8 +190,10 @@ def test_hard_claims_fill_or_spread_over_the_daemons(
     assert held[0][0].snapshot().hard_by_daemon == {0: 2, 1: 2, 2: 2}
     with pytest.raises(memgov.BudgetExceeded) as refused:
         admit((0, 1, 2))  # the 7th: every daemon is full
-    assert "MPS client limit 2 reached on sim0 on every running daemon (daemon 0: 2, " \
-           "daemon 1: 2, daemon 2: 2 hard-mode claims)" in str(refused.value)
+    assert (
+        "MPS client limit 2 reached on sim0 on every running daemon (daemon 0: 2, "
+        "daemon 1: 2, daemon 2: 2 hard-mode claims)" in str(refused.value)
+    )
     assert "memgov mps start --daemons N" in str(refused.value)
     ledger, record, k = held.pop(3)  # a client of daemon 1 (fill) or 0 (spread) ends
     ledger.remove("claims", record)
@@ -205,12 +228,14 @@ sys.stdin.readline()
 """
 
 
-def test_a_killed_client_frees_its_slot_on_its_daemon(sim: str, monkeypatch: pytest.MonkeyPatch
-                                                      ) -> None:
+def test_a_killed_client_frees_its_slot_on_its_daemon(
+    sim: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "1")
     first = admit((0, 1))
-    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "admitted"
         with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
@@ -225,8 +250,9 @@ def test_a_killed_client_frees_its_slot_on_its_daemon(sim: str, monkeypatch: pyt
 
 
 # -- CUDA contexts without MPS ----------------------------------------------------------------
-def test_claims_without_mps_stop_at_the_context_limit(sim: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_claims_without_mps_stop_at_the_context_limit(
+    sim: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MEMGOV_CONTEXTS", "2")
     (device,) = candidates(None)
     ledger = DeviceLedger(device)
@@ -261,10 +287,15 @@ def test_context_limit_defaults_apply_to_real_gpus_only(monkeypatch: pytest.Monk
 def test_doctor_shows_the_limits_and_reports_a_bad_one(fake_mps: Path) -> None:
     _mps.start(daemons=2)
     try:
+
         def doctor(**env: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "memgov.cli", "doctor", *env.pop("a", "")
-                                   .split()], capture_output=True, text=True, timeout=60,
-                                  env={**os.environ, **env})
+            return subprocess.run(
+                [sys.executable, "-m", "memgov.cli", "doctor", *env.pop("a", "").split()],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, **env},
+            )
 
         info = json.loads(doctor(a="--json").stdout)["mps"]
         assert info["clients_per_daemon"] == 48 and info["memgov_daemons"] == [0, 1]
@@ -278,28 +309,38 @@ def test_doctor_shows_the_limits_and_reports_a_bad_one(fake_mps: Path) -> None:
         _mps.stop()
 
 
-def test_claim_points_cuda_at_the_daemon_with_room(fake_mps: Path, sim: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_claim_points_cuda_at_the_daemon_with_room(
+    fake_mps: Path, sim: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The whole claim() path with memgov's real decision (three stand-in daemons answer), made
     # for a real GPU's description; only the simulated device's "no driver, so soft" is lifted.
     _mps.start(daemons=3)
     monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "1")
     real_decide = _enforce.decide
     monkeypatch.setattr(_enforce, "decide", lambda _devices, init: real_decide([GPU], init))
-    monkeypatch.setattr(_enforce.Plan, "mode",
-                        lambda self, device, compute=None: ("hard", self.reason))
+    monkeypatch.setattr(
+        _enforce.Plan, "mode", lambda self, device, compute=None: ("hard", self.reason)
+    )
     held = [admit((0, 1, 2)), admit((0, 1, 2))]  # daemons 0 and 1 are full
     try:
         claim = memgov.claim("1GiB", name="third")
         assert claim.mode == "hard"
         assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == str(_mps.paths(2).pipe)
         assert os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
-        (third,) = [c for c in DeviceLedger(candidates(None)[0]).snapshot().claims
-                     if c.name == "third"]
+        (third,) = [
+            c for c in DeviceLedger(candidates(None)[0]).snapshot().claims if c.name == "third"
+        ]
         assert third.extra["mps_daemon"] == 2
         with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
-            _admission.admit([DeviceLedger(candidates(None)[0])], {"sim0": GIB}, None, "fourth",
-                          {"sim0": ("hard", "test")}, None, (0, 1, 2))
+            _admission.admit(
+                [DeviceLedger(candidates(None)[0])],
+                {"sim0": GIB},
+                None,
+                "fourth",
+                {"sim0": ("hard", "test")},
+                None,
+                (0, 1, 2),
+            )
         claim.release()
         assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     finally:
@@ -342,9 +383,11 @@ def test_another_users_mps_process_makes_the_claim_ask_the_daemon(
     pipe = _mps.paths(0).pipe
     # Started as root (the venv's interpreter may be out of another user's reach), then it
     # becomes user 65534 and takes a server's name.
-    code = ("import ctypes, os, time; os.setgid(65534); os.setuid(65534); "
-            "ctypes.CDLL(None).prctl(15, b'nvidia-cuda-mps-server', 0, 0, 0); "
-            "print('up', flush=True); time.sleep(60)")
+    code = (
+        "import ctypes, os, time; os.setgid(65534); os.setuid(65534); "
+        "ctypes.CDLL(None).prctl(15, b'nvidia-cuda-mps-server', 0, 0, 0); "
+        "print('up', flush=True); time.sleep(60)"
+    )
     server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "up"
@@ -419,16 +462,25 @@ def test_a_daemon_whose_process_cannot_be_seen_is_asked(
 
 @pytest.mark.parametrize(
     ("options", "hidden"),
-    [("rw", False), ("rw,hidepid=0", False), ("rw,hidepid=2", True),
-     ("rw,hidepid=invisible", True), ("rw,hidepid=off", False)],
+    [
+        ("rw", False),
+        ("rw,hidepid=0", False),
+        ("rw,hidepid=2", True),
+        ("rw,hidepid=invisible", True),
+        ("rw,hidepid=off", False),
+    ],
 )
 def test_hidepid_is_read_from_the_proc_mount(options: str, hidden: bool) -> None:
-    text = ("22 1 0:5 / / rw,relatime - ext4 /dev/sda1 rw\n"
-            f"25 22 0:23 / /proc rw,nosuid,nodev,noexec - proc proc {options}\n")
+    text = (
+        "22 1 0:5 / / rw,relatime - ext4 /dev/sda1 rw\n"
+        f"25 22 0:23 / /proc rw,nosuid,nodev,noexec - proc proc {options}\n"
+    )
     assert _mpsctl.hidepid(text) is hidden
 
 
 def test_a_procfs_mounted_again_over_proc_with_hidepid_counts() -> None:
-    text = ("25 22 0:23 / /proc rw,nosuid - proc proc rw\n"
-            "40 25 0:41 / /proc rw,relatime - proc proc rw,hidepid=invisible\n")
+    text = (
+        "25 22 0:23 / /proc rw,nosuid - proc proc rw\n"
+        "40 25 0:41 / /proc rw,relatime - proc proc rw,hidepid=invisible\n"
+    )
     assert _mpsctl.hidepid(text)

@@ -47,7 +47,9 @@ def test_claim_on_simulated_device_is_soft_and_says_why(sim: str) -> None:
     assert "mps" not in claim.reports
     out = subprocess.run(
         [sys.executable, "-m", "memgov.cli", "status", "--json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     (entry,) = json.loads(out.stdout)["devices"][0]["claims"]
     assert (entry["name"], entry["mode"]) == ("job", "soft")
@@ -138,8 +140,12 @@ def test_apply_sets_the_hard_limit_and_restore_undoes_it(
     assert "outside memgov" not in _enforce.decide([GPU], cuda_initialized=False).reason
     _enforce.restore(previous)
     assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    for name in ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "MEMGOV_MPS_LIMIT",
-                 "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+    for name in (
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "MEMGOV_MPS_LIMIT",
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "CUDA_MPS_LOG_DIRECTORY",
+    ):
         assert name not in os.environ
 
 

@@ -20,8 +20,14 @@ def pack_cmd(*args: str) -> list[str]:
 
 
 def run_pack(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(pack_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env=dict(os.environ))
+    return subprocess.run(
+        pack_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
 
 
 def report(out: Path) -> dict[str, Any]:

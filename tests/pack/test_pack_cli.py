@@ -15,8 +15,16 @@ import pytest
 
 from ._util import MNIST, TINY, report, run_pack
 
-KEYS = ("n", "ok", "failed", "jobs", "footprint_mib", "epoch_s", "aggregate_samples_per_s",
-        "device_peak_used_mib")
+KEYS = (
+    "n",
+    "ok",
+    "failed",
+    "jobs",
+    "footprint_mib",
+    "epoch_s",
+    "aggregate_samples_per_s",
+    "device_peak_used_mib",
+)
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -29,8 +37,21 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_pack("--n", "2", "--device", "cpu", str(MNIST), "--epochs", "1", "--out",
-                    str(out), "--rogue", "1:64", "--json", *TINY)
+    done = run_pack(
+        "--n",
+        "2",
+        "--device",
+        "cpu",
+        str(MNIST),
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--rogue",
+        "1:64",
+        "--json",
+        *TINY,
+    )
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     data = report(out)
@@ -70,7 +91,10 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
     with open(out / "report.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["run"], r["label"], r["status"]) for r in rows] == [
-        ("solo", "job-00", "ok"), ("n2", "job-00", "ok"), ("n2", "job-01", "ok")]
+        ("solo", "job-00", "ok"),
+        ("n2", "job-00", "ok"),
+        ("n2", "job-01", "ok"),
+    ]
     assert all(float(r["epoch_s"]) > 0 and r["claim_mib"] == "1024.0" for r in rows)
 
     width, height = _png_size(out / "plot.png")
@@ -91,15 +115,18 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
         (["--n", "0"], "--n 0: accepted a whole number from 1"),
         (["--mps", "on"], "--mps on needs a GPU"),
         (["--runner", "podman"], "accepted auto, process, namespace, docker"),
-        (["--framework", "mxnet"], "no [frameworks.mxnet] table; this experiment has jax, "
-                                   "tensorflow, torch"),
+        (
+            ["--framework", "mxnet"],
+            "no [frameworks.mxnet] table; this experiment has jax, tensorflow, torch",
+        ),
         (["--claim", "lots"], "cannot read 'lots' as a size"),
         (["--host-per-job", "much"], "or auto (recorded host peaks) or off"),
         (["--baseline", "naive", "--sweep", "1,2"], "--baseline applies to a single --n"),
     ],
 )
-def test_bad_arguments_are_refused_before_any_job(tmp_path: Path, args: list[str],
-                                                  says: str) -> None:
+def test_bad_arguments_are_refused_before_any_job(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
     out = tmp_path / "out"
     done = run_pack("--device", "cpu", str(MNIST), "--out", str(out), *args, timeout=60)
     assert done.returncode == 2, (done.stdout, done.stderr)
@@ -128,12 +155,19 @@ def test_docker_runner_refused_without_an_engine(tmp_path: Path) -> None:
         info = subprocess.run([docker, "info"], capture_output=True, timeout=30, check=False)
         if info.returncode == 0:
             pytest.skip("a Docker engine answers here; this test covers machines without one")
-    done = run_pack("--device", "cpu", "--runner", "docker", str(MNIST), "--out",
-                    str(tmp_path / "out"), timeout=60)
+    done = run_pack(
+        "--device",
+        "cpu",
+        "--runner",
+        "docker",
+        str(MNIST),
+        "--out",
+        str(tmp_path / "out"),
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "--runner docker" in done.stderr
-    assert ("no `docker` on PATH" in done.stderr) or ("no container engine answers"
-                                                      in done.stderr)
+    assert ("no `docker` on PATH" in done.stderr) or ("no container engine answers" in done.stderr)
 
 
 HIDE_MATPLOTLIB = """

@@ -74,9 +74,22 @@ def test_bad_compile_cache_is_a_clear_error_before_any_job(tmp_path: Path) -> No
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    done = run_pack("--n", "1", "--framework", "jax", "--device", "cpu", "--no-solo",
-                    "--compile-cache", str(shared), str(MNIST), "--out", str(tmp_path / "out"),
-                    "--no-progress", *TINY)
+    done = run_pack(
+        "--n",
+        "1",
+        "--framework",
+        "jax",
+        "--device",
+        "cpu",
+        "--no-solo",
+        "--compile-cache",
+        str(shared),
+        str(MNIST),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+        *TINY,
+    )
     assert done.returncode == 2
     assert "--compile-cache" in done.stderr and "writable by you alone" in done.stderr
     assert not (tmp_path / "out" / "report.json").exists()
@@ -85,9 +98,26 @@ def test_bad_compile_cache_is_a_clear_error_before_any_job(tmp_path: Path) -> No
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax (the [jax] extra)")
 def test_jobs_load_what_the_warm_up_job_compiled(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_pack("--n", "2", "--framework", "jax", "--device", "cpu", "--no-solo",
-                    str(MNIST), "--epochs", "1", "--out", str(out), "--no-progress",
-                    "--", "--limit", "64", "--no-eval", timeout=280)
+    done = run_pack(
+        "--n",
+        "2",
+        "--framework",
+        "jax",
+        "--device",
+        "cpu",
+        "--no-solo",
+        str(MNIST),
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--",
+        "--limit",
+        "64",
+        "--no-eval",
+        timeout=280,
+    )
     assert done.returncode == 0, done.stderr
     data = report(out)
     assert data["compile_cache"]["folder"] == str(out / "compile-cache")

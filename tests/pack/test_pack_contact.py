@@ -31,8 +31,11 @@ def test_cpu_default_is_small_and_its_solo_job_is_a_fair_reference(tmp_path: Pat
 
 
 def test_cpu_default_gives_way_to_what_the_user_asks(tmp_path: Path) -> None:
-    ctx = plan.prepare(PackConfig(MNIST, n=2, device="cpu", epochs=1, out=tmp_path / "out",
-                                  trainer_args=["--limit", "64"]))
+    ctx = plan.prepare(
+        PackConfig(
+            MNIST, n=2, device="cpu", epochs=1, out=tmp_path / "out", trainer_args=["--limit", "64"]
+        )
+    )
     assert ctx.epochs == 1 and ctx.argv(ctx.plans[-1], 0)[-2:] == ["--limit", "64"]
     assert ctx.cpu_defaults is None
     assert not any("small CPU run" in n for n in ctx.notes())
@@ -62,8 +65,21 @@ def test_progress_moves_within_epochs_with_an_eta_as_plain_lines() -> None:
 def test_plain_output_keeps_paths_and_reasons_whole(tmp_path: Path) -> None:
     out = tmp_path / ("a-long-folder-name-that-would-wrap-at-eighty-columns-" * 2) / "report"
     missing = tmp_path / ("no-such-data-file-with-a-name-long-enough-to-be-cut-" * 2) / "x.npz"
-    done = run_pack("--n", "1", "--device", "cpu", "--no-solo", "--epochs", "1", "--out",
-                    str(out), str(MNIST), "--", "--data", str(missing))
+    done = run_pack(
+        "--n",
+        "1",
+        "--device",
+        "cpu",
+        "--no-solo",
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        str(MNIST),
+        "--",
+        "--data",
+        str(missing),
+    )
     assert done.returncode == 1, done.stderr
     assert f"report: {out / 'report.json'}" in done.stdout.splitlines()[-1]
     failed = [line for line in done.stdout.splitlines() if line.startswith("failed ")]
@@ -95,8 +111,10 @@ def test_bad_python_is_refused_before_anything_is_written(tmp_path: Path, args, 
 def test_bad_out_is_a_clean_error(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    for out, text in ((blocker, "a file of that name is in the way"),
-                      (blocker / "below", "cannot create the report folder (Not a directory)")):
+    for out, text in (
+        (blocker, "a file of that name is in the way"),
+        (blocker / "below", "cannot create the report folder (Not a directory)"),
+    ):
         done = run_pack("--n", "1", "--device", "cpu", "--out", str(out), str(MNIST), *TINY)
         assert done.returncode == 2
         assert f"--out {out}: {text}" in done.stderr and "[Errno" not in done.stderr
@@ -104,8 +122,25 @@ def test_bad_out_is_a_clean_error(tmp_path: Path) -> None:
 
 def test_bundled_experiment_by_name(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = subprocess.run(pack_cmd("--n", "1", "--device", "cpu", "--no-solo", "--epochs", "1",
-                                   "--out", str(out), "--no-progress", "mnist", *TINY),
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        pack_cmd(
+            "--n",
+            "1",
+            "--device",
+            "cpu",
+            "--no-solo",
+            "--epochs",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+            "mnist",
+            *TINY,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert report(out)["manifest"] == str(ROOT / "experiments" / "mnist" / "experiment.toml")

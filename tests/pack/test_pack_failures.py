@@ -29,8 +29,9 @@ def _trainers(pack: psutil.Process, count: int, timeout: float = 60) -> list[psu
         found = []
         for proc in pack.children(recursive=True):
             try:
-                if any("train_torch.py" in part for part in proc.cmdline()) and \
-                        proc.name().startswith("python"):
+                if any(
+                    "train_torch.py" in part for part in proc.cmdline()
+                ) and proc.name().startswith("python"):
                     found.append(proc)
             except psutil.Error:
                 continue
@@ -46,8 +47,22 @@ def test_refused_budget_is_the_reason(tmp_path: Path, monkeypatch: pytest.Monkey
     held = memgov.claim("1536MiB", name="holder-in-test")
     out = tmp_path / "out"
     try:
-        done = run_pack("--n", "2", "--device", "cpu", "--claim", "1GiB", "--no-solo",
-                        str(MNIST), "--epochs", "1", "--out", str(out), "--no-progress", *TINY)
+        done = run_pack(
+            "--n",
+            "2",
+            "--device",
+            "cpu",
+            "--claim",
+            "1GiB",
+            "--no-solo",
+            str(MNIST),
+            "--epochs",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+            *TINY,
+        )
     finally:
         held.release()
     assert done.returncode == 1, done.stderr
@@ -60,14 +75,31 @@ def test_refused_budget_is_the_reason(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "budget_refused" in done.stdout
 
 
-@pytest.mark.parametrize("runner", ["process", pytest.param("namespace",
-                                                            marks=needs_root_unshare)])
+@pytest.mark.parametrize("runner", ["process", pytest.param("namespace", marks=needs_root_unshare)])
 def test_a_killed_job_fails_alone_with_its_reason(tmp_path: Path, runner: str) -> None:
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        pack_cmd("--n", "2", "--device", "cpu", "--runner", runner, "--no-solo", str(MNIST),
-                 "--epochs", "1", "--out", str(out), "--no-progress", *TINY),
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pack_cmd(
+            "--n",
+            "2",
+            "--device",
+            "cpu",
+            "--runner",
+            runner,
+            "--no-solo",
+            str(MNIST),
+            "--epochs",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+            *TINY,
+        ),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Killed while the trainers start up: the other one still has all its work ahead.
         victim = _trainers(psutil.Process(proc.pid), 2)[-1]
@@ -92,14 +124,32 @@ def test_a_killed_job_fails_alone_with_its_reason(tmp_path: Path, runner: str) -
     assert "killed" in stdout
 
 
-@pytest.mark.parametrize("runner", ["process", pytest.param("namespace",
-                                                            marks=needs_root_unshare)])
+@pytest.mark.parametrize("runner", ["process", pytest.param("namespace", marks=needs_root_unshare)])
 def test_ctrl_c_stops_every_job_and_leaves_no_process(tmp_path: Path, runner: str) -> None:
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        pack_cmd("--n", "2", "--device", "cpu", "--runner", runner, "--no-solo", str(MNIST),
-                 "--epochs", "50", "--out", str(out), "--", "--limit", "4096"),
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pack_cmd(
+            "--n",
+            "2",
+            "--device",
+            "cpu",
+            "--runner",
+            runner,
+            "--no-solo",
+            str(MNIST),
+            "--epochs",
+            "50",
+            "--out",
+            str(out),
+            "--",
+            "--limit",
+            "4096",
+        ),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pack = psutil.Process(proc.pid)
         _trainers(pack, 2)
@@ -120,8 +170,23 @@ def test_ctrl_c_stops_every_job_and_leaves_no_process(tmp_path: Path, runner: st
 
 def test_timeout_stops_the_jobs_with_that_reason(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_pack("--n", "1", "--device", "cpu", "--timeout", "2", str(MNIST), "--epochs",
-                    "50", "--out", str(out), "--no-progress", "--", "--limit", "4096")
+    done = run_pack(
+        "--n",
+        "1",
+        "--device",
+        "cpu",
+        "--timeout",
+        "2",
+        str(MNIST),
+        "--epochs",
+        "50",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--",
+        "--limit",
+        "4096",
+    )
     assert done.returncode == 1, done.stderr
     job = report(out)["jobs"][0]
     assert job["reason"] == "timeout" and "--timeout" in job["detail"]

@@ -54,20 +54,42 @@ def test_auto_runner_forks_the_jobs_when_processes_would_not_fit(tmp_path: Path)
 
     available = psutil.virtual_memory().available
     many = int(available // hostmem.DEFAULT_PER_JOB) + 1  # at 2 GiB each, one too many
-    cfg = PackConfig(experiment=MNIST, device="cpu", n=many, solo=False, history=False,
-                     out=tmp_path / "many")
+    cfg = PackConfig(
+        experiment=MNIST, device="cpu", n=many, solo=False, history=False, out=tmp_path / "many"
+    )
     ctx = prepare(cfg)
     assert ctx.runner.name == "preload", ctx.runner_why
     assert ctx.runner_why.startswith(f"auto: preload: {many} jobs at once as processes need")
     assert any(n.startswith("runner auto: preload") for n in ctx.notes())
-    few = prepare(PackConfig(experiment=MNIST, device="cpu", n=1, solo=False, history=False,
-                             out=tmp_path / "few"))
+    few = prepare(
+        PackConfig(
+            experiment=MNIST, device="cpu", n=1, solo=False, history=False, out=tmp_path / "few"
+        )
+    )
     assert few.runner.name == "process" and few.runner_why.startswith("auto: process: 1 jobs")
-    chosen = prepare(PackConfig(experiment=MNIST, device="cpu", n=many, solo=False,
-                                history=False, runner="process", out=tmp_path / "chosen"))
+    chosen = prepare(
+        PackConfig(
+            experiment=MNIST,
+            device="cpu",
+            n=many,
+            solo=False,
+            history=False,
+            runner="process",
+            out=tmp_path / "chosen",
+        )
+    )
     assert (chosen.runner.name, chosen.runner_why) == ("process", "--runner process")
-    tf = prepare(PackConfig(experiment=MNIST, device="cpu", n=many, solo=False, history=False,
-                            framework="tensorflow", out=tmp_path / "tf"))
+    tf = prepare(
+        PackConfig(
+            experiment=MNIST,
+            device="cpu",
+            n=many,
+            solo=False,
+            history=False,
+            framework="tensorflow",
+            out=tmp_path / "tf",
+        )
+    )
     assert tf.runner.name == "process" and "forks only torch, jax jobs" in tf.runner_why
 
 
@@ -110,9 +132,22 @@ def _per_job_that_fits_once() -> int:
 def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> None:
     out = tmp_path / "out"
     per_job = _per_job_that_fits_once()
-    done = run_pack("--n", "2", "--device", "cpu", "--no-solo", "--host-per-job",
-                    f"{per_job >> 20}MiB", str(MNIST), "--epochs", "1", "--out", str(out),
-                    "--no-progress", *TINY)
+    done = run_pack(
+        "--n",
+        "2",
+        "--device",
+        "cpu",
+        "--no-solo",
+        "--host-per-job",
+        f"{per_job >> 20}MiB",
+        str(MNIST),
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+        *TINY,
+    )
     assert done.returncode == 0, done.stderr
     data = report(out)
     assert (data["ok"], data["failed"]) == (2, 0)
@@ -125,8 +160,22 @@ def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> 
 
 def test_a_job_that_can_never_fit_is_refused_with_the_reason(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_pack("--n", "2", "--device", "cpu", "--no-solo", "--host-per-job", "64TiB",
-                    str(MNIST), "--epochs", "1", "--out", str(out), "--no-progress", *TINY)
+    done = run_pack(
+        "--n",
+        "2",
+        "--device",
+        "cpu",
+        "--no-solo",
+        "--host-per-job",
+        "64TiB",
+        str(MNIST),
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--no-progress",
+        *TINY,
+    )
     assert done.returncode == 1, done.stderr
     data = report(out)
     assert (data["ok"], data["failed"], data["reasons"]) == (0, 2, {"host_memory": 2})
@@ -143,9 +192,23 @@ def test_a_job_stopped_after_an_epoch_still_sizes_the_next_pack(
     # Stopped by --timeout in its second epoch or later: its host size is known (a whole epoch
     # ran), so the history keeps it and the next pack does not fall back to the 2 GiB default.
     out = tmp_path / "out"
-    done = run_pack("--n", "1", "--device", "cpu", "--no-solo", "--timeout", "30",
-                    "--no-progress", str(MNIST), "--epochs", "100000", "--out", str(out), *TINY,
-                    timeout=150)
+    done = run_pack(
+        "--n",
+        "1",
+        "--device",
+        "cpu",
+        "--no-solo",
+        "--timeout",
+        "30",
+        "--no-progress",
+        str(MNIST),
+        "--epochs",
+        "100000",
+        "--out",
+        str(out),
+        *TINY,
+        timeout=150,
+    )
     data = report(out)
     job = data["jobs"][0]
     assert (job["status"], job["reason"]) == ("failed", "timeout"), done.stderr
@@ -163,15 +226,24 @@ def test_the_solo_footprint_sizes_default_claims_so_every_job_fits(
 
     # A fresh ledger: nothing recorded, so 1 GiB each, and 140 of them do not fit 139 GiB.
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:139GiB")
-    ctx = prepare(PackConfig(experiment=MNIST, n=140, history=False, device="cpu",
-                             out=tmp_path / "out"))
+    ctx = prepare(
+        PackConfig(experiment=MNIST, n=140, history=False, device="cpu", out=tmp_path / "out")
+    )
     main = next(p for p in ctx.plans if p.role == "main")
     assert main.claim_bytes == GiB and (ctx.claim_source or "").startswith("default")
     learn_claim(ctx, 890 * 2**20)  # the solo job's footprint, as on the H200
     assert main.claim_bytes is not None and main.claim_bytes * 140 <= 139 * GiB
     assert main.claim_bytes >= (890 + 64) * 2**20
     assert "this pack's solo job: footprint" in (ctx.claim_source or "")
-    explicit = prepare(PackConfig(experiment=MNIST, n=140, history=False, device="cpu",
-                                  claim="1GiB", out=tmp_path / "explicit"))
+    explicit = prepare(
+        PackConfig(
+            experiment=MNIST,
+            n=140,
+            history=False,
+            device="cpu",
+            claim="1GiB",
+            out=tmp_path / "explicit",
+        )
+    )
     learn_claim(explicit, 890 * 2**20)
     assert next(p for p in explicit.plans if p.role == "main").claim_bytes == GiB

@@ -78,8 +78,9 @@ def _ours(folder: Path) -> list[int]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmdline = proc.info.get("cmdline") or []
-        if proc.info.get("status") != psutil.STATUS_ZOMBIE and any(str(folder) in a
-                                                                    for a in cmdline):
+        if proc.info.get("status") != psutil.STATUS_ZOMBIE and any(
+            str(folder) in a for a in cmdline
+        ):
             found.append(proc.pid)
     return found
 
@@ -103,16 +104,34 @@ class Jobs:
         self.runner, self.cwd, self.env = runner, cwd, env
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, label: str, seconds: float, script: str = "probe.py",
-              env: dict[str, str] | None = None, cpus: set[int] | None = None
-              ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-        argv, full, _ = self.runner.launch([sys.executable, script, str(seconds)],
-                                           env or self.env, self.cwd, label, dict(os.environ))
+    def start(
+        self,
+        label: str,
+        seconds: float,
+        script: str = "probe.py",
+        env: dict[str, str] | None = None,
+        cpus: set[int] | None = None,
+    ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+        argv, full, _ = self.runner.launch(
+            [sys.executable, script, str(seconds)],
+            env or self.env,
+            self.cwd,
+            label,
+            dict(os.environ),
+        )
         # As jobs.py does for --pin: the launcher's affinity, which the forked job takes over.
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        proc = subprocess.Popen(argv, cwd=self.cwd, env=full, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, preexec_fn=pin)
+        proc = subprocess.Popen(
+            argv,
+            cwd=self.cwd,
+            env=full,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=pin,
+        )
         self.procs.append(proc)
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -131,8 +150,13 @@ def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
     (tmp_path / "probe.py").write_text(PROBE)
     (tmp_path / "refused.py").write_text(REFUSED)
     ledger = tmp_path / "ledger"
-    env = {"MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": "sim0:16GiB", "MEMGOV_CLAIM": "1GiB",
-           "MEMGOV_STRICT": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        "MEMGOV_DIR": str(ledger),
+        "MEMGOV_DEVICES": "sim0:16GiB",
+        "MEMGOV_CLAIM": "1GiB",
+        "MEMGOV_STRICT": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     runner = PreloadRunner("torch")
     started = Jobs(runner, tmp_path, env)
     try:
@@ -149,9 +173,15 @@ def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) -> None:
     proc, forked = jobs.start("job-00", 30, cpus={0})
-    spawned_run = subprocess.run([sys.executable, "probe.py", "0"], cwd=jobs.cwd,
-                                 env={**os.environ, **jobs.env}, capture_output=True, text=True,
-                                 timeout=120, check=True)
+    spawned_run = subprocess.run(
+        [sys.executable, "probe.py", "0"],
+        cwd=jobs.cwd,
+        env={**os.environ, **jobs.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     spawned = json.loads(spawned_run.stdout)
     # The child is the job: its own PID (not the launcher's), its argv, governed by MEMGOV_CLAIM
     # with a claim record on the ledger under its PID, exactly as the spawned job.
@@ -171,8 +201,10 @@ def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) 
     # A forked job that ends releases its claim at exit (the interpreter's exit handlers ran).
     short, ended = jobs.start("job-01", 0)
     assert short.wait(30) == 0
-    left = [json.loads(p.read_text()).get("pid") for p in Path(jobs.env["MEMGOV_DIR"]).rglob(
-        "claims/*.json")]
+    left = [
+        json.loads(p.read_text()).get("pid")
+        for p in Path(jobs.env["MEMGOV_DIR"]).rglob("claims/*.json")
+    ]
     assert ended["pid"] in ended["claim_pids"] and ended["pid"] not in left
     assert forked["pid"] in left
 
@@ -182,12 +214,19 @@ def test_a_refused_claim_is_raised_from_the_jobs_import_as_when_spawned(jobs: Jo
     _holder, held = jobs.start("job-00", 30, env=small)
     assert held["mode"] == "claim"
     proc, forked = jobs.start("job-01", 0, script="refused.py", env=small)
-    spawned = subprocess.run([sys.executable, "refused.py"], cwd=jobs.cwd,
-                             env={**os.environ, **small}, capture_output=True, text=True,
-                             timeout=120)
+    spawned = subprocess.run(
+        [sys.executable, "refused.py"],
+        cwd=jobs.cwd,
+        env={**os.environ, **small},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.wait(10) == spawned.returncode == 5
     assert forked["error"] == json.loads(spawned.stdout)["error"] == "BudgetExceeded", (
-        forked, spawned.stdout)
+        forked,
+        spawned.stdout,
+    )
 
 
 def test_signals_reach_the_job_and_a_killed_launcher_takes_its_job(jobs: Jobs) -> None:
@@ -211,18 +250,26 @@ def test_a_launcher_gone_before_its_fork_leaves_no_job(jobs: Jobs) -> None:
     import socket
     import struct
 
-    argv, _env, _ = jobs.runner.launch([sys.executable, "probe.py", "60"], jobs.env, jobs.cwd,
-                                       "job-00", dict(os.environ))
+    argv, _env, _ = jobs.runner.launch(
+        [sys.executable, "probe.py", "60"], jobs.env, jobs.cwd, "job-00", dict(os.environ)
+    )
     zygote = jobs.runner._zygote
     assert zygote is not None
     read_end, write_end = os.pipe()
-    request = json.dumps({"argv": [sys.executable, "probe.py", "60"],
-                          "env": {**os.environ, **jobs.env}, "cwd": str(jobs.cwd), "cpus": [],
-                          "umask": 0o022}).encode()
+    request = json.dumps(
+        {
+            "argv": [sys.executable, "probe.py", "60"],
+            "env": {**os.environ, **jobs.env},
+            "cwd": str(jobs.cwd),
+            "cpus": [],
+            "umask": 0o022,
+        }
+    ).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:  # as _launch.py, then gone
         conn.connect(argv[4])
-        socket.send_fds(conn, [struct.pack("!I", len(request)) + request],
-                        [write_end, write_end, write_end])
+        socket.send_fds(
+            conn, [struct.pack("!I", len(request)) + request], [write_end, write_end, write_end]
+        )
     os.close(write_end)
     # Every writer of the pipe gone (EOF) = the forked job is dead (it would sleep 60 s).
     import select
@@ -252,8 +299,9 @@ def test_a_dead_zygote_fails_its_jobs_with_a_reason(jobs: Jobs) -> None:
     assert "the zygote ended while the job ran" in said, said
     assert _gone(info["pid"]), "the job outlived its zygote"
     # A job started after that fails at once, saying why.
-    argv, env, _ = jobs.runner.launch([sys.executable, "probe.py", "0"], jobs.env, jobs.cwd,
-                                      "job-01", dict(os.environ))
+    argv, env, _ = jobs.runner.launch(
+        [sys.executable, "probe.py", "0"], jobs.env, jobs.cwd, "job-01", dict(os.environ)
+    )
     late = subprocess.run(argv, cwd=jobs.cwd, env=env, capture_output=True, text=True, timeout=30)
     assert late.returncode == 70 and "no zygote answers" in late.stderr, late.stderr
     jobs.runner.cleanup()
@@ -277,8 +325,11 @@ def test_the_zygote_ends_with_pack_and_takes_its_jobs(jobs: Jobs) -> None:
 
 def test_other_commands_are_spawned_with_a_note(tmp_path: Path) -> None:
     runner = PreloadRunner("torch")
-    for argv in (["sh", "-c", "true"], [sys.executable, "-u", "train.py"],
-                 [sys.executable, "missing.py"]):
+    for argv in (
+        ["sh", "-c", "true"],
+        [sys.executable, "-u", "train.py"],
+        [sys.executable, "missing.py"],
+    ):
         wrapped, _env, _ = runner.launch(argv, {}, tmp_path, "job-00", {})
         assert wrapped == argv
     runner.cleanup()
@@ -291,11 +342,9 @@ def _fields(run: dict[str, Any]) -> set[str]:
     return set(run["jobs"][0]) | {f"run.{k}" for k in run if k != "runner_details"}
 
 
-def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
-                                                           short_tmp: Path) -> None:
+def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path, short_tmp: Path) -> None:
     common = ["--device", "cpu", "--no-solo", "--epochs", "1", "--no-progress", str(MNIST)]
-    done = run_pack("--n", "3", "--runner", "preload", "--out", str(tmp_path / "p"), *common,
-                    *TINY)
+    done = run_pack("--n", "3", "--runner", "preload", "--out", str(tmp_path / "p"), *common, *TINY)
     assert done.returncode == 0, done.stderr
     assert _ours(short_tmp) == [], "zygote, launcher or job left running after pack"
     plain = run_pack("--n", "1", "--out", str(tmp_path / "s"), *common, *TINY)
@@ -313,11 +362,25 @@ def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path,
     assert forked["runner_details"]["zygote_threads_through_fork"] == 1
 
 
-def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path,
-                                                          short_tmp: Path) -> None:
-    done = run_pack("--n", "2", "--runner", "preload", "--device", "cpu", "--no-solo",
-                    "--epochs", "1000", "--timeout", "4", "--no-progress",
-                    "--out", str(tmp_path / "p"), str(MNIST), *TINY)
+def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path, short_tmp: Path) -> None:
+    done = run_pack(
+        "--n",
+        "2",
+        "--runner",
+        "preload",
+        "--device",
+        "cpu",
+        "--no-solo",
+        "--epochs",
+        "1000",
+        "--timeout",
+        "4",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "p"),
+        str(MNIST),
+        *TINY,
+    )
     assert done.returncode == 1, done.stderr
     assert _ours(short_tmp) == []
     for job in report(tmp_path / "p")["runs"][0]["jobs"]:
@@ -327,9 +390,27 @@ def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path,
 def test_ctrl_c_at_pack_stops_forked_jobs_and_the_zygote(tmp_path: Path, short_tmp: Path) -> None:
     out = tmp_path / "p"
     pack = subprocess.Popen(
-        pack_cmd("--n", "2", "--runner", "preload", "--device", "cpu", "--no-solo", "--epochs",
-                 "1000", "--no-progress", "--out", str(out), str(MNIST), *TINY),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        pack_cmd(
+            "--n",
+            "2",
+            "--runner",
+            "preload",
+            "--device",
+            "cpu",
+            "--no-solo",
+            "--epochs",
+            "1000",
+            "--no-progress",
+            "--out",
+            str(out),
+            str(MNIST),
+            *TINY,
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
     try:
         deadline = time.monotonic() + 120
         while len(list(short_tmp.glob("memgov-preload-*/pids/job-0?"))) < 2:

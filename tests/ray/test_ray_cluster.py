@@ -371,12 +371,12 @@ def test_no_worker_aborts_over_200_waiting_claims(cluster: dict[str, Node]) -> N
     # options() tasks keep Ray's max_calls=1 for GPU tasks, and one of those workers may abort
     # as it exits (Ray's own abort, also without memgov: docs/ray.md, Limits).
     logs = ray._private.worker._global_node.get_logs_dir_path()
-    texts = {path: Path(path).read_text(errors="replace")
-             for path in glob.glob(f"{logs}/worker-*.err")}
+    texts = {
+        path: Path(path).read_text(errors="replace") for path in glob.glob(f"{logs}/worker-*.err")
+    }
     ours = {path: text for path, text in texts.items() if ":task_name:_wait_in_line" in text}
     assert ours, "no worker log names this test's task"
-    aborted = [path for path, text in ours.items()
-               if "Mutex corrupt" in text or "SIGABRT" in text]
+    aborted = [path for path, text in ours.items() if "Mutex corrupt" in text or "SIGABRT" in text]
     assert aborted == []
 
 

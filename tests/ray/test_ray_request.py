@@ -202,8 +202,13 @@ def test_auto_budget_from_the_jobs_profile_else_a_first_run() -> None:
     first = build("auto", "16GiB", None, None, job="ray:train")
     assert first.budget == 4 * 2**30 and first.job == "ray:train"
     assert first.source.startswith("auto: 4.00 GiB = first run of ray:train")
-    run = {"peak": 1000 * 2**20, "end": "exit", "time": time.time(), "claim": 4 * 2**30,
-           "simulated": False}
+    run = {
+        "peak": 1000 * 2**20,
+        "end": "exit",
+        "time": time.time(),
+        "claim": 4 * 2**30,
+        "simulated": False,
+    }
     _profiles.record("ray:train", "ray:train", [run])
     learned = build("auto", "16GiB", None, None, job="ray:train")
     assert learned.budget == _profiles.margin(1000 * 2**20)
