@@ -498,9 +498,10 @@ def summarize(report: dict[str, Any]) -> None:
         f"{r5.get('ratio_hard_over_plain')} per run {r5.get('ratios_per_run')}"
     )
     for k in ("4a_library_stop", "4b_cli_stop", "4c_context_SIGINT", "4c_context_SIGTERM"):
+        check = c.get(k, {})
         print(
-            f"{k}: passed={c.get(k, {}).get('passed')} left={c.get(k, {}).get('left', c.get(k, {}).get('left_after'))}"
-        )  # noqa: E501
+            f"{k}: passed={check.get('passed')} left={check.get('left', check.get('left_after'))}"
+        )
     if "error" in c:
         print("ERROR:", c["error"])
     print(f"total {report['seconds']} s")
