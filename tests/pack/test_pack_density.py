@@ -122,8 +122,8 @@ START = {"event": "start"}
                 {
                     "event": "error",
                     "kind": "other",
-                    "message": "BudgetExceeded: cannot claim 1 GiB on "
-                    "GPU-x: ...; CUDA context limit 72 reached on GPU-x (72 claims without MPS; ...)",
+                    "message": "BudgetExceeded: cannot claim 1 GiB on GPU-x: ...; CUDA "
+                    "context limit 72 reached on GPU-x (72 claims without MPS; ...)",
                 }
             ],
             "contexts",
