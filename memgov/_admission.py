@@ -100,7 +100,7 @@ def admit(
         """One admission under the device's lock: the admitted record, or why not."""
         uuid = ledger.device.uuid
         reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
-        ledger.first_look(reading)
+        removed_first = ledger.first_look(reading)
         asked = time.monotonic()
         with ledger.locked(timeout):
             got = time.monotonic()
@@ -115,7 +115,7 @@ def admit(
                 admitted = ahead == 0 and sizes[uuid] <= snap.free and blocked is None
                 _stats.add(
                     ledger,
-                    len(snap.removed),
+                    removed_first + len(snap.removed),
                     *_counted(admitted, mine, snap, ahead, sizes[uuid], blocked, clock),
                 )
                 if admitted:

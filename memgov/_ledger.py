@@ -269,11 +269,12 @@ class DeviceLedger:
             unknown=filing.unknown,
         )
 
-    def first_look(self, reading: Reading) -> None:
+    def first_look(self, reading: Reading) -> int:
         """A process's first scan of this device, taken without the admission lock: every file
         another user left is looked at once here (and remembered dead), so the scan under the
         lock looks only at what changed since. Otherwise each new process would hold the lock
-        for one stat per file of a flood, and hold off every other claimer meanwhile."""
+        for one stat per file of a flood, and hold off every other claimer meanwhile.
+        Returns how many dead records it removed (the exporter counts them as reclaimed)."""
         try:
             known = []
             for section in ("claims", "queue"):
@@ -281,9 +282,11 @@ class DeviceLedger:
                 with _records.open_dir(self.root, parts, create=False) as fd:
                     known.append(_records.remembers(fd))
             if not all(known):
-                self.scan(reading=reading)  # this user's dead files go now: no lock needed
+                # This user's dead files go now: no lock needed.
+                return len(self.scan(reading=reading).removed)
         except (FileNotFoundError, LedgerError):
             pass  # the scan under the lock finds and says what is wrong
+        return 0
 
     def snapshot(self) -> Snapshot:
         reading = self.read()

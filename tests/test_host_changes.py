@@ -47,7 +47,8 @@ def _pytest(
     """pytest on FOLDER's sample with this suite's conftest loaded as a plugin."""
     (folder / "test_sample.py").write_text(SAMPLE)
     env = {k: v for k, v in os.environ.items() if k != "MEMGOV_TEST_HOST_CHANGES"}
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    # TESTS for `-p conftest`, its parent for what conftest imports (tests.helpers).
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent), env.get("PYTHONPATH", "")])
     if setting is not None:
         env["MEMGOV_TEST_HOST_CHANGES"] = setting
     argv = [

@@ -125,6 +125,8 @@ def test_claim_raises_a_memgov_error_and_holds_nothing(monkeypatch: pytest.Monke
     assert str(info.value) == (
         "claim size: '999TiB' (1022976.00 GiB) is larger than the device sim0 (16.00 GiB); "
         + ACCEPTED
+        + "; or 'auto' (a GPU scheduler's budget, else the job's measured profile, else a "
+        "first-run share of what is free; docs/profiles.md)"
     )
     assert memgov.current() is None
     with memgov.claim("16GiB") as held:  # the whole device was never taken
