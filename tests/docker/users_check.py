@@ -105,6 +105,11 @@ def run(image: str, base: Path, userns_host: str | None) -> dict[str, Any]:
             *extra,
             "-v",
             f"{base}:{base}",
+            # The ledger mounted at MEMGOV_DIR itself, as docs/ledger.md sets containers up: in
+            # a user namespace a folder of an unmapped host user is trusted only as a mount
+            # point (inside base, a 1777 folder, any host user could have made it).
+            "-v",
+            f"{ledger}:{ledger}",
             "-v",
             f"{HERE}:/checks:ro",
             "-e",
