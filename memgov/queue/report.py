@@ -1,11 +1,12 @@
 """What a queue run did: makespan, each job's times and slowdown, decisions, GPU memory over time.
 
 The JSON (``memgov queue run --json`` / ``--out``) has, at the top: policy, makespan_s, jobs,
-decisions {count, p50_ms, p99_ms, max_ms}, samples [{t, used_bytes, claimed_bytes, util_pct}],
-ooms, killed_by_neighbour, retries, device {name, total_bytes}. Each job: name, id, kind, gpu,
-claim_bytes, peak_bytes, arrival_s, start_s, end_s, jct_s, run_s, solo_s, slowdown, end, ooms,
-retries (times in seconds from the run's start; docs/queue.md).
-"""
+decisions {count, p50_ms, p99_ms, max_ms}, samples [{t, used_bytes, claimed_bytes, util_pct,
+gpus [{gpu, used_bytes, claimed_bytes, util_pct}]}], ooms, killed_by_neighbour, retries, device
+{name, total_bytes}, devices [{index, uuid, name, total_bytes; on Ray also node}]. Each job:
+name, id, kind, gpu, claim_bytes, peak_bytes, arrival_s, start_s, end_s, jct_s, run_s, solo_s,
+slowdown, end, ooms, retries (times in seconds from the run's start; docs/queue.md). The local
+runner and the one on Ray (memgov/queue/onray.py) build it with the same code."""
 
 from __future__ import annotations
 
@@ -32,40 +33,58 @@ NEIGHBOUR_SHARE = 0.95
 
 class Sampler:
     """GPU memory (NVML where there is a GPU, else the ledger's and the queue's claims) and
-    utilisation (NVML) once per SAMPLE_S."""
+    utilisation (NVML) once per SAMPLE_S: the totals, and each GPU's own (``gpus``).
+
+    The local runner reads its host's GPUs (:meth:`maybe`); on Ray the driver gathers each
+    node's :func:`reading` of its GPUs and adds them (:meth:`add`)."""
 
     def __init__(self, devices: list[Device]) -> None:
         self.devices = devices
         self.started = time.time()
         self.samples: list[dict[str, Any]] = []
-        self._last = 0.0
+        self._last = -SAMPLE_S
+
+    def due(self) -> bool:
+        return self.next_in() <= 0
+
+    def next_in(self) -> float:
+        """Seconds until the next sample is due."""
+        return max(0.0, SAMPLE_S - (time.monotonic() - self._last))
 
     def maybe(self, queue_bytes: dict[int, int]) -> None:
-        if time.monotonic() - self._last < SAMPLE_S:
-            return
+        if self.due():
+            self.add([reading(d, queue_bytes.get(d.index, 0)) for d in self.devices])
+
+    def add(self, readings: list[dict[str, Any]]) -> None:
+        """One sample of ``readings`` (one per GPU, as :func:`reading` makes them)."""
         self._last = time.monotonic()
-        used = claimed = 0
-        utils: list[float] = []
-        for device in self.devices:
-            try:
-                snap = DeviceLedger(device).snapshot()
-                ledger_claimed = snap.claimed
-            except Exception:  # a ledger busy past its lock bound: this sample counts the queue's
-                ledger_claimed = 0
-            held = max(ledger_claimed, queue_bytes.get(device.index, 0))
-            claimed += held
-            used += _nvml_used(device, held)
-            util = _nvml_util(device)
-            if util is not None:
-                utils.append(util)
+        utils = [r["util_pct"] for r in readings if r.get("util_pct") is not None]
         self.samples.append(
             {
                 "t": round(time.time() - self.started, 3),
-                "used_bytes": used,
-                "claimed_bytes": claimed,
+                "used_bytes": sum(r["used_bytes"] for r in readings),
+                "claimed_bytes": sum(r["claimed_bytes"] for r in readings),
                 "util_pct": round(statistics.mean(utils), 1) if utils else None,
+                "gpus": readings,
             }
         )
+
+
+def reading(device: Device, queue_bytes: int = 0) -> dict[str, Any]:
+    """One GPU now: ``claimed_bytes`` (its ledger's claims, at least what the queue placed on
+    it), ``used_bytes`` (NVML; the claims on a simulated GPU), ``util_pct`` (NVML, else None)."""
+    try:
+        ledger_claimed = DeviceLedger(device).snapshot().claimed
+    except Exception:  # a ledger busy past its lock bound: this sample counts the queue's
+        ledger_claimed = 0
+    held = max(ledger_claimed, queue_bytes)
+    util = _nvml_util(device)
+    return {
+        "gpu": device.index,
+        "used_bytes": _nvml_used(device, held),
+        "claimed_bytes": held,
+        "util_pct": None if util is None else round(util, 1),
+    }
 
 
 def _nvml_used(device: Device, fallback: int) -> int:
@@ -136,9 +155,11 @@ def build_report(
     learned: Learned,
     started: float,
     origin: float | None = None,
+    nodes: dict[int, str] | None = None,
 ) -> Report:
     """``origin``: time 0 of the report; default the earliest job's submission (a file's run
-    start). A runner without a file (`run` of what is queued, `serve`) counts from its start."""
+    start). A runner without a file (`run` of what is queued, `serve`) counts from its start.
+    ``nodes``: on Ray, the node of each GPU (``devices`` are then the cluster's)."""
     t0 = origin if origin is not None else min([j.created for j in jobs] or [started])
     rows = [_job_row(j, t0, solo, learned) for j in sorted(jobs, key=lambda j: j.id)]
     ends = [r["end_s"] for r in rows if r["end_s"] is not None]
@@ -163,6 +184,7 @@ def build_report(
         device={"name": first.name, "total_bytes": first.total},
         devices=[
             {"index": d.index, "uuid": d.uuid, "name": d.name, "total_bytes": d.total}
+            | ({"node": nodes.get(d.index, "")} if nodes is not None else {})
             for d in devices
         ],
         learned={"alpha": dict(learned.alpha)},

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import subprocess
@@ -31,13 +30,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _autosize, _devices, _profiles, _run
+from memgov import _autosize, _devices, _run
 from memgov._devices import Device
 from memgov._errors import MemgovError, QueueError
 from memgov._ledger import DeviceLedger, new_record_name
 from memgov._sizes import Size
-from memgov.queue import learn, policies
-from memgov.queue.model import FINISHED, MAX_RETRIES, OOM_GROWTH, Attempt, Job
+from memgov.queue import ends, learn, policies
+from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.report import Report, Sampler, build_report
 from memgov.queue.store import Store
 
@@ -52,7 +51,6 @@ DECIDE_EVERY_S = 1.0
 the time a reservation waits for passes."""
 WAIT_BUDGET_S = 600
 """MEMGOV_WAIT of each job: a claim that meets a neighbour outside the queue waits for it."""
-OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "RESOURCE_EXHAUSTED", "MemoryError")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -275,23 +273,7 @@ class Runner:
 
     def _never(self, job: Job, why: str) -> None:
         now = time.time()
-        attempt = Attempt(
-            len(job.attempts) + 1,
-            1,
-            -1,
-            "",
-            "",
-            start=now,
-            end=now,
-            result="failed",
-            detail=f"never started: {why}",
-        )
-
-        def fail(stored: Job) -> None:
-            stored.state = "failed"
-            stored.attempts.append(attempt)
-
-        self.jobs[job.id] = self.store.update(job.id, fail)
+        self.jobs[job.id] = self.store.update(job.id, lambda stored: ends.never(stored, why, now))
         self.touched.add(job.id)
         self.changed = True
 
@@ -470,14 +452,11 @@ class Runner:
         attempt.pid = result.get("pid")
         attempt.start = float(result.get("start") or attempt.start)
         attempt.result, attempt.detail = self._classify(job, result)
-        attempt.peak_bytes = self._peak(job, attempt.pid)
-        overlap = self._overlap(job.id, attempt.gpu, attempt.start, end)
-        attempt.sharing = round(sum(overlap.values()), 3)
+        attempt.peak_bytes = ends.peak_of(ends.profile_run(job.job, attempt.pid))
+        ends.learn_from(self.learned, job, attempt, self.timeline, self.options.solo)
         if attempt.result == "ok":
-            solo = self._solo_known(job)
-            self.learned.finished(job.job, job.kind, end - attempt.start, overlap, solo)
             self.store.write_extra("learned.json", self.learned.to_json())
-        fresh = self.store.update(job.id, lambda stored: self._settle(stored, attempt))
+        fresh = self.store.update(job.id, lambda stored: ends.settle(stored, attempt))
         self.jobs[job.id] = fresh
         self.store.drop_result(job.id, attempt.n)
         self.store.drop_live(attempt.live)
@@ -490,36 +469,6 @@ class Runner:
                 self.sizes.pop(other.id, None)
         self.changed = True
 
-    def _settle(self, stored: Job, attempt: Attempt) -> None:
-        """The job's state after an attempt ended."""
-        stored.attempts[-1] = attempt
-        if attempt.result == "stopped" and stored.cancel:  # the file's flag, under the lock:
-            attempt.result, attempt.detail = "cancelled", "memgov queue cancel"  # never stale
-        end = attempt.result
-        if end == "ok":
-            stored.state = "done"
-        elif end == "not_started" and sum(a.result == end for a in stored.attempts) >= 3:
-            stored.state = "failed"  # its shepherd cannot start: not tried for ever
-            attempt.detail = (
-                "its shepherd ended before starting it 3 times; see the runner's stderr"
-            )
-        elif end in ("stopped", "not_started"):
-            stored.state = "queued"
-        elif end == "cancelled":
-            stored.state = "cancelled"
-        elif end == "oom":
-            stored.ooms += 1
-            learned_size = stored.claim == "auto"
-            if learned_size and stored.retries < MAX_RETRIES:
-                stored.retries += 1
-                grown = math.ceil(attempt.claim_bytes * OOM_GROWTH / 2**20) * 2**20
-                stored.next_claim = grown
-                stored.state = "queued"
-            else:
-                stored.state = "failed"
-        else:
-            stored.state = "failed"
-
     def _classify(self, job: Job, result: dict[str, Any]) -> tuple[str, str]:
         if result.get("not_started"):
             return "not_started", "its shepherd ended before starting it: queued again"
@@ -530,55 +479,13 @@ class Runner:
             if job.cancel:
                 return "cancelled", "memgov queue cancel"
             return "stopped", "the runner stopped: queued again"
-        if code == 0:
-            return "ok", ""
-        if self._ran_out(job, result):
-            return "oom", f"out of memory (exit {code})"
-        if isinstance(code, int) and code < 0:
-            return "killed", f"killed by {_signal_name(-code)}"
-        detail = str(result.get("detail") or f"exit code {code}")
-        return "failed", detail
+        detail = str(result.get("detail") or "")
+        return ends.by_exit(code, lambda: self._ran_out(job, result), detail)
 
     def _ran_out(self, job: Job, result: dict[str, Any]) -> bool:
-        run = self._profile_run(job, result.get("pid"))
-        if run is not None and run.get("end") == "oom":
-            return True
         tail, _size = self.store.read_log(job.id, 16 * 1024)
-        text = tail.decode(errors="replace")
-        return any(marker in text for marker in OOM_MARKERS)
-
-    def _profile_run(self, job: Job, pid: Any) -> dict[str, Any] | None:
-        if not isinstance(pid, int):
-            return None
-        try:
-            profile = _profiles.read(job.job)
-        except MemgovError:
-            return None
-        runs = [r for r in (profile.runs if profile else []) if r.get("pid") == pid]
-        return runs[-1] if runs else None
-
-    def _peak(self, job: Job, pid: int | None) -> int | None:
-        run = self._profile_run(job, pid)
-        peak = run.get("peak") if run else None
-        return peak if isinstance(peak, int) else None
-
-    def _overlap(self, job_id: int, gpu: int, start: float, end: float) -> dict[str, float]:
-        """Per kind: job-seconds of other queue jobs beside this one, over its run time."""
-        span = max(end - start, 1e-6)
-        shared: dict[str, float] = {}
-        for other, kind, other_gpu, s, e in self.timeline:
-            if other == job_id or other_gpu != gpu:
-                continue
-            overlap = min(end, e if e is not None else end) - max(start, s)
-            if overlap > 0:
-                shared[kind] = shared.get(kind, 0.0) + overlap / span
-        return shared
-
-    def _solo_known(self, job: Job) -> float | None:
-        times = self.learned.solo.get(job.job)
-        if times:
-            return sorted(times)[len(times) // 2]
-        return self.options.solo.get(job.name)
+        run = ends.profile_run(job.job, result.get("pid"))
+        return ends.ran_out(run, tail.decode(errors="replace"))
 
     def _queue_bytes(self) -> dict[int, int]:
         placed: dict[int, int] = {}
@@ -612,13 +519,6 @@ def _python_path() -> str:
     here = os.path.dirname(os.path.dirname(os.path.abspath(memgov.__file__)))
     rest = os.environ.get("PYTHONPATH", "")
     return here + (os.pathsep + rest if rest else "")
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 def finished(job: Job) -> bool:

@@ -1,5 +1,6 @@
 """The queue on a Ray cluster of 3 simulated nodes (one host; tests/ray's layout): every job
-lands on a GPU with room, none is over budget, and the report has the same figures."""
+lands on a GPU with room, none is over budget, an OOM under a learned size is run again larger
+(counted, its size learned), and the report has the local report's figures."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+import memgov.queue as q  # noqa: E402
 import memgov.ray  # noqa: E402
+from memgov import _autosize, _profiles  # noqa: E402
 from memgov._devices import simulated_devices  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
 from memgov.queue.onray import run_on_ray  # noqa: E402
@@ -95,6 +98,36 @@ def claimer(seconds: float) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def watched(cluster: dict[str, Path], path: Path, policy: str) -> dict[str, Any]:
+    """The report of ``path`` run on the cluster; asserts no ledger was ever over-committed."""
+    watch = Watch(cluster)
+    watch.start()
+    try:
+        report = run_on_ray(path, "auto", policy=policy).to_json()
+    finally:
+        watch.done.set()
+        watch.join(10)
+    assert watch.over == []
+    assert max(watch.most.values()) > 0  # the jobs' claims were in the nodes' ledgers
+    return report
+
+
+def assert_on_gpus_with_room(report: dict[str, Any]) -> None:
+    """Every attempt that ran is on one of the cluster's GPUs, within its memory; at no sample
+    does any GPU hold more claims than it has."""
+    totals = {d["index"]: d["total_bytes"] for d in report["devices"]}
+    assert len(totals) == 4 and all(d["node"] for d in report["devices"])
+    for row in report["jobs"]:
+        if row["start_s"] is not None and row["gpu"] >= 0:
+            assert row["claim_bytes"] <= totals[row["gpu"]], row
+    assert report["samples"]
+    for sample in report["samples"]:
+        assert sorted(g["gpu"] for g in sample["gpus"]) == sorted(totals)
+        for gpu in sample["gpus"]:
+            assert 0 <= gpu["claimed_bytes"] <= totals[gpu["gpu"]], sample
+        assert sample["claimed_bytes"] == sum(g["claimed_bytes"] for g in sample["gpus"])
+
+
 @pytest.mark.parametrize("policy", ["memgov", "sjf-exclusive"])
 def test_a_queue_runs_on_ray_every_job_on_a_gpu_with_room(
     cluster: dict[str, Path], tmp_path: Path, policy: str
@@ -110,22 +143,98 @@ def test_a_queue_runs_on_ray_every_job_on_a_gpu_with_room(
         }
         for i, s in enumerate(sizes)
     ]
-    path = write_queue(tmp_path / "q.toml", jobs)
-    watch = Watch(cluster)
-    watch.start()
-    try:
-        report = run_on_ray(path, "auto", policy=policy).to_json()
-    finally:
-        watch.done.set()
-        watch.join(10)
-    assert watch.over == []
+    report = watched(cluster, write_queue(tmp_path / "q.toml", jobs), policy)
     assert [j["end"] for j in report["jobs"]] == ["ok"] * len(sizes), report["jobs"]
     rows = {j["name"]: j for j in report["jobs"]}
+    big = {d["index"] for d in report["devices"] if d["total_bytes"] == 80 * GIB}
     for i, size in enumerate(sizes):
         row = rows[f"j{i}"]
         assert row["claim_bytes"] >= size * GIB
         if size > 16:  # only the 80 GiB GPU holds it
-            assert row["detail"].startswith("node") and row["claim_bytes"] <= 80 * GIB
+            assert row["gpu"] in big and row["detail"].startswith("node")
     assert report["policy"] == policy and report["makespan_s"] > 0
-    assert report["decisions"]["count"] == 1
-    assert max(watch.most.values()) > 0  # the jobs' claims were in the nodes' ledgers
+    assert report["decisions"]["count"] == 1  # every job arrived at once: one decision
+    assert_on_gpus_with_room(report)
+    assert max(s["claimed_bytes"] for s in report["samples"]) > 0
+
+
+def needs(need_gib: float, seconds: float = 0.2) -> list[str]:
+    """A job that claims its budget and runs out of memory (torch's way: an OutOfMemoryError
+    ends it) unless the budget is at least ``need_gib``."""
+    code = (
+        "import os, time, memgov\n"
+        "budget = int(os.environ['MEMGOV_CLAIM'])\n"
+        "c = memgov.claim(budget, device=os.environ['MEMGOV_DEVICE'])\n"
+        "class OutOfMemoryError(RuntimeError): pass\n"
+        f"if budget < {need_gib} * 2**30:\n"
+        "    raise OutOfMemoryError(f'CUDA out of memory: {budget} bytes is not enough')\n"
+        f"time.sleep({seconds})\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_an_oom_under_a_learned_size_is_run_again_larger_and_counted(
+    cluster: dict[str, Path], tmp_path: Path
+) -> None:
+    jobs: list[dict[str, Any]] = [
+        {"name": "once", "cmd": needs(5), "claim": "auto", "env": {"MEMGOV_JOB": "ray-once"}},
+        {"name": "always", "cmd": needs(500), "claim": "auto", "env": {"MEMGOV_JOB": "ray-all"}},
+        {"name": "given", "cmd": needs(5), "claim": "2GiB", "env": {"MEMGOV_JOB": "ray-given"}},
+        {"name": "fits", "cmd": needs(1), "claim": "2GiB"},
+    ]
+    report = watched(cluster, write_queue(tmp_path / "q.toml", jobs), "fifo")
+    rows = {j["name"]: j for j in report["jobs"]}
+    counted = {n: (r["end"], r["ooms"], r["retries"], r["attempts"]) for n, r in rows.items()}
+    assert counted == {
+        "once": ("ok", 1, 1, 2),  # 4 GiB (a quarter of the 16 GiB type: no profile), then 6
+        "always": ("oom", 3, 2, 3),  # at most two re-tries
+        "given": ("oom", 1, 0, 1),  # a size the user gave is never changed
+        "fits": ("ok", 0, 0, 1),
+    }
+    assert (report["ooms"], report["retries"]) == (5, 3)
+    once = _profiles.read("ray-once")  # the driver's store: the runs came back from the node
+    assert once is not None
+    claims = [r["claim"] for r in once.runs]
+    assert once.runs[0]["end"] == "oom" and len(claims) == 2
+    assert claims[1] >= 1.5 * claims[0] and claims[1] == rows["once"]["claim_bytes"]
+    assert rows["once"]["claim_bytes"] >= 5 * GIB > claims[0]
+    always = _profiles.read("ray-all")
+    assert always is not None and [r["end"] for r in always.runs] == ["oom"] * 3
+    grown = [r["claim"] for r in always.runs]
+    assert grown[1] >= 1.5 * grown[0] and grown[2] >= 1.5 * grown[1]
+    learned = _autosize.need(always, True)  # the next auto: 1.5 x the last size that failed
+    assert learned is not None and learned[0] >= 1.5 * grown[2]
+    assert report["decisions"]["count"] >= 3  # the first, then one per round of re-tries
+    assert_on_gpus_with_room(report)
+
+
+def shape(value: Any) -> Any:
+    """The kind of a report: its keys, recursively (lists by their first item), and which
+    values are text; a figure may be null in one run and a number in another (a solo time)."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return "text" if isinstance(value, str) else "figure"
+
+
+def test_the_report_on_ray_has_the_local_reports_figures(
+    cluster: dict[str, Path], tmp_path: Path
+) -> None:
+    jobs: list[dict[str, Any]] = [
+        {"name": f"k{i}", "cmd": claimer(1.2), "claim": "3GiB", "kind": "k", "duration": 1}
+        for i in range(3)
+    ]
+    path = write_queue(tmp_path / "q.toml", jobs)
+    local = q.run(path, "fifo").to_json()  # the two simulated GPUs of tests/queue
+    on_ray = watched(cluster, path, "fifo")
+    for report in (local, on_ray):
+        assert [j["end"] for j in report["jobs"]] == ["ok"] * 3
+        assert all(j["peak_bytes"] for j in report["jobs"])  # the profile runs' peaks
+        assert all(j["sharing"] is not None for j in report["jobs"])
+        assert report["samples"] and report["samples"][0]["gpus"]
+    for device in on_ray["devices"]:
+        assert device.pop("node")  # the only addition on Ray: each GPU's node
+    for report in (local, on_ray):
+        assert set(report.pop("learned")) == {"alpha"}  # keyed by the kinds that met
+    assert shape(on_ray) == shape(local)
