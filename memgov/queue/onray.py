@@ -23,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ from memgov.queue import ends, learn, policies
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.queuefile import JobSpec, load
 from memgov.queue.report import SAMPLE_S, Report, Sampler, build_report, reading
+from memgov.queue.runner import STOP_SIGNALS
 from memgov.queue.store import Store
 from memgov.queue.submit import to_job
 
@@ -46,6 +49,9 @@ OUTPUT_TAIL = 16 * 1024
 """The bytes of a job's output that come back (OOM markers are looked for in them)."""
 STOP_GRACE_S = 10.0
 """A cancelled task's command gets SIGTERM, then SIGKILL after this many seconds."""
+STOP_WAIT_S = STOP_GRACE_S + 20
+"""How long a stopping driver waits for its cancelled tasks to answer."""
+POLL_S = 0.2
 READ_TIMEOUT_S = 10.0
 """A node that does not answer a sample in this time is left out of that sample."""
 
@@ -61,35 +67,16 @@ def run_job(orders: dict[str, Any]) -> dict[str, Any]:
     from memgov.ray import assigned_device
 
     device = assigned_device()
-    env = {
-        **orders["env"],
-        "MEMGOV_CLAIM": str(orders["budget"]),
-        "MEMGOV_DEVICE": device.uuid,
-        "MEMGOV_JOB": orders["job"],
-    }
-    for name in NODE_VARIABLES:
-        if name in os.environ:
-            env[name] = os.environ[name]
-        else:
-            env.pop(name, None)
     start = time.time()
     proc = subprocess.Popen(
         orders["cmd"],
         cwd=orders["cwd"],
-        env=env,
+        env=_job_env(orders, device.uuid),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    try:
-        output, _ = proc.communicate()
-    except BaseException:  # the task cancelled (the driver stopped): the command stops with it
-        proc.terminate()
-        try:
-            proc.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
+    output = _wait(proc)
     return {
         "start": start,
         "end": time.time(),
@@ -101,6 +88,39 @@ def run_job(orders: dict[str, Any]) -> dict[str, Any]:
         "tail": output[-OUTPUT_TAIL:].decode(errors="replace"),
         "run": ends.profile_run(orders["job"], proc.pid),
     }
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> bytes:
+    """The command's output once it ended. Waits in short steps: Ray cancels a task by raising
+    KeyboardInterrupt in it, which lands between them; the command then stops with the task."""
+    try:
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return proc.communicate(timeout=POLL_S)[0]
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+
+
+def _job_env(orders: dict[str, Any], device: str) -> dict[str, str]:
+    """The job's environment: the driver's, its budget on ``device``, the node's own ledger."""
+    env = {
+        **orders["env"],
+        "MEMGOV_CLAIM": str(orders["budget"]),
+        "MEMGOV_DEVICE": device,
+        "MEMGOV_JOB": orders["job"],
+    }
+    for name in NODE_VARIABLES:
+        if name in os.environ:
+            env[name] = os.environ[name]
+        else:
+            env.pop(name, None)
+    return env
 
 
 class NodeGpus:
@@ -244,6 +264,23 @@ def _specs(file: str | os.PathLike[str]) -> tuple[list[JobSpec], str | None]:
     return parsed.jobs, parsed.policy
 
 
+class _Stop:
+    """The signal that asked the driver to stop (Ctrl-C, SIGTERM, SIGHUP), as the local runner."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+
+def _catch(stop: _Stop) -> dict[int, Any]:
+    """Route the stop signals to ``stop`` (only the main thread may); the handlers it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+
+
 class RayQueue:
     """Submits the jobs as they come due, in the policy's order; follows them to their end."""
 
@@ -271,12 +308,14 @@ class RayQueue:
         # max_retries=0: a lost worker is a lost attempt, never a second run of the command;
         # max_calls=0: workers are reused (one leaving after each call may abort: docs/ray.md).
         self.task = ray.remote(max_retries=0, max_calls=0)(run_job)
+        self.stop = _Stop()
 
     def run(self) -> Report:
         import ray
 
+        saved = _catch(self.stop)
         try:
-            while any(j.state not in FINISHED for j in self.jobs):
+            while self.stop.signal is None and any(j.state not in FINISHED for j in self.jobs):
                 self._submit_due()
                 if self.pending:
                     wait = self.sampler.next_in()
@@ -286,14 +325,13 @@ class RayQueue:
                 else:
                     time.sleep(min(SAMPLE_S, max(0.01, self._next_arrival() - time.time())))
                 self._sample()
-        except BaseException:  # Ctrl-C, a lost cluster: the submitted jobs are stopped
-            for ref in self.pending:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref)
-            raise
+        finally:
+            self._stop_all()  # after a signal (or an error): nothing left running
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
         self._sample(force=True)
         self._learn()
-        return build_report(
+        report = build_report(
             self.policy.name,
             self.jobs,
             self.latencies,
@@ -304,6 +342,27 @@ class RayQueue:
             self.started,
             nodes=self.cluster.nodes,
         )
+        report.interrupted = self.stop.signal
+        return report
+
+    def _stop_all(self) -> None:
+        """Cancel every submitted task: its command gets SIGTERM, SIGKILL after STOP_GRACE_S;
+        its attempt ends ``stopped`` (the job is not finished: a next run runs it)."""
+        import ray
+
+        if not self.pending:
+            return
+        for ref in self.pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+        done, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=STOP_WAIT_S)
+        for ref in done:
+            self._finish(ref)
+        for job, attempt in self.pending.values():  # no answer: its node may be gone
+            attempt.end, attempt.result = time.time(), "lost"
+            attempt.detail = "its Ray task did not answer the cancel"
+            ends.settle(job, attempt)
+        self.pending.clear()
 
     # -- submitting -----------------------------------------------------------------------------
 
@@ -361,9 +420,12 @@ class RayQueue:
         job, attempt = self.pending.pop(ref)
         try:
             result = ray.get(ref)
-        except Exception as exc:  # the worker or its node died: whether it finished is unknown
+        except Exception as exc:  # cancelled; or the worker or its node died mid-run
             attempt.end = time.time()
-            attempt.result, attempt.detail = "lost", f"its Ray task failed: {exc}"[:300]
+            if self.stop.signal is not None or isinstance(exc, ray.exceptions.TaskCancelledError):
+                attempt.result, attempt.detail = "stopped", "the driver stopped: not finished"
+            else:  # whether it finished is unknown: never run twice
+                attempt.result, attempt.detail = "lost", f"its Ray task failed: {exc}"[:300]
             ends.settle(job, attempt)
             return
         run = result.get("run")

@@ -4,6 +4,10 @@ lands on a GPU with room, none is over budget, an OOM under a learned size is ru
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -21,15 +25,13 @@ from memgov import _autosize, _profiles  # noqa: E402
 from memgov._devices import simulated_devices  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
 from memgov.queue.onray import run_on_ray  # noqa: E402
-from tests.helpers.queuejobs import GIB, write_queue  # noqa: E402
+from tests.helpers.queuejobs import GIB, ROOT, memgov_cli, write_queue  # noqa: E402
 
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    import os
-
     from ray.cluster_utils import Cluster
 
     base = tmp_path_factory.mktemp("ray-queue")
@@ -238,3 +240,64 @@ def test_the_report_on_ray_has_the_local_reports_figures(
     for report in (local, on_ray):
         assert set(report.pop("learned")) == {"alpha"}  # keyed by the kinds that met
     assert shape(on_ray) == shape(local)
+
+
+def test_memgov_queue_run_ray_address_prints_the_report(
+    cluster: dict[str, Path], tmp_path: Path
+) -> None:
+    jobs: list[dict[str, Any]] = [
+        {"name": "a", "cmd": claimer(0.2), "claim": "2GiB"},
+        {"name": "b", "cmd": needs(5), "claim": "auto", "env": {"MEMGOV_JOB": "ray-cli"}},
+    ]
+    path = write_queue(tmp_path / "q.toml", jobs)
+    address = ray.get_runtime_context().gcs_address
+    out = tmp_path / "report.json"
+    ran = memgov_cli("queue", "run", "--ray", address, str(path), "--out", str(out), timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "makespan" in ran.stdout and "1 OOM(s), 1 re-try" in ran.stdout
+    report = json.loads(out.read_text())
+    assert [(j["end"], j["retries"]) for j in report["jobs"]] == [("ok", 0), ("ok", 1)]
+    assert_on_gpus_with_room(report)
+
+
+def test_ctrl_c_stops_the_ray_run_and_its_commands(
+    cluster: dict[str, Path], tmp_path: Path
+) -> None:
+    mark = tmp_path / "pid"
+    code = f"import os, time; open({str(mark)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    path = write_queue(tmp_path / "q.toml", [{"name": "long", "cmd": [sys.executable, "-c", code]}])
+    address = ray.get_runtime_context().gcs_address
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "memgov", "queue", "run", "--ray", address, str(path), "--json"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        # a shell's background jobs ignore SIGINT; Ctrl-C on a terminal would reach it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (mark.exists() and mark.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        job = int(mark.read_text())
+        driver.send_signal(signal.SIGINT)
+        out, _ = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 130
+    report = json.loads(out)
+    assert report["interrupted"] == signal.SIGINT
+    assert [(j["end"], j["state"]) for j in report["jobs"]] == [("stopped", "queued")]
+    deadline = time.monotonic() + 60  # the cancelled task stops its command (SIGTERM)
+    while _alive(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(job)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
