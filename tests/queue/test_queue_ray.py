@@ -24,7 +24,8 @@ import memgov.ray  # noqa: E402
 from memgov import _autosize, _profiles  # noqa: E402
 from memgov._devices import simulated_devices  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
-from memgov.queue.onray import run_on_ray  # noqa: E402
+from memgov.queue.model import Job  # noqa: E402
+from memgov.queue.onray import remember, run_on_ray  # noqa: E402
 from tests.helpers.queuejobs import GIB, ROOT, memgov_cli, write_queue  # noqa: E402
 
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}
@@ -183,6 +184,7 @@ def test_an_oom_under_a_learned_size_is_run_again_larger_and_counted(
         {"name": "always", "cmd": needs(500), "claim": "auto", "env": {"MEMGOV_JOB": "ray-all"}},
         {"name": "given", "cmd": needs(5), "claim": "2GiB", "env": {"MEMGOV_JOB": "ray-given"}},
         {"name": "fits", "cmd": needs(1), "claim": "2GiB"},
+        {"name": "huge", "cmd": needs(1), "claim": "100GiB"},
     ]
     report = watched(cluster, write_queue(tmp_path / "q.toml", jobs), "fifo")
     rows = {j["name"]: j for j in report["jobs"]}
@@ -192,7 +194,9 @@ def test_an_oom_under_a_learned_size_is_run_again_larger_and_counted(
         "always": ("oom", 3, 2, 3),  # at most two re-tries
         "given": ("oom", 1, 0, 1),  # a size the user gave is never changed
         "fits": ("ok", 0, 0, 1),
+        "huge": ("failed", 0, 0, 1),  # no GPU of the cluster holds it: never submitted
     }
+    assert "never started" in rows["huge"]["detail"] and "80.00 GiB" in rows["huge"]["detail"]
     assert (report["ooms"], report["retries"]) == (5, 3)
     once = _profiles.read("ray-once")  # the driver's store: the runs came back from the node
     assert once is not None
@@ -301,3 +305,14 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_run_that_came_back_is_added_to_the_drivers_profile_once() -> None:
+    job = Job(1, "train", ["python3", "train.py"], "/", {}, job="ray-remember")
+    run = {"peak": 3 * GIB, "end": "exit", "time": 1.0e9, "claim": 4 * GIB, "pid": 4242}
+    remember(job, run)
+    remember(job, dict(run))  # the driver shares the node's store: the run is there already
+    remember(job, {**run, "pid": 4343, "end": "oom"})
+    remember(job, None)  # a job that never claimed recorded no run
+    profile = _profiles.read("ray-remember")
+    assert profile is not None and [r["pid"] for r in profile.runs] == [4242, 4343]
