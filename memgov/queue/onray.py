@@ -53,7 +53,7 @@ STOP_WAIT_S = STOP_GRACE_S + 20
 """How long a stopping driver waits for its cancelled tasks to answer."""
 POLL_S = 0.2
 READ_TIMEOUT_S = 10.0
-"""A node that does not answer a sample in this time is left out of that sample."""
+"""When a node does not answer in this time, that sample is skipped (the run goes on)."""
 
 
 # -- in the workers -----------------------------------------------------------------------------
@@ -67,24 +67,30 @@ def run_job(orders: dict[str, Any]) -> dict[str, Any]:
     from memgov.ray import assigned_device
 
     device = assigned_device()
-    start = time.time()
-    proc = subprocess.Popen(
-        orders["cmd"],
-        cwd=orders["cwd"],
-        env=_job_env(orders, device.uuid),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    output = _wait(proc)
-    return {
-        "start": start,
-        "end": time.time(),
-        "returncode": proc.returncode,
-        "pid": proc.pid,
+    where = {
         "device": device.uuid,
         "node_id": ray.get_runtime_context().get_node_id(),
         "node": socket.gethostname(),
+        "start": time.time(),
+    }
+    try:
+        proc = subprocess.Popen(
+            orders["cmd"],
+            cwd=orders["cwd"],
+            env=_job_env(orders, device.uuid),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    except OSError as exc:  # as the local shepherd says it: the job failed, nothing ran
+        detail = f"cannot start {orders['cmd'][0]!r}: {exc.strerror or exc}"
+        return {**where, "end": time.time(), "returncode": None, "pid": None, "tail": detail}
+    output = _wait(proc)
+    return {
+        **where,
+        "end": time.time(),
+        "returncode": proc.returncode,
+        "pid": proc.pid,
         "tail": output[-OUTPUT_TAIL:].decode(errors="replace"),
         "run": ends.profile_run(orders["job"], proc.pid),
     }

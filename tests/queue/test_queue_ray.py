@@ -185,6 +185,7 @@ def test_an_oom_under_a_learned_size_is_run_again_larger_and_counted(
         {"name": "given", "cmd": needs(5), "claim": "2GiB", "env": {"MEMGOV_JOB": "ray-given"}},
         {"name": "fits", "cmd": needs(1), "claim": "2GiB"},
         {"name": "huge", "cmd": needs(1), "claim": "100GiB"},
+        {"name": "missing", "cmd": [str(tmp_path / "no-such-program")], "claim": "1GiB"},
     ]
     report = watched(cluster, write_queue(tmp_path / "q.toml", jobs), "fifo")
     rows = {j["name"]: j for j in report["jobs"]}
@@ -195,7 +196,9 @@ def test_an_oom_under_a_learned_size_is_run_again_larger_and_counted(
         "given": ("oom", 1, 0, 1),  # a size the user gave is never changed
         "fits": ("ok", 0, 0, 1),
         "huge": ("failed", 0, 0, 1),  # no GPU of the cluster holds it: never submitted
+        "missing": ("failed", 0, 0, 1),
     }
+    assert "cannot start" in rows["missing"]["detail"]
     assert "never started" in rows["huge"]["detail"] and "80.00 GiB" in rows["huge"]["detail"]
     assert (report["ooms"], report["retries"]) == (5, 3)
     once = _profiles.read("ray-once")  # the driver's store: the runs came back from the node
