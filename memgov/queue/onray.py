@@ -52,6 +52,9 @@ STOP_GRACE_S = 10.0
 STOP_WAIT_S = STOP_GRACE_S + 20
 """How long a stopping driver waits for its cancelled tasks to answer."""
 POLL_S = 0.2
+DESCRIBE_TIMEOUT_S = 120.0
+"""How long the nodes' readers may take to start; a node whose reader did not is not sampled
+and its GPUs have no number in the report (gpu -1)."""
 READ_TIMEOUT_S = 10.0
 """When a node does not answer in this time, that sample is skipped (the run goes on)."""
 
@@ -198,15 +201,26 @@ def discover(types: list[int]) -> Cluster:
 
     cluster = Cluster(sorted(types))
     actor = ray.remote(num_cpus=0, max_restarts=0)(NodeGpus)
+    readers: list[Any] = []
     for node in ray.nodes():
         resources = node.get("Resources", {})
         if not node.get("Alive") or not any(type_capacity(r) for r in resources):
             continue
         strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        cluster.readers.append(actor.options(scheduling_strategy=strategy).remote())
-    described = ray.get([r.describe.remote() for r in cluster.readers], timeout=120)
-    for node in described:
+        readers.append(actor.options(scheduling_strategy=strategy).remote())
+    asked = {r.describe.remote(): r for r in readers}
+    answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=DESCRIBE_TIMEOUT_S)
+    for ref, reader in asked.items():
+        try:
+            node = ray.get(ref, timeout=0) if ref in answered else None
+        except Exception:  # a node that cannot host the reader: its GPUs are left unnumbered
+            node = None
+        if node is None:
+            with contextlib.suppress(Exception):
+                ray.kill(reader)
+            continue
         where = f"{node['node']} ({node['node_id'][:8]})"
+        cluster.readers.append(reader)
         cluster.reader_nodes.append(node["node_id"])
         for uuid, name, total, simulated in node["gpus"]:
             index = len(cluster.devices)
