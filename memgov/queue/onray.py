@@ -38,7 +38,7 @@ from memgov.queue import ends, learn, policies
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.queuefile import JobSpec, load
 from memgov.queue.report import SAMPLE_S, Report, Sampler, build_report, reading
-from memgov.queue.runner import STOP_SIGNALS
+from memgov.queue.runner import STOP_SIGNALS, WAIT_BUDGET_S
 from memgov.queue.store import Store
 from memgov.queue.submit import to_job
 
@@ -117,19 +117,18 @@ def _wait(proc: subprocess.Popen[bytes]) -> bytes:
 
 
 def _job_env(orders: dict[str, Any], device: str) -> dict[str, str]:
-    """The job's environment: the driver's, its budget on ``device``, the node's own ledger."""
-    env = {
-        **orders["env"],
-        "MEMGOV_CLAIM": str(orders["budget"]),
-        "MEMGOV_DEVICE": device,
-        "MEMGOV_JOB": orders["job"],
-    }
+    """The job's environment: the driver's, with the node's own ledger and GPUs, governed as the
+    local runner governs its jobs (memgov/_run.py: its budget on ``device``, MEMGOV_WAIT)."""
+    from memgov import _run
+
+    base = dict(orders["env"])
     for name in NODE_VARIABLES:
         if name in os.environ:
-            env[name] = os.environ[name]
+            base[name] = os.environ[name]
         else:
-            env.pop(name, None)
-    return env
+            base.pop(name, None)
+    budget = str(orders["budget"])
+    return _run.command_env(budget, device, WAIT_BUDGET_S, False, None, base, orders["job"])
 
 
 class NodeGpus:

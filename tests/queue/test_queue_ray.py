@@ -4,6 +4,7 @@ lands on a GPU with room, none is over budget, an OOM under a learned size is ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,7 +26,8 @@ from memgov import _autosize, _profiles  # noqa: E402
 from memgov._devices import simulated_devices  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
 from memgov.queue.model import Job  # noqa: E402
-from memgov.queue.onray import remember, run_on_ray  # noqa: E402
+from memgov.queue.onray import discover, remember, run_on_ray  # noqa: E402
+from memgov.ray._request import cluster_types  # noqa: E402
 from tests.helpers.queuejobs import GIB, ROOT, memgov_cli, write_queue  # noqa: E402
 
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}
@@ -93,8 +95,11 @@ class Watch(threading.Thread):
 
 
 def claimer(seconds: float) -> list[str]:
+    """A job that claims its budget on its GPU and holds it; it fails (exit 3) unless it runs
+    governed as a local queue job does (MEMGOV_WAIT: a holder outside the queue is waited for)."""
     code = (
-        "import os, time, memgov\n"
+        "import os, sys, time, memgov\n"
+        "if os.environ.get('MEMGOV_WAIT') != '600': sys.exit(3)\n"
         "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'])\n"
         f"time.sleep({seconds})\n"
     )
@@ -158,7 +163,6 @@ def test_a_queue_runs_on_ray_every_job_on_a_gpu_with_room(
     assert report["policy"] == policy and report["makespan_s"] > 0
     assert report["decisions"]["count"] == 1  # every job arrived at once: one decision
     assert_on_gpus_with_room(report)
-    assert max(s["claimed_bytes"] for s in report["samples"]) > 0
 
 
 def needs(need_gib: float, seconds: float = 0.2) -> list[str]:
@@ -319,3 +323,54 @@ def test_a_run_that_came_back_is_added_to_the_drivers_profile_once() -> None:
     remember(job, None)  # a job that never claimed recorded no run
     profile = _profiles.read("ray-remember")
     assert profile is not None and [r["pid"] for r in profile.runs] == [4242, 4343]
+
+
+def test_a_job_whose_worker_dies_is_lost_and_never_run_twice(
+    cluster: dict[str, Path], tmp_path: Path
+) -> None:
+    starts = tmp_path / "starts"
+    code = (
+        "import os, time\n"
+        f"with open({str(starts)!r}, 'a') as f: f.write(f'{{os.getppid()}} {{os.getpid()}}\\n')\n"
+        "time.sleep(600)\n"
+    )
+    path = write_queue(tmp_path / "q.toml", [{"name": "w", "cmd": [sys.executable, "-c", code]}])
+    killer = threading.Thread(target=_kill_worker_once_started, args=(starts,), daemon=True)
+    killer.start()
+    report = run_on_ray(path, "auto").to_json()
+    killer.join(10)
+    (row,) = report["jobs"]
+    assert (row["end"], row["state"], row["attempts"]) == ("lost", "failed", 1), row
+    (started,) = starts.read_text().splitlines()  # Ray did not run it a second time
+    with contextlib.suppress(ProcessLookupError):  # the command outlives its worker, as a
+        os.kill(int(started.split()[1]), signal.SIGKILL)  # local job outlives its shepherd
+
+
+def _kill_worker_once_started(starts: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not (starts.exists() and starts.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.kill(int(starts.read_text().split()[0]), signal.SIGKILL)  # the job's Ray worker
+
+
+def test_the_samples_read_every_gpus_claims_on_its_node(cluster: dict[str, Path]) -> None:
+    class Holder:  # holds 5 GiB on the 80 GiB GPU (the only one of its type) until killed
+        def where(self) -> str:
+            return str(memgov.ray.assigned_device().uuid)
+
+    holder = memgov.ray.remote(budget="5GiB", gpu="80GiB")(Holder).remote()
+    found = None
+    try:
+        uuid = ray.get(holder.where.remote())
+        found = discover(cluster_types(ray.cluster_resources()))
+        readings = found.read()
+    finally:
+        ray.kill(holder)
+        for reader in found.readers if found else []:
+            ray.kill(reader)
+    assert readings is not None
+    assert len(found.devices) == 4 and sorted(r["gpu"] for r in readings) == [0, 1, 2, 3]
+    (held,) = [d.index for d in found.devices if d.uuid == uuid]
+    for entry in readings:
+        expected = 5 * GIB if entry["gpu"] == held else 0
+        assert (entry["claimed_bytes"], entry["used_bytes"]) == (expected, expected), readings
