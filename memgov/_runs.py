@@ -1,6 +1,7 @@
 """This process's run: its peak footprint sampled while it lives, how it ended, into its profile.
 
-Every claim starts a run (memgov/_claim.py). What is measured, once a second by a daemon thread:
+Every claim starts a run (memgov/_claim.py). What is measured, by a daemon thread that wakes once a
+second (one blocking wait, cut short by finish()):
 
 - a real GPU: this process's device memory as NVML counts it (CUDA context included); where
   NVML cannot see the process (inside a PID namespace), torch's peak reserved memory
@@ -8,6 +9,13 @@ Every claim starts a run (memgov/_claim.py). What is measured, once a second by 
 - a simulated GPU (``MEMGOV_DEVICES``): no device memory exists, so the process's peak resident
   host memory (``host-rss``, VmHWM) stands in; runs measured one way never size claims of the
   other kind of device.
+
+NVML is asked every second only while the peak rises: once a look finds it flat, the next look
+waits twice as long, up to NVML_EVERY_MAX_S, and torch's own high-water mark (read every second:
+the allocator's counter, no driver call) growing brings the next look forward to now. With 25
+jobs on one GPU that is a few driver queries a minute per job instead of four a second, against
+training work that needs the same driver; the peak stays exact for what torch allocates (see
+measure()), and the last sample, taken when the run ends, always asks NVML.
 
 Crash safety: the run lives in a flock-held file of this user's profile store
 (memgov/_profiles.py, ``live/``), rewritten whenever the peak grows. A process that ends normally
@@ -46,6 +54,9 @@ if TYPE_CHECKING:
     from memgov.adapter import Budget
 
 SAMPLE_S = 1.0
+"""The sampler's period: one blocking wait, then one cheap sample (torch's counters or VmHWM)."""
+NVML_EVERY_MAX_S = 15.0
+"""The longest wait between two NVML looks while the peak is flat (doubling from SAMPLE_S)."""
 RISE = 16 * 2**20
 """A peak that grows less than this (or 1 %) since the last rise counts as flat for give back."""
 
@@ -73,6 +84,15 @@ class Run:
     Event.set() leaves its lock held, and the next set() or wait() hangs for good."""
     sampler: int | None = None
     """The sampler thread's ident."""
+    wake: Any = dataclasses.field(default_factory=lambda: _held_lock())
+    """Held while the run lives; the sampler sleeps by waiting for it (a timed acquire: one
+    blocking wait, no polling) and finish() releases it to cut that sleep short. A raw lock,
+    released in one C call: no Python-level lock can be left held by an interrupt."""
+    nvml_every: float = SAMPLE_S
+    nvml_next: float = 0.0
+    """When NVML is next asked (time.monotonic()); 0: at the next sample."""
+    torch_high: int = 0
+    """torch's allocator high-water mark when NVML was last asked."""
 
     def entry(self) -> dict[str, Any]:
         """The run as its profile keeps it."""
@@ -109,6 +129,18 @@ class Run:
         }
 
 
+def _held_lock() -> Any:
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    return lock
+
+
+def _wake(run: Run) -> None:
+    """Cut the sampler's sleep short (after setting flags["stop"]); idempotent."""
+    with contextlib.suppress(RuntimeError):  # released already
+        run.wake.release()
+
+
 def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> None:
     """Begin recording this process's run of ``job`` under ``claim``; never raises."""
     global _run
@@ -132,7 +164,7 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
     # A bare thread: threading.Thread.start() waits for the new thread to say it started, and
     # waits forever if an exception lands in that thread first (an interrupt storm meets it).
     # It holds the run weakly: a run dropped by a finish() cut short is freed, with its file.
-    run.sampler = _thread.start_new_thread(_sample_loop, (weakref.ref(run), run.flags))
+    run.sampler = _thread.start_new_thread(_sample_loop, (weakref.ref(run), run.flags, run.wake))
 
 
 def current() -> Run | None:
@@ -151,11 +183,13 @@ def finish(end: str) -> None:
     _run = None
     try:
         run.flags["stop"] = True
+        _wake(run)
         _fold(run, end)
     finally:
         # Whatever was raised above (Ctrl-C included), the live file's descriptor ends here
         # (closing is idempotent: never a second close of a reused number).
         run.flags["stop"] = True
+        _wake(run)
         run.held.file.close()
 
 
@@ -190,10 +224,10 @@ def _command() -> list[str]:
 
 def measure(run: Run) -> tuple[int | None, str]:
     """This process's peak footprint so far, as far as one look can tell, and how it was
-    measured. NVML is read once a second; torch's allocator keeps its own high-water mark, so
-    where torch runs on the GPU the peak between two looks is NVML's figure now minus what the
-    allocator holds now plus the most it ever held (``nvml+torch``): a spike between samples
-    (cuDNN's benchmark workspaces, an evaluation batch) is not missed."""
+    measured. NVML is read now and then (see _nvml_due); torch's allocator keeps its own
+    high-water mark, so where torch runs on the GPU the peak between two looks is NVML's figure
+    now minus what the allocator holds now plus the most it ever held (``nvml+torch``): a spike
+    between looks (cuDNN's benchmark workspaces, an evaluation batch) is not missed."""
     if run.budget.simulated:
         return _host_peak(), "host-rss"
     from memgov import _nvml
@@ -216,14 +250,19 @@ def measure(run: Run) -> tuple[int | None, str]:
 
 
 def _torch_reserved() -> tuple[int, int]:
-    """(bytes torch's CUDA allocator holds now, the most it ever held); zeros without CUDA."""
+    """(bytes torch's CUDA allocator holds now, the most it ever held); zeros without CUDA.
+    One read of the allocator's counters (memory_reserved() and max_memory_reserved() would
+    each build the whole statistics table)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return 0, 0
     try:
         if not torch.cuda.is_initialized():
             return 0, 0
-        return int(torch.cuda.memory_reserved()), int(torch.cuda.max_memory_reserved())
+        stats = torch.cuda.memory_stats()
+        return int(stats.get("reserved_bytes.all.current", 0)), int(
+            stats.get("reserved_bytes.all.peak", 0)
+        )
     except Exception:
         return 0, 0
 
@@ -239,15 +278,37 @@ def _host_peak() -> int | None:
     return None
 
 
-def _sample(run: Run) -> bool:
-    """Take one sample; True when the peak grew (the live file is then rewritten)."""
-    used, how = measure(run)
+def _sample(run: Run, now: float | None = None) -> bool:
+    """Take one sample; True when the peak grew (the live file is then rewritten). ``now``
+    (the sampler thread's clock): NVML is asked only when due (_nvml_due); without it (the
+    last sample of a run) always."""
+    if now is not None and not run.budget.simulated:
+        if not _nvml_due(run, now):
+            return False
+        used, how = measure(run)
+        _pace(run, now, used is not None and used > run.peak)
+    else:
+        used, how = measure(run)
     if used is None or used <= run.peak:
         return False
     if used - run.peak > max(RISE, run.peak // 100) or not _working(run):
         run.last_rise = time.monotonic()
     run.peak, run.measure = used, how
     return True
+
+
+def _nvml_due(run: Run, now: float) -> bool:
+    """Whether this sample asks NVML: its look is due, or torch's allocator reached a new high
+    since the last look (a new peak is being made: look now)."""
+    return now >= run.nvml_next or _torch_reserved()[1] > run.torch_high
+
+
+def _pace(run: Run, now: float, grew: bool) -> None:
+    """After an NVML look: the next one in SAMPLE_S while the peak grows, else twice the last
+    wait, up to NVML_EVERY_MAX_S."""
+    run.nvml_every = SAMPLE_S if grew else min(2 * run.nvml_every, NVML_EVERY_MAX_S)
+    run.nvml_next = now + run.nvml_every
+    run.torch_high = _torch_reserved()[1]
 
 
 def _working(run: Run) -> bool:
@@ -262,16 +323,16 @@ def _working(run: Run) -> bool:
     return capped and _torch_reserved()[1] > 0
 
 
-def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool]) -> None:
+def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool], wake: Any) -> None:
     from memgov import _profiles
 
     try:
-        while not _stopped(flags, SAMPLE_S):
+        while not _stopped(flags, wake, SAMPLE_S):
             run = ref()
             if run is None or _run is not run:
                 return  # finish() was cut short: the run is no longer this process's
             try:
-                if _sample(run):
+                if _sample(run, time.monotonic()):
                     _profiles.update_live(run.held, run.payload())
                 _maybe_give_back(run)
             except Exception:  # a sampler must never disturb the program
@@ -281,11 +342,12 @@ def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool]) -> None:
         flags["ended"] = True
 
 
-def _stopped(flags: dict[str, bool], seconds: float) -> bool:
-    """Sleep up to ``seconds`` in short steps; whether finish() asked the sampler to stop."""
-    deadline = time.monotonic() + seconds
-    while not flags.get("stop") and time.monotonic() < deadline:
-        time.sleep(0.02)
+def _stopped(flags: dict[str, bool], wake: Any, seconds: float) -> bool:
+    """Sleep up to ``seconds``, one blocking wait that finish() cuts short (it sets "stop", then
+    releases ``wake``); whether finish() asked the sampler to stop. A training loop's main
+    thread meets this thread once a second, not fifty times."""
+    if not flags.get("stop"):
+        wake.acquire(timeout=seconds)
     return bool(flags.get("stop"))
 
 
