@@ -12,7 +12,10 @@ and the share is *followed*: a background thread re-counts the records every
 :data:`FOLLOW_INTERVAL_S` and, when the share changed, has the main thread apply the new number
 (torch's OpenMP thread count is per calling thread, so it must be set from the main thread: a
 pending call, see :func:`_on_main_thread`). An early starter gives cores back within a second of
-others arriving, and the last one left gets all cores back.
+others arriving, and the last one left gets all cores back. Each second costs one stat of the
+records' folder: the records are read again only when it changed (a process arrived, left or
+changed its share) or :data:`RESCAN_S` passed (a process killed by a signal leaves its file, whose
+lock died with it: its cores come back within that time).
 
 What each runtime honours (docs/threads.md has the measurements):
 - OpenMP/MKL/OpenBLAS/numexpr read their variables when their library loads: set here before any
@@ -34,8 +37,10 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from memgov import _cpus, _cpushare, _settings
 from memgov._errors import ConfigError, LedgerError
@@ -53,7 +58,11 @@ MARK_ENV = "MEMGOV_THREADS_SET"
 memgov's (a share to re-decide), not the user's (a choice to keep)."""
 SETTING_ENV = "MEMGOV_THREADS"
 FOLLOW_INTERVAL_S = 1.0
-"""How often a governed process re-counts its neighbours (a scan of a few small files)."""
+"""How often a governed process looks whether its neighbours changed (one stat of their folder)."""
+RESCAN_S = 8.0
+"""The longest time between two readings of the records while their folder looks unchanged
+(reading 25 records costs about 3 ms of CPU, holding the interpreter's lock against the training
+loop)."""
 
 Setting = _settings.Threads
 """MEMGOV_THREADS, parsed (by memgov/_settings.py)."""
@@ -268,17 +277,27 @@ def stop_following() -> None:
 
 
 def _follow(stop: threading.Event) -> None:
+    seen: object = None
+    scanned = time.monotonic()
     while not stop.wait(FOLLOW_INTERVAL_S):
         budget = current()
         reg = _state.get("registration")
         if budget is None or not budget.follow or not isinstance(reg, _cpushare.Registration):
             return
+        # Stamped before reading: a change made while the records are read is seen next time.
+        stamp = _folder_stamp(reg.root)
+        if stamp == seen and time.monotonic() - scanned < RESCAN_S:
+            continue
+        seen, scanned = stamp, time.monotonic()
         try:
             usable = _cpus.usable()
             part = _cpushare.share(usable, _cpushare.peers(root=reg.root), reg.name)
         except Exception:  # a transient filesystem problem: keep the current share
             continue
-        if part.threads == budget.threads:
+        # Against the last share decided, not budget.threads: that changes only once the main
+        # thread has applied it, and a record rewritten every second until then (or for good,
+        # in a process with no framework to apply it to) makes every neighbour read them all.
+        if part.threads == _state.get("wanted", budget.threads):
             continue
         with contextlib.suppress(Exception):
             reg.update(threads=part.threads, why=f"share: {part.describe(usable)}, followed")
@@ -286,7 +305,22 @@ def _follow(stop: threading.Event) -> None:
         _state["wanted"] = part.threads
         budget.history.append(f"{part.threads} ({part.neighbours} on the cores)")
         del budget.history[:-20]
-        _schedule_main()
+        with _lock:
+            on_main = bool(_callbacks)
+        if on_main:
+            _schedule_main()
+        else:  # no framework's threads to set: the budget is the share now
+            budget.threads = part.threads
+
+
+def _folder_stamp(root: Path) -> tuple[int, int, int] | None:
+    """The records' folder as stat sees it (identity and times: a record made, replaced or
+    removed changes them); None when it cannot be read (then it is read every RESCAN_S)."""
+    try:
+        info = os.stat(root.joinpath(*_cpushare.PARTS), follow_symlinks=False)
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_ctime_ns
 
 
 def _schedule_main() -> None:

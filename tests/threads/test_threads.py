@@ -156,6 +156,70 @@ def test_a_late_arrival_starts_with_its_share(env: dict[str, str]) -> None:
         assert int(late.first[1]) == HALF  # already at import torch, before any user code
 
 
+BARE = """
+import json, sys, memgov
+from memgov import _threads
+memgov.claim("1GiB")
+print("ready", _threads.current().threads, flush=True)
+for line in sys.stdin:
+    print(json.dumps({"threads": _threads.current().threads}), flush=True)
+"""
+
+
+@pytest.mark.skipif(CORES < 2, reason="a share below all cores needs 2 cores")
+def test_a_process_without_a_framework_follows_the_share_too(env: dict[str, str]) -> None:
+    """No framework's threads to set on the main thread: the budget is the share itself (it
+    stayed at the first share, and the record was rewritten every second, making every
+    neighbour read all records again)."""
+    with running(BARE, governed(env)) as bare:
+        assert int(bare.first[1]) == CORES
+        with running(NEIGHBOUR, governed(env)):
+            assert eventually(bare.ask, lambda s: s["threads"] == HALF)["threads"] == HALF
+
+
+COUNTED = """
+import json, sys, time, memgov
+from memgov import _cpushare, _threads
+_threads.FOLLOW_INTERVAL_S, _threads.RESCAN_S = 0.02, 3600.0
+counts = {"rounds": 0, "reads": 0}
+stamp, peers = _threads._folder_stamp, _cpushare.peers
+
+def counted_stamp(root):
+    counts["rounds"] += 1
+    return stamp(root)
+
+def counted_peers(*args, **kwargs):
+    counts["reads"] += 1
+    return peers(*args, **kwargs)
+
+_threads._folder_stamp, _cpushare.peers = counted_stamp, counted_peers
+memgov.claim("1GiB")
+print("ready", flush=True)
+for line in sys.stdin:
+    start = counts["rounds"]
+    while counts["rounds"] < start + 50:
+        time.sleep(0.01)
+    print(json.dumps({**counts, "threads": _threads.current().threads}), flush=True)
+"""
+
+
+@pytest.mark.skipif(CORES < 2, reason="a share below all cores needs 2 cores")
+def test_the_follower_reads_the_records_only_when_their_folder_changed(
+    env: dict[str, str],
+) -> None:
+    """Fifty rounds of following with nobody arriving or leaving: at most one reading of the
+    records (each costs milliseconds of CPU under the interpreter's lock, against the training
+    loop); a neighbour arriving is still seen at the next round."""
+    with running(COUNTED, governed(env)) as counted:
+        before = counted.ask()
+        idle = counted.ask()
+        assert idle["rounds"] >= before["rounds"] + 50
+        assert idle["reads"] - before["reads"] <= 1
+        with running(NEIGHBOUR, governed(env)):
+            seen = eventually(counted.ask, lambda s: s["threads"] == HALF)
+            assert seen["threads"] == HALF and seen["reads"] > idle["reads"]
+
+
 def peer(name: str, cpus: range, key: str | None = None) -> _cpushare.Peer:
     return _cpushare.Peer(name, 1, "h", frozenset(cpus), key, None, "auto", "")
 
