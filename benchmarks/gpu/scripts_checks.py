@@ -19,8 +19,20 @@ not the script's own: memgov's info lines (``memgov: ...``) are counted, anythin
 printed (a traceback, "Exception ignored") is listed. The plain loop also reports its epochs, so
 its rates use threads_checks' bases. Raw JSON to OUT/scripts_<tag>.json.
 
+Where a gap comes from, per job and as medians per run (``where``), from each job's progress
+lines (every line is stamped with seconds since its launch; MNIST and VAE are given log intervals
+of about ten lines an epoch, DCGAN prints one a step): ``start_s`` launch to the first training
+line (interpreter, torch, CUDA, memgov's claim, data set-up, the first step), ``rate`` samples/s
+between the first line past ``warm`` samples and the last one (steady training: DCGAN's epochs
+after the first, MNIST's and VAE's epoch after its first 100 / 50 steps), ``after_s`` the last
+training line to the exit (test pass, teardown, exit handlers); the job's CPU seconds and
+context switches (its rusage, DataLoader workers included); and, from a probe that runs at the
+job's exit (a ``sitecustomize`` on PYTHONPATH in every condition), torch's allocator counters
+(``num_alloc_retries``: the allocator hit its cap or the device limit and freed its cache to
+retry; ``num_device_alloc``/``free``) and torch's thread counts.
+
     python3 benchmarks/gpu/scripts_checks.py --examples .public/examples \
-        --mnist .public/data/mnist.npz --kinds mnist,dcgan,vae --rounds 2 --out "$OUT"
+        --mnist .public/data/mnist.npz --kinds mnist,dcgan,vae --rounds 2 --budget 555 --out "$OUT"
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -49,27 +62,37 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS: dict[str, dict[str, Any]] = {
     # The PyTorch examples' MNIST: one persistent DataLoader worker, pinned memory, a test pass
     # with batches of 1,000 (peak 1,358 MiB alone on the H200: a 1 GiB claim is too small).
+    # A progress line every 100 steps of 64 (each reads the loss: one sync per 100 steps).
     "mnist": {
         "script": "mnist/main.py",
-        "args": ["--epochs", "1", "--log-interval", "100000"],
+        "args": ["--epochs", "1", "--log-interval", "100"],
         "claim": "1600MiB",
         "data": True,
+        "progress": "epoch_line",
+        "warm": 6400,
     },
     # DCGAN on FakeData: two DataLoader workers, two networks, Adam, cudnn.benchmark. Alone it
     # peaks at 3,338 MiB (NVML): cuDNN's benchmark tries algorithms with large workspaces. Under a
     # 1 GiB claim it ran (962 MiB) with slower ones: 0.92x of the uncapped hand-tuned copies.
+    # It prints a line every step (16 steps of 64 an epoch: FakeData holds 1,000 images).
+    # Three epochs (four until 2026-11-25): three kinds x two conditions x two rounds fit a call.
     "dcgan": {
         "script": "dcgan/main.py",
-        "args": ["--dataset", "fake", "--niter", "4", "--accel", "--workers", "2"],
+        "args": ["--dataset", "fake", "--niter", "3", "--accel", "--workers", "2"],
         "claim": "3584MiB",
         "data": False,
+        "progress": "dcgan_line",
+        "warm": 1000,
     },
-    # The VAE example: a DataLoader worker, a test pass, images written with save_image.
+    # The VAE example: a DataLoader worker, a test pass, images written with save_image. A
+    # progress line every 50 steps of 128.
     "vae": {
         "script": "vae/main.py",
-        "args": ["--epochs", "1", "--log-interval", "100000"],
+        "args": ["--epochs", "1", "--log-interval", "50"],
         "claim": "1GiB",
         "data": True,
+        "progress": "epoch_line",
+        "warm": 6400,
     },
     # This repository's plain loop (never imports memgov) in the shape that was slower: Adam,
     # batches gathered on the CPU from pinned host tensors.
@@ -192,6 +215,232 @@ def _stamp(
             log.write(f"{now - launched:8.3f} {raw.decode(errors='replace')}")
 
 
+PROGRESS = {
+    # mnist, vae: "Train Epoch: 1 [6400/60000 (11%)]\tLoss: ..." (samples before this step)
+    "epoch_line": re.compile(r"Train Epoch: (\d+) \[(\d+)/(\d+)"),
+    # dcgan: "[0/4][3/16] Loss_D: ..." (epoch from 0, step, steps an epoch)
+    "dcgan_line": re.compile(r"^\[(\d+)/\d+\]\[(\d+)/(\d+)\]"),
+}
+DCGAN_IMAGES, DCGAN_BATCH = 1000, 64
+"""dset.FakeData's default size and dcgan/main.py's default batch."""
+
+
+def progress(kind: dict[str, Any], log: str) -> list[tuple[float, int]]:
+    """(seconds since launch, samples trained) at each progress line of a stamped job log."""
+    pattern = PROGRESS[kind["progress"]]
+    points = []
+    for raw in log.splitlines():
+        stamp, _, text = raw.strip().partition(" ")
+        found = pattern.search(text.strip())
+        if found is None:
+            continue
+        try:
+            seconds = float(stamp)
+        except ValueError:
+            continue
+        a, b, c = (int(x) for x in found.groups())
+        if kind["progress"] == "epoch_line":
+            samples = (a - 1) * c + b
+        else:
+            samples = a * DCGAN_IMAGES + min((b + 1) * DCGAN_BATCH, DCGAN_IMAGES)
+        points.append((seconds, samples))
+    return points
+
+
+def phases(kind: dict[str, Any], log: str, wall: float) -> dict[str, Any]:
+    """Where a job's time went: launch to its first training line (``start_s``), samples/s
+    past ``warm`` (``rate``), its last training line to its exit (``after_s``), and its last
+    line of any kind to its exit (``exit_s``: teardown and exit handlers)."""
+    last = None
+    for line in log.splitlines():
+        with contextlib.suppress(ValueError, IndexError):
+            last = float(line.split()[0])
+    out: dict[str, Any] = {"exit_s": round(wall - last, 2) if last is not None else None}
+    if kind["script"] is None:
+        return out
+    points = progress(kind, log)
+    out["progress_lines"] = len(points)
+    if not points:
+        return out
+    out["start_s"] = round(points[0][0], 2)
+    out["after_s"] = round(wall - points[-1][0], 2)
+    steady = [p for p in points if p[1] >= kind["warm"]]
+    if len(steady) >= 2 and steady[-1][0] > steady[0][0]:
+        seconds = steady[-1][0] - steady[0][0]
+        out["rate"] = round((steady[-1][1] - steady[0][1]) / seconds, 1)
+        out["steady_s"] = round(seconds, 2)
+    return out
+
+
+PROBE = '''"""scripts_checks.py's exit probe, on PYTHONPATH in every condition: at the job's exit,
+torch's allocator counters and thread counts go to $SCRIPTS_PROBE_DIR/<pid>.json. The
+sitecustomize it shadows (if any) still runs."""
+import atexit, importlib.machinery, importlib.util, json, os, sys
+
+KEYS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+        "reserved_bytes.all.peak", "allocated_bytes.all.peak")
+
+
+def _chain():
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if p and os.path.abspath(p) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def _dump():
+    folder = os.environ.get("SCRIPTS_PROBE_DIR")
+    torch = sys.modules.get("torch")
+    if not folder or torch is None:
+        return
+    info = {"pid": os.getpid()}
+    try:
+        info["threads"] = torch.get_num_threads()
+        info["interop_threads"] = torch.get_num_interop_threads()
+        info["omp_env"] = os.environ.get("OMP_NUM_THREADS")
+        if torch.cuda.is_initialized():
+            stats = torch.cuda.memory_stats()
+            info.update({key: stats.get(key) for key in KEYS})
+            info["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+    except Exception as exc:
+        info["error"] = repr(exc)
+    with open(os.path.join(folder, "%d.json" % os.getpid()), "w") as f:
+        json.dump(info, f)
+
+
+atexit.register(_dump)
+try:
+    _chain()
+except Exception:
+    pass
+'''
+
+
+def probe_env(work: Path, env: dict[str, str]) -> dict[str, str]:
+    """The environment with the exit probe on PYTHONPATH (the same in every condition)."""
+    folder = work / "probe"
+    if not (folder / "sitecustomize.py").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "sitecustomize.py").write_text(PROBE)
+    (work / "probe-out").mkdir(exist_ok=True)
+    path = [str(folder), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join(path),
+        "SCRIPTS_PROBE_DIR": str(work / "probe-out"),
+    }
+
+
+def _launch(
+    kind: dict[str, Any], args: argparse.Namespace, folder: Path, env: dict[str, str]
+) -> tuple[
+    list[tuple[subprocess.Popen[bytes], Path, float]], list[threading.Thread], dict[int, float]
+]:
+    """Start the N copies; each one's output is stamped into its log by a reader thread."""
+    procs, readers = [], []
+    firsts: dict[int, float] = {}
+    LIVE.clear()
+    for i in range(args.n):
+        cwd = folder / f"job{i:02d}"
+        (cwd / "results").mkdir(parents=True)  # vae writes its images there
+        cmd = job_command(kind, args.examples.resolve(), cwd / "report.json")
+        started = time.time()
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        reader = threading.Thread(
+            target=_stamp, args=(proc, cwd / "log", started, firsts), daemon=True
+        )
+        reader.start()
+        readers.append(reader)
+        procs.append((proc, cwd, started))
+        LIVE.append(proc)
+    return procs, readers, firsts
+
+
+LIVE: list[subprocess.Popen[bytes]] = []
+"""The jobs of the run in progress: killed when the call ends early (SIGTERM from a time limit)."""
+
+
+def _kill_live() -> None:
+    for proc in LIVE:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_all(
+    procs: list[tuple[subprocess.Popen[bytes], Path, float]], timeout: float
+) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
+    """Reap every job (wait4: its rusage, DataLoader workers included) until ``timeout``; kill
+    the rest. Returns (pid -> exit time, pid -> CPU seconds and context switches)."""
+    deadline = time.monotonic() + timeout
+    ended: dict[int, float] = {}
+    usage: dict[int, dict[str, float]] = {}
+    while len(ended) < len(procs) and time.monotonic() < deadline:
+        for proc, _, _ in procs:
+            if proc.pid in ended:
+                continue
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                ended[pid] = time.time()
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                usage[pid] = {
+                    "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
+                    "sys_s": round(ru.ru_stime, 2),
+                    "voluntary_switches": ru.ru_nvcsw,
+                    "forced_switches": ru.ru_nivcsw,
+                }
+        time.sleep(0.05)
+    for proc, _, _ in procs:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return ended, usage
+
+
+def _job(
+    kind: dict[str, Any],
+    entry: tuple[subprocess.Popen[bytes], Path, float],
+    ended: dict[int, float],
+    usage: dict[int, dict[str, float]],
+    firsts: dict[int, float],
+    probes: Path,
+) -> dict[str, Any]:
+    proc, cwd, started = entry
+    text = (cwd / "log").read_text(errors="replace")
+    info, suspect = foreign_lines(text)
+    doc: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        doc = json.loads((cwd / "report.json").read_text())
+    probe: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        probe = json.loads((probes / f"{proc.pid}.json").read_text())
+    wall = ended.get(proc.pid, time.time()) - started
+    return {
+        "rc": proc.returncode,
+        "launched": started,
+        "wall_s": round(wall, 2),
+        "first_output_s": round(firsts.get(proc.pid, -1.0), 2),
+        **phases(kind, text, wall),
+        **usage.get(proc.pid, {}),
+        "probe": probe,
+        "memgov_info_lines": info,
+        "suspect_lines": suspect,
+        "tail": text.splitlines()[-4:] if proc.returncode else [],
+        "ok": proc.returncode == 0,
+        "epochs": doc.get("epochs", []),
+        "allocator": doc.get("allocator"),
+    }
+
+
 def run(
     kind_name: str,
     cond_name: str,
@@ -208,68 +457,17 @@ def run(
         (folder / "data").symlink_to(work / "data")
     base = tc.base_env(work, False)
     with tc.mps_for(cond, base, work, hand_daemon):
-        env = {**base, **cond["env"], **cond.get("env_extra", {})}
+        env = probe_env(work, {**base, **cond["env"], **cond.get("env_extra", {})})
         sampler = FootprintSampler()
-        procs = []
-        readers = []
-        firsts: dict[int, float] = {}
         launch = time.time()
         with sampler:
-            for i in range(args.n):
-                cwd = folder / f"job{i:02d}"
-                (cwd / "results").mkdir(parents=True)  # vae writes its images there
-                cmd = job_command(kind, args.examples.resolve(), cwd / "report.json")
-                started = time.time()
-                proc = subprocess.Popen(
-                    cmd,
-                    cwd=cwd,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                reader = threading.Thread(
-                    target=_stamp, args=(proc, cwd / "log", started, firsts), daemon=True
-                )
-                reader.start()
-                readers.append(reader)
-                procs.append((proc, cwd, None, started))
-            deadline = time.monotonic() + args.job_timeout
-            ended: dict[int, float] = {}
-            while len(ended) < len(procs) and time.monotonic() < deadline:
-                for proc, _, _, _ in procs:
-                    if proc.pid not in ended and proc.poll() is not None:
-                        ended[proc.pid] = time.time()
-                time.sleep(0.05)
-            for proc, _, _, _ in procs:
-                if proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            procs, readers, firsts = _launch(kind, args, folder, env)
+            ended, usage = _wait_all(procs, args.job_timeout)
             for reader in readers:
                 reader.join(timeout=10)
-    jobs = []
-    for proc, cwd, _, started in procs:
-        text = (cwd / "log").read_text(errors="replace")
-        info, suspect = foreign_lines(text)
-        doc: dict[str, Any] = {}
-        with contextlib.suppress(OSError, ValueError):
-            doc = json.loads((cwd / "report.json").read_text())
-        jobs.append(
-            {
-                "rc": proc.returncode,
-                "launched": started,
-                "wall_s": round(ended.get(proc.pid, time.time()) - started, 2),
-                "first_output_s": round(firsts.get(proc.pid, -1.0), 2),
-                "nvml_peak_mib": round(sampler.peaks.get(proc.pid, 0) / 2**20, 1),
-                "memgov_info_lines": info,
-                "suspect_lines": suspect,
-                "tail": text.splitlines()[-4:] if proc.returncode else [],
-                "ok": proc.returncode == 0,
-                "epochs": doc.get("epochs", []),
-                "allocator": doc.get("allocator"),
-            }
-        )
+    jobs = [_job(kind, e, ended, usage, firsts, work / "probe-out") for e in procs]
+    for job, (proc, _, _) in zip(jobs, procs, strict=True):
+        job["nvml_peak_mib"] = round(sampler.peaks.get(proc.pid, 0) / 2**20, 1)
     last = max(ended.values(), default=time.time())
     result = {
         "kind": kind_name,
@@ -280,6 +478,7 @@ def run(
         "n": len(jobs),
         "span_s": round(last - launch, 2),
         "wall_s_median": round(statistics.median(j["wall_s"] for j in jobs), 2),
+        "where": where(jobs),
         "first_output_s": sorted(j["first_output_s"] for j in jobs),
         "device_peak_mib": round(sampler.device_peak / 2**20, 1),
         "suspect_lines": sorted({x for j in jobs for x in j["suspect_lines"]})[:10],
@@ -294,26 +493,102 @@ def run(
     return result
 
 
+WHERE = ("start_s", "rate", "after_s", "exit_s", "cpu_s", "sys_s", "voluntary_switches")
+
+
+def where(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the jobs of each phase (see phases()), and the probes' allocator retries
+    (summed) and thread counts (the set seen)."""
+    out: dict[str, Any] = {}
+    for key in WHERE:
+        values = [j[key] for j in jobs if j.get(key) is not None]
+        if values:
+            out[f"{key}_median"] = round(statistics.median(values), 2)
+    probes = [j["probe"] for j in jobs if j.get("probe")]
+    out["probes"] = len(probes)
+    for key in ("num_alloc_retries", "num_ooms"):
+        out[key] = sum(p.get(key) or 0 for p in probes)
+    out["device_frees_median"] = (
+        statistics.median(p.get("num_device_free") or 0 for p in probes) if probes else None
+    )
+    # "intra-op/inter-op" as torch reported them at exit.
+    out["threads_seen"] = sorted({f"{p.get('threads')}/{p.get('interop_threads')}" for p in probes})
+    return out
+
+
 def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per kind and round: hand_mps span / each other condition's span (>= 1: as fast or
-    faster than hand-tuned), and the median over rounds."""
+    faster than hand-tuned), and the median over rounds; beside it where the difference is:
+    each condition's median steady rate over hand's (>= 1: trains as fast), and its median
+    start-up, after-training and CPU seconds minus hand's (<= 0: no slower, no costlier)."""
     out: dict[str, Any] = {}
     for kind in sorted({r["kind"] for r in runs}):
         mine = [r for r in runs if r["kind"] == kind]
-        hands = [r for r in mine if r["condition"] == "hand_mps"]
+        hands = {r["round"]: r for r in mine if r["condition"] == "hand_mps"}
         for cond in sorted({r["condition"] for r in mine} - {"hand_mps"}):
-            theirs = [r for r in mine if r["condition"] == cond]
-            each = [
-                round(h["span_s"] / t["span_s"], 3)
-                for h, t in zip(hands, theirs, strict=False)
-                if t["span_s"] > 0
+            pairs = [
+                (hands[r["round"]], r)
+                for r in mine
+                if r["condition"] == cond and r["round"] in hands and r["span_s"] > 0
             ]
-            if each:
-                out[f"{kind}:{cond}"] = {
-                    "x_hand_span_each_round": each,
-                    "median": round(statistics.median(each), 3),
-                }
+            each = [round(h["span_s"] / t["span_s"], 3) for h, t in pairs]
+            if not each:
+                continue
+            found: dict[str, Any] = {
+                "x_hand_span_each_round": each,
+                "median": round(statistics.median(each), 3),
+            }
+            found.update(_where_ratios(pairs))
+            out[f"{kind}:{cond}"] = found
     return out
+
+
+def _where_ratios(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    hw = [(h["where"], t["where"]) for h, t in pairs]
+    rates = [
+        round(t["rate_median"] / h["rate_median"], 3)
+        for h, t in hw
+        if h.get("rate_median") and t.get("rate_median")
+    ]
+    if rates:
+        out["x_hand_rate_each_round"] = rates
+    for key in ("start_s", "after_s", "exit_s", "cpu_s"):
+        deltas = [
+            round(t[f"{key}_median"] - h[f"{key}_median"], 2)
+            for h, t in hw
+            if f"{key}_median" in h and f"{key}_median" in t
+        ]
+        if deltas:
+            out[f"{key}_minus_hand_each_round"] = deltas
+    return out
+
+
+GUESS_S = 60.0
+"""A kind's expected run before its first one (25 jobs took 33-60 s on the H200, daemons
+started and stopped in a few seconds)."""
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(f"signal {signum}: ending early, the report is written")
+
+
+def write_report(report: dict[str, Any], args: argparse.Namespace) -> None:
+    """The report so far (rewritten after every run: a call cut short keeps what it measured)."""
+    report["ratios"] = ratios(report["runs"])
+    (args.out / f"scripts_{args.tag}.json").write_text(json.dumps(report, indent=1))
+
+
+def progress_line(r: dict[str, Any]) -> str:
+    w = r["where"]
+    return (
+        f"{r['kind']:7} {r['condition']:17} round {r['round']}: ok {r['ok']}/{r['n']} span "
+        f"{r['span_s']} s; medians: start {w.get('start_s_median')} s, rate "
+        f"{w.get('rate_median')}/s, after {w.get('after_s_median')} s, exit "
+        f"{w.get('exit_s_median')} s, cpu {w.get('cpu_s_median')} s; alloc retries "
+        f"{w['num_alloc_retries']}, threads {w['threads_seen']}; device peak "
+        f"{r['device_peak_mib']} MiB, suspect lines {len(r['suspect_lines'])}"
+    )
 
 
 def main() -> int:
@@ -330,10 +605,18 @@ def main() -> int:
     p.add_argument("--n", type=int, default=25)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--job-timeout", type=float, default=150.0)
-    p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole call")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=540.0,
+        help="seconds for the whole call: a kind's round is skipped (both conditions) when its "
+        "runs, as long as its longest so far, would end past it",
+    )
     p.add_argument("--tag", default="public")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = p.parse_args()
+    # A time limit's SIGTERM ends the call through the finally below: the report is written.
+    signal.signal(signal.SIGTERM, _terminate)
     kinds = [k for k in args.kinds.split(",") if k]
     conds = [c for c in args.conditions.split(",") if c]
     for k in kinds:
@@ -351,27 +634,31 @@ def main() -> int:
     report: dict[str, Any] = {"argv": sys.argv, "machine": tc.machine(), "runs": []}
     hand_daemon: dict[str, Any] = {}
     t0 = time.monotonic()
+    spent: dict[str, float] = {}
     try:
         for round_ in range(1, args.rounds + 1):
             for kind in kinds:
-                for cond in conds if round_ % 2 else conds[::-1]:
-                    if time.monotonic() - t0 > args.budget - 30:
-                        report.setdefault("skipped", []).append(f"{kind}:{cond}@{round_}")
-                        continue
+                order = conds if round_ % 2 else conds[::-1]
+                # A kind's conditions of one round run back to back or not at all (one side
+                # alone compares nothing); each is expected to take as long as its kind's
+                # longest run so far took, daemons' start and stop included.
+                need = len(order) * spent.get(kind, GUESS_S)
+                if time.monotonic() - t0 + need > args.budget:
+                    report.setdefault("skipped", []).extend(f"{kind}:{c}@{round_}" for c in order)
+                    continue
+                for cond in order:
+                    began = time.monotonic()
                     r = run(kind, cond, args, work, hand_daemon, total)
                     r["round"] = round_
                     report["runs"].append(r)
-                    print(
-                        f"{kind:7} {cond:17} round {round_}: ok {r['ok']}/{r['n']} span "
-                        f"{r['span_s']} s, device peak {r['device_peak_mib']} MiB, "
-                        f"suspect lines {len(r['suspect_lines'])}",
-                        flush=True,
-                    )
+                    spent[kind] = max(spent.get(kind, 0.0), time.monotonic() - began)
+                    print(progress_line(r), flush=True)
+                    write_report(report, args)
     finally:
+        _kill_live()
         tc.stop_hand_mps(hand_daemon)
         tc.stop_memgov_mps(tc.base_env(work, False))
-        report["ratios"] = ratios(report["runs"])
-        (args.out / f"scripts_{args.tag}.json").write_text(json.dumps(report, indent=1))
+        write_report(report, args)
         print(json.dumps(report["ratios"], indent=1))
         import shutil
 

@@ -21,7 +21,9 @@
 #   public_scripts              25 copies of unchanged public scripts (PyTorch examples' mnist,
 #                               dcgan, vae; carried in .public/), memgov vs hand-tuned, two
 #                               rounds (benchmarks/gpu/scripts_checks.py); `pinned` the same for
-#                               the plain loop with Adam and a pinned-memory gather
+#                               the plain loop with Adam and a pinned-memory gather; each run
+#                               says where its time went (start-up, steady rate, after training,
+#                               CPU seconds, torch's allocator retries at exit)
 #   probes                      the JAX trainer's upload probe and the bare-context wall with and
 #                               without CUDA_DEVICE_MAX_CONNECTIONS=1 (about 2 minutes)
 #   queue_light, queue_random   the job queue (docs/queue.md) on a 30-job mix: sjf-exclusive (the
@@ -109,9 +111,11 @@ python3 -m memgov devices' ;;
     density) run density 560 bash benchmarks/gpu/mps_density.sh "$OUT" ;;
     fresh_pack)  # pack --n 140 and --n 25 with its defaults, each from an empty MEMGOV_DIR
       run fresh_pack 560 bash benchmarks/gpu/fresh_pack.sh ;;
-    public_scripts)  # 25 copies of unchanged public scripts: memgov vs hand-tuned, two rounds
-      run public_scripts 560 python3 benchmarks/gpu/scripts_checks.py \
-        --kinds mnist,dcgan,vae --rounds 2 --budget 540 --out "$OUT" ;;
+    public_scripts)  # 25 copies of unchanged public scripts: memgov vs hand-tuned, two rounds;
+      # a kind's round starts only when both its runs fit the budget (the report is rewritten
+      # after every run, and written on SIGTERM too)
+      run public_scripts 575 python3 benchmarks/gpu/scripts_checks.py \
+        --kinds mnist,dcgan,vae --rounds 2 --budget 555 --out "$OUT" ;;
     pinned)  # the Adam + pinned-gather loop, memgov vs hand-tuned, three rounds
       run pinned 300 python3 benchmarks/gpu/scripts_checks.py --kinds pinned --rounds 3 \
         --budget 290 --tag pinned --out "$OUT" ;;

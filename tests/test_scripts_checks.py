@@ -1,0 +1,84 @@
+"""benchmarks/gpu/scripts_checks.py's diagnosis, on this machine: where a job's time went, read
+from its stamped log (start-up, steady rate, after training), and its exit probe in a real
+interpreter (the numbers the GPU call reports must be right before device time is spent)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
+
+
+@pytest.fixture(scope="module")
+def checks() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(GPU))
+    try:
+        import scripts_checks
+
+        yield scripts_checks
+    finally:
+        sys.path.remove(str(GPU))
+
+
+def stamped(lines: list[tuple[float, str]]) -> str:
+    return "".join(f"{t:8.3f} {text}\n" for t, text in lines)
+
+
+def test_mnist_phases_from_its_progress_lines(checks: ModuleType) -> None:
+    log = stamped(
+        [
+            (6.5, "memgov: claim 'main.py:1': 1.56 GiB on GPU-x (cuda:0, hard) [...]"),
+            (20.0, "Train Epoch: 1 [0/60000 (0%)]\tLoss: 2.30"),
+            (22.0, "Train Epoch: 1 [6400/60000 (11%)]\tLoss: 0.50"),
+            (30.0, "Train Epoch: 1 [57600/60000 (96%)]\tLoss: 0.05"),
+            (33.0, ""),
+            (33.0, "Test set: Average loss: 0.05, Accuracy: 9800/10000 (98%)"),
+        ]
+    )
+    got = checks.phases(checks.KINDS["mnist"], log, wall=34.5)
+    assert got["start_s"] == 20.0 and got["progress_lines"] == 3
+    assert got["rate"] == round((57600 - 6400) / 8.0, 1)  # past the first 100 steps
+    assert got["after_s"] == 4.5 and got["exit_s"] == 1.5
+
+
+def test_dcgan_rate_counts_the_epochs_after_the_first(checks: ModuleType) -> None:
+    lines = [(5.0, "Namespace(dataset='fake', ...)")]
+    t = 15.0
+    for epoch in range(4):
+        for step in range(16):
+            lines.append((t, f"[{epoch}/4][{step}/16] Loss_D: 1.0 Loss_G: 2.0 D(x): 0.5"))
+            t += 0.5 if epoch == 0 else 0.25
+    got = checks.phases(checks.KINDS["dcgan"], stamped(lines), wall=t + 1)
+    assert got["start_s"] == 15.0
+    # From the first epoch's last step (its 1,000 images done, at 22.5 s) to the last step of
+    # the fourth (34.75 s): 3,000 images.
+    assert got["steady_s"] == 12.25
+    assert got["rate"] == round(3000 / 12.25, 1)
+
+
+def test_the_exit_probe_reports_torch_threads_and_keeps_a_shadowed_sitecustomize(
+    checks: ModuleType,
+    tmp_path: Path,
+) -> None:
+    shadowed = tmp_path / "theirs"
+    shadowed.mkdir()
+    (shadowed / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    env = checks.probe_env(tmp_path, {**os.environ, "PYTHONPATH": str(shadowed)})
+    code = "import os, torch; torch.set_num_threads(1); print(os.environ.get('THEIRS_RAN'))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    probes = list((tmp_path / "probe-out").glob("*.json"))
+    assert len(probes) == 1
+    probe = json.loads(probes[0].read_text())
+    assert probe["threads"] == 1 and probe["interop_threads"] >= 1
