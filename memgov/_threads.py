@@ -61,8 +61,8 @@ FOLLOW_INTERVAL_S = 1.0
 """How often a governed process looks whether its neighbours changed (one stat of their folder)."""
 RESCAN_S = 8.0
 """The longest time between two readings of the records while their folder looks unchanged
-(reading 25 records costs about 3 ms of CPU, holding the interpreter's lock against the training
-loop)."""
+(reading 25 records costs 2.4-2.7 ms of CPU, holding the interpreter's lock against the training
+loop: results/cpu-2core/2026-11-24-governed-idle-cost.txt)."""
 
 Setting = _settings.Threads
 """MEMGOV_THREADS, parsed (by memgov/_settings.py)."""
