@@ -1,19 +1,25 @@
 """Admission: wait for (or refuse) room on a device, under its lock, and write the claim record.
 
-``claim()`` (memgov/_claim.py) decides what to ask for (sizes per device, modes, MPS daemons) and
-settles what it got; this module does the one read-modify-write of the ledger that a claim is:
-NVML read before the device's lock (_ledger), then under it the scan, the decision and the record.
-Waiters hold a ticket in the device's queue and only the first of them takes the lock, woken by
-removals in the device's folders (_wake).
+``claim()`` (memgov/_claim.py) decides what to ask for (a :class:`Request`: sizes per device,
+modes, MPS daemons) and settles what it got (an :class:`Admitted`); this module does the one
+read-modify-write of the ledger that a claim is: NVML read before the device's lock (_ledger),
+then under it the scan, the decision and the record (:func:`_look`). Waiters hold a ticket in the
+device's queue and only the first of them takes the lock, woken by removals in the device's
+folders (_wake; :class:`_Queue`).
+
+The steps: :func:`admit` -> :func:`_admit_now` (no wait: most free device first, refused at
+once) or :func:`_admit_waiting` (:func:`_fitting` devices, then :class:`_Queue`: join, look,
+sleep, until admitted or :meth:`_Queue.timed_out`; its tickets go however it ends).
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from memgov import _config, _devices, _enforce, _stats
 from memgov._errors import BudgetExceeded, LockTimeout
@@ -37,6 +43,13 @@ class AdmissionTiming:
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
+    def count_look(self, nvml_s: float, asked: float, got: float) -> None:
+        """One look under the lock, asked for at ``asked``, taken at ``got``, left now."""
+        self.tries += 1
+        self.nvml_s += nvml_s
+        self.lock_wait_s += got - asked
+        self.lock_held_max_s = max(self.lock_held_max_s, time.monotonic() - got)
+
     def report(self) -> str:
         total = self.seconds()
         return (
@@ -53,153 +66,299 @@ bounds how long its budget waits to be found free."""
 BEHIND_POLL_S = 0.05
 """Longest sleep of a waiter behind others between looks at the ticket ahead (no lock taken)."""
 
-Refusal = tuple[Snapshot, int, bool, str | None]
 
+@dataclass(frozen=True)
+class Request:
+    """What one claim asks admission for, on each device it may take (keyed by device UUID)."""
 
-def admit(
-    ledgers: list[DeviceLedger],
-    sizes: dict[str, int],
-    wait_s: float | None,
-    name: str,
-    modes: dict[str, tuple[str, str]] | None = None,
-    compute: int | None = None,
-    daemons: tuple[int, ...] = (),
-    timing: AdmissionTiming | None = None,
-    info: dict[str, dict[str, Any]] | None = None,
-) -> tuple[DeviceLedger, Held, dict[str, Any]]:
-    """Wait for (or refuse) room on one of ``ledgers``; write the claim record there.
+    sizes: Mapping[str, int]
+    """Bytes asked for per device UUID (each of admit's ledgers has its entry)."""
+    name: str
+    wait_s: float | None = None
+    """None: refused at once when there is no room; seconds: queued first come, first served."""
+    modes: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """(mode, why) per device UUID; a device not named: ("soft", "")."""
+    compute: int | None = None
+    """Percent of the GPU's SMs (hard mode), recorded when given."""
+    daemons: tuple[int, ...] = ()
+    """memgov's MPS daemons a hard claim may join (one with a client slot free)."""
+    info: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """More fields for the record per device UUID (the job and where its size came from, for
+    ``memgov status``)."""
 
-    A hard claim also needs a client slot: with memgov's ``daemons`` it joins one that has room
-    (recorded as ``mps_daemon``), else the one server's limit applies. A claim without MPS needs
-    a CUDA context the device will still create (MEMGOV_CONTEXTS). ``info``: per device UUID,
-    more fields for the record (the job and where its size came from, for ``memgov status``).
-    """
+    def mode(self, uuid: str) -> tuple[str, str]:
+        return self.modes.get(uuid, ("soft", ""))
 
-    clock = timing or AdmissionTiming()
-
-    def payload_for(kind: str, ledger: DeviceLedger, daemon: int | None = None) -> dict[str, Any]:
+    def record(self, kind: str, ledger: DeviceLedger, daemon: int | None = None) -> dict[str, Any]:
+        """The record this request writes on ``ledger``: a claim, or a queue ticket ("waiter")."""
         uuid = ledger.device.uuid
-        mode, why = (modes or {}).get(uuid, ("soft", ""))
-        extra: dict[str, Any] = {"mode_reason": why, **(info or {}).get(uuid, {})}
-        if compute is not None:
-            extra["compute"] = compute
+        mode, why = self.mode(uuid)
+        extra: dict[str, Any] = {**self.info.get(uuid, {}), "mode_reason": why}
+        if self.compute is not None:
+            extra["compute"] = self.compute
         if daemon is not None:
             extra["mps_daemon"] = daemon
-        return record_payload(kind, ledger.device, sizes[uuid], name, mode, **extra)
+        return record_payload(kind, ledger.device, self.sizes[uuid], self.name, mode, **extra)
 
-    def slot(snap: Snapshot, mode: str) -> tuple[int | None, str | None]:
-        uuid = snap.device.uuid
-        if mode == "hard" and daemons:
-            return _enforce.pick_daemon(snap.hard_by_daemon, daemons, uuid)
-        blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
-        return None, blocked or _enforce.context_limit_reason(snap.contexts, mode, snap.device)
 
-    def attempt(
-        ledger: DeviceLedger, mine: Held | None, timeout: float | None
-    ) -> tuple[Held, dict[str, Any]] | Refusal:
-        """One admission under the device's lock: the admitted record, or why not."""
-        uuid = ledger.device.uuid
-        reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
-        removed_first = ledger.first_look(reading)
-        asked = time.monotonic()
-        with ledger.locked(timeout):
-            got = time.monotonic()
-            try:
-                snap = ledger.scan(reading=reading)
-                ahead = sum(1 for q in snap.queue if mine is None or q.record < mine.name)
-                mode = (modes or {}).get(uuid, ("soft", ""))[0]
-                # Each hard claim is one client of an MPS server, which admits only so many;
-                # each other claim is one CUDA context, of which the device creates only so
-                # many: past that, wait or be refused like a budget that does not fit.
-                daemon, blocked = slot(snap, mode)
-                admitted = ahead == 0 and sizes[uuid] <= snap.free and blocked is None
-                _stats.add(
-                    ledger,
-                    removed_first + len(snap.removed),
-                    *_counted(admitted, mine, snap, ahead, sizes[uuid], blocked, clock),
-                )
-                if admitted:
-                    payload = payload_for("claim", ledger, daemon)
-                    return ledger.add("claims", payload), payload
-            finally:
-                clock.tries += 1
-                clock.nvml_s += reading.seconds
-                clock.lock_wait_s += got - asked
-                clock.lock_held_max_s = max(clock.lock_held_max_s, time.monotonic() - got)
-        return (snap, ahead, sizes[uuid] > snap.capacity, blocked)
+@dataclass(frozen=True)
+class Admitted:
+    """A claim admission let in: its record, written and locked on ``ledger``, and what it says."""
 
-    if wait_s is None:
-        refusals: list[Refusal] = []
-        for ledger in _most_free_first(ledgers):
-            got = attempt(ledger, None, None)
-            if len(got) == 2:
-                return ledger, got[0], got[1]
-            refusals.append(got)
-        never = all(impossible for _, _, impossible, _ in refusals)
-        raise _refusal(refusals, sizes, wait_s, never)
+    ledger: DeviceLedger
+    held: Held
+    """The record's file: its flock is the claim's life (``ledger.remove("claims", held)``)."""
+    bytes: int
+    mode: str
+    mode_reason: str
+    id: str
+    mps_daemon: int | None
+    """The memgov MPS daemon whose client slot a hard claim took; None for the others."""
+    record: dict[str, Any]
+    """The record as written (a shrink rewrites it with its new size)."""
+    timing: AdmissionTiming
 
+
+class Refusal(NamedTuple):
+    """Why one look did not admit the request on a device, and what it saw there."""
+
+    snap: Snapshot
+    ahead: int
+    """Waiters queued ahead of this request."""
+    never: bool
+    """The request exceeds the device's capacity: it can never fit."""
+    blocked: str | None
+    """Why no MPS client slot or CUDA context is left (or the lock stayed held); None: one is."""
+
+
+def admit(ledgers: list[DeviceLedger], request: Request) -> Admitted:
+    """Wait for (or refuse) room for ``request`` on one of ``ledgers``; write the claim record.
+
+    A hard claim also needs a client slot: with memgov's daemons it joins one that has room
+    (recorded as ``mps_daemon``), else the one server's limit applies. A claim without MPS needs
+    a CUDA context the device will still create (MEMGOV_CONTEXTS). Raises BudgetExceeded when
+    there is no room (in ``request.wait_s``), saying why.
+    """
+    clock = AdmissionTiming()
+    if request.wait_s is None:
+        return _admit_now(ledgers, request, clock)
+    return _admit_waiting(ledgers, request, request.wait_s, clock)
+
+
+def _admit_now(ledgers: list[DeviceLedger], request: Request, clock: AdmissionTiming) -> Admitted:
+    """No wait: one look per device, the most free first; refused at once where none admits."""
+    refusals: list[Refusal] = []
+    for ledger in _most_free_first(ledgers):
+        got = _look(ledger, request, None, None, clock)
+        if isinstance(got, Admitted):
+            return got
+        refusals.append(got)
+    raise _refusal(refusals, request, never=all(refusal.never for refusal in refusals))
+
+
+def _admit_waiting(
+    ledgers: list[DeviceLedger], request: Request, wait_s: float, clock: AdmissionTiming
+) -> Admitted:
+    """Queue on every device the request fits, first come first served, until one admits it or
+    ``wait_s`` is spent; the tickets and the watch go however this ends."""
     deadline = time.monotonic() + wait_s
-    # A device the request can never fit gets no ticket: it must not hold up that queue.
-    fitting = [lg for lg in ledgers if sizes[lg.device.uuid] <= _capacity(lg.device)]
+    queue = _Queue(_fitting(ledgers, request), request, clock, deadline)
+    try:
+        queue.join()
+        while True:
+            got = queue.look()
+            if isinstance(got, Admitted):
+                return got
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise queue.timed_out()
+            queue.sleep(min(got.poll, remaining), got)
+    finally:
+        queue.leave()
+
+
+def _fitting(ledgers: list[DeviceLedger], request: Request) -> list[DeviceLedger]:
+    """The devices whose capacity the request fits: a device it can never fit gets no ticket (it
+    must not hold up that queue). None: refused at once, counted as too large."""
+    fitting = [lg for lg in ledgers if request.sizes[lg.device.uuid] <= _capacity(lg.device)]
     if not fitting:
         for ledger in ledgers:
             _stats.add_locked(ledger, refused="too_large")
-        raise _refusal(
-            [(lg.scan(clean=False), 0, True, None) for lg in ledgers], sizes, wait_s, True
-        )
-    tickets: dict[str, Held] = {}
-    last: dict[str, Refusal] = {}
-    waker: Waker | None = None
-    try:
-        for ledger in fitting:
-            tickets[ledger.device.uuid] = ledger.add("queue", payload_for("waiter", ledger))
-        waker = Waker([lg.path / part for lg in fitting for part in ("claims", "queue")])
-        places = {lg.device.uuid: QueuePlace(lg, tickets[lg.device.uuid].name) for lg in fitting}
-        while True:
-            poll = BEHIND_POLL_S
-            watch: dict[Path, frozenset[str] | None] = {}
-            for ledger in fitting:
-                uuid = ledger.device.uuid
-                if not places[uuid].first():
-                    # Someone is ahead: only the first waiter takes the admission lock; this
-                    # one wakes when the ticket just ahead goes.
-                    ahead = places[uuid].ahead
-                    watch[ledger.path / "queue"] = None if ahead is None else frozenset([ahead])
-                    continue
-                poll = HEAD_POLL_S
-                try:
-                    got = attempt(ledger, tickets[uuid], max(deadline - time.monotonic(), 0.05))
-                except LockTimeout as exc:
-                    if time.monotonic() < deadline:
-                        raise  # held past the lock's own bound (LOCK_TIMEOUT_S): say so
-                    got = (ledger.scan(clean=False), 0, False, f"{exc}")
-                if len(got) == 2:
-                    held, payload = got
-                    try:
-                        ledger.remove("queue", tickets.pop(uuid))
-                    except BaseException:
-                        ledger.remove("claims", held)  # admitted, but claim() will raise
-                        raise
-                    return ledger, held, payload
-                last[uuid] = got
-                # First in line: what can let it in is a claim its look counted going away.
-                watch[ledger.path / "claims"] = frozenset(c.record for c in got[0].claims)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                refusals = [
-                    last.get(lg.device.uuid) or (lg.scan(False, queue=False), 1, False, None)
-                    for lg in fitting
-                ]
-                for ledger in fitting:
-                    _stats.add_locked(ledger, "timeout", ("timeout", clock.seconds()))
-                raise _refusal(refusals, sizes, wait_s, False)
-            waker.sleep(min(poll, remaining), functools.partial(_wanted, watch))
-    finally:
+        refusals = [Refusal(lg.scan(clean=False), 0, True, None) for lg in ledgers]
+        raise _refusal(refusals, request, never=True)
+    return fitting
+
+
+def _look(
+    ledger: DeviceLedger,
+    request: Request,
+    ticket: Held | None,
+    timeout: float | None,
+    clock: AdmissionTiming,
+) -> Admitted | Refusal:
+    """One admission under the device's lock (waited for at most ``timeout``): the claim
+    record written, or why not. ``ticket``: this request's place in the queue, if it waits."""
+    uuid = ledger.device.uuid
+    reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
+    removed_first = ledger.first_look(reading)
+    asked = time.monotonic()
+    with ledger.locked(timeout):
+        got = time.monotonic()
         try:
-            _drop_tickets(fitting, tickets)
+            snap = ledger.scan(reading=reading)
+            ahead = sum(1 for q in snap.queue if ticket is None or q.record < ticket.name)
+            daemon, blocked = _slot(snap, request)
+            size = request.sizes[uuid]
+            admitted = ahead == 0 and size <= snap.free and blocked is None
+            refusal = Refusal(snap, ahead, size > snap.capacity, blocked)
+            counted = _counted(admitted, ticket, refusal, clock)
+            _stats.add(ledger, removed_first + len(snap.removed), *counted)
+            if admitted:
+                return _write_claim(ledger, request, daemon, clock)
         finally:
-            if waker is not None:
-                waker.close()
+            clock.count_look(reading.seconds, asked, got)
+    return refusal
+
+
+def _slot(snap: Snapshot, request: Request) -> tuple[int | None, str | None]:
+    """The MPS daemon a hard claim joins, and why there is no room for one more client or
+    context (None: there is). Each hard claim is one client of an MPS server, which admits only
+    so many; each other claim is one CUDA context, of which the device creates only so many:
+    past that, wait or be refused like a budget that does not fit."""
+    uuid = snap.device.uuid
+    mode = request.mode(uuid)[0]
+    if mode == "hard" and request.daemons:
+        return _enforce.pick_daemon(snap.hard_by_daemon, request.daemons, uuid)
+    blocked = _enforce.client_limit_reason(snap.hard_clients, mode, uuid)
+    return None, blocked or _enforce.context_limit_reason(snap.contexts, mode, snap.device)
+
+
+def _write_claim(
+    ledger: DeviceLedger, request: Request, daemon: int | None, clock: AdmissionTiming
+) -> Admitted:
+    """Write the admitted claim's record (under the device's lock); what it says, typed."""
+    record = request.record("claim", ledger, daemon)
+    held = ledger.add("claims", record)
+    uuid = ledger.device.uuid
+    mode, why = request.mode(uuid)
+    return Admitted(
+        ledger=ledger,
+        held=held,
+        bytes=request.sizes[uuid],
+        mode=mode,
+        mode_reason=why,
+        id=record["id"],
+        mps_daemon=daemon,
+        record=record,
+        timing=clock,
+    )
+
+
+class _Watch(NamedTuple):
+    """What a waiter sleeps on after a round of looks: the removals that may let it in (per
+    folder, the names that matter; None: any), for at most ``poll`` seconds (a holder killed by
+    a signal removes nothing)."""
+
+    poll: float
+    folders: dict[Path, frozenset[str] | None]
+
+
+class _Queue:
+    """A waiting request's tickets, one in the queue of each device it fits, and its looks: only
+    the first waiter of a device takes that device's admission lock."""
+
+    def __init__(
+        self,
+        ledgers: list[DeviceLedger],
+        request: Request,
+        clock: AdmissionTiming,
+        deadline: float,
+    ) -> None:
+        self.ledgers = ledgers
+        self.request = request
+        self.clock = clock
+        self.deadline = deadline
+        self.tickets: dict[str, Held] = {}
+        self.places: dict[str, QueuePlace] = {}
+        self.last: dict[str, Refusal] = {}
+        """Per device, the last look under its lock: what a refusal at the deadline says."""
+        self.waker: Waker | None = None
+
+    def join(self) -> None:
+        """A ticket on each device, and the watch on their folders that wakes this waiter."""
+        for ledger in self.ledgers:
+            waiter = self.request.record("waiter", ledger)
+            self.tickets[ledger.device.uuid] = ledger.add("queue", waiter)
+        self.waker = Waker([lg.path / part for lg in self.ledgers for part in ("claims", "queue")])
+        self.places = {
+            lg.device.uuid: QueuePlace(lg, self.tickets[lg.device.uuid].name) for lg in self.ledgers
+        }
+
+    def look(self) -> Admitted | _Watch:
+        """One round over the devices: admitted where this waiter is first and fits, else what
+        to wake up for."""
+        poll = BEHIND_POLL_S
+        watch: dict[Path, frozenset[str] | None] = {}
+        for ledger in self.ledgers:
+            place = self.places[ledger.device.uuid]
+            if not place.first():
+                # Someone is ahead: only the first waiter takes the admission lock; this one
+                # wakes when the ticket just ahead goes.
+                ahead = place.ahead
+                watch[ledger.path / "queue"] = None if ahead is None else frozenset([ahead])
+                continue
+            poll = HEAD_POLL_S
+            got = self._look_first(ledger)
+            if isinstance(got, Admitted):
+                return self._leave_queue(got)
+            self.last[ledger.device.uuid] = got
+            # First in line: what can let it in is a claim its look counted going away.
+            watch[ledger.path / "claims"] = frozenset(c.record for c in got.snap.claims)
+        return _Watch(poll, watch)
+
+    def _look_first(self, ledger: DeviceLedger) -> Admitted | Refusal:
+        """The first waiter's look, waiting for the lock until the deadline at most."""
+        ticket = self.tickets[ledger.device.uuid]
+        try:
+            timeout = max(self.deadline - time.monotonic(), 0.05)
+            return _look(ledger, self.request, ticket, timeout, self.clock)
+        except LockTimeout as exc:
+            if time.monotonic() < self.deadline:
+                raise  # held past the lock's own bound (LOCK_TIMEOUT_S): say so
+            return Refusal(ledger.scan(clean=False), 0, False, f"{exc}")
+
+    def _leave_queue(self, admitted: Admitted) -> Admitted:
+        """The admitted waiter's ticket goes; where that fails, so does its claim."""
+        ledger = admitted.ledger
+        try:
+            ledger.remove("queue", self.tickets.pop(ledger.device.uuid))
+        except BaseException:
+            ledger.remove("claims", admitted.held)  # admitted, but claim() will raise
+            raise
+        return admitted
+
+    def sleep(self, seconds: float, watch: _Watch) -> None:
+        assert self.waker is not None  # joined
+        self.waker.sleep(seconds, functools.partial(_wanted, watch.folders))
+
+    def timed_out(self) -> BudgetExceeded:
+        """The refusal when the wait is spent, counted as a timeout on every device; a device
+        whose lock this waiter never took says it was behind another."""
+        refusals = [
+            self.last.get(lg.device.uuid) or Refusal(lg.scan(False, queue=False), 1, False, None)
+            for lg in self.ledgers
+        ]
+        for ledger in self.ledgers:
+            _stats.add_locked(ledger, "timeout", ("timeout", self.clock.seconds()))
+        return _refusal(refusals, self.request, never=False)
+
+    def leave(self) -> None:
+        """Every ticket goes and the watch closes, whatever failed before or fails here."""
+        try:
+            _drop_tickets(self.ledgers, self.tickets)
+        finally:
+            if self.waker is not None:
+                self.waker.close()
 
 
 def _wanted(watch: dict[Path, frozenset[str] | None], folder: Path, name: str) -> bool:
@@ -212,13 +371,7 @@ def _wanted(watch: dict[Path, frozenset[str] | None], folder: Path, name: str) -
 
 
 def _counted(
-    admitted: bool,
-    ticket: Held | None,
-    snap: Snapshot,
-    ahead: int,
-    size: int,
-    blocked: str | None,
-    clock: AdmissionTiming,
+    admitted: bool, ticket: Held | None, refusal: Refusal, clock: AdmissionTiming
 ) -> tuple[str | None, tuple[str, float] | None]:
     """What one look under the lock counts (_stats): a queued claim's wait when it gets in; a
     refusal when a claim that does not wait finds no room (a waiter's look is not a refusal)."""
@@ -226,11 +379,11 @@ def _counted(
         return None, ("admitted", clock.seconds()) if admitted else None
     if admitted:
         return None, None
-    if size > snap.capacity:
+    if refusal.never:
         return "too_large", None
-    if ahead:
+    if refusal.ahead:
         return "queued", None
-    return ("no_slot" if blocked else "no_room"), None
+    return ("no_slot" if refusal.blocked else "no_room"), None
 
 
 def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None:
@@ -260,20 +413,14 @@ def _most_free_first(ledgers: list[DeviceLedger]) -> list[DeviceLedger]:
     return sorted(ledgers, key=lambda ledger: ledger.snapshot().free, reverse=True)
 
 
-def _refusal(
-    refusals: list[Refusal],
-    sizes: dict[str, int],
-    wait_s: float | None,
-    never: bool,
-) -> BudgetExceeded:
-    snap, ahead, _, blocked = max(refusals, key=lambda r: r[0].free)
+def _refusal(refusals: list[Refusal], request: Request, never: bool) -> BudgetExceeded:
+    """The error for a request no device admitted, told from the device with the most free."""
+    snap, ahead, _, blocked = max(refusals, key=lambda refusal: refusal.snap.free)
     uuid = snap.device.uuid
+    size = request.sizes[uuid]
     largest = snap.largest_holders()
     holders = [(c.name, c.bytes) for c in largest]
-    parts = [
-        f"cannot claim {format_size(sizes[uuid])} on {uuid} ({snap.device.name}): "
-        + snap.describe()
-    ]
+    parts = [f"cannot claim {format_size(size)} on {uuid} ({snap.device.name}): " + snap.describe()]
     if holders:
         # The file's owner, not the record's text: a record may name another user's process.
         named = ", ".join(
@@ -286,14 +433,14 @@ def _refusal(
         parts.append(f"{ahead} claim(s) queued ahead (first come, first served)")
     if never:
         parts.append("it can never fit: the request exceeds the device's capacity")
-    elif wait_s:
-        parts.append(f"waited {wait_s:g} s")
+    elif request.wait_s:
+        parts.append(f"waited {request.wait_s:g} s")
     else:
         parts.append("pass wait=SECONDS to queue for it")
     return BudgetExceeded(
         "; ".join(parts),
         device=uuid,
-        requested=sizes[uuid],
+        requested=size,
         free=snap.free,
         holders=holders,
         queued_ahead=ahead,

@@ -262,31 +262,31 @@ def _claim_now(
     # The mode goes into the record, so it is decided before admission writes one.
     plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
     modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
-    timing = _admission.AdmissionTiming()
-    info = {uuid: {"job": job[0], "sized": auto[uuid].kind if auto else "given"} for uuid in sizes}
-    ledger, held, payload = _admission.admit(
+    sized = {uuid: auto[uuid].kind if auto else "given" for uuid in sizes}
+    admitted = _admission.admit(
         [DeviceLedger(d) for d in candidates],
-        sizes,
-        wait_s,
-        label,
-        modes,
-        compute_pct,
-        plan.daemons,
-        timing,
-        info,
+        _admission.Request(
+            sizes=sizes,
+            name=label,
+            wait_s=wait_s,
+            modes=modes,
+            compute=compute_pct,
+            daemons=plan.daemons,
+            info={uuid: {"job": job[0], "sized": sized[uuid]} for uuid in sizes},
+        ),
     )
-    chosen = ledger.device
+    ledger, held, chosen = admitted.ledger, admitted.held, admitted.ledger.device
     # Everything from here to the return can still fail (an adapter's configure_env, the
     # environment, Ctrl-C): the record is then released and the environment put back before
     # the exception propagates, so a failed claim() holds nothing.
     touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
     try:
-        result = _settle(ledger, held, payload, plan, label, compute_pct)
-        result.job, result.sized = job[0], payload["sized"]
+        result = _settle(admitted, plan, label, compute_pct)
+        result.job, result.sized = job[0], sized[chosen.uuid]
         if auto:
             result.reports["auto"] = auto[chosen.uuid].line
-        result.admission_s = timing.seconds()
-        result.reports["admission"] = timing.report()
+        result.admission_s = admitted.timing.seconds()
+        result.reports["admission"] = admitted.timing.report()
         _current = result
         os.environ[HOLDER_ENV] = f"{chosen.uuid}/{held.name}"
     except BaseException:
@@ -302,15 +302,10 @@ def _claim_now(
 
 
 def _settle(
-    ledger: DeviceLedger,
-    held: Held,
-    payload: dict[str, Any],
-    plan: _enforce.Plan,
-    label: str,
-    compute_pct: int | None,
+    admitted: _admission.Admitted, plan: _enforce.Plan, label: str, compute_pct: int | None
 ) -> Claim:
     """Pin this process to the admitted GPU, apply hard mode's limit; the Claim to return."""
-    chosen = ledger.device
+    chosen = admitted.ledger.device
     index = None if chosen.simulated else chosen.visible_index
     if not chosen.simulated and not _adapters.any_cuda_initialized():
         # Pin the frameworks to the claimed GPU: it becomes their cuda:0 (an inherited MPS
@@ -319,24 +314,22 @@ def _settle(
         os.environ["CUDA_VISIBLE_DEVICES"] = chosen.uuid
         index = 0
     restore: dict[str, str | None] = {}
-    if payload["mode"] == "hard":
-        restore = _enforce.apply(
-            plan, payload["bytes"], index or 0, compute_pct, payload.get("mps_daemon")
-        )
+    if admitted.mode == "hard":
+        restore = _enforce.apply(plan, admitted.bytes, index or 0, compute_pct, admitted.mps_daemon)
     result = Claim(
-        bytes=payload["bytes"],
+        bytes=admitted.bytes,
         device=chosen.uuid,
         name=label,
-        mode=payload["mode"],
+        mode=admitted.mode,
         index=index,
-        id=payload["id"],
-        record=held.name,
-        mode_reason=payload["mode_reason"],
+        id=admitted.id,
+        record=admitted.held.name,
+        mode_reason=admitted.mode_reason,
         compute=compute_pct,
-        _ledger=ledger,
-        _held=held,
+        _ledger=admitted.ledger,
+        _held=admitted.held,
         _restore=restore,
-        _payload=payload,
+        _payload=admitted.record,
     )
     if restore:
         result.reports["mps"] = _enforce.describe()

@@ -28,11 +28,12 @@ HARD = ("hard", "MPS pinned device-memory limit (test)")
 
 def admit(mode: tuple[str, str], wait: float | None = None) -> tuple[DeviceLedger, Held]:
     (device,) = candidates(None)
-    ledger, held, payload = _admission.admit(
-        [DeviceLedger(device)], {device.uuid: GIB}, wait, "job", {device.uuid: mode}
+    admitted = _admission.admit(
+        [DeviceLedger(device)],
+        _admission.Request({device.uuid: GIB}, "job", wait, {device.uuid: mode}),
     )
-    assert payload["mode"] == mode[0]
-    return ledger, held
+    assert admitted.mode == mode[0]
+    return admitted.ledger, admitted.held
 
 
 @pytest.fixture
@@ -106,8 +107,9 @@ from memgov import _admission
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 (device,) = candidates(None)
-held = _admission.admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
-                     {device.uuid: ("hard", "test")})  # kept: the lock lives with its object
+held = _admission.admit([DeviceLedger(device)], _admission.Request(
+    {device.uuid: 2**30}, "holder", modes={device.uuid: ("hard", "test")}
+))  # kept: the lock lives with its object
 print("admitted", flush=True)
 sys.stdin.readline()
 """

@@ -158,18 +158,17 @@ def test_a_claim_may_join_any_running_daemon(
 
 
 # -- which daemon: the ledger's count per daemon ------------------------------------------------
-def admit(daemons: tuple[int, ...], wait: float | None = None) -> tuple[DeviceLedger, Held, int]:
+def admit(
+    daemons: tuple[int, ...], wait: float | None = None
+) -> tuple[DeviceLedger, Held, int | None]:
     (device,) = candidates(None)
-    ledger, held, payload = _admission.admit(
+    admitted = _admission.admit(
         [DeviceLedger(device)],
-        {device.uuid: GIB},
-        wait,
-        "job",
-        {device.uuid: ("hard", "test")},
-        None,
-        daemons,
+        _admission.Request(
+            {device.uuid: GIB}, "job", wait, {device.uuid: ("hard", "test")}, daemons=daemons
+        ),
     )
-    return ledger, held, payload["mps_daemon"]
+    return admitted.ledger, admitted.held, admitted.mps_daemon
 
 
 @pytest.mark.parametrize(
@@ -221,8 +220,9 @@ from memgov import _admission
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 (device,) = candidates(None)
-held = _admission.admit([DeviceLedger(device)], {device.uuid: 2**30}, None, "holder",
-                     {device.uuid: ("hard", "test")}, None, (0, 1))  # kept: its lock is its life
+held = _admission.admit([DeviceLedger(device)], _admission.Request(
+    {device.uuid: 2**30}, "holder", modes={device.uuid: ("hard", "test")}, daemons=(0, 1)
+))  # kept: its lock is its life
 print("admitted", flush=True)
 sys.stdin.readline()
 """
@@ -259,7 +259,9 @@ def test_claims_without_mps_stop_at_the_context_limit(
 
     def one(mode: str) -> Held:
         modes = {device.uuid: (mode, "")}
-        return _admission.admit([ledger], {device.uuid: GIB}, None, "j", modes)[1]
+        return _admission.admit(
+            [ledger], _admission.Request({device.uuid: GIB}, "j", modes=modes)
+        ).held
 
     held = [one("soft"), one("soft"), one("hard")]  # MPS clients hold no context of their own
     with pytest.raises(memgov.BudgetExceeded) as refused:
@@ -334,12 +336,9 @@ def test_claim_points_cuda_at_the_daemon_with_room(
         with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
             _admission.admit(
                 [DeviceLedger(candidates(None)[0])],
-                {"sim0": GIB},
-                None,
-                "fourth",
-                {"sim0": ("hard", "test")},
-                None,
-                (0, 1, 2),
+                _admission.Request(
+                    {"sim0": GIB}, "fourth", modes={"sim0": ("hard", "test")}, daemons=(0, 1, 2)
+                ),
             )
         claim.release()
         assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
