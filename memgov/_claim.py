@@ -8,7 +8,7 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # Imported here, not where used: a lazy import opens a file, and a claim must work with the
 # process's descriptors spent (tests/hostile/test_users.py).
@@ -156,6 +156,26 @@ def claim(
     job_name, job_label = _jobid.job_for(job)
     chosen_threads = _threads.setting()  # checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
+    attempt = _start_attempt()
+    try:
+        result, touched, chosen = _claim_now(
+            request, device, wait_s, label, compute_pct, (job_name, job_label)
+        )
+    finally:
+        del attempt  # ends the mark (the weak reference dies with it)
+    budget = _govern_or_release(result, chosen, chosen_threads, label, touched)
+    from memgov import _runs
+
+    _runs.start(result, budget, job_name, job_label, result.sized)
+    if auto and "auto" in result.reports and not _quiet():
+        sys.stderr.write(f"memgov: {result.reports['auto']}\n")
+        sys.stderr.flush()
+    return result
+
+
+def _start_attempt() -> _Attempt:
+    """Mark this thread's claim() in progress (the mark ends with the returned object); refused
+    while this process holds a claim or another of its threads is claiming."""
     if _current is not None:
         # One claim per process: a holder that waits for more could deadlock with another.
         raise MemgovError(
@@ -173,28 +193,26 @@ def claim(
                 "most one claim, so claim in one thread (or in separate processes)"
             )
         _claiming["now"] = mark  # a mark whose attempt ended without clearing it
+    return attempt
+
+
+def _govern_or_release(
+    result: Claim,
+    chosen: _devices.Device,
+    chosen_threads: _threads.Setting,
+    label: str,
+    touched: dict[str, str | None],
+) -> _adapters.Budget:
+    """:func:`_govern`; where it fails, the claim is released and the environment ``touched``
+    put back before the exception propagates: a failed claim() holds nothing."""
     try:
-        result, touched, chosen = _claim_now(
-            request, device, wait_s, label, compute_pct, (job_name, job_label)
-        )
-    finally:
-        del attempt  # ends the mark (the weak reference dies with it)
-    try:
-        budget = _govern(result, chosen, chosen_threads, label)
+        return _govern(result, chosen, chosen_threads, label)
     except BaseException:
-        # A failed claim() holds nothing: the record released, the environment put back.
         try:
             result.release()
         finally:
             _enforce.restore(touched)
         raise
-    from memgov import _runs
-
-    _runs.start(result, budget, job_name, job_label, result.sized)
-    if auto and "auto" in result.reports and not _quiet():
-        sys.stderr.write(f"memgov: {result.reports['auto']}\n")
-        sys.stderr.flush()
-    return result
 
 
 def _govern(
@@ -240,6 +258,31 @@ def _unmark(mark: weakref.ref[_Attempt]) -> None:
         _claiming.pop("now", None)
 
 
+class _Sizing(NamedTuple):
+    """The devices a claim may take and what it asks on each."""
+
+    candidates: list[_devices.Device]
+    sizes: dict[str, int]
+    """Bytes per device UUID."""
+    kinds: dict[str, str]
+    """Where each size came from, per device UUID: given, or auto's scheduler/profile/first-run."""
+    lines: dict[str, str]
+    """auto's report line per device UUID (none for a given size)."""
+
+
+def _sizing(size: Size | str, device: int | str | None, job: tuple[str, str]) -> _Sizing:
+    candidates = _devices.candidates(device)
+    if isinstance(size, Size):
+        sizes = _devices.sizes_on(size, candidates)  # ConfigError when no device can hold it
+        kinds, lines = dict.fromkeys(sizes, "given"), {}
+    else:
+        auto = {d.uuid: _autosize.size_for(d, *job) for d in candidates}
+        sizes = {uuid: sized.bytes for uuid, sized in auto.items()}
+        kinds = {uuid: sized.kind for uuid, sized in auto.items()}
+        lines = {uuid: sized.line for uuid, sized in auto.items()}
+    return _Sizing([d for d in candidates if d.uuid in sizes], sizes, kinds, lines)
+
+
 def _claim_now(
     size: Size | str,
     device: int | str | None,
@@ -249,30 +292,19 @@ def _claim_now(
     job: tuple[str, str],
 ) -> tuple[Claim, dict[str, str | None], _devices.Device]:
     global _current
-    from memgov import _autosize
-
-    candidates = _devices.candidates(device)
-    auto: dict[str, _autosize.Sized] = {}
-    if isinstance(size, Size):
-        sizes = _devices.sizes_on(size, candidates)  # ConfigError when no device can hold it
-    else:
-        auto = {d.uuid: _autosize.size_for(d, *job) for d in candidates}
-        sizes = {uuid: sized.bytes for uuid, sized in auto.items()}
-    candidates = [d for d in candidates if d.uuid in sizes]
+    sizing = _sizing(size, device, job)
     # The mode goes into the record, so it is decided before admission writes one.
-    plan = _enforce.decide(candidates, _adapters.any_cuda_initialized())
-    modes = {d.uuid: plan.mode(d, compute_pct) for d in candidates}
-    sized = {uuid: auto[uuid].kind if auto else "given" for uuid in sizes}
+    plan = _enforce.decide(sizing.candidates, _adapters.any_cuda_initialized())
     admitted = _admission.admit(
-        [DeviceLedger(d) for d in candidates],
+        [DeviceLedger(d) for d in sizing.candidates],
         _admission.Request(
-            sizes=sizes,
+            sizes=sizing.sizes,
             name=label,
             wait_s=wait_s,
-            modes=modes,
+            modes={d.uuid: plan.mode(d, compute_pct) for d in sizing.candidates},
             compute=compute_pct,
             daemons=plan.daemons,
-            info={uuid: {"job": job[0], "sized": sized[uuid]} for uuid in sizes},
+            info={uuid: {"job": job[0], "sized": kind} for uuid, kind in sizing.kinds.items()},
         ),
     )
     ledger, held, chosen = admitted.ledger, admitted.held, admitted.ledger.device
@@ -282,9 +314,9 @@ def _claim_now(
     touched = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", *_enforce.CLAIM_ENV)}
     try:
         result = _settle(admitted, plan, label, compute_pct)
-        result.job, result.sized = job[0], sized[chosen.uuid]
-        if auto:
-            result.reports["auto"] = auto[chosen.uuid].line
+        result.job, result.sized = job[0], sizing.kinds[chosen.uuid]
+        if chosen.uuid in sizing.lines:
+            result.reports["auto"] = sizing.lines[chosen.uuid]
         result.admission_s = admitted.timing.seconds()
         result.reports["admission"] = admitted.timing.report()
         _current = result
