@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -29,6 +27,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench.py
+from bench import down, ended, report_head
 
 GIB = 2**30
 SIZE = 4 * GIB
@@ -244,31 +245,17 @@ def main() -> None:
         os.environ.update(MEMGOV_DIR=str(Path(tmp) / "ledger"), MEMGOV_DEVICES="sim0:64GiB")
         os.environ.pop("MEMGOV_HOLDER", None)
         report: dict[str, Any] = {
-            "benchmark": "core_checks",
-            "command": " ".join(["python", *sys.argv]),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "platform": platform.platform(),
-                "euid": os.geteuid(),
-                "loadavg_1_5_15_at_start": os.getloadavg(),
-            },
+            **report_head("core_checks", euid=os.geteuid()),
             "no_wait": check_no_wait(),
             "wait": check_wait(args.hold),
             "sigkill_host_pidns": check_sigkill(args.repeat, pidns=False),
             "sigkill_own_pidns": check_sigkill(args.repeat, pidns=True),
         }
-        report["machine"]["loadavg_1_5_15_at_end"] = os.getloadavg()
+        ended(report)
     print_table(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-
-
-def down(value: float, digits: int = 2) -> str:
-    """``value`` truncated, never rounded up, for the printed table (the JSON keeps every digit)."""
-    return f"{math.floor(value * 10**digits) / 10**digits:.{digits}f}"
 
 
 def print_table(report: dict[str, Any]) -> None:

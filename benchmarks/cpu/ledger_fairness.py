@@ -23,18 +23,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import random
 import resource
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench.py
+from bench import (
+    down,
+    ended,
+    ledger_env,
+    nearest_rank,
+    release_workers,
+    report_head,
+    start_workers,
+    worker_results,
+)
 
 GIB = 2**30
 TOTAL = 16 * GIB
@@ -121,56 +130,26 @@ class Sampler(threading.Thread):
 def stats(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"count": 0}
-    ordered = sorted(values)
-
-    def rank(pct: float) -> float:
-        return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1]
-
     return {
-        "count": len(ordered),
-        "p50": rank(50),
-        "p99": rank(99),
-        "max": ordered[-1],
-        "over_1000ms": sum(1 for v in ordered if v > 1000),
+        "count": len(values),
+        "p50": nearest_rank(values, 50),
+        "p99": nearest_rank(values, 99),
+        "max": max(values),
+        "over_1000ms": sum(1 for v in values if v > 1000),
     }
-
-
-def down(value: float) -> str:
-    return f"{math.floor(value * 10) / 10:.1f}"
 
 
 def run(n: int, seconds: float, wait: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="memgov-fair-") as tmp:
-        env = dict(os.environ)
-        env.pop("MEMGOV_HOLDER", None)
-        env.update(MEMGOV_DIR=str(Path(tmp) / "ledger"), MEMGOV_DEVICES="fair0:16GiB")
-        procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--worker", str(seconds), str(wait), str(i)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for i in range(n)
-        ]
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline().strip()
-            if line != "ready":
-                raise SystemExit(f"worker {proc.pid} failed to start: {line!r}")
+        env = ledger_env(Path(tmp) / "ledger", "fair0:16GiB")
+        worker_args = (str(seconds), str(wait))
+        procs = start_workers(
+            ([sys.executable, __file__, "--worker", *worker_args, str(i)] for i in range(n)), env
+        )
         sampler = Sampler(Path(tmp) / "ledger" / "v1" / "fair0")
         sampler.start()
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=seconds + wait + 300)
-            if proc.returncode != 0:
-                raise SystemExit(f"worker {proc.pid} exited with {proc.returncode}")
-            results.append(json.loads(out))
+        release_workers(procs)
+        results = worker_results(procs, timeout=seconds + wait + 300)
         sampler.done.set()
         sampler.join()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -203,33 +182,15 @@ def main() -> None:
     if args.worker is not None:
         worker(float(args.worker[0]), float(args.worker[1]), int(args.worker[2]))
         return
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent,
-    ).stdout.strip()
-    report: dict[str, Any] = {
-        "benchmark": "ledger_fairness",
-        "command": " ".join(["python", *sys.argv]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "git_commit": commit or None,
-            "shared_with_other_work": True,
-            "loadavg_1_5_15_at_start": os.getloadavg(),
-        },
-    }
+    report = report_head("ledger_fairness", shared_with_other_work=True)
     report["result"] = row = run(args.n, args.seconds, args.wait)
-    report["machine"]["loadavg_1_5_15_at_end"] = os.getloadavg()
+    ended(report)
     for key in ("head_wait_while_fits_ms", "overrun_past_wait_ms", "admission_wait_ms"):
         s = row[key]
         if s["count"]:
             print(
-                f"{key:26} n={s['count']:>6} p50={down(s['p50']):>8} p99={down(s['p99']):>8} "
-                f"max={down(s['max']):>8} >1s={s['over_1000ms']}"
+                f"{key:26} n={s['count']:>6} p50={down(s['p50'], 1):>8} "
+                f"p99={down(s['p99'], 1):>8} max={down(s['max'], 1):>8} >1s={s['over_1000ms']}"
             )
         else:
             print(f"{key:26} n=0")

@@ -14,15 +14,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench.py
+from bench import (
+    down,
+    ended,
+    ledger_env,
+    machine,
+    nearest_rank,
+    release_workers,
+    start_workers,
+    worker_results,
+)
 
 GIB = 2**30
 
@@ -45,50 +53,21 @@ def worker(cycles: int) -> None:
     print(json.dumps({"claim_ns": claim_ns, "release_ns": release_ns}), flush=True)
 
 
-def down(value: float, digits: int = 2) -> str:
-    """``value`` truncated, never rounded up, for the printed table (the JSON keeps every digit)."""
-    return f"{math.floor(value * 10**digits) / 10**digits:.{digits}f}"
-
-
 def percentile(values: list[int], pct: float) -> float:
     """Nearest-rank percentile, in milliseconds."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100 * len(ordered)))
-    return ordered[rank - 1] / 1e6
+    return nearest_rank(values, pct) / 1e6
 
 
 def run_n(n: int, cycles: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="memgov-bench-") as tmp:
-        env = dict(os.environ)
-        env.pop("MEMGOV_HOLDER", None)
         # Room for every claimer at once: no claim is ever refused or queued.
-        env.update(MEMGOV_DIR=str(Path(tmp) / "ledger"), MEMGOV_DEVICES=f"bench0:{n + 1}GiB")
-        procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--worker", str(cycles)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for _ in range(n)
-        ]
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline().strip()
-            if line != "ready":
-                raise SystemExit(f"worker {proc.pid} failed to start: {line!r}")
+        env = ledger_env(Path(tmp) / "ledger", f"bench0:{n + 1}GiB")
+        procs = start_workers(
+            ([sys.executable, __file__, "--worker", str(cycles)] for _ in range(n)), env
+        )
         start = time.perf_counter()
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=600)
-            if proc.returncode != 0:
-                raise SystemExit(f"worker {proc.pid} exited with {proc.returncode}")
-            results.append(json.loads(out))
+        release_workers(procs)
+        results = worker_results(procs, timeout=600)
         wall = time.perf_counter() - start
     claim_ns = [v for r in results for v in r["claim_ns"]]
     release_ns = [v for r in results for v in r["release_ns"]]
@@ -108,23 +87,6 @@ def run_n(n: int, cycles: int) -> dict[str, Any]:
         "release_ms": {"p50": percentile(release_ns, 50), "p99": percentile(release_ns, 99)},
         "wall_s": wall,
         "cycles_per_s": len(cycle_ns) / wall,
-    }
-
-
-def machine() -> dict[str, Any]:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent,
-    ).stdout.strip()
-    return {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "git_commit": commit or None,
-        "ledger_parent": tempfile.gettempdir(),
-        "loadavg_1_5_15_at_start": os.getloadavg(),
     }
 
 
@@ -150,7 +112,7 @@ def main() -> None:
         "benchmark": "ledger_latency",
         "command": " ".join(["python", *sys.argv]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine(),
+        "machine": machine(ledger_parent=tempfile.gettempdir()),
         "results": [],
     }
     print(
@@ -168,7 +130,7 @@ def main() -> None:
             flush=True,
         )
     # Other processes on the machine inflate the tail: the load average says how busy it was.
-    report["machine"]["loadavg_1_5_15_at_end"] = os.getloadavg()
+    ended(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
