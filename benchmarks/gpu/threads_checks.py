@@ -52,8 +52,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # nvml.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # nvml.py, bench.py
 from _threads_rates import aggregate, line, pack_rates, summary
+from bench import kill_groups, variant
 from nvml import LoadSampler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,21 +71,6 @@ SCRUB = (
     "NUMEXPR_",
     "VECLIB_",
 )
-
-
-def variant(text: str) -> tuple[str, str]:
-    """NAME=ARGS (trainer flags, may be empty), as --variant takes it."""
-    name, sep, flags = text.partition("=")
-    if not sep or not name.strip() or not name.replace("-", "_").isidentifier():
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: accepted NAME=TRAINER_ARGS, NAME letters, digits, - or _ "
-            "(e.g. 'graph=--cuda-graph' or 'default=')"
-        )
-    try:
-        shlex.split(flags)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: trainer arguments {exc}") from None
-    return name, flags
 
 
 def main() -> int:
@@ -515,13 +501,7 @@ def run_condition(
             except subprocess.TimeoutExpired:
                 break
     finally:
-        for proc, _, _ in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for reader in readers:
-            reader.join(timeout=10)
+        kill_groups((proc for proc, _, _ in procs), readers)
     jobs = []
     for i, (proc, path, started) in enumerate(procs):
         doc: dict[str, Any] = {}

@@ -16,24 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench.py
+from bench import variant
+
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "probe.optimizer_step"
 sys.path.insert(0, str(ROOT / "experiments" / "mnist"))
-
-
-def variant(text: str) -> tuple[str, str]:
-    """NAME=ARGS (trainer flags, may be empty), as --variant takes it."""
-    name, sep, flags = text.partition("=")
-    if not sep or not name.strip() or not name.replace("-", "_").isidentifier():
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: accepted NAME=TRAINER_ARGS, NAME letters, digits, - or _ "
-            "(e.g. 'graph=--cuda-graph' or 'default=')"
-        )
-    try:
-        shlex.split(flags)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: trainer arguments {exc}") from None
-    return name, flags
 
 
 def main() -> None:
