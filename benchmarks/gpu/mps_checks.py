@@ -319,17 +319,23 @@ def check_epochs(env: dict[str, str], pipe: str, runs: int, deadline: float) -> 
     }
 
 
-def check_stop_cli(root: Path) -> dict[str, Any]:
-    env = base_env(root / "cli")
-    before = mps_processes()
-    out: dict[str, Any] = {"start": cli_json(["mps", "start", "--json"], env)}
-    client = subprocess.Popen(
+def holding_client(env: dict[str, str]) -> subprocess.Popen[str]:
+    """A client that claims 1 GiB and starts CUDA, prints its mode, and holds until a line on
+    its stdin."""
+    return subprocess.Popen(
         [sys.executable, "-c", CLIENT, "hold"],
         env=env,
         text=True,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
+
+
+def check_stop_cli(root: Path) -> dict[str, Any]:
+    env = base_env(root / "cli")
+    before = mps_processes()
+    out: dict[str, Any] = {"start": cli_json(["mps", "start", "--json"], env)}
+    client = holding_client(env)
     assert client.stdout is not None and client.stdin is not None
     out["client"] = json.loads(client.stdout.readline() or "{}")
     out["status_with_client"] = cli_json(["mps", "status", "--json"], env)
@@ -362,13 +368,7 @@ def check_stop_signal(root: Path, sig: signal.Signals) -> dict[str, Any]:
     )
     assert ctx.stdout is not None
     up = json.loads(ctx.stdout.readline() or "{}")
-    client = subprocess.Popen(
-        [sys.executable, "-c", CLIENT, "hold"],
-        env=env,
-        text=True,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
+    client = holding_client(env)
     assert client.stdout is not None and client.stdin is not None
     connected = json.loads(client.stdout.readline() or "{}")
     during = {p: n for p, n in mps_processes().items() if p not in before}
