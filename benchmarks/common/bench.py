@@ -128,6 +128,30 @@ def kill_groups(
         reader.join(timeout=10)
 
 
+# -- probes (source text a benchmark runs with python -c) -----------------------------------------
+THREAD_TICKS = """
+import os
+def ticks():
+    \"\"\"CPU ticks (utime + stime) of each thread of this process so far, by thread id.\"\"\"
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[tid] = int(fields[11]) + int(fields[12])
+    return found
+def busy(before):
+    \"\"\"Threads that did at least 10 % of the work since ``before`` (ticks()): unlike CPU
+    time / wall time, this count does not change when other load shares the cores.\"\"\"
+    used = {t: n - before.get(t, 0) for t, n in ticks().items()}
+    total = sum(used.values()) or 1
+    return sum(1 for n in used.values() if n >= 0.1 * total)
+"""
+"""Defines ticks() and busy(before) in a probe: which threads of a process do its work."""
+
+
 # -- options --------------------------------------------------------------------------------------
 def variant(text: str) -> tuple[str, str]:
     """NAME=ARGS (trainer flags, may be empty), as --variant takes it."""

@@ -21,30 +21,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-TICKS = """
-import json, os
-def ticks():
-    found = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        found[tid] = int(fields[11]) + int(fields[12])
-    return found
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench.py
+from bench import THREAD_TICKS
+
+TICKS = (
+    THREAD_TICKS
+    + """
+import json
 def report(setting, after_import):
     before = ticks()
     for _ in range(REPEAT):
         work()
-    used = {t: n - before.get(t, 0) for t, n in ticks().items()}
-    total = sum(used.values()) or 1
+    busy_threads = busy(before)
     tasks = len(os.listdir("/proc/self/task"))
     print(json.dumps({"after_import": after_import, "after_work": tasks,
-                      "busy": sum(1 for n in used.values() if n >= 0.1 * total),
-                      "setting": setting}))
+                      "busy": busy_threads, "setting": setting}))
 """
+)
 
 WORK = {
     "torch": """

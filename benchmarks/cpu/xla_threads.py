@@ -14,31 +14,23 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-PROBE = """
-import os
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))  # bench.py
+from bench import THREAD_TICKS
+
+PROBE = (
+    THREAD_TICKS
+    + """
 import jax, jax.numpy as jnp
-
-def ticks():
-    found = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        found[tid] = int(fields[11]) + int(fields[12])  # utime + stime
-    return found
-
 f = jax.jit(lambda x: jnp.tanh(x @ x).sum(axis=0))
 x = jnp.ones((2000, 2000)); f(x).block_until_ready()
 before = ticks()
 for _ in range(10):
     f(x).block_until_ready()
-used = {t: n - before.get(t, 0) for t, n in ticks().items()}
-total = sum(used.values()) or 1
-print(sum(1 for n in used.values() if n >= 0.1 * total))
+print(busy(before))
 """
+)
 
 SETTINGS = [
     ("default", {}, []),
