@@ -180,11 +180,8 @@ def _kai(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | N
         raw = _value(env, name)
         if raw is None:
             continue
-        try:
-            portion = float(raw)
-        except ValueError:
-            portion = -1.0
-        if not 0 < portion < float("inf"):
+        portion = _settings.positive_number(raw)
+        if portion is None:
             raise ValueError(
                 f"KAI scheduler {name}={raw!r}: accepted the share of one GPU, a number above 0 "
                 '(e.g. "0.50"; 1 or more means whole GPUs)'

@@ -151,16 +151,23 @@ def job_name(value: object, what: str = "MEMGOV_JOB") -> str:
     return text
 
 
+def positive_number(text: str) -> float | None:
+    """The finite number above 0 that ``text`` is; None for any other text (0, a negative
+    number, inf, NaN, not a number)."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if 0 < number < float("inf") else None
+
+
 def _give_back(value: str, what: str) -> float | None:
     """Seconds a first-run claim's peak must stay flat before it shrinks; ``off``: never."""
     text = value.strip().lower()
     if text == "off":
         return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
+    seconds = positive_number(text)
+    if seconds is None:
         raise ConfigError(
             f"{named(what, value)}: accepted seconds > 0 (how long a first-run claim's peak must "
             "stay flat before the claim shrinks to it) or off"
