@@ -24,6 +24,19 @@ import time
 from pathlib import Path
 
 
+def install(bin_dir: Path) -> Path:
+    """Make ``bin_dir`` with an ``nvidia-cuda-mps-control`` in it that runs this stand-in; a
+    test puts ``bin_dir`` first on PATH to use it. Returns the program's path."""
+    bin_dir.mkdir()
+    program = bin_dir / "nvidia-cuda-mps-control"
+    here = str(Path(__file__).resolve())
+    program.write_text(
+        f"#!{sys.executable}\nimport runpy\nrunpy.run_path({here!r}, run_name='__main__')\n"
+    )
+    program.chmod(0o755)
+    return program
+
+
 def pipe_dir() -> Path:
     return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import fake_mps_control
+
 from .conftest import User
 
-FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_mps_control.py"
 CLAIM = (
     "import memgov\ntry:\n with memgov.claim('{size}'): out('admitted')\n"
     "except memgov.MemgovError as e: out(str(e))"
@@ -34,14 +35,8 @@ def memgov_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 @pytest.fixture
 def fake_mps(base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = base / "bin"
-    bin_dir.mkdir()
-    program = bin_dir / "nvidia-cuda-mps-control"
-    program.write_text(
-        f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(FAKE)!r}, run_name='__main__')\n"
-    )
-    program.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    program = fake_mps_control.install(base / "bin")
+    monkeypatch.setenv("PATH", f"{program.parent}{os.pathsep}{os.environ['PATH']}")
     return program
 
 

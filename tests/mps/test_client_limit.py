@@ -21,6 +21,7 @@ from memgov import _admission, _enforce, _mpsctl
 from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
+from tests.helpers import hard_holder
 
 GIB = 2**30
 HARD = ("hard", "MPS pinned device-memory limit (test)")
@@ -101,29 +102,12 @@ def test_a_waiting_hard_claim_gets_the_slot_a_release_frees(limit_two: str) -> N
         ledger.remove("claims", record)
 
 
-HOLDER = """
-import sys
-from memgov import _admission
-from memgov._devices import candidates
-from memgov._ledger import DeviceLedger
-(device,) = candidates(None)
-held = _admission.admit([DeviceLedger(device)], _admission.Request(
-    {device.uuid: 2**30}, "holder", modes={device.uuid: ("hard", "test")}
-))  # kept: the lock lives with its object
-print("admitted", flush=True)
-sys.stdin.readline()
-"""
-
-
 def test_a_killed_hard_holder_frees_its_client_slot(
     sim: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "1")
-    child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    child = hard_holder.start()
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "admitted"
         with pytest.raises(memgov.BudgetExceeded, match="MPS client limit 1 reached"):
             admit(HARD)
         child.send_signal(signal.SIGKILL)

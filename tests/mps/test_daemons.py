@@ -30,8 +30,8 @@ from memgov import _admission, _enforce, _mps, _mpsctl
 from memgov._devices import Device, candidates
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
+from tests.helpers import fake_mps_control, hard_holder
 
-FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_mps_control.py"
 GPU = Device(0, "GPU-00000000-1111-2222-3333-444444444444", "real GPU", 80 * 2**30, 0, False, 0)
 GIB = 2**30
 
@@ -41,14 +41,8 @@ def fake_mps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The stand-in control program first on PATH, and a short ledger path (socket paths are
     limited to 107 bytes). Every daemon still running at the end is stopped."""
     base = Path(tempfile.mkdtemp(prefix="mg-", dir="/tmp"))
-    bin_dir = base / "bin"
-    bin_dir.mkdir()
-    program = bin_dir / "nvidia-cuda-mps-control"
-    program.write_text(
-        f"#!{sys.executable}\nimport runpy\nrunpy.run_path({str(FAKE)!r}, run_name='__main__')\n"
-    )
-    program.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    program = fake_mps_control.install(base / "bin")
+    monkeypatch.setenv("PATH", f"{program.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("MEMGOV_DIR", str(base / "ledger"))
     for name in (
         "CUDA_MPS_PIPE_DIRECTORY",
@@ -214,30 +208,13 @@ def test_bad_policy_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
         _mps.policy()
 
 
-HOLDER = """
-import sys
-from memgov import _admission
-from memgov._devices import candidates
-from memgov._ledger import DeviceLedger
-(device,) = candidates(None)
-held = _admission.admit([DeviceLedger(device)], _admission.Request(
-    {device.uuid: 2**30}, "holder", modes={device.uuid: ("hard", "test")}, daemons=(0, 1)
-))  # kept: its lock is its life
-print("admitted", flush=True)
-sys.stdin.readline()
-"""
-
-
 def test_a_killed_client_frees_its_slot_on_its_daemon(
     sim: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MEMGOV_MPS_CLIENTS", "1")
     first = admit((0, 1))
-    child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    child = hard_holder.start(daemons=(0, 1))
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "admitted"
         with pytest.raises(memgov.BudgetExceeded, match="every running daemon"):
             admit((0, 1))
         child.send_signal(signal.SIGKILL)
