@@ -194,10 +194,8 @@ class OneRun:
         self.deadline = self.t0 + self.ctx.cfg.timeout if self.ctx.cfg.timeout else None
         try:
             self.engine.run(lambda: False)
-        except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (SystemExit), or a bug
+        except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (SystemExit), or a bug: halted
             self.stop = exc
-            _stop_all(self.ctx, self.jobs, self.pending, "interrupted")
-            _reap(self.ctx, self.jobs)
         finally:
             self.sampler.stop()
         self.wall = time.monotonic() - self.t0
@@ -245,6 +243,12 @@ class OneRun:
 
     def active(self) -> int:
         return len(self.running)
+
+    def halt(self, error: BaseException | None) -> None:
+        """Ctrl-C, SIGTERM/SIGHUP or a bug ended the loop: end every job (SIGTERM, SIGKILL
+        after the grace)."""
+        _stop_all(self.ctx, self.jobs, self.pending, "interrupted")
+        _reap(self.ctx, self.jobs)
 
     def follow(self) -> bool:
         """--timeout: SIGTERM every job at the deadline, SIGKILL after the grace; whether any

@@ -16,7 +16,8 @@ The loop is the same for both: the front end says what is ready and what each GP
 against the GPU's free budget and every gate again (no policy can start what does not fit) and
 has the front end launch it; a job that no gate would admit on an idle host is refused with the
 gate's reason instead of waiting for ever. Then the front end follows what runs (what ended, a
-time limit, new work) and waits until something may have changed. Each decision's latency (the
+time limit, new work) and waits until something may have changed. When the loop is stopped (a
+signal) or an exception ends it, the front end halts what runs. Each decision's latency (the
 view and the policy) is kept.
 """
 
@@ -65,6 +66,11 @@ class Front(Protocol):
         """Until something may have changed (a poll interval, a job's message)."""
         ...
 
+    def halt(self, error: BaseException | None) -> None:
+        """Stop what runs: the loop was stopped (None) or ``error`` ended it (an interrupt
+        raised as an exception, or a bug); the engine raises ``error`` again afterwards."""
+        ...
+
 
 class Engine:
     def __init__(
@@ -78,10 +84,17 @@ class Engine:
         """Seconds each decision took: the front end's view and the policy."""
 
     def run(self, stopped: Callable[[], bool]) -> None:
-        """Decide, launch and follow until the front end has nothing left or ``stopped()``."""
-        while not stopped() and self.front.follow():
-            self.decide()
-            self.front.wait()
+        """Decide, launch and follow until the front end has nothing left or ``stopped()``;
+        then, if stopped or on an exception, have the front end halt what runs."""
+        try:
+            while not stopped() and self.front.follow():
+                self.decide()
+                self.front.wait()
+        except BaseException as exc:
+            self.front.halt(exc)
+            raise
+        if stopped():
+            self.front.halt(None)
 
     def decide(self) -> list[int]:
         """One decision: the ids of the jobs started."""

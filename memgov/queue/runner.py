@@ -138,8 +138,6 @@ class Runner:
             self._adopt()
             self.last_refresh = time.monotonic()
             self.engine.run(lambda: self.stop.signal is not None)
-            if self.stop.signal is not None:
-                self._stop_all()
         finally:
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
@@ -159,6 +157,12 @@ class Runner:
     def wait(self) -> None:
         self.sampler.maybe(self._queue_bytes())
         time.sleep(POLL_S)
+
+    def halt(self, error: BaseException | None) -> None:
+        """Stopped by a signal: every shepherd stops its command, each attempt's result is
+        saved. On a bug (``error``) the shepherds run on: the next runner adopts them."""
+        if error is None:
+            self._stop_all()
 
     def view(self, now: float) -> tuple[list[policies.Candidate], list[policies.Gpu]] | None:
         """The ready jobs of this run and the GPUs, when a decision is due: something changed

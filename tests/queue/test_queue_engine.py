@@ -27,6 +27,7 @@ class Front:
         self.started: list[tuple[int, int]] = []
         self.refused: list[tuple[int, str]] = []
         self.waiting: list[list[int]] = []
+        self.halted: list[BaseException | None] = []
 
     def view(self, now: float) -> tuple[list[Candidate], list[Gpu]] | None:
         gpus = [
@@ -62,6 +63,9 @@ class Front:
 
     def wait(self) -> None:
         return None
+
+    def halt(self, error: BaseException | None) -> None:
+        self.halted.append(error)
 
 
 class PerGpu:
@@ -142,3 +146,18 @@ def test_a_job_a_gate_holds_while_others_run_waits_and_is_not_refused() -> None:
     assert engine.decide() == []
     assert front.waiting == [[1, 2]] and not front.refused
     assert engine.decisions()["count"] == 1
+
+
+def test_the_loop_halts_what_runs_when_stopped_or_on_an_exception() -> None:
+    front = Front(small(4), gpus=1)
+    engine = Engine(front, policies.get("fifo"), [PerGpu(front, most=2)])
+    engine.run(lambda: len(front.started) >= 2)  # a signal's flag, seen after two started
+    assert front.halted == [None] and len(front.started) == 2
+
+    def broken() -> None:
+        raise KeyboardInterrupt
+
+    front.wait = broken  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        engine.run(lambda: False)
+    assert len(front.halted) == 2 and isinstance(front.halted[1], KeyboardInterrupt)
