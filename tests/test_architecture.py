@@ -41,11 +41,12 @@ LAYERS = (
     # The command line: typer apps and rich rendering, over everything else (memgov/cli/, one
     # module per command group, and `python -m memgov`).
     Layer("cli", ("memgov/cli/*.py", "memgov/__main__.py"), may_import=None),
-    # memgov pack: a library of its own on top of the core (the CLI is a thin layer over it).
+    # memgov pack: a library of its own on top of the core (the CLI is a thin layer over it);
+    # its runs are a front end of the queue's engine (memgov/queue/engine.py, its policies).
     Layer(
         "pack",
         ("memgov/pack/*.py",),
-        may_import=frozenset({"core", "pack", "ray"}),
+        may_import=frozenset({"core", "pack", "queue", "ray"}),
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
     ),
     # The Ray integration (memgov.ray, one module or a folder).

@@ -1,11 +1,15 @@
-"""The pack engine: start N jobs of an experiment on one GPU, watch them, and say how it went.
+"""pack's front end of the engine: N copies of an experiment on one GPU, watched, reported.
 
 A pack is a list of runs: the naive baseline (``--baseline naive``), the one-job reference
-(solo), then one run per job count (``--n`` or each ``--sweep`` value). Every run starts its jobs
-(at most ``parallel`` at once; the rest start as others finish), reads their reports live, samples
-footprints, and ends with a record (stats.py); results.py files it in the report. An MPS daemon
-that pack starts (memgov._mps) runs around the governed runs and is stopped in a ``finally``: also
-on Ctrl-C, SIGTERM or SIGHUP (all turned into exceptions here), after the jobs have been stopped.
+(solo), then one run per job count (``--n`` or each ``--sweep`` value). Each run is a workload
+of identical copies handed to the engine that runs memgov queue too (memgov/queue/engine.py):
+its ``fifo`` policy starts copies first fit, as pack's two gates admit them (:class:`Slots`:
+at most ``parallel`` at once, the rest start as others finish; :class:`HostRoom`: the host's
+memory, hostmem.py), and :class:`OneRun` launches them with pack's runner, reads their reports
+live, samples footprints, and ends with a record (stats.py); results.py files it in the report.
+An MPS daemon that pack starts (memgov._mps) runs around the governed runs and is stopped in a
+``finally``: also on Ctrl-C, SIGTERM or SIGHUP (all turned into exceptions here), after the
+jobs have been stopped.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -22,13 +27,17 @@ from typing import Any, Literal, Protocol
 
 from memgov import _config
 from memgov._signals import raise_on_signals
-from memgov.pack import stats, warmup
+from memgov.pack import hostmem, stats, warmup
 from memgov.pack.config import PackConfig, cpu_sets, threads_for
 from memgov.pack.jobs import Job, JobSpec
 from memgov.pack.monitor import Sampler
 from memgov.pack.plan import Context, RunPlan, learn_claim, prepare
 from memgov.pack.results import Results, complete_run
 from memgov.pack.stats import JobRecord, RunRecord
+from memgov.queue import policies
+from memgov.queue.engine import Engine
+from memgov.queue.learn import Learned
+from memgov.queue.policies import Candidate, Gpu
 
 STOP_GRACE_S = 10.0
 """How long a job has after SIGTERM before SIGKILL."""
@@ -106,10 +115,18 @@ def run_once(
     return run.record(), run.stop
 
 
+POLICY = "fifo"
+"""pack's copies start first fit, in order, as the gates admit them."""
+UNBOUNDED = sys.maxsize
+"""The GPU budget the engine sees for pack: each job claims inside itself (auto-enable), where
+the ledger admits, refuses or (``--wait``) queues it; pack's gates bound the starts."""
+
+
 class OneRun:
     """One plan's jobs, in steps: set up (the jobs, their environment), :meth:`warm_up` (JAX's
-    compilation cache), :meth:`drive` (start jobs as room allows, stop them at the timeout, take
-    their reports) and :meth:`record` (what the report says of the run)."""
+    compilation cache), :meth:`drive` (the engine starts jobs as the gates allow; the run stops
+    them at the timeout and takes their reports) and :meth:`record` (what the report says of
+    the run). It is the engine's front end (memgov/queue/engine.py ``Front``) for the run."""
 
     def __init__(self, ctx: Context, plan: RunPlan, observer: Observer) -> None:
         self.ctx, self.plan, self.observer = ctx, plan, observer
@@ -140,6 +157,13 @@ class OneRun:
         self.stop: BaseException | None = None
         self.warm: dict[str, Any] | None = None
         self.t0 = self.t0_unix = self.wall = 0.0
+        self.learned = Learned()
+        self.deadline: float | None = None
+        self.kill_at: float | None = None
+        gates: list[policies.Gate] = [Slots(self)]
+        if ctx.host_gate is not None:
+            gates.append(HostRoom(ctx.host_gate, self))
+        self.engine = Engine(self, policies.get(POLICY), gates)
 
     @property
     def cached(self) -> bool:
@@ -167,39 +191,77 @@ class OneRun:
         self.sampler.start()
         self.t0 = time.monotonic()
         self.t0_unix = time.time()  # the same instant on the wall clock, for outside monitoring
-        deadline = self.t0 + self.ctx.cfg.timeout if self.ctx.cfg.timeout else None
-        kill_at: float | None = None
+        self.deadline = self.t0 + self.ctx.cfg.timeout if self.ctx.cfg.timeout else None
         try:
-            while self.pending or self.running:
-                self.start_what_fits()
-                kill_at = self.keep_time(deadline, kill_at)
-                with contextlib.suppress(queue.Empty):
-                    self.take(*self.inbox.get(timeout=0.2))
-        except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (SystemExit), or a bug
+            self.engine.run(lambda: False)
+        except BaseException as exc:  # Ctrl-C, SIGTERM/SIGHUP (SystemExit), or a bug: halted
             self.stop = exc
-            _stop_all(self.ctx, self.jobs, self.pending, "interrupted")
-            _reap(self.ctx, self.jobs)
         finally:
             self.sampler.stop()
         self.wall = time.monotonic() - self.t0
 
-    def start_what_fits(self) -> None:
-        """Start pending jobs while the run's parallelism and the host's memory allow."""
-        ctx, pending = self.ctx, self.pending
-        while pending and len(self.running) < self.plan.parallel:
-            verdict = _host_verdict(ctx, self.sampler, pending[0], self.running, self.by_label)
-            if verdict == "wait":
-                return
-            job = pending.popleft()
-            if verdict == "refuse":
-                self.ended(job, _blank())
-                continue
-            cpus = cpu_sets(job.spec.index, self.threads or 1) if ctx.cfg.pin else None
-            job.start(ctx.runner, ctx.folder, self.base, self.log_dir, self.inbox, self.t0, cpus)
-            self.sampler.track(job.spec.label, _root(ctx, job), ctx.runner.host_pids)
-            self.running.add(job.spec.label)
-            if ctx.host_gate is not None:
-                ctx.host_gate.started(len(self.running))
+    # -- the engine's front end (memgov/queue/engine.py) ------------------------------------------
+
+    def view(self, now: float) -> tuple[list[Candidate], list[Gpu]] | None:
+        """The copies not started yet, in order, and the one GPU: its budget unbounded here
+        (the ledger admits each job's claim inside the job)."""
+        if not self.pending:
+            return None
+        claim = self.plan.claim_bytes or 0
+        kind = self.ctx.manifest.name
+        ready = [Candidate(j.spec.index, kind, claim, None, None) for j in self.pending]
+        running = [
+            policies.Running(self.by_label[label].spec.index, kind, claim, now, None)
+            for label in self.running
+        ]
+        return ready, [Gpu(0, UNBOUNDED, UNBOUNDED, running)]
+
+    def start(self, job_id: int, gpu: int, claim: int) -> None:
+        ctx, job = self.ctx, self.jobs[job_id]
+        self.pending.remove(job)
+        cpus = cpu_sets(job.spec.index, self.threads or 1) if ctx.cfg.pin else None
+        job.start(ctx.runner, ctx.folder, self.base, self.log_dir, self.inbox, self.t0, cpus)
+        self.sampler.track(job.spec.label, _root(ctx, job), ctx.runner.host_pids)
+        self.running.add(job.spec.label)
+        if ctx.host_gate is not None:
+            ctx.host_gate.started(len(self.running))
+
+    def refuse(self, job_id: int, why: str) -> None:
+        """The host cannot hold one job even with none of the run left: not started."""
+        job = self.jobs[job_id]
+        self.pending.remove(job)
+        job.stopped_by, job.refusal = "host_memory", why
+        if self.ctx.host_gate is not None:
+            self.ctx.host_gate.refused += 1
+        self.ended(job, _blank())
+
+    def held(self, waiting: list[Candidate]) -> None:
+        """The first copy waits for host memory (not for a slot): the run goes on in waves."""
+        gate = self.ctx.host_gate
+        if gate is not None and self.running and len(self.running) < self.plan.parallel:
+            gate.deferred.add(self.jobs[waiting[0].id].spec.label)
+
+    def active(self) -> int:
+        return len(self.running)
+
+    def halt(self, error: BaseException | None) -> None:
+        """Ctrl-C, SIGTERM/SIGHUP or a bug ended the loop: end every job (SIGTERM, SIGKILL
+        after the grace)."""
+        _stop_all(self.ctx, self.jobs, self.pending, "interrupted")
+        _reap(self.ctx, self.jobs)
+
+    def follow(self) -> bool:
+        """--timeout: SIGTERM every job at the deadline, SIGKILL after the grace; whether any
+        job is left to start or running."""
+        self.kill_at = self.keep_time(self.deadline, self.kill_at)
+        return bool(self.pending or self.running)
+
+    def wait(self) -> None:
+        """Until a job's reader says something (0.2 s at most); then take all it said."""
+        with contextlib.suppress(queue.Empty):
+            self.take(*self.inbox.get(timeout=0.2))
+            while True:
+                self.take(*self.inbox.get_nowait())
 
     def keep_time(self, deadline: float | None, kill_at: float | None) -> float | None:
         """--timeout: SIGTERM every job at the deadline, SIGKILL after the grace; the new
@@ -255,6 +317,7 @@ class OneRun:
             ctx.host_gate.reset()
         if self.connections:
             record["connections"] = self.connections
+        record["decisions"] = self.engine.decisions()
         self.observer.run_ended(plan, record)
         return record
 
@@ -304,22 +367,51 @@ def _sweep_ledger(ctx: Context) -> list[str]:
     return []
 
 
-def _host_verdict(
-    ctx: Context, sampler: Sampler, job: Job, running: set[str], jobs: dict[str, Job]
-) -> str:
-    """ "start", "wait" (for running jobs to end) or "refuse" ``job`` (hostmem.py)."""
-    gate = ctx.host_gate
-    if gate is None or gate.fits(
-        (sampler.jobs[label].uss, jobs[label].first("epoch") is not None) for label in running
-    ):
-        return "start"
-    if running:
-        gate.deferred.add(job.spec.label)
-        return "wait"
-    job.stopped_by = "host_memory"
-    job.refusal = gate.refusal()
-    gate.refused += 1
-    return "refuse"
+class Slots:
+    """Gate: at most ``parallel`` jobs of the run at once (``--parallel``, MPS clients, CUDA
+    contexts: plan.py); the rest start as others end."""
+
+    def __init__(self, run: OneRun) -> None:
+        self.run = run
+        self.now = 0
+
+    def begin(self) -> None:
+        self.now = len(self.run.running)
+
+    def admits(self, job: Candidate, gpu: Gpu, placed: list[Candidate]) -> bool:
+        return self.now + len(placed) < self.run.plan.parallel
+
+    def refusal(self, job: Candidate) -> str | None:
+        return None
+
+
+class HostRoom:
+    """Gate: a job starts only when the host's memory holds it beside the running ones and
+    those this decision placed (hostmem.py); one the host cannot hold with none of the run left
+    is refused (reason ``host_memory``)."""
+
+    def __init__(self, gate: hostmem.HostGate, run: OneRun) -> None:
+        self.gate, self.run = gate, run
+        self.running: list[tuple[int | None, bool]] = []
+        self.known: dict[int, bool] = {}
+
+    def begin(self) -> None:
+        """The run's jobs as the sampler sees them: (largest USS, past its first epoch)."""
+        run = self.run
+        self.running = [
+            (run.sampler.jobs[label].uss, run.by_label[label].first("epoch") is not None)
+            for label in run.running
+        ]
+        self.known = {}
+
+    def admits(self, job: Candidate, gpu: Gpu, placed: list[Candidate]) -> bool:
+        more = len(placed)  # each placed job counts with all of its growth ahead
+        if more not in self.known:
+            self.known[more] = self.gate.fits(self.running + [(None, False)] * more)
+        return self.known[more]
+
+    def refusal(self, job: Candidate) -> str | None:
+        return None if self.gate.fits([]) else self.gate.refusal()
 
 
 def _peak(record: RunRecord, what: Literal["footprint_mib", "uss_mib"]) -> int | None:

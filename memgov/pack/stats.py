@@ -158,6 +158,7 @@ class RunRecord(RunFigures, total=False):
     dead_records_removed: list[str]
     host_gate: dict[str, Any]
     connections: str
+    decisions: dict[str, Any]
     slowdown: float | None
     speedup: float | None
     solo_samples_per_s: float | None

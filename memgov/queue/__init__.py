@@ -9,9 +9,9 @@ Jobs live in each user's private store beside the ledger (memgov/queue/store.py)
 runs under a shepherd (memgov/queue/shepherd.py) so a runner's death loses nothing and runs
 nothing twice; policies are in memgov/queue/policies.py.
 
-``pack`` (N copies of one job and a solo reference) is this engine's caller: it would call
-``run(jobs, policy="fifo", solo=...)`` with N identical specs and one ``fifo-exclusive`` run of
-a single copy first (the solo reference), then read each job's ``run_s`` and ``slowdown``.
+The loop that decides, launches and follows is memgov/queue/engine.py; the runner
+(memgov/queue/runner.py) is its front end for stored jobs, and ``memgov pack`` (N copies of one
+job, and its solo reference) is another (memgov/pack/engine.py): one engine, two launchers.
 """
 
 from __future__ import annotations

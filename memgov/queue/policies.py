@@ -1,9 +1,9 @@
 """The queue's policies: which ready jobs start now, and on which GPU. One interface.
 
 A policy sees a :class:`View` (the ready jobs in submission order, each GPU's free budget and
-running jobs, the learned figures) and returns placements ``(job id, gpu index)``. The runner
-checks every placement against the GPU's free budget again: no policy can start a job that
-does not fit (docs/queue.md).
+running jobs, the learned figures, the front end's gates) and returns placements ``(job id, gpu
+index)``. The engine (memgov/queue/engine.py) checks every placement against the GPU's free
+budget and the gates again: no policy can start a job that does not fit (docs/queue.md).
 
 - ``fifo-exclusive``: one job per GPU at a time, in submission order (the paper's baseline).
 - ``sjf-exclusive``: one job per GPU at a time, shortest expected solo time first (the job's
@@ -75,6 +75,26 @@ class Gpu:
     running: list[Running] = field(default_factory=list)
 
 
+class Gate(Protocol):
+    """A placement constraint besides the GPU's free budget (memgov/queue/engine.py): every policy
+    places a job only where each gate of the view admits it, and the engine checks again.
+    pack's gates: jobs at once (``--parallel``) and the host's memory (memgov/pack/hostmem.py)."""
+
+    def begin(self) -> None:
+        """Before each decision: take what runs and the measurements this decision's checks
+        use (the jobs it starts are counted through ``placed``, not read again)."""
+        ...
+
+    def admits(self, job: Candidate, gpu: Gpu, placed: list[Candidate]) -> bool:
+        """Whether ``job`` may start on ``gpu`` now, beside what ran at :meth:`begin` and
+        ``placed`` (the jobs this decision placed there already)."""
+        ...
+
+    def refusal(self, job: Candidate) -> str | None:
+        """Asked when nothing runs: why ``job`` can never start here, or None."""
+        ...
+
+
 @dataclass
 class View:
     now: float
@@ -82,6 +102,7 @@ class View:
     gpus: list[Gpu]
     cores: int
     learned: Learned
+    gates: list[Gate] = field(default_factory=list)
 
 
 Placement = tuple[int, int]
@@ -110,7 +131,9 @@ class _Book:
         return [
             g
             for g in self.view.gpus
-            if (job.gpu is None or job.gpu == g.index) and self.free[g.index] >= job.claim
+            if (job.gpu is None or job.gpu == g.index)
+            and self.free[g.index] >= job.claim
+            and all(gate.admits(job, g, self.added[g.index]) for gate in self.view.gates)
         ]
 
     def busy(self, gpu: Gpu) -> bool:

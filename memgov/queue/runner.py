@@ -1,5 +1,9 @@
 """The runner: starts queued jobs where the policy places them, follows them to their end.
 
+It is the queue's front end of the engine (memgov/queue/engine.py, the loop memgov pack runs
+too): it gives the engine the ready jobs and the GPUs' free budgets from the ledger, launches
+each placed attempt under a shepherd, and follows attempts through the store.
+
 One runner per user at a time (its record in the store is flock-held for its life). Each start
 is an attempt, written to the job's file *before* its shepherd starts (memgov/queue/shepherd.py),
 so a runner killed at any moment leaves the store saying what runs. A restarted runner adopts
@@ -36,6 +40,7 @@ from memgov._errors import MemgovError, QueueError
 from memgov._ledger import DeviceLedger, new_record_name
 from memgov._sizes import Size
 from memgov.queue import ends, learn, policies
+from memgov.queue.engine import Engine
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.report import Report, Sampler, build_report
 from memgov.queue.store import Store
@@ -95,7 +100,10 @@ class Runner:
         self.jobs: dict[int, Job] = {}
         self.learned = learn.Learned.from_json(self.store.read_extra("learned.json"))
         self.sizes: dict[int, tuple[int, str]] = {}
-        self.latencies: list[float] = []
+        self.engine = Engine(self, self.policy)
+        """The loop that decides, launches and follows (memgov/queue/engine.py): this runner is
+        its front end, launching each attempt under a shepherd and following it in the store."""
+        self.latencies = self.engine.latencies
         self.timeline: list[tuple[int, str, int, float, float | None]] = []
         """(job id, kind, gpu, start, end) of every attempt seen: the co-location record."""
         self.stop = _Stop()
@@ -103,6 +111,7 @@ class Runner:
         self.changed = True
         self.problems: list[str] = []
         self.last_decision = 0.0
+        self.last_refresh = 0.0
         self.touched: set[int] = set()
         """Jobs this runner started, adopted or failed: the report of a run without a file."""
 
@@ -127,24 +136,60 @@ class Runner:
         try:
             self._refresh()
             self._adopt()
-            last_refresh = time.monotonic()
-            while self.stop.signal is None:
-                if time.monotonic() - last_refresh >= REFRESH_S:
-                    self._refresh()
-                    last_refresh = time.monotonic()
-                self._reap()
-                if not self.options.serve and not self._pending():
-                    break
-                self._decide()
-                self.sampler.maybe(self._queue_bytes())
-                time.sleep(POLL_S)
-            if self.stop.signal is not None:
-                self._stop_all()
+            self.last_refresh = time.monotonic()
+            self.engine.run(lambda: self.stop.signal is not None)
         finally:
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
             self.store.release_runner(held)
         return self._report(started)
+
+    # -- the engine's front end (memgov/queue/engine.py) ------------------------------------------
+
+    def follow(self) -> bool:
+        """New jobs and cancels from the store, the attempts that ended; whether any is left."""
+        if time.monotonic() - self.last_refresh >= REFRESH_S:
+            self._refresh()
+            self.last_refresh = time.monotonic()
+        self._reap()
+        return self.options.serve or self._pending()
+
+    def wait(self) -> None:
+        self.sampler.maybe(self._queue_bytes())
+        time.sleep(POLL_S)
+
+    def halt(self, error: BaseException | None) -> None:
+        """Stopped by a signal: every shepherd stops its command, each attempt's result is
+        saved. On a bug (``error``) the shepherds run on: the next runner adopts them."""
+        if error is None:
+            self._stop_all()
+
+    def view(self, now: float) -> tuple[list[policies.Candidate], list[policies.Gpu]] | None:
+        """The ready jobs of this run and the GPUs, when a decision is due: something changed
+        (a job ended, arrived or was added), an arrival time came, or DECIDE_EVERY_S passed."""
+        ready = [
+            j
+            for j in self.jobs.values()
+            if j.state == "queued" and self._scope(j) and j.not_before <= now
+        ]
+        again = time.monotonic() - self.last_decision >= DECIDE_EVERY_S
+        if not ready or not (self.changed or again or self._arrivals_due(now)):
+            return None
+        self.changed = False
+        self.last_decision = time.monotonic()
+        return self._view(ready, now)
+
+    def start(self, job_id: int, gpu: int, claim: int) -> None:
+        self._start(self.jobs[job_id], self.devices[gpu], claim)
+
+    def refuse(self, job_id: int, why: str) -> None:
+        self._never(self.jobs[job_id], why)
+
+    def held(self, waiting: list[policies.Candidate]) -> None:
+        """Jobs that wait are simply queued still."""
+
+    def active(self) -> int:
+        return len(self.tracked)
 
     def _scope(self, job: Job) -> bool:
         return self.options.batch is None or job.batch == self.options.batch
@@ -170,35 +215,13 @@ class Runner:
 
     # -- deciding -------------------------------------------------------------------------------
 
-    def _decide(self) -> None:
-        now = time.time()
-        ready = [
-            j
-            for j in self.jobs.values()
-            if j.state == "queued" and self._scope(j) and j.not_before <= now
-        ]
-        again = time.monotonic() - self.last_decision >= DECIDE_EVERY_S
-        if not ready or not (self.changed or again or self._arrivals_due(now)):
-            return
-        self.changed = False
-        self.last_decision = time.monotonic()
-        began = time.perf_counter()
-        view = self._view(ready, now)
-        placements = self.policy.decide(view)
-        self.latencies.append(time.perf_counter() - began)
-        gpus = {g.index: g for g in view.gpus}
-        claims = {c.id: c.claim for c in view.jobs}
-        for job_id, gpu in placements:
-            if claims[job_id] > gpus[gpu].free:
-                continue  # the policy overcommitted: never started (the runner's own check)
-            gpus[gpu].free -= claims[job_id]
-            self._start(self.jobs[job_id], self.devices[gpu], claims[job_id])
-
     def _arrivals_due(self, now: float) -> bool:
         due = [j.not_before for j in self.jobs.values() if j.state == "queued" and self._scope(j)]
         return any(now - POLL_S * 2 <= t <= now for t in due)
 
-    def _view(self, ready: list[Job], now: float) -> policies.View:
+    def _view(
+        self, ready: list[Job], now: float
+    ) -> tuple[list[policies.Candidate], list[policies.Gpu]]:
         gpus = self._gpus(now)
         candidates = []
         for job in sorted(ready, key=lambda j: (j.not_before, j.id)):
@@ -210,7 +233,7 @@ class Runner:
             candidates.append(
                 policies.Candidate(job.id, job.kind, claim, expected, job.gpu, util, job.not_before)
             )
-        return policies.View(now, candidates, gpus, os.cpu_count() or 1, self.learned)
+        return candidates, gpus
 
     def _gpus(self, now: float) -> list[policies.Gpu]:
         children = self._children()

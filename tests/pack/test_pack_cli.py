@@ -103,6 +103,42 @@ def test_cpu_pack_of_two_jobs_end_to_end(tmp_path: Path) -> None:
     assert data["files"]["plot"] == str(out / "plot.png")
 
 
+def test_parallel_bounds_the_jobs_at_once_and_the_rest_start_as_others_end(
+    tmp_path: Path,
+) -> None:
+    # --parallel is a gate of the engine pack runs on (memgov/queue/engine.py): the third job
+    # starts only when one of the first two has ended.
+    out = tmp_path / "out"
+    done = run_pack(
+        "--n",
+        "3",
+        "--parallel",
+        "2",
+        "--device",
+        "cpu",
+        "--no-solo",
+        "--epochs",
+        "1",
+        "--host-per-job",
+        "off",
+        "--no-progress",
+        "--out",
+        str(out),
+        str(MNIST),
+        *TINY,
+    )
+    assert done.returncode == 0, done.stderr
+    data = report(out)
+    assert (data["ok"], data["parallel"], data["aggregate_basis"]) == (
+        3,
+        2,
+        "span (jobs ran in waves)",
+    )
+    first, second, third = sorted(data["jobs"], key=lambda j: j["started_s"])
+    assert third["started_s"] >= min(first["ended_s"], second["ended_s"])
+    assert data["decisions"]["count"] >= 2
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

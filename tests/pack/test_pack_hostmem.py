@@ -156,6 +156,9 @@ def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> 
     first, second = sorted(data["jobs"], key=lambda j: j["started_s"])
     assert second["started_s"] >= first["ended_s"]  # the second waited for the first to end
     assert data["aggregate_basis"] == "span (jobs ran in waves)"
+    # The engine's decisions (memgov/queue/engine.py): the first started one job, later ones the
+    # other once the first had ended.
+    assert data["decisions"]["count"] >= 2 and data["decisions"]["max_ms"] is not None
 
 
 def test_a_job_that_can_never_fit_is_refused_with_the_reason(tmp_path: Path) -> None:
