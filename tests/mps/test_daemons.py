@@ -436,6 +436,38 @@ def test_a_daemon_whose_process_cannot_be_seen_is_asked(
         pid_file.write_text(real_pid)
 
 
+def test_a_live_daemon_is_seen_from_proc_without_asking_it(
+    fake_mps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PID file names a live MPS-named process: reachable without a query (the exporter asks
+    at every refresh). A PID file naming a process of another name, or a zombie with the
+    daemon's name, is not trusted: the daemon is asked."""
+    _mps.start()
+    pipe = _mps.paths(0).pipe
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    real_pid = pid_file.read_text()
+    asked = _count_queries(monkeypatch)
+    assert _mpsctl.reachable(pipe)
+    assert asked == []
+    zombie = os.fork()
+    if zombie == 0:  # renamed as a daemon, then dead and not reaped until the end
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, b"nvidia-cuda-mps-control", 0, 0, 0)
+        os._exit(0)
+    try:
+        for other in (os.getpid(), zombie):
+            pid_file.write_text(f"{other}\n")
+            while other == zombie and psutil.Process(zombie).status() != psutil.STATUS_ZOMBIE:
+                time.sleep(0.01)
+            asked.clear()
+            assert _mpsctl.reachable(pipe)  # the real daemon answers the query
+            assert asked == ["get_server_list"]
+    finally:
+        pid_file.write_text(real_pid)
+        os.waitpid(zombie, 0)
+
+
 @pytest.mark.parametrize(
     ("options", "hidden"),
     [
