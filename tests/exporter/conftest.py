@@ -80,13 +80,18 @@ class Exporter:
 
 
 def start_exporter(
-    tmp_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    flags: tuple[str, ...] = (),
 ) -> Exporter:
+    """`python FLAGS -m memgov exporter --listen 127.0.0.1:PORT ARGS`, answering (bounded)."""
     port = free_port()
     log = tmp_path / f"exporter-{port}.log"
+    command = [sys.executable, *flags, "-m", "memgov", "exporter"]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}", *args],
+            [*command, "--listen", f"127.0.0.1:{port}", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -119,8 +124,10 @@ def stop_exporter(exporter: Exporter) -> None:
 def exporter(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
     started: list[Exporter] = []
 
-    def start(env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Exporter:
-        started.append(start_exporter(tmp_path, env, args))
+    def start(
+        env: dict[str, str] | None = None, args: tuple[str, ...] = (), flags: tuple[str, ...] = ()
+    ) -> Exporter:
+        started.append(start_exporter(tmp_path, env, args, flags))
         return started[-1]
 
     yield start
