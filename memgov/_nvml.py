@@ -59,6 +59,20 @@ def _nvml() -> Any | None:
         return module
 
 
+def shutdown() -> None:
+    """Shut NVML down in this process; the next call initialises it again. The exporter's
+    ``--release-nvml`` does this after each refresh, so that NVML's state is not kept resident
+    between refreshes (docs/metrics.md, "Memory")."""
+    with _lock:
+        module = _state.pop("module", None)
+        _state.pop("error", None)
+        if module is not None:
+            try:
+                module.nvmlShutdown()
+            except Exception:  # a driver gone meanwhile: the next initialisation says so
+                pass
+
+
 def unavailable_reason() -> str | None:
     """Why NVML could not be used, or None when it works."""
     _nvml()

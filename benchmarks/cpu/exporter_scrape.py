@@ -1,6 +1,7 @@
 """Scrape latency and memory of `memgov exporter`, with many governed processes holding claims.
 
     python benchmarks/cpu/exporter_scrape.py [--url URL --pid PID] [--holders K] [--size 512MiB]
+        [--exporter-args=OPTIONS ...]
         [--wait-claims N] [--scrapes 100] [--hogs H] [--tree DIR ...] [--out PATH.json]
 
 Without --url it starts `python -m memgov exporter --listen 127.0.0.1:PORT` itself (the ledger
@@ -16,7 +17,9 @@ after the exporter is up (a service is up before the load comes), for the scrape
 --tree DIR (repeatable) runs the started exporter from that memgov tree (PYTHONPATH=DIR first), one
 after another beside the same holders and hogs: before and after in one run. Then it
 times --scrapes full HTTP GETs of /metrics, one after another (p50, p99 by nearest rank, max),
-and reads the exporter's RSS, USS and peak RSS (VmHWM) after them. Beside them: the exporter's
+and reads the exporter's RSS, PSS, USS (smaps_rollup), peak RSS (VmHWM) and where its memory is,
+mapping by mapping (benchmarks/common/smaps.py), after them. --exporter-args (repeatable) starts
+the exporter with those options, one after another beside the same load. Beside them: the exporter's
 own per-GPU figures from the last scrape and NVML's (device used and total, process count),
 where NVML answers. JSON to --out.
 """
@@ -36,6 +39,9 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import smaps  # noqa: E402  (benchmarks/common/smaps.py)
 
 SLEEPER = (
     "import memgov, sys, time\n"
@@ -65,14 +71,23 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tree", action="append", default=[], help="memgov tree to run the exporter from"
     )
+    parser.add_argument(
+        "--exporter-args",
+        action="append",
+        default=[],
+        help="options for the started `memgov exporter`, as one string (e.g. '--release-nvml'); "
+        "repeated: one exporter after another, each with its own options, beside the same load",
+    )
     parser.add_argument("--out", type=Path, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.scrapes < 1 or args.holders < 0 or args.wait_claims < 0:
         parser.error("--scrapes: accepted a whole number >= 1; --holders, --wait-claims >= 0")
     if args.pid is not None and args.url is None:
         parser.error("--pid goes with --url (a started exporter's PID is known)")
-    if args.tree and args.url is not None:
-        parser.error("--tree goes without --url (it picks the exporter this script starts)")
+    if (args.tree or args.exporter_args) and args.url is not None:
+        parser.error("--tree and --exporter-args go without --url (they pick the started exporter)")
+    if args.tree and args.exporter_args:
+        parser.error("--tree or --exporter-args: one of them varies the started exporter")
     return args
 
 
@@ -92,13 +107,16 @@ def fetch(url: str) -> bytes:
         return bytes(response.read())
 
 
-def start_exporter(tree: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def start_exporter(
+    tree: str | None = None, options: str = ""
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}"]
+        + options.split(),
         stderr=subprocess.DEVNULL,
         env=env,
         cwd=tree,  # `python -m` puts the working folder first on sys.path: the tree's memgov
@@ -164,20 +182,25 @@ def claims_in(text: bytes) -> int:
 
 
 def memory(pid: int) -> dict[str, Any]:
-    import psutil
-
-    info = psutil.Process(pid).memory_full_info()
+    """RSS, PSS, USS (smaps_rollup), peak RSS (VmHWM) and the per-mapping breakdown (smaps.py)."""
     peak = None
     with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith("VmHWM:"):
                 peak = int(line.split()[1]) * 1024
+    totals = smaps.rollup(pid)
     return {
-        "rss_bytes": info.rss,
-        "uss_bytes": info.uss,
+        "rss_bytes": totals["Rss"] * 1024,
+        "pss_bytes": totals["Pss"] * 1024,
+        "uss_bytes": totals["Uss"] * 1024,
+        "anonymous_bytes": totals["Anonymous"] * 1024,
         "peak_rss_bytes": peak,
-        "rss_mib": info.rss / 2**20,
-        "uss_mib": info.uss / 2**20,
+        "rss_mib": totals["Rss"] / 1024,
+        "pss_mib": totals["Pss"] / 1024,
+        "uss_mib": totals["Uss"] / 1024,
+        "smaps_rollup_kb": totals,
+        "breakdown_kb": smaps.breakdown(pid),
+        "breakdown_text": smaps.show(pid),
     }
 
 
@@ -223,13 +246,15 @@ def measure(url: str, scrapes: int) -> tuple[list[float], list[int], bytes]:
     return seconds, sizes, body
 
 
-def run_one(args: argparse.Namespace, tree: str | None, holders: int) -> dict[str, Any]:
+def run_one(
+    args: argparse.Namespace, tree: str | None, holders: int, options: str = ""
+) -> dict[str, Any]:
     """Start (or reach) one exporter, wait for the claims, time the scrapes."""
     exporter = None
     hogs: list[subprocess.Popen[bytes]] = []
     try:
         if args.url is None:
-            exporter, url = start_exporter(tree)
+            exporter, url = start_exporter(tree, options)
             pid: int | None = exporter.pid
         else:
             url, pid = args.url, args.pid
@@ -248,6 +273,7 @@ def run_one(args: argparse.Namespace, tree: str | None, holders: int) -> dict[st
         return {
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
             "tree": tree,
+            "exporter_args": options,
             "host": platform.node(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -293,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         holders = start_holders(args.holders, args.size)
         for tree in args.tree or [None]:
-            results.append(run_one(args, tree, len(holders)))
-            show(results[-1])
+            for extra in args.exporter_args or [""]:
+                results.append(run_one(args, tree, len(holders), extra))
+                show(results[-1])
     finally:
         stop(holders)
-    text = json.dumps(results if args.tree else results[0], indent=2, sort_keys=True)
+    several = args.tree or args.exporter_args
+    text = json.dumps(results if several else results[0], indent=2, sort_keys=True)
     if args.out is not None:
         args.out.write_text(text + "\n")
     return 0
@@ -307,15 +335,18 @@ def show(result: dict[str, Any]) -> None:
     lat, mem = result["latency_ms"], result["exporter_memory"] or {}
     age = result["body_age_s"]
     print(
-        f"{result['tree'] or 'exporter'}: {result['claims_in_last_scrape']} claims, "
+        f"{result['tree'] or 'exporter'}{' ' + result['exporter_args'] if result['exporter_args'] else ''}"
+        f": {result['claims_in_last_scrape']} claims, "
         f"{result['scrapes']} scrapes, {result['hogs']} hogs ({result['hogs_session']} session), "
         f"load "
         f"{result['load_average_after'][0]:.1f}: p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, "
-        f"max {lat['max']:.2f} ms; exporter RSS {mem.get('rss_mib', 0):.1f} MiB, USS "
-        f"{mem.get('uss_mib', 0):.1f} MiB, peak RSS {(mem.get('peak_rss_bytes') or 0) / 2**20:.1f}"
+        f"max {lat['max']:.2f} ms; exporter RSS {mem.get('rss_mib', 0):.1f} MiB, PSS "
+        f"{mem.get('pss_mib', 0):.1f} MiB, USS {mem.get('uss_mib', 0):.1f} MiB, peak RSS {(mem.get('peak_rss_bytes') or 0) / 2**20:.1f}"
         f" MiB; body age {'-' if age is None else f'{age:.2f} s'}",
         flush=True,
     )
+    if mem.get("breakdown_text"):
+        print(mem["breakdown_text"], flush=True)
     gpus = result["gpus"]
     for uuid, mine in gpus["exporter"].items():
         nvml = gpus["nvml"].get(uuid, gpus["nvml"])

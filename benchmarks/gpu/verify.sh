@@ -36,6 +36,9 @@
 #   exporter                    `memgov exporter` scraped 100 times beside pack --n 140, in pack's
 #                               session and in its own (benchmarks/gpu/exporter_scrape.sh;
 #                               docs/metrics.md; carry .whl with prometheus_client's wheel)
+#   exporter_memory             the exporter's RSS, PSS, USS and per-mapping breakdown beside
+#                               pack --n 140, and NVML's share step by step (about 5 minutes;
+#                               benchmarks/gpu/exporter_memory.sh; docs/metrics.md; carry .whl)
 #   auto                        claims that size themselves (docs/profiles.md): first runs, 30 jobs
 #                               under MEMGOV_CLAIM=auto vs one hand-picked size, a first run beside
 #                               24 neighbours (benchmarks/gpu/auto_checks.sh; needs AUTO_SCRIPTS)
@@ -133,6 +136,7 @@ python3 -m memgov devices' ;;
       run "$check" $((left + 20)) env OUT="$OUT" QUEUE_BUDGET_S="${QUEUE_BUDGET_S:-$left}" \
         bash benchmarks/gpu/queue_checks.sh "$mix" "${policies[@]}" ;;
     exporter) run exporter 560 bash benchmarks/gpu/exporter_scrape.sh ;;
+    exporter_memory) run exporter_memory 420 bash benchmarks/gpu/exporter_memory.sh ;;
     gpu) run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
       --junitxml="$OUT/gpu_tests.xml" ;;
     # pack gets what is left of TOTAL_S (its last check, the dense one, is cut first).

@@ -53,6 +53,14 @@ def exporter(
             "removed record, or a holder's death, refreshes it at once. Default 5.",
         ),
     ] = 5.0,
+    release_nvml: Annotated[
+        bool,
+        typer.Option(
+            "--release-nvml",
+            help="Shut NVML down after each refresh: its state is not kept in memory between "
+            "refreshes, and each refresh initialises NVML again (docs/metrics.md, Memory).",
+        ),
+    ] = False,
     once: Annotated[
         bool,
         typer.Option(
@@ -71,7 +79,7 @@ def exporter(
             if once:
                 raise typer.BadParameter("--once needs --textfile DIR")
             serve.parse_listen(listen)  # said here, before the serving process replaces this
-            exec_server(listen, refresh)
+            exec_server(listen, refresh, release_nvml)
         elif once:
             typer.echo(serve.write_textfile(textfile))
         else:

@@ -59,7 +59,7 @@ def serving_environment(environ: dict[str, str] | None = None) -> dict[str, str]
     return env
 
 
-def exec_server(listen: str, refresh_s: float) -> None:
+def exec_server(listen: str, refresh_s: float, release_nvml: bool = False) -> None:
     """Replace this process (same PID) with the lean serving process, ``python -m
     memgov.exporter``, with this interpreter and its flags (-X, -I...) and
     :func:`serving_environment`; does not return."""
@@ -68,6 +68,7 @@ def exec_server(listen: str, refresh_s: float) -> None:
     flags: list[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()
     argv = [sys.executable, *flags, "-m", "memgov.exporter"]
     argv += ["--listen", listen, "--refresh", repr(refresh_s)]
+    argv += ["--release-nvml"] if release_nvml else []
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, serving_environment())

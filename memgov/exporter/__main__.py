@@ -28,11 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="memgov exporter", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", default=serve.DEFAULT_LISTEN)
     parser.add_argument("--refresh", type=float, default=serve.DEFAULT_REFRESH_S)
+    parser.add_argument("--release-nvml", action="store_true")
     args = parser.parse_args(argv)
     if not args.refresh >= MIN_REFRESH_S:  # also NaN
         parser.error(f"--refresh {args.refresh}: accepted a number of seconds >= {MIN_REFRESH_S}")
     try:
-        serve.serve(args.listen, args.refresh)
+        serve.serve(args.listen, args.refresh, release_nvml=args.release_nvml)
     except MemgovError as exc:
         print(f"memgov: {exc}", file=sys.stderr, flush=True)
         return 2

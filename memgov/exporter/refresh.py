@@ -28,12 +28,14 @@ import contextlib
 import gzip
 import os
 import select
+import sys
 import threading
 import time
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from memgov import _nvml
 from memgov._ledger import DeviceLedger
 from memgov.exporter.families import MemgovCollector
 from memgov.exporter.model import Reading
@@ -64,8 +66,14 @@ Signature = tuple[int, int, int] | None
 class Refresher:
     """Makes a new Body at start, every ``interval`` seconds and when the ledger changes."""
 
-    def __init__(self, interval: float, collector: MemgovCollector | None = None) -> None:
+    def __init__(
+        self,
+        interval: float,
+        collector: MemgovCollector | None = None,
+        release_nvml: bool = False,
+    ) -> None:
         self.interval = interval
+        self.release_nvml = release_nvml
         self.collector = collector or MemgovCollector()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
@@ -112,6 +120,9 @@ class Refresher:
         started = time.time()
         text = generate_latest(self.registry)
         body = Body(text, gzip.compress(text, compresslevel=1), started)
+        if self.release_nvml:
+            _nvml.shutdown()
+        _give_back_freed_memory()
         self.collector.previous_seconds = time.monotonic() - begun
         return body
 
@@ -176,6 +187,21 @@ class Refresher:
         if self._racy:
             return True
         return any(_signature(path) != seen for path, seen in self._folders.items())
+
+
+def _give_back_freed_memory() -> None:
+    """Return the free pages inside malloc's heap to the system (glibc's malloc_trim), after a
+    refresh has freed what it built (and, with ``release_nvml``, NVML's state): without it they
+    stay resident until reused. Only where ctypes is already loaded (NVML's binding, pynvml,
+    loads it): importing it for this alone costs about as much as trimming gives back
+    (0.7 MiB each, docs/metrics.md, "Memory"), as where the GPUs are simulated."""
+    ctypes = sys.modules.get("ctypes")
+    if ctypes is None:
+        return
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass
 
 
 def _exited(pidfd: int) -> bool:

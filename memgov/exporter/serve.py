@@ -94,12 +94,15 @@ def serve(
     listen: str = DEFAULT_LISTEN,
     refresh_s: float = DEFAULT_REFRESH_S,
     ready: threading.Event | None = None,
+    release_nvml: bool = False,
 ) -> None:
     """Answer /metrics on ``listen`` until SIGTERM or SIGINT, from a body refreshed every
-    ``refresh_s`` seconds and at each change of the ledger (memgov/exporter/refresh.py)."""
+    ``refresh_s`` seconds and at each change of the ledger (memgov/exporter/refresh.py);
+    ``release_nvml``: shut NVML down after each refresh (less memory between refreshes, an
+    nvmlInit in each)."""
     host, port = parse_listen(listen)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    refresher = Refresher(refresh_s)
+    refresher = Refresher(refresh_s, release_nvml=release_nvml)
     handler = type("Handler", (_Handler,), {"refresher": refresher})
     server_class = type("Server", (ThreadingHTTPServer,), {"address_family": _family(host)})
     try:

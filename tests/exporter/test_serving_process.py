@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.procs import Child
 
-from .conftest import Exporter
+from .conftest import Exporter, FakeNvml, Scrape
+
+GIB = 2**30
 
 NEVER_IMPORTED = (
     "memgov.cli",
@@ -91,3 +96,36 @@ def test_the_serving_process_has_one_malloc_arena_unless_its_user_says(
     assert "memgov.exporter" in open(f"/proc/{server.proc.pid}/cmdline").read()
     mine = exporter(env={**env, "MALLOC_ARENA_MAX": "4"})
     assert environment(mine.proc.pid)["MALLOC_ARENA_MAX"] == "4"
+
+
+def test_release_nvml_shuts_nvml_down_after_each_refresh_and_reads_it_again(
+    fake_nvml: FakeNvml,
+    exporter: Callable[..., Exporter],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--release-nvml: every refresh initialises NVML and shuts it down after it, and each one
+    reads NVML afresh (a holder's new use is shown)."""
+    calls = tmp_path / "nvml-calls"
+    monkeypatch.setenv("FAKE_NVML_CALLS", str(calls))
+    holder = Child(["1GiB", "--name", "released"])
+    try:
+        holder.expect("admitted")
+        fake_nvml.set({holder.proc.pid: GIB // 4})
+        server = exporter(args=("--release-nvml", "--refresh", "0.2"))
+        assert used(server.scrape()) == GIB // 4
+        moment = time.time()
+        fake_nvml.set({holder.proc.pid: GIB // 2})
+        assert used(server.scrape_after(moment)) == GIB // 2
+    finally:
+        holder.close()
+    lines = [line.split() for line in calls.read_text().splitlines()]
+    seen = [call for pid, call in lines if int(pid) == server.proc.pid]
+    assert seen.count("init") >= 2
+    assert seen[: 2 * (len(seen) // 2)] == ["init", "shutdown"] * (len(seen) // 2)
+
+
+def used(scrape: Scrape) -> float:
+    [(labels, value)] = scrape["memgov_claim_used_bytes"]
+    assert labels["name"] == "released"
+    return value

@@ -48,6 +48,19 @@ class _Process:
 
 def nvmlInit() -> None:
     _state()
+    _note("init")
+
+
+def nvmlShutdown() -> None:
+    _note("shutdown")
+
+
+def _note(call: str) -> None:
+    """Append "PID CALL" to FAKE_NVML_CALLS, where a test set it (one line each)."""
+    path = os.environ.get("FAKE_NVML_CALLS")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {call}\n")
 
 
 def nvmlDeviceGetCount() -> int:

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Where the exporter's memory goes beside `memgov pack --n 140` on one GPU (docs/metrics.md,
+# "Memory"): the exporter (`memgov exporter`, as users start it, in a session of its own)
+# scraped 100 times once CLAIMS claims hold, then its RSS, PSS, USS and a per-mapping breakdown
+# (benchmarks/common/smaps.py: the interpreter, libraries, libnvidia-ml.so, malloc arenas, thread
+# stacks, Python's object arenas); then the same with `--release-nvml` (NVML shut down after each
+# refresh); and NVML's share measured step by step in a fresh interpreter
+# beside the same load (benchmarks/gpu/nvml_memory.py), with the exporter's MALLOC_ARENA_MAX=1
+# and with glibc's default. One device call, about 5 minutes:
+#   bash benchmarks/gpu/verify.sh exporter_memory     (or: bash benchmarks/gpu/exporter_memory.sh)
+# Raw output in $OUT (or ./out). prometheus_client must be importable: carry .whl as for
+# benchmarks/gpu/exporter_scrape.sh (its head says how).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MEMGOV_DIR=/tmp/memgov-exporter-memory
+N=${N:-140}
+CLAIMS=${CLAIMS:-120}  # pack's host gate may keep some of the 140 waiting: measure once 120 hold
+
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+  || { echo "memgov install failed"; tail -20 "$OUT/install.log"; exit 1; }
+python3 -c "import prometheus_client" 2>/dev/null \
+  || python3 -m pip install -q --no-index --find-links .whl prometheus_client >>"$OUT/install.log" 2>&1 \
+  || { echo "prometheus_client missing: carry .whl/ (see exporter_scrape.sh's head)"; exit 1; }
+
+# The jobs run long enough for the measurements; timeout passes INT on to pack, which stops its
+# jobs and its MPS daemons.
+timeout -s INT --kill-after=30 330 python3 -m memgov pack --n "$N" --mps on --runner preload \
+  --epochs 30 --out "$OUT/pack" mnist >"$OUT/pack.log" 2>&1 &
+pack=$!
+uptime
+timeout --kill-after=10 240 setsid python3 benchmarks/cpu/exporter_scrape.py --wait-claims "$CLAIMS" \
+  --scrapes 100 --exporter-args= --exporter-args=--release-nvml --out "$OUT/exporter-memory-n$N.json" 2>&1 \
+  | tee "$OUT/exporter-memory-n$N.txt"
+rc=${PIPESTATUS[0]}
+uptime
+for arenas in 1 default; do
+  echo "== nvml_memory.py, MALLOC_ARENA_MAX=$arenas"
+  if [ "$arenas" = default ]; then unset MALLOC_ARENA_MAX; else export MALLOC_ARENA_MAX=$arenas; fi
+  timeout --kill-after=10 60 python3 benchmarks/gpu/nvml_memory.py --readings 10 \
+    --out "$OUT/nvml-memory-arenas-$arenas.json" 2>&1 | tee "$OUT/nvml-memory-arenas-$arenas.txt"
+done
+unset MALLOC_ARENA_MAX
+uptime
+kill -INT "$pack" 2>/dev/null
+for _ in $(seq 60); do kill -0 "$pack" 2>/dev/null || break; sleep 1; done
+kill -KILL "$pack" 2>/dev/null
+wait "$pack" 2>/dev/null
+python3 -m memgov mps stop >>"$OUT/pack.log" 2>&1
+echo "exporter_memory rc=$rc; pack: $(tail -n 3 "$OUT/pack.log" | tr '\n' ' ')"
+[ "$rc" = 0 ]
