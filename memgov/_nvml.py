@@ -8,6 +8,7 @@ NVML is initialised once per process, lazily, and never by ``import memgov``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -67,10 +68,9 @@ def shutdown() -> None:
         module = _state.pop("module", None)
         _state.pop("error", None)
         if module is not None:
-            try:
+            # A driver gone meanwhile: the next initialisation says so.
+            with contextlib.suppress(Exception):
                 module.nvmlShutdown()
-            except Exception:  # a driver gone meanwhile: the next initialisation says so
-                pass
 
 
 def unavailable_reason() -> str | None:

@@ -2,7 +2,8 @@
 
     rollup(pid)     -> {"Rss": kB, "Pss": kB, "Anonymous": kB, ...} (the kernel's own sums), plus
                        "Uss" = Private_Clean + Private_Dirty
-    breakdown(pid)  -> [{"group", "rss_kb", "pss_kb", "uss_kb", "size_kb", "mappings"}], largest first
+    breakdown(pid)  -> [{"group", "rss_kb", "pss_kb", "uss_kb", "size_kb", "mappings"}],
+                       largest first
     show(pid)       -> the two as text, for a report
 
 Groups: the interpreter (python binary, libpython), each other file-backed library by its file's
@@ -12,9 +13,8 @@ main malloc arena), "malloc thread arenas" (glibc's per-thread arenas: 64 MiB al
 reservations of which the touched part is resident), "thread stacks" (a read-write mapping right
 above a one-page guard), "anonymous, whole MiB" (CPython's obmalloc arenas are 1 MiB anonymous
 mappings in 3.10-3.13; adjacent ones merge with each other or with other mappings), and "other
-anonymous" (merged arenas, big buffers, ctypes, libraries' own mmaps). The classification of anonymous
-mappings is by shape (size, alignment, guard page), a heuristic that names each group's rule in
-docs/metrics.md; the rollup's totals are exact.
+anonymous" (merged arenas, big buffers, ctypes, libraries' own mmaps). Anonymous mappings are
+classified by shape (size, alignment, guard page), a heuristic; the rollup's totals are exact.
 Import with ``sys.path.insert(0, str(BENCHMARKS / "common"))`` then ``from smaps import ...``.
 """
 
@@ -99,8 +99,12 @@ def _anonymous_group(maps: list[dict[str, Any]], index: int, size: int) -> str:
     after = maps[index + 1] if index + 1 < len(maps) else None
     if m["start"] % MALLOC_HEAP_ALIGN == 0 and (
         size == MALLOC_HEAP_ALIGN
-        or (after is not None and after["path"] == "" and after["perms"] == "---p"
-            and after["start"] == m["end"])
+        or (
+            after is not None
+            and after["path"] == ""
+            and after["perms"] == "---p"
+            and after["start"] == m["end"]
+        )
     ):
         return "malloc thread arenas"
     guarded = (
@@ -125,7 +129,8 @@ def breakdown(pid: int) -> list[dict[str, Any]]:
     for index, m in enumerate(maps):
         name = group_of(maps, index, exe)
         g = groups.setdefault(
-            name, {"group": name, "rss_kb": 0, "pss_kb": 0, "uss_kb": 0, "size_kb": 0, "mappings": 0}
+            name,
+            {"group": name, "rss_kb": 0, "pss_kb": 0, "uss_kb": 0, "size_kb": 0, "mappings": 0},
         )
         g["rss_kb"] += m.get("Rss", 0)
         g["pss_kb"] += m.get("Pss", 0)

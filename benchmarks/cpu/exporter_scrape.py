@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
-import smaps  # noqa: E402  (benchmarks/common/smaps.py)
+import smaps  # benchmarks/common/smaps.py
 
 SLEEPER = (
     "import memgov, sys, time\n"
@@ -115,8 +115,15 @@ def start_exporter(
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memgov", "exporter", "--listen", f"127.0.0.1:{port}"]
-        + options.split(),
+        [
+            sys.executable,
+            "-m",
+            "memgov",
+            "exporter",
+            "--listen",
+            f"127.0.0.1:{port}",
+            *options.split(),
+        ],
         stderr=subprocess.DEVNULL,
         env=env,
         cwd=tree,  # `python -m` puts the working folder first on sys.path: the tree's memgov
@@ -334,14 +341,15 @@ def main(argv: list[str] | None = None) -> int:
 def show(result: dict[str, Any]) -> None:
     lat, mem = result["latency_ms"], result["exporter_memory"] or {}
     age = result["body_age_s"]
+    peak = (mem.get("peak_rss_bytes") or 0) / 2**20
+    name = " ".join(filter(None, [result["tree"] or "exporter", result.get("exporter_args")]))
     print(
-        f"{result['tree'] or 'exporter'}{' ' + result['exporter_args'] if result['exporter_args'] else ''}"
-        f": {result['claims_in_last_scrape']} claims, "
+        f"{name}: {result['claims_in_last_scrape']} claims, "
         f"{result['scrapes']} scrapes, {result['hogs']} hogs ({result['hogs_session']} session), "
         f"load "
         f"{result['load_average_after'][0]:.1f}: p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, "
         f"max {lat['max']:.2f} ms; exporter RSS {mem.get('rss_mib', 0):.1f} MiB, PSS "
-        f"{mem.get('pss_mib', 0):.1f} MiB, USS {mem.get('uss_mib', 0):.1f} MiB, peak RSS {(mem.get('peak_rss_bytes') or 0) / 2**20:.1f}"
+        f"{mem.get('pss_mib', 0):.1f} MiB, USS {mem.get('uss_mib', 0):.1f} MiB, peak RSS {peak:.1f}"
         f" MiB; body age {'-' if age is None else f'{age:.2f} s'}",
         flush=True,
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
-import smaps  # noqa: E402  (benchmarks/common/smaps.py)
+import smaps  # benchmarks/common/smaps.py
 
 NVML_GROUPS = ("nvml library (libnvidia-ml.so)", "device files (/dev/nvidia*)")
 

@@ -93,7 +93,7 @@ def test_the_serving_process_has_one_malloc_arena_unless_its_user_says(
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     server = exporter(env=env)
     assert environment(server.proc.pid)["MALLOC_ARENA_MAX"] == "1"
-    assert "memgov.exporter" in open(f"/proc/{server.proc.pid}/cmdline").read()
+    assert "memgov.exporter" in Path(f"/proc/{server.proc.pid}/cmdline").read_text()
     mine = exporter(env={**env, "MALLOC_ARENA_MAX": "4"})
     assert environment(mine.proc.pid)["MALLOC_ARENA_MAX"] == "4"
 
