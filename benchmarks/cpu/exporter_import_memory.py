@@ -6,9 +6,9 @@
 One fresh interpreter imports, in the order `python -m memgov.exporter` needs them, the standard
 library's pieces that prometheus_client pulls in (ssl, the HTTP server and client, email),
 prometheus_client, memgov's readers and the exporter, then makes one body as the exporter does
-at start, and then tries what could give memory back: gc.collect(), and glibc's malloc_trim(0)
-(which needs ctypes). Last, what the exporter no longer imports or imports only on a GPU: psutil,
-and pynvml. After each step: RSS, anonymous memory and the number of modules, from
+at start; before that body it tries what could give memory back: gc.collect(), and glibc's
+malloc_trim(0) (which needs ctypes; the exporter trims after each refresh). Last, what the
+exporter no longer imports (psutil) or imports only where NVML is used (pynvml). After each step: RSS, anonymous memory and the number of modules, from
 /proc/self/smaps_rollup. Only standard-library imports come before the first reading.
 """
 
@@ -60,14 +60,14 @@ def main() -> int:
     import gc
 
     step("gc.collect()", gc.collect)
-    from memgov.exporter.refresh import Refresher
-
-    refresher = Refresher(5.0)
-    step(f"one body made ({len(refresher.body.text)} bytes)")
     import ctypes
 
     step("import ctypes")
     step("malloc_trim(0)", lambda: ctypes.CDLL(None).malloc_trim(0))
+    from memgov.exporter.refresh import Refresher
+
+    refresher = Refresher(5.0)
+    step(f"the first body made, as at start ({len(refresher.body.text)} bytes; it trims too)")
     step("import psutil (no longer imported by the exporter)", lambda: __import__("psutil"))
     step("import pynvml (where NVML is used)", lambda: __import__("pynvml"))
     return 0
