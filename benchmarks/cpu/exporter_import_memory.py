@@ -8,8 +8,9 @@ library's pieces that prometheus_client pulls in (ssl, the HTTP server and clien
 prometheus_client, memgov's readers and the exporter, then makes one body as the exporter does
 at start; before that body it tries what could give memory back: gc.collect(), and glibc's
 malloc_trim(0) (which needs ctypes; the exporter trims after each refresh). Last, what the
-exporter no longer imports (psutil) or imports only where NVML is used (pynvml). After each step: RSS, anonymous memory and the number of modules, from
-/proc/self/smaps_rollup. Only standard-library imports come before the first reading.
+exporter no longer imports (psutil) or imports only where NVML is used (pynvml). After each step:
+RSS, anonymous memory and the number of modules, from /proc/self/smaps_rollup. Only
+standard-library imports come before the first reading.
 """
 
 from __future__ import annotations
