@@ -8,8 +8,9 @@
 # beside the same load (benchmarks/gpu/nvml_memory.py), with the exporter's MALLOC_ARENA_MAX=1
 # and with glibc's default. One device call, about 5 minutes:
 #   bash benchmarks/gpu/verify.sh exporter_memory     (or: bash benchmarks/gpu/exporter_memory.sh)
-# Raw output in $OUT (or ./out). prometheus_client must be importable: carry .whl as for
-# benchmarks/gpu/exporter_scrape.sh (its head says how).
+# Raw output in $OUT (or ./out): three JSON files and pack.log (pack's report stays in /tmp, so
+# that the files fit what a device call brings back); the last lines printed sum them up.
+# prometheus_client must be importable: carry .whl as for benchmarks/gpu/exporter_scrape.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -26,19 +27,18 @@ python3 -c "import prometheus_client" 2>/dev/null \
 # The jobs run long enough for the measurements; timeout passes INT on to pack, which stops its
 # jobs and its MPS daemons.
 timeout -s INT --kill-after=30 330 python3 -m memgov pack --n "$N" --mps on --runner preload \
-  --epochs 30 --out "$OUT/pack" mnist >"$OUT/pack.log" 2>&1 &
+  --epochs 30 --out /tmp/exporter-memory-pack mnist >"$OUT/pack.log" 2>&1 &
 pack=$!
 uptime
 timeout --kill-after=10 240 setsid python3 benchmarks/cpu/exporter_scrape.py --wait-claims "$CLAIMS" \
-  --scrapes 100 --exporter-args= --exporter-args=--release-nvml --out "$OUT/exporter-memory-n$N.json" 2>&1 \
-  | tee "$OUT/exporter-memory-n$N.txt"
-rc=${PIPESTATUS[0]}
+  --scrapes 100 --exporter-args= --exporter-args=--release-nvml --out "$OUT/exporter-memory-n$N.json"
+rc=$?
 uptime
 for arenas in 1 default; do
   echo "== nvml_memory.py, MALLOC_ARENA_MAX=$arenas"
   if [ "$arenas" = default ]; then unset MALLOC_ARENA_MAX; else export MALLOC_ARENA_MAX=$arenas; fi
   timeout --kill-after=10 60 python3 benchmarks/gpu/nvml_memory.py --readings 10 \
-    --out "$OUT/nvml-memory-arenas-$arenas.json" 2>&1 | tee "$OUT/nvml-memory-arenas-$arenas.txt"
+    --out "$OUT/nvml-memory-arenas-$arenas.json"
 done
 unset MALLOC_ARENA_MAX
 uptime
@@ -47,5 +47,6 @@ for _ in $(seq 60); do kill -0 "$pack" 2>/dev/null || break; sleep 1; done
 kill -KILL "$pack" 2>/dev/null
 wait "$pack" 2>/dev/null
 python3 -m memgov mps stop >>"$OUT/pack.log" 2>&1
-echo "exporter_memory rc=$rc; pack: $(tail -n 3 "$OUT/pack.log" | tr '\n' ' ')"
+echo "exporter_memory rc=$rc; pack: $(tail -n 3 "$OUT/pack.log" | tr '\n' ' ' | cut -c1-300)"
+python3 benchmarks/gpu/exporter_memory_summary.py "$OUT" "$N"
 [ "$rc" = 0 ]
