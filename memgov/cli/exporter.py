@@ -83,6 +83,6 @@ def exporter(
         elif once:
             typer.echo(serve.write_textfile(textfile))
         else:
-            serve.textfile_loop(textfile, interval)
+            serve.textfile_loop(textfile, interval, release_nvml=release_nvml)
     except MemgovError as exc:
         raise fail(exc) from None

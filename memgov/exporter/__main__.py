@@ -1,6 +1,6 @@
-"""`python -m memgov.exporter --listen HOST:PORT --refresh S`: the serving process, lean.
+"""`python -m memgov.exporter --listen HOST:PORT --refresh S [--release-nvml]`: the serving process.
 
-`memgov exporter` checks its options and then replaces itself with this (os.execv, same PID), so
+`memgov exporter` checks its options and then replaces itself with this (os.execve, same PID), so
 the long-running process imports what serving needs (prometheus_client, memgov's readers, NVML)
 and not the command line's libraries (typer, click, rich): docs/metrics.md, "Memory".
 """

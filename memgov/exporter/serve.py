@@ -163,11 +163,17 @@ def write_textfile(folder: Path, refresher: Refresher | None = None) -> Path:
     return folder / TEXTFILE_NAME
 
 
-def textfile_loop(folder: Path, interval: float, ready: threading.Event | None = None) -> None:
+def textfile_loop(
+    folder: Path,
+    interval: float,
+    ready: threading.Event | None = None,
+    release_nvml: bool = False,
+) -> None:
     """Rewrite DIR/memgov.prom every ``interval`` seconds until SIGTERM or SIGINT."""
     stop = threading.Event()
     _on_signals(stop)
-    refresher = Refresher(interval)  # its thread is not started: each write is one refresh
+    # Its thread is not started: each write is one refresh.
+    refresher = Refresher(interval, release_nvml=release_nvml)
     while not stop.is_set():
         write_textfile(folder, refresher)
         if ready is not None:
