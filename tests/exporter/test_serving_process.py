@@ -41,7 +41,10 @@ NEVER_IMPORTED = (
 )
 """What the serving process must not import: the command line's libraries (typer, click, rich),
 memgov's other tools and the claim path, the frameworks, and psutil (a daemon's liveness is read
-from /proc). Each would add resident memory that serving does not use."""
+from /proc). Each would add resident memory that serving does not use. The job queue's metrics
+are not served yet (memgov/exporter/queue.py); when they are, they read its store through a thin
+reader, not the package (whose __init__ imports its submission machinery), or this list says
+what they need."""
 _IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|( *)(\S+)$")
 
 
