@@ -3,7 +3,8 @@
 Quirks: old bindings return bytes where new ones return str; a process's memory can be "not
 available" (a sentinel or None, e.g. under MIG or in some containers); compute, graphics and MPS
 client lists overlap; NVML reports host PIDs even inside a PID namespace (see _attribution).
-NVML is initialised once per process, lazily, and never by ``import memgov``.
+NVML is initialised once per process, lazily (again after :func:`shutdown`), and never by
+``import memgov``.
 """
 
 from __future__ import annotations
