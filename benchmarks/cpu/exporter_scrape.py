@@ -322,19 +322,19 @@ def body_age(text: bytes) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     args = options(argv)
     holders: list[subprocess.Popen[str]] = []
-    results = []
+    results: list[dict[str, Any]] = []
+    several = bool(args.tree or args.exporter_args)
     try:
         holders = start_holders(args.holders, args.size)
         for tree in args.tree or [None]:
             for extra in args.exporter_args or [""]:
                 results.append(run_one(args, tree, len(holders), extra))
                 show(results[-1])
+                if args.out is not None:  # after each run: a later one cut short loses only itself
+                    text = json.dumps(results if several else results[0], indent=2, sort_keys=True)
+                    args.out.write_text(text + "\n")
     finally:
         stop(holders)
-    several = args.tree or args.exporter_args
-    text = json.dumps(results if several else results[0], indent=2, sort_keys=True)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
     return 0
 
 

@@ -26,11 +26,11 @@ python3 -c "import prometheus_client" 2>/dev/null \
 
 # The jobs run long enough for the measurements; timeout passes INT on to pack, which stops its
 # jobs and its MPS daemons.
-timeout -s INT --kill-after=30 330 python3 -m memgov pack --n "$N" --mps on --runner preload \
+timeout -s INT --kill-after=30 420 python3 -m memgov pack --n "$N" --mps on --runner preload \
   --epochs 30 --out /tmp/exporter-memory-pack mnist >"$OUT/pack.log" 2>&1 &
 pack=$!
 uptime
-timeout --kill-after=10 240 setsid python3 benchmarks/cpu/exporter_scrape.py --wait-claims "$CLAIMS" \
+timeout --kill-after=10 270 setsid python3 benchmarks/cpu/exporter_scrape.py --wait-claims "$CLAIMS" \
   --scrapes 100 --exporter-args= --exporter-args=--release-nvml --out "$OUT/exporter-memory-n$N.json"
 rc=$?
 uptime

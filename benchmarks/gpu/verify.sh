@@ -136,7 +136,7 @@ python3 -m memgov devices' ;;
       run "$check" $((left + 20)) env OUT="$OUT" QUEUE_BUDGET_S="${QUEUE_BUDGET_S:-$left}" \
         bash benchmarks/gpu/queue_checks.sh "$mix" "${policies[@]}" ;;
     exporter) run exporter 560 bash benchmarks/gpu/exporter_scrape.sh ;;
-    exporter_memory) run exporter_memory 420 bash benchmarks/gpu/exporter_memory.sh ;;
+    exporter_memory) run exporter_memory 480 bash benchmarks/gpu/exporter_memory.sh ;;
     gpu) run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
       --junitxml="$OUT/gpu_tests.xml" ;;
     # pack gets what is left of TOTAL_S (its last check, the dense one, is cut first).
