@@ -10,7 +10,10 @@ at start; before that body it tries what could give memory back: gc.collect(), a
 malloc_trim(0) (which needs ctypes; the exporter trims after each refresh). Last, what the
 exporter no longer imports (psutil) or imports only where NVML is used (pynvml). After each step:
 RSS, anonymous memory and the number of modules, from /proc/self/smaps_rollup. Only
-standard-library imports come before the first reading.
+standard-library imports come before the first reading. Where no compiled bytecode is cached
+(a read-only install, PYTHONDONTWRITEBYTECODE=1, pip's --no-compile), every module is compiled
+from its source at import, which leaves the heap larger; to see that case:
+PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX=$(mktemp -d) python benchmarks/cpu/...
 """
 
 from __future__ import annotations
@@ -64,13 +67,18 @@ def main() -> int:
     import ctypes
 
     step("import ctypes")
-    step("malloc_trim(0)", lambda: ctypes.CDLL(None).malloc_trim(0))
+
+    def trim() -> None:
+        ctypes.CDLL(None).malloc_trim(0)
+
+    step("malloc_trim(0)", trim)
     from memgov.exporter.refresh import Refresher
 
     refresher = Refresher(5.0)
     step(f"the first body made, as at start ({len(refresher.body.text)} bytes; it trims too)")
     step("import psutil (no longer imported by the exporter)", lambda: __import__("psutil"))
     step("import pynvml (where NVML is used)", lambda: __import__("pynvml"))
+    step("malloc_trim(0) (the exporter's, after the refresh that imported pynvml)", trim)
     return 0
 
 
