@@ -24,6 +24,20 @@ python3 -c "import prometheus_client" 2>/dev/null \
   || python3 -m pip install -q --no-index --find-links .whl prometheus_client >>"$OUT/install.log" 2>&1 \
   || { echo "prometheus_client missing: carry .whl/ (see exporter_scrape.sh's head)"; exit 1; }
 
+# Is compiled bytecode cached for the libraries the exporter imports, before anything runs? A
+# module without it is compiled from source at import, which leaves the heap larger (pynvml:
+# 12.5 MiB on the CPU machine, docs/metrics.md, "Memory").
+bytecode=$(python3 - <<'PYC'
+import importlib.util, os, sys
+for name in ("pynvml", "psutil", "prometheus_client", "memgov._status"):
+    spec = importlib.util.find_spec(name)
+    origin = spec.origin if spec else None
+    cached = origin and os.path.exists(importlib.util.cache_from_source(origin))
+    print(f"bytecode cache: {name}: {'cached' if cached else 'NOT cached'} ({origin})")
+print(f"bytecode cache: sys.dont_write_bytecode={sys.dont_write_bytecode}")
+PYC
+)
+echo "$bytecode"
 # The jobs run long enough for the measurements; timeout passes INT on to pack, which stops its
 # jobs and its MPS daemons.
 timeout -s INT --kill-after=30 420 python3 -m memgov pack --n "$N" --mps on --runner preload \
@@ -49,4 +63,5 @@ wait "$pack" 2>/dev/null
 python3 -m memgov mps stop >>"$OUT/pack.log" 2>&1
 echo "exporter_memory rc=$rc; pack: $(tail -n 3 "$OUT/pack.log" | tr '\n' ' ' | cut -c1-300)"
 python3 benchmarks/gpu/exporter_memory_summary.py "$OUT" "$N"
+echo "$bytecode" | sed 's/ (.*)$//'
 [ "$rc" = 0 ]
