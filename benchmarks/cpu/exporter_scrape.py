@@ -302,6 +302,7 @@ def run_one(
                 "all": [s * 1000 for s in seconds],
             },
             "body_age_s": body_age(body),
+            "refresh_s": refresh_seconds(body),
             "exporter_memory": memory(pid) if pid is not None else None,
             "gpus": gpu_figures(body),
         }
@@ -309,6 +310,14 @@ def run_one(
         stop(hogs)
         if exporter is not None:
             stop([exporter])
+
+
+def refresh_seconds(text: bytes) -> float | None:
+    """How long the refresh before the one that made this body took, as the body says."""
+    for line in text.splitlines():
+        if line.startswith(b"memgov_exporter_refresh_seconds "):
+            return float(line.split()[1])
+    return None
 
 
 def body_age(text: bytes) -> float | None:
@@ -342,6 +351,7 @@ def show(result: dict[str, Any]) -> None:
     lat, mem = result["latency_ms"], result["exporter_memory"] or {}
     age = result["body_age_s"]
     peak = (mem.get("peak_rss_bytes") or 0) / 2**20
+    took = "-" if result.get("refresh_s") is None else f"{result['refresh_s']:.3f} s"
     name = " ".join(filter(None, [result["tree"] or "exporter", result.get("exporter_args")]))
     print(
         f"{name}: {result['claims_in_last_scrape']} claims, "
@@ -350,7 +360,7 @@ def show(result: dict[str, Any]) -> None:
         f"{result['load_average_after'][0]:.1f}: p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, "
         f"max {lat['max']:.2f} ms; exporter RSS {mem.get('rss_mib', 0):.1f} MiB, PSS "
         f"{mem.get('pss_mib', 0):.1f} MiB, USS {mem.get('uss_mib', 0):.1f} MiB, peak RSS {peak:.1f}"
-        f" MiB; body age {'-' if age is None else f'{age:.2f} s'}",
+        f" MiB; body age {'-' if age is None else f'{age:.2f} s'}; a refresh took {took}",
         flush=True,
     )
     if mem.get("breakdown_text"):

@@ -30,7 +30,9 @@ def exporter_lines(runs: list[dict[str, Any]]) -> list[str]:
 
         lines.append(
             f"exporter {run['exporter_args'] or '(default)'}: {run['claims_in_last_scrape']} "
-            f"claims, p99 {run['latency_ms']['p99']:.2f} ms; RSS {memory['rss_mib']:.1f} PSS "
+            f"claims, p99 {run['latency_ms']['p99']:.2f} ms, the refresh before the body "
+            f"{run.get('refresh_s') or 0:.3f} s; "
+            f"RSS {memory['rss_mib']:.1f} PSS "
             f"{memory['pss_mib']:.1f} USS {memory['uss_mib']:.1f} MiB; libnvidia-ml.so RSS "
             f"{rss('nvml library (libnvidia-ml.so)')} PSS "
             f"{rss('nvml library (libnvidia-ml.so)', 'pss_kb')}; heap "
