@@ -288,9 +288,11 @@ def scan(
         if name.startswith(TMP_PREFIX):
             item = _probe_tmp(folder_fd, folder, name, locks, kind)
         elif RECORD_NAME.match(name) or sweep:
-            item = _empty(folder_fd, name, sweep) or _read(
-                folder_fd, name, folder=folder, locks=locks, kind=kind
-            )
+            item = _empty(folder_fd, name, sweep)
+            if item is None:
+                item = _read(folder_fd, name, folder=folder, locks=locks, kind=kind)
+            elif item is GONE_FILE:
+                item = None  # removed since the listing (gc, its owner): nothing to open
         else:
             foreign += 1
             final.add(name)  # a name that is not a record's never becomes one
@@ -341,16 +343,22 @@ _live_last: dict[tuple[int, int], int] = {}
 """Folder (device, inode) -> live records this process's last scan found there."""
 
 
+GONE_FILE = Seen("", False, None, "gone", None)
+"""_empty's answer for a name that no longer exists (not a record: never filed)."""
+
+
 def _empty(folder_fd: int, name: str, sweep: bool) -> Seen | None:
     """An empty regular file, known from one lstat without opening it: no record is empty (a
     record is renamed into place with its content), locked or not, so it is nobody's claim. A
     flood of empty files then costs a scan a stat each, and gc a stat and an unlink each. None:
-    not known to be empty (opened). gc (``sweep``) opens a file not named as a record even so:
-    it removes that only when no one holds it."""
+    not known to be empty (opened); GONE_FILE: removed since the listing. gc (``sweep``) opens
+    a file not named as a record even so: it removes that only when no one holds it."""
     if sweep and not RECORD_NAME.match(name):
         return None
     try:
         info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return GONE_FILE
     except OSError:
         return None
     if not stat.S_ISREG(info.st_mode) or info.st_size:
