@@ -276,7 +276,7 @@ def scan(
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
     fresh = listed if sweep else listed - _deadnames.known(key, store=remember)
-    if remember and len(fresh) - _live_last.get(key, 0) >= _deadnames.RELOAD_AT:
+    if remember and not sweep and len(fresh) - _live_last.get(key, 0) >= _deadnames.RELOAD_AT:
         # Many names this process has not judged: this user's other processes may have.
         _deadnames.reload(key)
         fresh = listed - _deadnames.known(key)
