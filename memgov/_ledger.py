@@ -36,9 +36,10 @@ from memgov._parse import printable
 from memgov._sizes import format_size
 
 VERSION_DIR = _records.VERSION_DIR
-LOOK_AHEAD = 16
-"""Names new to this process in a device's folders that make it judge them before it takes the
-admission lock (first_look)."""
+LOOK_AHEAD = 64
+"""Names new to this process in one of a device's folders that make it judge them before it
+takes the admission lock (first_look): more than live claims and tickets come and go between
+two looks of a process, so only a wave of files (another user's) does."""
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
