@@ -112,7 +112,8 @@ def reload(key: Key) -> None:
 def flush() -> None:
     """Write each folder's names to the store where FLUSH_AT or more were learned (outside the
     admission lock: the callers are a look before it and the CPU-share scan)."""
-    due = [(key, f) for key, f in _folders.items() if f.learned >= FLUSH_AT]
+    # list(): one C call, so another thread adding a folder meanwhile cannot break the loop
+    due = [(key, f) for key, f in list(_folders.items()) if f.learned >= FLUSH_AT]
     if not due:
         return
     with contextlib.suppress(Exception), _store() as fd:
