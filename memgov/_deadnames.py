@@ -57,6 +57,8 @@ RECORD_NAME = re.compile(r"^[0-9]{20}-[0-9a-f]{12}\.json\Z")
 @dataclass
 class Folder:
     names: set[str] = field(default_factory=set)
+    records: set[str] = field(default_factory=set)
+    """The names among ``names`` that go into the store (``storable``)."""
     learned: int = 0
     """Names added since the store was last written or read."""
     stored: tuple[int, int, int] | None = None
@@ -90,9 +92,11 @@ def learn(key: Key, names: set[str], listed: set[str]) -> None:
     gone from it are dropped: the set never outgrows the folder)."""
     folder = _folders.setdefault(key, Folder())
     folder.names &= listed
-    new = names - folder.names
-    folder.names |= new
-    folder.learned += sum(1 for name in new if storable(name))
+    folder.records &= listed
+    new = {name for name in names - folder.names if storable(name)}
+    folder.names |= names
+    folder.records |= new
+    folder.learned += len(new)
     folder.loaded = True
 
 
@@ -152,11 +156,15 @@ def _read(fd: int, key: Key, folder: Folder) -> None:
         mine = stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
         if not mine or info.st_size > MAX_BYTES or stamp == folder.stored:
             return
-        raw = file.read(MAX_BYTES + 1) or b""
+        raw = file.read(info.st_size + 1) or b""
     finally:
         file.close()
-    lines = raw.decode("ascii", "replace").split("\n")
-    folder.names.update(name for name in lines if storable(name))
+    # Every line is one name this user's processes wrote (only storable ones: no line of a
+    # name another user shaped): read in C, not name by name.
+    lines = set(raw.decode("ascii", "replace").split("\n"))
+    lines.discard("")
+    folder.names |= lines
+    folder.records |= lines
     folder.stored = stamp
     folder.loaded = True
 
@@ -164,7 +172,7 @@ def _read(fd: int, key: Key, folder: Folder) -> None:
 def _write(fd: int, key: Key, folder: Folder) -> None:
     from memgov._flock import open_owned
 
-    data = "\n".join(sorted(n for n in folder.names if storable(n))).encode()
+    data = "\n".join(folder.records).encode()
     tmp = f".tmp-{_file(key)}-{secrets.token_hex(4)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     file = open_owned(tmp, flags, fd, mode=0o600, writable=True)

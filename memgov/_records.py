@@ -602,12 +602,17 @@ def remove_dead(folder_fd: int, seen: Seen) -> str | None:
     return None
 
 
-def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE) -> None:
+def write_atomic(
+    folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE, durable: bool = True
+) -> None:
     """Replace file ``name`` of a folder with ``data``, whole or not at all, never via a symlink.
 
     A temporary file in the same folder, fsync, ``os.replace``, then fsync of the folder: a reader
     sees the old content or the new, never a torn file. For files without a holder (pack's
     history); callers serialise writers themselves. Held records use create/replace.
+    ``durable=False`` skips both fsyncs (a file that may go back to an older content after a
+    crash of the host): an fsync commits every pending change of the filesystem, another
+    user's flood of files included, so none is taken under the admission lock.
     """
     tmp = f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -617,7 +622,8 @@ def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -625,5 +631,6 @@ def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE
         raise
     finally:
         file.close()
-    with contextlib.suppress(OSError):
-        os.fsync(folder_fd)
+    if durable:
+        with contextlib.suppress(OSError):
+            os.fsync(folder_fd)
