@@ -249,6 +249,7 @@ def phase(
     finished.extend(live)
     claim_ns, errors, claimers_cpu = [], [], 0.0
     waits: list[int] = []
+    holds: list[int] = []
     for proc in finished:
         out, _ = proc.communicate()
         cpu = 0.0
@@ -258,6 +259,7 @@ def phase(
             errors.extend([event["error"]] if "error" in event else [])
             cpu = event.get("cpu_s", cpu)
             waits.extend(lock_wait(event.get("admission")))
+            holds.extend(lock_held(event.get("admission")))
         claimers_cpu += cpu
     done.set()
     gc_thread.join()
@@ -292,6 +294,9 @@ def phase(
         "admission_lock_wait_ms": {"p50": nearest(waits, 50), "p99": nearest(waits, 99)}
         if waits
         else None,
+        "admission_lock_held_ms": {"p50": nearest(holds, 50), "p99": nearest(holds, 99)}
+        if holds
+        else None,
         "monitor": watched,
         # CPU seconds: the claimers' up to their last claim; root's gc runs; the flooder's
         # whole life (its initial planting included)
@@ -308,6 +313,12 @@ def lock_wait(report: str | None) -> list[int]:
     """The admission lock's wait (ns) from a claim's reports["admission"] line."""
     found = re.search(r"waited ([0-9.]+) s for it", report or "")
     return [int(float(found.group(1)) * 1e9)] if found else []
+
+
+def lock_held(report: str | None) -> list[int]:
+    """The longest hold of the admission lock (ns) from a claim's reports["admission"] line."""
+    found = re.search(r"held it at most ([0-9.]+) ms", report or "")
+    return [int(float(found.group(1)) * 1e6)] if found else []
 
 
 def summarise(profiles: Path) -> None:
