@@ -4,11 +4,13 @@ kept; no name another user shapes can make a live record's name look dead."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +42,7 @@ print(json.dumps({**looks, "alive": sorted(s.name for s in seen if s.alive)}))
 """A new process's scan of a folder: its file looks (stat, open), the live records it found."""
 
 
-def scan_in_new_process(folder: Path) -> dict[str, object]:
+def scan_in_new_process(folder: Path) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", SCAN, str(folder)], capture_output=True, text=True, timeout=120
     )
@@ -93,7 +95,7 @@ def test_an_update_seen_mid_way_is_not_dead_for_good(
     held = book.add("claims", payload)
     real_probe = _records._open_probe
 
-    def probe_then_update(folder_fd: int, name: str):  # type: ignore[no-untyped-def]
+    def probe_then_update(folder_fd: int, name: str) -> io.FileIO:
         probe = real_probe(folder_fd, name)
         if name == held.name:
             book.update("claims", held, {**payload, "mode": "hard"})
