@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _flock, _records
+from memgov import _config, _deadnames, _flock, _records
 from memgov._attribution import pidns_of
 from memgov._cpus import Usable
 from memgov._errors import LedgerError
@@ -136,9 +136,11 @@ def _scan(fd: int, folder: Path, clean: bool) -> list[Peer]:
         ]
         seen = [item for item in listed if item is not None]
     else:
-        # A full scan: files this process found dead before are skipped by name and inode
-        # (_records._dead), so a flood of them costs a listing, not a stat each.
+        # A full scan: names this user's processes found dead for good before are skipped
+        # (_deadnames), so a flood of them costs a listing, not a stat each.
         seen = _records.scan(fd, folder, remember=clean, kind=_records.CPU)
+        if clean:
+            _deadnames.flush()  # outside any lock: for this user's other and later processes
     found = []
     pids: set[int] = set()
     own_ns = _records._own_pidns()

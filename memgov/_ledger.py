@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _nvml, _records
+from memgov import _config, _deadnames, _nvml, _records
 from memgov._attribution import Attribution, Holder, attribute, pidns_of
 from memgov._devices import Device, refresh
 from memgov._errors import LedgerError
@@ -36,6 +36,10 @@ from memgov._parse import printable
 from memgov._sizes import format_size
 
 VERSION_DIR = _records.VERSION_DIR
+LOOK_AHEAD = 64
+"""Names new to this process in one of a device's folders that make it judge them before it
+takes the admission lock (first_look): more than live claims and tickets come and go between
+two looks of a process, so only a wave of files (another user's) does."""
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -270,22 +274,28 @@ class DeviceLedger:
         )
 
     def first_look(self, reading: Reading) -> int:
-        """A process's first scan of this device, taken without the admission lock: every file
-        another user left is looked at once here (and remembered dead), so the scan under the
-        lock looks only at what changed since. Otherwise each new process would hold the lock
-        for one stat per file of a flood, and hold off every other claimer meanwhile.
+        """A scan taken without the admission lock before a look under it, where this process
+        has not scanned the device yet or LOOK_AHEAD or more names there are new to it: every
+        file another user left is judged here (and known dead from then on, _deadnames), so
+        the scan under the lock looks only at what changed since. Otherwise a new process, or
+        one that meets a wave of another user's files, would hold the lock for one look per
+        file, and hold off every other claimer meanwhile. What it learned goes to this user's
+        store of dead names (_deadnames.flush), for this user's other and later processes.
         Returns how many dead records it removed (the exporter counts them as reclaimed)."""
         try:
-            known = []
+            due = False
             for section in ("claims", "queue"):
                 parts = (*self.parts, section)
                 with _records.open_dir(self.root, parts, create=False) as fd:
-                    known.append(_records.remembers(fd))
-            if not all(known):
+                    due = due or not _records.remembers(fd)
+                    due = due or _records.unjudged(fd) >= LOOK_AHEAD
+            if due:
                 # This user's dead files go now: no lock needed.
                 return len(self.scan(reading=reading).removed)
-        except (FileNotFoundError, LedgerError):
+        except (OSError, LedgerError):
             pass  # the scan under the lock finds and says what is wrong
+        finally:
+            _deadnames.flush()
         return 0
 
     def snapshot(self) -> Snapshot:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memgov import _trust
+from memgov import _deadnames, _trust
 from memgov._attribution import pidns_of
 from memgov._errors import LedgerError
 from memgov._flock import (
@@ -227,6 +227,9 @@ class Seen:
     owner: int | None
     inode: tuple[int, int] | None = None
     """(st_dev, st_ino) of the file that was read, so removal can tell it from a replacement."""
+    final: bool = False
+    """Dead for good: the name is not, and never will be, a live record's (memgov/_deadnames.py
+    says why one look can prove that, and which looks do). Scans then skip it by name."""
 
 
 @dataclass(frozen=True)
@@ -268,36 +271,42 @@ def scan(
     try:
         info = os.fstat(folder_fd)
         key = (info.st_dev, info.st_ino)
-        with os.scandir(folder_fd) as listing:
-            # (name, inode) from the listing itself (d_ino): no stat per file.
-            entries = {(entry.name, entry.inode()) for entry in listing}
+        # Names only (no stat, no inode): what is known dead is known by name (_deadnames).
+        listed = set(os.listdir(folder_fd))
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
-    known = set() if sweep else _dead.get(key, set())
-    # Files seen unlocked before are never a live record (see _dead): set operations in C, so
-    # a flood this process has met costs a scan its listing and nothing per file.
-    dead = entries & known
+    fresh = listed if sweep else listed - _deadnames.known(key, store=remember)
+    if remember and not sweep and len(fresh) - _live_last.get(key, 0) >= _deadnames.RELOAD_AT:
+        # Many names this process has not judged: this user's other processes may have.
+        _deadnames.reload(key)
+        fresh = listed - _deadnames.known(key)
+    final = set()
     seen = []
     locks = LockTable()
-    foreign = 0
-    for name, inode in sorted(entries - known):
+    foreign = live = 0
+    for name in sorted(fresh):
         if name.startswith(TMP_PREFIX):
             item = _probe_tmp(folder_fd, folder, name, locks, kind)
         elif RECORD_NAME.match(name) or sweep:
-            item = _empty(folder_fd, name, sweep) or _read(
-                folder_fd, name, folder=folder, locks=locks, kind=kind
-            )
-            if item is not None and not item.alive and item.inode and item.inode[1] == inode:
-                dead.add((name, inode))
+            item = _empty(folder_fd, name, sweep)
+            if item is None:
+                item = _read(folder_fd, name, folder=folder, locks=locks, kind=kind)
+            elif item is GONE_FILE:
+                item = None  # removed since the listing (gc, its owner): nothing to open
         else:
             foreign += 1
+            final.add(name)  # a name that is not a record's never becomes one
             item = None
             if foreign <= NOT_RECORDS_SHOWN:
                 item = Seen(name, False, None, "not a memgov record (unknown name)", None)
         if item is not None:
             seen.append(item)
+            live += item.alive
+            if item.final:
+                final.add(name)
     if remember:
-        _dead[key] = dead
+        _deadnames.learn(key, final, listed)
+        _live_last[key] = live
     if foreign > NOT_RECORDS_SHOWN:
         more = foreign - NOT_RECORDS_SHOWN
         seen.append(
@@ -319,33 +328,44 @@ def remembers(folder_fd: int) -> bool:
         info = os.fstat(folder_fd)
     except OSError:
         return False
-    return (info.st_dev, info.st_ino) in _dead
+    return _deadnames.remembers((info.st_dev, info.st_ino))
+
+
+def unjudged(folder_fd: int) -> int:
+    """How many names in the folder this process has judged neither dead for good nor live in
+    its last scan (a listing and set operations: no file is looked at)."""
+    info = os.fstat(folder_fd)
+    key = (info.st_dev, info.st_ino)
+    return len(set(os.listdir(folder_fd)) - _deadnames.known(key)) - _live_last.get(key, 0)
+
+
+_live_last: dict[tuple[int, int], int] = {}
+"""Folder (device, inode) -> live records this process's last scan found there."""
+
+
+GONE_FILE = Seen("", False, None, "gone", None)
+"""_empty's answer for a name that no longer exists (not a record: never filed)."""
 
 
 def _empty(folder_fd: int, name: str, sweep: bool) -> Seen | None:
     """An empty regular file, known from one lstat without opening it: no record is empty (a
     record is renamed into place with its content), locked or not, so it is nobody's claim. A
     flood of empty files then costs a scan a stat each, and gc a stat and an unlink each. None:
-    not known to be empty (opened). gc (``sweep``) opens a file not named as a record even so:
-    it removes that only when no one holds it."""
+    not known to be empty (opened); GONE_FILE: removed since the listing. gc (``sweep``) opens
+    a file not named as a record even so: it removes that only when no one holds it."""
     if sweep and not RECORD_NAME.match(name):
         return None
     try:
         info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return GONE_FILE
     except OSError:
         return None
     if not stat.S_ISREG(info.st_mode) or info.st_size:
         return None
-    return Seen(name, False, None, "empty (not a record)", info.st_uid, (info.st_dev, info.st_ino))
-
-
-_dead: dict[tuple[int, int], set[tuple[str, int]]] = {}
-"""Folder (device, inode) -> (name, inode) of the record-named files this process found
-unlocked (and reported, or could not remove) in its last scan there. A record is locked before
-it gets its name and keeps the lock until it is unlinked (an update renames a new inode over
-the name), so a file once seen unlocked under its name is never a live record: later scans of
-this process skip it without opening it. Another user's flood of dead files then costs a long-lived
-claimer one pass, not one per scan; gc (``sweep``) opens everything again."""
+    inode = (info.st_dev, info.st_ino)
+    # One lstat is one look at one file: a record is never empty under its name (final).
+    return Seen(name, False, None, "empty (not a record)", info.st_uid, inode, final=True)
 
 
 def _probe_tmp(
@@ -370,13 +390,24 @@ class LockTable:
     def __init__(self) -> None:
         self._table: dict[str, list[int]] | None = None
         self._read = False
+        self.read_at = 0.0
+        """When the table was read (time.time())."""
+
+    def load(self) -> None:
+        if not self._read:
+            self.read_at = time.time()
+            self._table, self._read = lock_table(), True
 
     def holders(self, dev: int, ino: int) -> list[int] | None:
-        if not self._read:
-            self._table, self._read = lock_table(), True
+        self.load()
         if self._table is None:
             return None
         return self._table.get(f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}", [])
+
+
+TABLE_MARGIN_S = 2.0
+"""How much older than the lock table a file this user cannot open must be for its "not
+locked" verdict to be final (coarse file timestamps, a clock read a moment apart)."""
 
 
 def _read(
@@ -395,17 +426,19 @@ def _read(
         probe = _open_probe(folder_fd, name)
     except FileNotFoundError:
         return None  # released while we listed
-    except IsADirectoryError:
-        return Seen(name, False, None, "not a regular file", _owner(folder_fd, name))
+    except IsADirectoryError:  # a record is a regular file from the moment it has its name
+        return Seen(name, False, None, "not a regular file", _owner(folder_fd, name), final=True)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return Seen(name, False, None, "a symlink (not followed)", _owner(folder_fd, name))
+            why = "a symlink (not followed)"
+            return Seen(name, False, None, why, _owner(folder_fd, name), final=True)
         if exc.errno in (errno.EACCES, errno.EPERM):
             if not kind.unreadable_counts:  # never read, so never counted: no lock lookup
                 return _not_counted(folder_fd, name, f"unreadable ({exc.strerror})")
             return _unreadable(folder_fd, name, exc, locks)
         if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EISDIR):  # a socket or device: no lock
-            return Seen(name, False, None, f"unreadable ({exc.strerror})", _owner(folder_fd, name))
+            why = f"unreadable ({exc.strerror})"
+            return Seen(name, False, None, why, _owner(folder_fd, name), final=True)
         # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
         raise LedgerError(f"cannot read {where}: {exc.strerror or exc}") from None
     try:
@@ -413,7 +446,7 @@ def _read(
         info = os.fstat(fd)
         inode = (info.st_dev, info.st_ino)
         if not stat.S_ISREG(info.st_mode):
-            return Seen(name, False, None, "not a regular file", info.st_uid, inode)
+            return Seen(name, False, None, "not a regular file", info.st_uid, inode, final=True)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             alive = False
@@ -423,20 +456,39 @@ def _read(
             raise flock_error(where, exc) from None
         if not parse:
             return Seen(name, alive, None, None, info.st_uid, inode)
+        # After the probe, while the file is still open: whether the name still points at it.
+        pinned = _pinned(folder_fd, name, inode)
+        problem = None
         if not RECORD_NAME.match(name):
-            return Seen(name, alive, None, "not a memgov record (unknown name)", info.st_uid, inode)
-        if info.st_size > MAX_BYTES:
-            return Seen(name, alive, None, f"too large ({info.st_size} bytes)", info.st_uid, inode)
-        try:
-            raw = os.read(fd, MAX_BYTES + 1)
-        except OSError as exc:
-            return Seen(name, alive, None, f"unreadable ({exc.strerror})", info.st_uid, inode)
+            problem = "not a memgov record (unknown name)"
+        elif info.st_size > MAX_BYTES:
+            problem = f"too large ({info.st_size} bytes)"
+        else:
+            try:
+                raw = os.read(fd, MAX_BYTES + 1)
+            except OSError as exc:
+                problem = f"unreadable ({exc.strerror})"
+        if problem is not None:
+            return Seen(name, alive, None, problem, info.st_uid, inode, final=pinned and not alive)
     finally:
         probe.close()
     data, problem = _parse(raw, kind.fields)
     if alive and data is not None:
         alive = holder_alive(data)
-    return Seen(name, alive, data, problem, info.st_uid, inode)
+    return Seen(name, alive, data, problem, info.st_uid, inode, final=pinned and not alive)
+
+
+def _pinned(folder_fd: int, name: str, inode: tuple[int, int]) -> bool:
+    """Whether ``name`` points at the file the caller holds open (``inode``). A verdict on an
+    open file is about the name only while both hold: an update renames a new locked file over
+    a live record's name before its old one is closed and unlocked, so a probe of the old file
+    can see it unlocked; the name then points elsewhere. While the caller holds the file open,
+    its inode number cannot go to another file (_deadnames's module docstring)."""
+    try:
+        now = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == inode
 
 
 def _open_probe(folder_fd: int, name: str) -> io.FileIO:
@@ -489,7 +541,14 @@ def is_locked(folder_fd: int, name: str) -> bool:
 
 def _unreadable(folder_fd: int, name: str, exc: OSError, locks: LockTable) -> Seen:
     """A file this user may not open. If its lock is held it may be a live claim of unknown size:
-    it must block admissions (fail closed), never vanish from the count."""
+    it must block admissions (fail closed), never vanish from the count.
+
+    Final (dead for good) only where the table was read before the stat and the file had its
+    name before the table was read (its ctime, which a rename sets, older by TABLE_MARGIN_S): a
+    record is locked before it is named and stays locked while it has the name and its holder
+    lives, so a file named before the table was read and not in it is no live record's, now or
+    later. A file named after the read may be a new record the table has not seen."""
+    locks.load()  # before the stat (see above)
     try:
         info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except OSError:
@@ -498,16 +557,19 @@ def _unreadable(folder_fd: int, name: str, exc: OSError, locks: LockTable) -> Se
     alive = pids is None or (bool(pids) and any(pid_running(p) for p in pids))
     state = "locked or unknown" if alive else "not locked"
     inode = (info.st_dev, info.st_ino)
-    return Seen(name, alive, None, f"unreadable ({exc.strerror}), {state}", info.st_uid, inode)
+    final = not alive and info.st_ctime < locks.read_at - TABLE_MARGIN_S
+    why = f"unreadable ({exc.strerror}), {state}"
+    return Seen(name, alive, None, why, info.st_uid, inode, final=final)
 
 
 def _not_counted(folder_fd: int, name: str, why: str) -> Seen:
-    """A file that counts as no one's record whatever its lock (a scan remembers it)."""
+    """A file that counts as no one's record whatever its lock (final: a record is readable by
+    every user from the moment it has its name, so this name is no live one's)."""
     try:
         info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except OSError:
         return Seen(name, False, None, why, None)
-    return Seen(name, False, None, why, info.st_uid, (info.st_dev, info.st_ino))
+    return Seen(name, False, None, why, info.st_uid, (info.st_dev, info.st_ino), final=True)
 
 
 def _owner(folder_fd: int, name: str) -> int | None:
@@ -540,12 +602,17 @@ def remove_dead(folder_fd: int, seen: Seen) -> str | None:
     return None
 
 
-def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE) -> None:
+def write_atomic(
+    folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE, durable: bool = True
+) -> None:
     """Replace file ``name`` of a folder with ``data``, whole or not at all, never via a symlink.
 
     A temporary file in the same folder, fsync, ``os.replace``, then fsync of the folder: a reader
     sees the old content or the new, never a torn file. For files without a holder (pack's
     history); callers serialise writers themselves. Held records use create/replace.
+    ``durable=False`` skips both fsyncs (a file that may go back to an older content after a
+    crash of the host): an fsync commits every pending change of the filesystem, another
+    user's flood of files included, so none is taken under the admission lock.
     """
     tmp = f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -555,7 +622,8 @@ def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -563,5 +631,6 @@ def write_atomic(folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE
         raise
     finally:
         file.close()
-    with contextlib.suppress(OSError):
-        os.fsync(folder_fd)
+    if durable:
+        with contextlib.suppress(OSError):
+            os.fsync(folder_fd)

@@ -126,7 +126,10 @@ def _add(
         if waited is not None:
             counts.waits[waited[0]].observe(waited[1])
         data = json.dumps(counts.to_json(), sort_keys=True).encode()
-        _records.write_atomic(fd, name, data)
+        # No fsync: this runs under the admission lock, where an fsync would wait for every
+        # pending change of the filesystem (another user's flood of files included) while all
+        # claimers wait; counts lost to a crash of the host are counts, not budget.
+        _records.write_atomic(fd, name, data, durable=False)
 
 
 def read(ledger: DeviceLedger) -> tuple[dict[int, Counts], list[str]]:

@@ -37,6 +37,10 @@ _IN_IGNORED = 0x00008000
 """The watch is gone (its folder was removed or swapped): look, then sleep on the timeout."""
 _EVENT = struct.Struct("iIII")
 """struct inotify_event: wd, mask, cookie, len; then ``len`` bytes of NUL-padded name."""
+UNWANTED_NAP_S = 0.005
+"""After a wake-up by removals that matter to no one here, how long a waiter lets the next ones
+pile up: gc removing another user's flood deletes thousands of files a second, and a waiter
+woken by each would spend a core among them. A removal that matters waits at most this long."""
 _IN_ONLYDIR = 0x01000000
 _IN_DONT_FOLLOW = 0x02000000
 
@@ -90,6 +94,9 @@ class Waker:
                 return False
             if self._drain(wanted):
                 return True
+            # Only removals nobody waits for (another user's flood going, file by file): let
+            # them pile up for a moment and read them in one go, rather than wake per file.
+            time.sleep(max(0.0, min(UNWANTED_NAP_S, deadline - time.monotonic())))
 
     def _drain(self, wanted: Callable[[Path, str], bool] | None) -> bool:
         """Read every pending event; whether one of them is ``wanted``."""

@@ -114,6 +114,12 @@ def private_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "NUMEXPR_NUM_THREADS",
     ):
         monkeypatch.delenv(name, raising=False)
+    # Names this process knew dead are kept by folder inode, which a later test's folder may
+    # reuse: harmless for live records (a record's name is never reused), not for a test that
+    # plants files under fixed names and expects them reported.
+    from memgov import _deadnames
+
+    _deadnames.forget()
     return path
 
 

@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 CLAIMER, FLOODER, MONITOR = 54321, 54322, 54324
+PROFILE_ENV = "CHURN_PROFILE_DIR"
+"""--profile: the folder each claimer writes its cProfile of its claim() calls to."""
 GIB = 2**30
 
 
@@ -54,14 +57,20 @@ def become(uid: int) -> None:
 
 
 def claimer(seed: int) -> None:
+    import cProfile  # before become(): the interpreter's own files may be root's alone
+
     become(CLAIMER)
     import memgov
 
+    profiles = os.environ.get(PROFILE_ENV)
+    profile = cProfile.Profile() if profiles else None
     rng = random.Random(seed)
     for _ in range(50):
         size = rng.choice(["1GiB", "2GiB", "4GiB", "6GiB"])
         t0 = time.perf_counter_ns()
         try:
+            if profile is not None:
+                profile.enable()
             held = memgov.claim(size, wait=5)
         except memgov.BudgetExceeded:
             print(json.dumps({"refused_ns": time.perf_counter_ns() - t0}), flush=True)
@@ -69,7 +78,15 @@ def claimer(seed: int) -> None:
         except Exception as exc:  # reported: the run counts every error
             print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
             return
-        print(json.dumps({"claim_ns": time.perf_counter_ns() - t0}), flush=True)
+        finally:
+            if profile is not None:
+                profile.disable()
+        took = time.perf_counter_ns() - t0
+        cpu = sum(os.times()[:2])
+        event = {"claim_ns": took, "admission": held.reports.get("admission"), "cpu_s": cpu}
+        print(json.dumps(event), flush=True)
+        if profile is not None:  # after each claim: a SIGKILL may come at any time
+            profile.dump_stats(os.path.join(str(profiles), f"{os.getpid()}.prof"))
         time.sleep(0.02)
         held.release()
 
@@ -81,6 +98,7 @@ def monitor(seconds: float) -> None:
 
     ledger = DeviceLedger(devices()[0])
     samples, over, most = 0, [], 0
+    files: list[int] = []  # files in claims/ and v1/cpu/, sampled: what each scan lists
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         with ledger.locked():
@@ -89,8 +107,18 @@ def monitor(seconds: float) -> None:
         most = max(most, snap.claimed)
         if snap.claimed > snap.capacity:
             over.append(snap.claimed)
+        if samples % 20 == 1:
+            files.append(len(os.listdir(ledger.path / "claims")))
+            files.append(len(os.listdir(ledger.root / "v1" / "cpu")))
         time.sleep(0.01)
-    print(json.dumps({"samples": samples, "over_commits": len(over), "max_claimed": most}))
+    listed = {"claims_max": max(files[0::2]), "cpu_max": max(files[1::2])}
+    listed.update(claims_mean=sum(files[0::2]) // len(files[0::2]))
+    listed.update(cpu_mean=sum(files[1::2]) // len(files[1::2]))
+    print(
+        json.dumps(
+            {"samples": samples, "over_commits": len(over), "max_claimed": most, "files": listed}
+        )
+    )
 
 
 def flooder(ledger: str) -> None:
@@ -129,16 +157,33 @@ def plant(folder: Path, count: int, tag: str) -> None:
         os.close(fd)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[-1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def nearest(values: list[int], pct: float) -> float:
     ordered = sorted(values)
     return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1] / 1e6
 
 
-def phase(floods: bool, seconds: float, claimers: int, kill_every: float) -> dict[str, Any]:
+def phase(
+    floods: bool, seconds: float, claimers: int, kill_every: float, profile: Path | None = None
+) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="memgov-churn-", dir="/tmp"))
     base.chmod(0o755)
     ledger = base / "ledger"
     env = {**os.environ, "MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": "sim0:16GiB"}
+    profiles = None
+    if profile is not None:
+        profiles = profile / ("floods" if floods else "clean")
+        profiles.mkdir(parents=True, exist_ok=True)
+        profiles.chmod(0o777)  # the claimers' uid writes there
+        env[PROFILE_ENV] = str(profiles)
     me = [sys.executable, __file__]
     subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True, capture_output=True)
     flood = None
@@ -158,9 +203,19 @@ def phase(floods: bool, seconds: float, claimers: int, kill_every: float) -> dic
     done = threading.Event()
     gc_runs = [0]
 
+    gc_cpu = [0.0]
+
     def gc_loop() -> None:
         while not done.is_set():
-            subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, capture_output=True)
+            run = subprocess.Popen(
+                [sys.executable, "-m", "memgov", "gc"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            usage = os.wait4(run.pid, 0)[2]
+            run.returncode = 0  # reaped above
+            gc_cpu[0] += usage.ru_utime + usage.ru_stime
             gc_runs[0] += 1
 
     watch = subprocess.Popen(
@@ -192,17 +247,26 @@ def phase(floods: bool, seconds: float, claimers: int, kill_every: float) -> dic
     for proc in live:
         proc.send_signal(signal.SIGKILL)
     finished.extend(live)
-    claim_ns, errors = [], []
+    claim_ns, errors, claimers_cpu = [], [], 0.0
+    waits: list[int] = []
+    holds: list[int] = []
     for proc in finished:
         out, _ = proc.communicate()
+        cpu = 0.0
         for line in out.splitlines():
             event = json.loads(line)
             claim_ns.extend([event["claim_ns"]] if "claim_ns" in event else [])
             errors.extend([event["error"]] if "error" in event else [])
+            cpu = event.get("cpu_s", cpu)
+            waits.extend(lock_wait(event.get("admission")))
+            holds.extend(lock_held(event.get("admission")))
+        claimers_cpu += cpu
     done.set()
     gc_thread.join()
     watched = json.loads(watch.communicate()[0].strip().splitlines()[-1])
+    flood_cpu = None
     if flood is not None:
+        flood_cpu = cpu_seconds(flood.pid)
         flood.kill()
         flood.wait()
     from memgov import _status
@@ -227,11 +291,52 @@ def phase(floods: bool, seconds: float, claimers: int, kill_every: float) -> dic
         }
         if claim_ns
         else None,
+        "admission_lock_wait_ms": {"p50": nearest(waits, 50), "p99": nearest(waits, 99)}
+        if waits
+        else None,
+        "admission_lock_held_ms": {"p50": nearest(holds, 50), "p99": nearest(holds, 99)}
+        if holds
+        else None,
         "monitor": watched,
+        # CPU seconds: the claimers' up to their last claim; root's gc runs; the flooder's
+        # whole life (its initial planting included)
+        "cpu_s": {"claimers": claimers_cpu, "gc": gc_cpu[0], "flooder": flood_cpu},
         "left_at_end": {"claims": len(snap.claims), "queue": len(snap.queue)},
     }
     subprocess.run(["rm", "-rf", str(base)], check=False)
+    if profiles is not None:
+        summarise(profiles)
     return result
+
+
+def lock_wait(report: str | None) -> list[int]:
+    """The admission lock's wait (ns) from a claim's reports["admission"] line."""
+    found = re.search(r"waited ([0-9.]+) s for it", report or "")
+    return [int(float(found.group(1)) * 1e9)] if found else []
+
+
+def lock_held(report: str | None) -> list[int]:
+    """The longest hold of the admission lock (ns) from a claim's reports["admission"] line."""
+    found = re.search(r"held it at most ([0-9.]+) ms", report or "")
+    return [int(float(found.group(1)) * 1e6)] if found else []
+
+
+def summarise(profiles: Path) -> None:
+    """Every claimer's cProfile of its claims, summed: PHASE.txt beside the phase's folder."""
+    import io
+    import pstats
+
+    files = sorted(str(p) for p in profiles.glob("*.prof"))
+    if not files:
+        return
+    out = io.StringIO()
+    stats = pstats.Stats(files[0], stream=out)
+    for name in files[1:]:
+        stats.add(name)
+    out.write(f"{len(files)} claimer processes\n")
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(40)
+    Path(f"{profiles}.txt").write_text(out.getvalue())
 
 
 def main() -> None:
@@ -245,6 +350,14 @@ def main() -> None:
         help="seconds between SIGKILLs (one claimer each time)",
     )
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--phases", default="clean,floods", help="which phases to run: clean, floods or both"
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="folder: each claimer's cProfile of its claims; PHASE.txt sums them",
+    )
     parser.add_argument("--claimer")
     parser.add_argument("--monitor", type=float)
     parser.add_argument("--flooder")
@@ -257,8 +370,12 @@ def main() -> None:
         return flooder(args.flooder)
     if os.geteuid() != 0:
         raise SystemExit("run as root: the processes drop to uids of their own")
-    clean = phase(False, args.seconds, args.claimers, args.kill_every)
-    flooded = phase(True, args.seconds, args.claimers, args.kill_every)
+    phases = args.phases.split(",")
+    clean = flooded = None
+    if "clean" in phases:
+        clean = phase(False, args.seconds, args.claimers, args.kill_every, args.profile)
+    if "floods" in phases:
+        flooded = phase(True, args.seconds, args.claimers, args.kill_every, args.profile)
     report = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -270,7 +387,7 @@ def main() -> None:
         "floods": flooded,
         "p99_ratio": (
             flooded["claim_ms"]["p99"] / clean["claim_ms"]["p99"]
-            if clean["claim_ms"] and flooded["claim_ms"]
+            if clean and flooded and clean["claim_ms"] and flooded["claim_ms"]
             else None
         ),
     }

@@ -1,0 +1,192 @@
+"""Names in a records folder that are nobody's live record, for good: what a scan need not open.
+
+A scan (memgov/_records.py) lists a shared folder and looks only at names it does not know to be
+dead. A name goes in here only on a verdict that holds forever (``Seen.final``), which rests on
+how an honest writer uses names (_records._write_locked, replace, release):
+
+- a record's name is new: nanoseconds and 48 random bits, never chosen again, never guessable;
+- from the moment the name exists until its holder is done with it, the name points at a regular,
+  non-empty file that the holder keeps locked: the file is locked before the rename that gives it
+  the name; an update renames a new locked file over the name before the old one is closed; a
+  release unlinks the name before it drops the lock;
+- once its holder is done with a name (released, died), no honest process uses it again.
+
+So one moment at which the name points at something else (an empty file, a folder, a FIFO, a
+link, a file no one locks, a record whose process is gone) proves the name is not, and will
+never be, a live record's: another user cannot make this user's view of any *other* name wrong.
+The moment must be one look at one file: an unlocked file counts only while the scan still
+holds it open and the name still points at it (an inode cannot be reused while open); one read
+before an update's rename and a probe after its close would otherwise see a live name's old,
+unlocked file (_records._pinned). A file this user cannot open is judged from the host's lock
+table, read before its stat, and only once older than the table by STALE_S (_records._unreadable).
+
+The names are kept per folder (its device and inode) in memory, and between processes in this
+user's private store (memgov/_profiles.py: ``_profiles/<uid>/``, 0700, owned by the user and
+checked), so that a new process does not look again at every file of another user's flood: it
+reads one file of names instead. Only this user's own file is read; a file that cannot be read
+is worth nothing and costs nothing but the looks it would have saved. It is written without
+fsync (a cache: lost or empty after a crash, nothing is wrong) and only outside the admission
+lock (``flush``), pruned to the names still in the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+Key = tuple[int, int]
+"""A folder's (st_dev, st_ino)."""
+
+FLUSH_AT = 64
+"""Names learned since the last write that make ``flush`` write the store again."""
+RELOAD_AT = 64
+"""Unknown names in one listing that make a scan read the store first (others may know them)."""
+MAX_BYTES = 64 * 2**20
+"""The largest store file read (about 1.7 million names)."""
+PREFIX = "deadnames-v1-"
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+RECORD_NAME = re.compile(r"^[0-9]{20}-[0-9a-f]{12}\.json\Z")
+"""_records.RECORD_NAME, ended by \\Z: "$" would also match before a final newline."""
+
+
+@dataclass
+class Folder:
+    names: set[str] = field(default_factory=set)
+    records: set[str] = field(default_factory=set)
+    """The names among ``names`` that go into the store (``storable``)."""
+    learned: int = 0
+    """Names added since the store was last written or read."""
+    stored: tuple[int, int, int] | None = None
+    """The store file's (inode, size, mtime_ns) when last read or written."""
+    loaded: bool = False
+
+
+_folders: dict[Key, Folder] = {}
+
+
+def known(key: Key, store: bool = True) -> set[str]:
+    """The names known dead in folder ``key``; ``store``: read this user's store on the first
+    call (a read-only look, like `memgov status`, uses only what this process found itself)."""
+    folder = _folders.get(key)
+    if folder is None:
+        if not store:
+            return set()
+        folder = _folders[key] = Folder()
+        reload(key)
+    return folder.names
+
+
+def remembers(key: Key) -> bool:
+    """Whether this process has scanned folder ``key`` (and so knows what it holds)."""
+    folder = _folders.get(key)
+    return folder is not None and folder.loaded
+
+
+def learn(key: Key, names: set[str], listed: set[str]) -> None:
+    """Record a scan: ``names`` found dead for good, ``listed`` the folder's listing (names
+    gone from it are dropped: the set never outgrows the folder)."""
+    folder = _folders.setdefault(key, Folder())
+    folder.names &= listed
+    folder.records &= listed
+    new = {name for name in names - folder.names if storable(name)}
+    folder.names |= names
+    folder.records |= new
+    folder.learned += len(new)
+    folder.loaded = True
+
+
+def storable(name: str) -> bool:
+    """Whether ``name`` goes into the store: a record's name only (one line each, and nothing
+    another user could shape into two lines, one of them a live record's name)."""
+    return RECORD_NAME.match(name) is not None
+
+
+def reload(key: Key) -> None:
+    """Merge in the names this user's other processes stored, if the store changed."""
+    folder = _folders.setdefault(key, Folder())
+    with contextlib.suppress(Exception), _store() as fd:  # a cache: unreadable, unused
+        _read(fd, key, folder)
+
+
+def flush() -> None:
+    """Write each folder's names to the store where FLUSH_AT or more were learned (outside the
+    admission lock: the callers are a look before it and the CPU-share scan)."""
+    # list(): one C call, so another thread adding a folder meanwhile cannot break the loop
+    due = [(key, f) for key, f in list(_folders.items()) if f.learned >= FLUSH_AT]
+    if not due:
+        return
+    with contextlib.suppress(Exception), _store() as fd:
+        for key, folder in due:
+            _read(fd, key, folder)  # others' names too, so no process undoes another's
+            _write(fd, key, folder)
+
+
+def forget() -> None:
+    """Drop what this process knows (tests)."""
+    _folders.clear()
+
+
+def _file(key: Key) -> str:
+    return f"{PREFIX}{key[0]}-{key[1]}.names"
+
+
+@contextlib.contextmanager
+def _store() -> Iterator[int]:
+    from memgov import _profiles  # the user's private store (checked: owner, mode, no links)
+
+    with _profiles.folder(create=True) as (fd, _path):
+        yield fd
+
+
+def _read(fd: int, key: Key, folder: Folder) -> None:
+    from memgov._flock import open_owned
+
+    try:
+        file = open_owned(_file(key), _READ_FLAGS, fd)
+    except OSError:
+        return
+    try:
+        info = os.fstat(file.fileno())
+        stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
+        mine = stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+        if not mine or info.st_size > MAX_BYTES or stamp == folder.stored:
+            return
+        raw = file.read(info.st_size + 1) or b""
+    finally:
+        file.close()
+    # Every line is one name this user's processes wrote (only storable ones: no line of a
+    # name another user shaped): read in C, not name by name.
+    lines = set(raw.decode("ascii", "replace").split("\n"))
+    lines.discard("")
+    folder.names |= lines
+    folder.records |= lines
+    folder.stored = stamp
+    folder.loaded = True
+
+
+def _write(fd: int, key: Key, folder: Folder) -> None:
+    from memgov._flock import open_owned
+
+    data = "\n".join(folder.records).encode()
+    tmp = f".tmp-{_file(key)}-{secrets.token_hex(4)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    file = open_owned(tmp, flags, fd, mode=0o600, writable=True)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(file.fileno(), view) :]
+        info = os.fstat(file.fileno())
+        os.replace(tmp, _file(key), src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+    finally:
+        file.close()
+    folder.stored = (info.st_ino, info.st_size, info.st_mtime_ns)
+    folder.learned = 0

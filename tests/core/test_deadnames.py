@@ -1,0 +1,133 @@
+"""Names known dead for good (memgov/_deadnames.py): a flood costs a new process of a user whose
+processes already judged it a listing, not a look at each file; no verdict that may change is
+kept; no name another user shapes can make a live record's name look dead."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memgov import _deadnames, _records
+from memgov._ledger import record_payload
+from tests.helpers.procs import ledger
+
+GIB = 2**30
+pytestmark = pytest.mark.usefixtures("sim")
+
+SCAN = """
+import json, os, sys
+from memgov import _deadnames, _flock, _records
+looks = {"stat": 0, "open": 0}
+real_stat, real_open = os.stat, os.open
+def stat(*a, **k):
+    looks["stat"] += 1
+    return real_stat(*a, **k)
+def open_(*a, **k):
+    looks["open"] += 1
+    return real_open(*a, **k)
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+os.stat, os.open = stat, open_
+seen = _records.scan(fd, remember=True)
+os.stat, os.open = real_stat, real_open
+_deadnames.flush()
+print(json.dumps({**looks, "alive": sorted(s.name for s in seen if s.alive)}))
+"""
+"""A new process's scan of a folder: its file looks (stat, open), the live records it found."""
+
+
+def scan_in_new_process(folder: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", SCAN, str(folder)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def plant(folder: Path, count: int, content: bytes = b"") -> None:
+    for i in range(count):
+        (folder / f"{i:020d}-{i % 4096:012x}.json").write_bytes(content)
+
+
+@pytest.fixture
+def claims_dir(private_ledger: Path) -> Path:
+    ledger().snapshot()  # creates the folders as memgov does
+    return private_ledger / "v1" / "sim0" / "claims"
+
+
+def test_a_new_process_looks_at_no_file_its_users_processes_found_dead(claims_dir: Path) -> None:
+    # 600 empty files and 200 unlocked records under record names (a flood the scanning user
+    # cannot remove, as another user's in a sticky folder: the scan itself removes nothing).
+    plant(claims_dir, 600)
+    for i in range(200):
+        name = f"{10**19 + i:020d}-{i:012x}.json"
+        (claims_dir / name).write_text(
+            json.dumps(record_payload("claim", ledger().device, GIB, "x", "soft"))
+        )
+    book = ledger()
+    held = book.add("claims", record_payload("claim", book.device, GIB, "live", "soft"))
+    try:
+        first = scan_in_new_process(claims_dir)
+        second = scan_in_new_process(claims_dir)
+        assert first["alive"] == second["alive"] == [held.name]
+        assert first["stat"] >= 800  # the first process judged each file
+        # The next one reads its user's store of dead names: a few looks (the store, its
+        # folders, the live record), not one per file.
+        assert second["stat"] + second["open"] < 60, second
+    finally:
+        book.remove("claims", held)
+
+
+def test_an_update_seen_mid_way_is_not_dead_for_good(
+    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The holder renames an updated copy over its record between a scanner's open and its lock
+    # probe: the old copy is unlocked by then. That verdict must not outlive the scan, or the
+    # live record would be skipped by name from then on.
+    book = ledger()
+    payload = record_payload("claim", book.device, GIB, "updating", "soft")
+    held = book.add("claims", payload)
+    real_probe = _records._open_probe
+
+    def probe_then_update(folder_fd: int, name: str) -> io.FileIO:
+        probe = real_probe(folder_fd, name)
+        if name == held.name:
+            book.update("claims", held, {**payload, "mode": "hard"})
+        return probe
+
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        monkeypatch.setattr(_records, "_open_probe", probe_then_update)
+        raced = {s.name: s for s in _records.scan(fd, remember=True)}[held.name]
+        monkeypatch.setattr(_records, "_open_probe", real_probe)
+        assert not raced.alive and not raced.final
+        info = os.fstat(fd)
+        assert held.name not in _deadnames.known((info.st_dev, info.st_ino))
+        again = {s.name: s for s in _records.scan(fd, remember=True)}[held.name]
+        assert again.alive and again.data is not None and again.data["mode"] == "hard"
+    finally:
+        os.close(fd)
+        book.remove("claims", held)
+
+
+def test_names_another_user_shapes_never_make_a_live_record_look_dead(claims_dir: Path) -> None:
+    # Dead files whose names hold a live record's name on a line of its own: the store keeps
+    # one name a line, so such a name must never be written there.
+    book = ledger()
+    held = book.add("claims", record_payload("claim", book.device, GIB, "live", "soft"))
+    try:
+        for shaped in (f"x\n{held.name}", f"{held.name}\n", f"{held.name}\nx"):
+            (claims_dir / shaped).write_bytes(b"")
+        plant(claims_dir, 100)  # enough to be worth storing
+        assert scan_in_new_process(claims_dir)["alive"] == [held.name]
+        assert scan_in_new_process(claims_dir)["alive"] == [held.name]
+        stores = list(claims_dir.parents[2].glob(f"v1/_profiles/*/{_deadnames.PREFIX}*"))
+        assert stores and all(held.name not in s.read_text().split("\n") for s in stores)
+    finally:
+        book.remove("claims", held)
