@@ -1,16 +1,23 @@
 """The queue past one machine: ``memgov queue run --ray ADDRESS FILE``.
 
-No scheduler of memgov's own across machines: each job becomes a Ray task that asks for its
-GPU memory through memgov.ray (``num_gpus`` = budget / the GPU type's capacity, plus the
-``gpu_memory`` and type resources the nodes declare: docs/ray.md), so Ray picks the node and
-GPU with room. The policy orders the submissions (its ``order``, each time jobs come due: at
-their arrival, or again after an OOM); the exclusive policies ask for whole GPUs. Inside the
-worker the command runs governed like ``memgov run``: MEMGOV_CLAIM is its budget and
-MEMGOV_DEVICE the GPU Ray assigned (never re-picked), in the node's ledger (the worker's
-MEMGOV_DIR). A budget of ``auto`` is sized in the driver from the job's profile (memgov.ray's
-rule: Ray needs a number before it schedules); each attempt's profile run, recorded on its node,
-comes back with its result and is added to the driver's profile store, so the next ``auto`` is
-sized from it.
+No scheduler of memgov's own across machines: the policy chooses the GPU as it does on one host,
+and Ray runs the task there. Each decision is the local engine's (memgov/queue/engine.py) over a
+View of the cluster's GPUs: each GPU's free budget from the nodes' ledgers (sampled once a
+second, less what the queue placed since) and the queue's jobs on it. A placed job becomes a Ray
+task pinned to its GPU's node (Ray's ``NodeAffinitySchedulingStrategy``, not soft) that asks for
+its GPU memory through memgov.ray (``num_gpus`` = budget / the node's GPU type, plus the
+``gpu_memory`` and type resources the nodes declare: docs/ray.md), so Ray's counts stay right;
+the exclusive policies ask for whole GPUs. Inside the worker the command runs governed like
+``memgov run`` on the GPU the policy chose (MEMGOV_DEVICE; CUDA_VISIBLE_DEVICES names it, not
+the GPU Ray's count assigned on that node), with its budget in the node's ledger (the worker's
+MEMGOV_DIR) and MEMGOV_WAIT: where a claim from outside the queue took the room after the
+sample, the job waits for it as a local job does. Ray's own per-GPU count may hold a pinned task
+until a task on its node ends; the claim still goes to the chosen GPU.
+
+A budget of ``auto`` is sized in the driver from the job's profile (memgov.ray's rule: Ray
+needs a number before it schedules); each attempt's profile run, recorded on its node, comes back
+with its result and is added to the driver's profile store, so the next ``auto`` is sized from
+it.
 
 How an attempt ended and what follows is the local runner's rule (memgov/queue/ends.py): an OOM
 under a learned size is submitted again 1.5 x larger, at most twice, counted. The report is the
@@ -28,6 +35,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +45,7 @@ from memgov._errors import ConfigError, MemgovError, QueueError
 from memgov.queue import ends, learn, policies
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.queuefile import JobSpec, load
-from memgov.queue.report import SAMPLE_S, Report, Sampler, build_report, reading
+from memgov.queue.report import Report, Sampler, build_report, reading
 from memgov.queue.runner import STOP_SIGNALS, WAIT_BUDGET_S
 from memgov.queue.store import Store
 from memgov.queue.submit import to_job
@@ -63,24 +71,26 @@ READ_TIMEOUT_S = 10.0
 
 
 def run_job(orders: dict[str, Any]) -> dict[str, Any]:
-    """The task body: run one job's command on the GPU Ray assigned; how it ended, and the run
-    its claim recorded in the node's profile store (its peak; ``end: oom``)."""
+    """The task body: run one job's command on the GPU the policy chose (``orders["device"]``,
+    on this node); how it ended, and the run its claim recorded in the node's profile store
+    (its peak; ``end: oom``)."""
     import ray
 
-    from memgov.ray import assigned_device
-
-    device = assigned_device()
     where = {
-        "device": device.uuid,
+        "device": orders["device"],
         "node_id": ray.get_runtime_context().get_node_id(),
         "node": socket.gethostname(),
         "start": time.time(),
     }
     try:
+        env = _job_env(orders, orders["device"])
+    except MemgovError as exc:  # the chosen GPU is not on this node: nothing ran
+        return {**where, "end": time.time(), "returncode": None, "pid": None, "tail": str(exc)}
+    try:
         proc = subprocess.Popen(
             orders["cmd"],
             cwd=orders["cwd"],
-            env=_job_env(orders, device.uuid),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -118,7 +128,10 @@ def _wait(proc: subprocess.Popen[bytes]) -> bytes:
 
 def _job_env(orders: dict[str, Any], device: str) -> dict[str, str]:
     """The job's environment: the driver's, with the node's own ledger and GPUs, governed as the
-    local runner governs its jobs (memgov/_run.py: its budget on ``device``, MEMGOV_WAIT)."""
+    local runner governs its jobs (memgov/_run.py: its budget on ``device``, MEMGOV_WAIT).
+
+    Ray's ``num_gpus`` count set CUDA_VISIBLE_DEVICES to a GPU of its own choice on this node;
+    the job sees the chosen one instead (its UUID; simulated GPUs ignore the variable)."""
     from memgov import _run
 
     base = dict(orders["env"])
@@ -128,7 +141,35 @@ def _job_env(orders: dict[str, Any], device: str) -> dict[str, str]:
         else:
             base.pop(name, None)
     budget = str(orders["budget"])
-    return _run.command_env(budget, device, WAIT_BUDGET_S, False, None, base, orders["job"])
+    with _visible(device):  # command_env checks the device against what CMD will see
+        env = _run.command_env(budget, device, WAIT_BUDGET_S, False, None, base, orders["job"])
+    if not _simulated():
+        env["CUDA_VISIBLE_DEVICES"] = device
+    return env
+
+
+def _simulated() -> bool:
+    from memgov import _devices
+
+    return _devices.simulated_spec() is not None
+
+
+@contextlib.contextmanager
+def _visible(device: str) -> Iterator[None]:
+    """This worker sees only ``device`` while inside (real GPUs); restored after: Ray reuses
+    the worker and sets the variable for each of its tasks."""
+    if _simulated():
+        yield
+        return
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = device
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 class NodeGpus:
@@ -152,7 +193,17 @@ class NodeGpus:
         }
 
     def read(self) -> list[dict[str, Any]]:
-        return [{**reading(d), "uuid": d.uuid} for d in self.devices]
+        return [{**reading(d), "uuid": d.uuid, "free": _free(d)} for d in self.devices]
+
+
+def _free(device: Device) -> int:
+    """The budget the device's ledger admits now (0 while its ledger cannot be read)."""
+    from memgov._ledger import DeviceLedger
+
+    try:
+        return DeviceLedger(device).snapshot().free
+    except Exception:  # busy past its lock bound: nothing is placed there this sample
+        return 0
 
 
 # -- the cluster's GPUs, as the report numbers them ---------------------------------------------
@@ -171,6 +222,12 @@ class Cluster:
     """The GPU's index -> its node (host name and the start of Ray's node id)."""
     reader_nodes: list[str] = field(default_factory=list)
     """The node id of each reader, in ``readers``' order."""
+    node_ids: dict[int, str] = field(default_factory=dict)
+    """The GPU's index -> Ray's id of its node (where its jobs are pinned)."""
+    capacity: dict[int, int] = field(default_factory=dict)
+    """The GPU's index -> the budget it holds (bytes): its node's GPU type, as Ray counts it."""
+    free: dict[int, int] = field(default_factory=dict)
+    """The GPU's index -> the free budget its ledger admitted at the last sample (bytes)."""
 
     def gpu(self, node_id: str, uuid: str) -> int:
         return self.index.get((node_id, uuid), -1)
@@ -186,8 +243,11 @@ class Cluster:
         readings = []
         for node_id, found in zip(self.reader_nodes, answers, strict=True):
             for entry in found:
-                uuid = entry.pop("uuid")
-                readings.append({**entry, "gpu": self.gpu(node_id, uuid)})
+                uuid, free = entry.pop("uuid"), entry.pop("free")
+                index = self.gpu(node_id, uuid)
+                if index >= 0:
+                    self.free[index] = int(free)
+                readings.append({**entry, "gpu": index})
         return sorted(readings, key=lambda r: int(r["gpu"]))
 
 
@@ -201,10 +261,13 @@ def discover(types: list[int]) -> Cluster:
     cluster = Cluster(sorted(types))
     actor = ray.remote(num_cpus=0, max_restarts=0)(NodeGpus)
     readers: list[Any] = []
+    node_types: dict[str, int] = {}
     for node in ray.nodes():
         resources = node.get("Resources", {})
-        if not node.get("Alive") or not any(type_capacity(r) for r in resources):
+        declared = [c for c in map(type_capacity, resources) if c]
+        if not node.get("Alive") or not declared:
             continue
+        node_types[node["NodeID"]] = min(declared)  # one type per node (memgov/ray/_node.py)
         strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
         readers.append(actor.options(scheduling_strategy=strategy).remote())
     asked = {r.describe.remote(): r for r in readers}
@@ -226,6 +289,8 @@ def discover(types: list[int]) -> Cluster:
             cluster.devices.append(Device(index, uuid, name, total, 0, simulated, None))
             cluster.index[(node["node_id"], uuid)] = index
             cluster.nodes[index] = where
+            cluster.node_ids[index] = node["node_id"]
+            cluster.capacity[index] = node_types.get(node["node_id"], 0) * MIB
     return cluster
 
 
@@ -301,7 +366,9 @@ def _catch(stop: _Stop) -> dict[int, Any]:
 
 
 class RayQueue:
-    """Submits the jobs as they come due, in the policy's order; follows them to their end."""
+    """The engine's front end on Ray: decides where the due jobs run (the policy, over the
+    cluster's GPUs), submits each placed job pinned to its GPU's node, follows them to their
+    end. Only the engine's ``decide`` is used: this loop waits on Ray, not on a host's store."""
 
     def __init__(
         self,
@@ -314,6 +381,8 @@ class RayQueue:
     ) -> None:
         import ray
 
+        from memgov.queue.engine import Engine
+
         self.jobs = jobs
         self.policy = policy
         self.cluster = cluster
@@ -321,7 +390,15 @@ class RayQueue:
         self.learned = learned
         self.started = started
         self.pending: dict[Any, tuple[Job, Attempt]] = {}
-        self.latencies: list[float] = []
+        cores = int(ray.cluster_resources().get("CPU", 0)) or None
+        self.engine = Engine(self, policy, cores=cores)
+        self.latencies = self.engine.latencies
+        self.changed = True
+        """Something happened that a decision should see (an end, an arrival, a sample)."""
+        self.sampled_ours: dict[int, int] = {}
+        """The queue's budgets on each GPU when the last sample was taken (bytes)."""
+        self.seen: set[int] = set()
+        """The jobs a decision has seen due (a new one makes the next decision due)."""
         self.spans: list[ends.Span] = []
         self.sampler = Sampler(cluster.devices)
         # max_retries=0: a lost worker is a lost attempt, never a second run of the command;
@@ -334,15 +411,16 @@ class RayQueue:
 
         saved = _catch(self.stop)
         try:
+            self._sample(force=True)  # the GPUs' free budget before the first decision
             while self.stop.signal is None and any(j.state not in FINISHED for j in self.jobs):
-                self._submit_due()
+                self.engine.decide()
+                until = min(self.sampler.next_in(), max(0.01, self._next_arrival() - time.time()))
                 if self.pending:
-                    wait = self.sampler.next_in()
-                    done, _ = ray.wait(list(self.pending), num_returns=1, timeout=wait)
+                    done, _ = ray.wait(list(self.pending), num_returns=1, timeout=until)
                     for ref in done:
                         self._finish(ref)
                 else:
-                    time.sleep(min(SAMPLE_S, max(0.01, self._next_arrival() - time.time())))
+                    time.sleep(until)
                 self._sample()
         finally:
             self._stop_all()  # after a signal (or an error): nothing left running
@@ -383,47 +461,92 @@ class RayQueue:
             ends.settle(job, attempt)
         self.pending.clear()
 
-    # -- submitting -----------------------------------------------------------------------------
+    # -- deciding (the engine's front end) -------------------------------------------------------
 
-    def _submit_due(self) -> None:
-        """The queued jobs that have arrived, in the policy's order, each with its budget."""
-        now = time.time()
+    def view(self, now: float) -> tuple[list[policies.Candidate], list[policies.Gpu]] | None:
+        """The queued jobs that have arrived, each with its budget, and the cluster's GPUs; None
+        when nothing changed since the last decision."""
         due = [j for j in self.jobs if j.state == "queued" and j.not_before <= now]
-        if not due:
-            return
-        began = time.perf_counter()
-        planned = []
+        arrived = {j.id for j in due} - self.seen
+        if not due or not (self.changed or arrived):
+            return None
+        self.changed = False
+        self.seen |= arrived
+        candidates = []
         for job in due:
             try:
-                planned.append((job, *budget(job, self.cluster.types, self.policy)))
+                claim = budget(job, self.cluster.types, self.policy)[0]
             except MemgovError as exc:
                 ends.never(job, str(exc), time.time())
-        order = self.policy.order(
-            [
-                policies.Candidate(
+                continue
+            expected = self.learned.expected(job.job, job.kind, job.duration)
+            util = self.learned.util.get(job.job, 1.0)
+            candidates.append(
+                policies.Candidate(job.id, job.kind, claim, expected, None, util, job.not_before)
+            )
+        return candidates, self._gpus()
+
+    def _gpus(self) -> list[policies.Gpu]:
+        """Each GPU's free budget: what its ledger admitted at the last sample, less the
+        queue's budgets placed there since (those it held then are in the sample already)."""
+        running: dict[int, list[policies.Running]] = {i: [] for i in self.cluster.capacity}
+        for job, attempt in self.pending.values():
+            running.setdefault(attempt.gpu, []).append(
+                policies.Running(
                     job.id,
                     job.kind,
-                    claim,
+                    attempt.claim_bytes,
+                    attempt.start,
                     self.learned.expected(job.job, job.kind, job.duration),
-                    None,
                     self.learned.util.get(job.job, 1.0),
-                    job.not_before,
                 )
-                for job, claim, _capacity in planned
-            ]
-        )
-        self.latencies.append(time.perf_counter() - began)
-        by_id = {job.id: (job, claim, capacity) for job, claim, capacity in planned}
-        for candidate in order:
-            self._submit(*by_id[candidate.id])
+            )
+        gpus = []
+        for index, capacity in sorted(self.cluster.capacity.items()):
+            ours = sum(r.claim for r in running[index])
+            held = capacity - self.cluster.free.get(index, capacity)  # by anyone, at the sample
+            outside = max(0, held - self.sampled_ours.get(index, 0))
+            free = max(0, capacity - outside - ours)
+            gpus.append(policies.Gpu(index, capacity, free, running[index]))
+        return gpus
 
-    def _submit(self, job: Job, claim: int, capacity: int) -> None:
+    def start(self, job_id: int, gpu: int, claim: int) -> None:
+        (job,) = [j for j in self.jobs if j.id == job_id]
+        if getattr(self.policy, "exclusive", False):
+            claim = self.cluster.capacity[gpu]  # the whole GPU the policy chose
+        self._submit(job, claim, gpu)
+
+    def refuse(self, job_id: int, why: str) -> None:
+        (job,) = [j for j in self.jobs if j.id == job_id]
+        ends.never(job, why, time.time())
+
+    def held(self, waiting: list[policies.Candidate]) -> None:
+        """Jobs that wait stay queued: the next decision (an end, a sample) sees them again."""
+
+    def active(self) -> int:
+        return len(self.pending)
+
+    def _submit(self, job: Job, claim: int, gpu: int) -> None:
+        """The job as a Ray task on the node of ``gpu``, which its command claims on."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         import memgov.ray as mray
 
-        opts = mray.options(claim, gpu=f"{capacity}MiB", num_cpus=1)
-        orders = {"cmd": job.cmd, "cwd": job.cwd, "env": job.env, "budget": claim, "job": job.job}
+        node_id = self.cluster.node_ids[gpu]
+        device = self.cluster.devices[gpu].uuid
+        pin = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        capacity = self.cluster.capacity[gpu] // MIB
+        opts = mray.options(claim, gpu=f"{capacity}MiB", num_cpus=1, scheduling_strategy=pin)
+        orders = {
+            "cmd": job.cmd,
+            "cwd": job.cwd,
+            "env": job.env,
+            "budget": claim,
+            "job": job.job,
+            "device": device,
+        }
         ref = self.task.options(**opts).remote(orders)
-        attempt = Attempt(len(job.attempts) + 1, claim, -1, "", "", start=time.time())
+        attempt = Attempt(len(job.attempts) + 1, claim, gpu, device, "", start=time.time())
         job.attempts.append(attempt)
         job.state = "running"
         self.pending[ref] = (job, attempt)
@@ -437,10 +560,11 @@ class RayQueue:
         import ray
 
         job, attempt = self.pending.pop(ref)
+        self.changed = True
         try:
             result = ray.get(ref)
         except Exception as exc:  # cancelled; or the worker or its node died mid-run
-            attempt.end = time.time()
+            attempt.end, attempt.gpu = time.time(), -1  # when it ran, and where, is unknown
             if self.stop.signal is not None or isinstance(exc, ray.exceptions.TaskCancelledError):
                 attempt.result, attempt.detail = "stopped", "the driver stopped: not finished"
             else:  # whether it finished is unknown: never run twice
@@ -474,9 +598,14 @@ class RayQueue:
     def _sample(self, force: bool = False) -> None:
         if not (force or self.sampler.due()):
             return
+        ours: dict[int, int] = {}
+        for _job, attempt in self.pending.values():
+            ours[attempt.gpu] = ours.get(attempt.gpu, 0) + attempt.claim_bytes
         readings = self.cluster.read()
         if readings is not None:
+            self.sampled_ours = ours
             self.sampler.add(readings)
+            self.changed = True  # room taken or freed outside the queue shows here
 
 
 def budget(job: Job, types: list[int], policy: policies.Policy) -> tuple[int, int]:
