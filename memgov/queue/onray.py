@@ -300,11 +300,12 @@ def discover(types: list[int]) -> Cluster:
 def run_on_ray(
     file: str | os.PathLike[str] | list[JobSpec] | None,
     address: str,
-    policy: str | None = None,
+    policy: str | policies.Policy | None = None,
     solo: str | os.PathLike[str] | dict[str, float] | None = None,
     store: Store | None = None,
 ) -> Report:
     """Run a queue file's jobs as Ray tasks on the cluster at ``address``; the report.
+    ``policy``: a policy's name (memgov/queue/policies.py), or a policy object of one's own.
 
     What the run teaches (solo times, slowdowns) is kept in the user's queue store
     (``learned.json``, as the local runner keeps it), and each attempt's profile run in the
@@ -317,7 +318,7 @@ def run_on_ray(
     if file is None:
         raise ConfigError("--ray runs a queue file: memgov queue run --ray ADDRESS FILE")
     specs, file_policy = (file, None) if isinstance(file, list) else _specs(file)
-    chosen = policies.get(policy or file_policy)
+    chosen = policies.get(policy or file_policy) if isinstance(policy, str | None) else policy
     if not ray.is_initialized():
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     types = cluster_types(ray.cluster_resources())
@@ -407,23 +408,12 @@ class RayQueue:
         self.stop = _Stop()
 
     def run(self) -> Report:
-        import ray
-
         saved = _catch(self.stop)
         try:
             self._sample(force=True)  # the GPUs' free budget before the first decision
-            while self.stop.signal is None and any(j.state not in FINISHED for j in self.jobs):
-                self.engine.decide()
-                until = min(self.sampler.next_in(), max(0.01, self._next_arrival() - time.time()))
-                if self.pending:
-                    done, _ = ray.wait(list(self.pending), num_returns=1, timeout=until)
-                    for ref in done:
-                        self._finish(ref)
-                else:
-                    time.sleep(until)
-                self._sample()
+            # after a signal (or an error) the engine has halt() cancel what runs
+            self.engine.run(lambda: self.stop.signal is not None)
         finally:
-            self._stop_all()  # after a signal (or an error): nothing left running
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
         self._sample(force=True)
@@ -441,6 +431,26 @@ class RayQueue:
         )
         report.interrupted = self.stop.signal
         return report
+
+    def follow(self) -> bool:
+        """A sample when one is due; False once every job has finished."""
+        self._sample()
+        return any(j.state not in FINISHED for j in self.jobs)
+
+    def wait(self) -> None:
+        """Until a task ends (taken here), the next sample or the next arrival."""
+        import ray
+
+        until = min(self.sampler.next_in(), max(0.01, self._next_arrival() - time.time()))
+        if not self.pending:
+            time.sleep(until)
+            return
+        done, _ = ray.wait(list(self.pending), num_returns=1, timeout=until)
+        for ref in done:
+            self._finish(ref)
+
+    def halt(self, error: BaseException | None) -> None:
+        self._stop_all()
 
     def _stop_all(self) -> None:
         """Cancel every submitted task: its command gets SIGTERM, SIGKILL after STOP_GRACE_S;

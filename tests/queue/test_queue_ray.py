@@ -374,3 +374,78 @@ def test_the_samples_read_every_gpus_claims_on_its_node(cluster: dict[str, Path]
     for entry in readings:
         expected = 5 * GIB if entry["gpu"] == held else 0
         assert (entry["claimed_bytes"], entry["used_bytes"]) == (expected, expected), readings
+
+
+class Spread(q.policies.Fifo):
+    """fifo, but on the GPU with room that holds the fewest jobs, the highest index first (Ray's
+    own count would pack a node's first GPU): records its placements, and the views it saw."""
+
+    name = "spread"
+
+    def __init__(self) -> None:
+        self.chosen: dict[int, int] = {}
+        self.views: list[q.policies.View] = []
+
+    def decide(self, view: q.policies.View) -> list[tuple[int, int]]:
+        self.views.append(view)
+        placed = super().decide(view)
+        self.chosen.update(placed)
+        return placed
+
+    def pick(self, job: Any, gpus: list[Any], book: Any) -> Any:
+        return min(gpus, key=lambda g: (len(book.kinds_on(g)), -g.index))
+
+
+def where_it_ran(out: Path, seconds: float) -> list[str]:
+    """A job that claims its budget on MEMGOV_DEVICE, writes where it runs (its GPU and its
+    node's ledger) and when its claim was admitted to ``out``, and holds the claim a while."""
+    code = (
+        "import json, os, time, memgov\n"
+        "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'])\n"
+        "seen = {k: os.environ.get(k) for k in ('MEMGOV_DEVICE', 'MEMGOV_DIR')}\n"
+        f"open({str(out)!r}, 'w').write(json.dumps({{**seen, 'admitted': time.time()}}))\n"
+        f"time.sleep({seconds})\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def node_of(uuid: str) -> str:
+    (name,) = [n for n, spec in NODES.items() if f"{uuid}:" in spec]
+    return name
+
+
+def test_the_policy_chooses_the_gpu_and_the_job_runs_on_that_node_and_gpu(
+    cluster: dict[str, Path], tmp_path: Path
+) -> None:
+    sizes = [6, 30, 6, 50, 12, 4, 14, 3]
+    jobs: list[dict[str, Any]] = [
+        {"name": f"p{i}", "cmd": where_it_ran(tmp_path / f"p{i}.json", 0.5), "claim": f"{s}GiB"}
+        for i, s in enumerate(sizes)
+    ]
+    policy = Spread()
+    watch = Watch(cluster)
+    watch.start()
+    try:
+        report = run_on_ray(write_queue(tmp_path / "q.toml", jobs), "auto", policy=policy)
+    finally:
+        watch.done.set()
+        watch.join(10)
+    assert watch.over == []  # no ledger ever held more than its GPU
+    rows = report.to_json()["jobs"]
+    assert [r["end"] for r in rows] == ["ok"] * len(sizes), rows
+    devices = {d["index"]: d for d in report.to_json()["devices"]}
+    first = policy.views[0]  # the cluster's four GPUs, as the policy saw them: all free
+    assert sorted((g.capacity, g.free) for g in first.gpus) == sorted(
+        [(16 * GIB, 16 * GIB)] * 3 + [(80 * GIB, 80 * GIB)]
+    )
+    for i, row in enumerate(rows):
+        gpu = policy.chosen[i + 1]  # job ids number the file's jobs from 1
+        assert row["gpu"] == gpu, (row, policy.chosen)  # the report: where the policy put it
+        seen = json.loads((tmp_path / f"p{i}.json").read_text())
+        uuid = seen["MEMGOV_DEVICE"]
+        assert devices[gpu]["uuid"] == uuid  # the command claimed on the chosen GPU
+        assert seen["MEMGOV_DIR"] == str(cluster[node_of(uuid)])  # on that GPU's node
+        if sizes[i] > 16:
+            assert devices[gpu]["total_bytes"] == 80 * GIB
+    assert set(policy.chosen.values()) == set(devices)  # both GPUs of n2x16 among them
+    assert_on_gpus_with_room(report.to_json())
