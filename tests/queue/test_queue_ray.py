@@ -397,11 +397,13 @@ class Spread(q.policies.Fifo):
 
 
 def where_it_ran(out: Path, seconds: float) -> list[str]:
-    """A job that claims its budget on MEMGOV_DEVICE, writes where it runs (its GPU and its
-    node's ledger) and when its claim was admitted to ``out``, and holds the claim a while."""
+    """A job that claims its budget on MEMGOV_DEVICE as a framework's import would (waiting up
+    to MEMGOV_WAIT), writes where it runs (its GPU and its node's ledger) and when its claim was
+    admitted to ``out``, and holds the claim a while."""
     code = (
         "import json, os, time, memgov\n"
-        "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'])\n"
+        "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'],\n"
+        "                 wait=float(os.environ['MEMGOV_WAIT']))\n"
         "seen = {k: os.environ.get(k) for k in ('MEMGOV_DEVICE', 'MEMGOV_DIR')}\n"
         f"open({str(out)!r}, 'w').write(json.dumps({{**seen, 'admitted': time.time()}}))\n"
         f"time.sleep({seconds})\n"
@@ -449,3 +451,59 @@ def test_the_policy_chooses_the_gpu_and_the_job_runs_on_that_node_and_gpu(
             assert devices[gpu]["total_bytes"] == 80 * GIB
     assert set(policy.chosen.values()) == set(devices)  # both GPUs of n2x16 among them
     assert_on_gpus_with_room(report.to_json())
+
+
+class OnTheBigGpu(Spread):
+    """Places on the 80 GiB GPU only; at its first placement a claim from outside the queue
+    takes most of that GPU (after the view was read, before the task runs: the race a
+    sample cannot see), and holds it a few seconds."""
+
+    name = "on-the-big-gpu"
+
+    def __init__(self, holder: list[str], env: dict[str, str]) -> None:
+        super().__init__()
+        self.holder, self.env = holder, env
+        self.proc: subprocess.Popen[str] | None = None
+
+    def decide(self, view: q.policies.View) -> list[tuple[int, int]]:
+        big = [g for g in view.gpus if g.capacity == 80 * GIB]
+        placed = super().decide(q.policies.View(view.now, view.jobs, big, view.cores, view.learned))
+        if placed and self.proc is None:
+            env = {**os.environ, **self.env, "PYTHONPATH": str(ROOT)}
+            self.proc = subprocess.Popen(self.holder, env=env, stdout=subprocess.PIPE, text=True)
+            assert self.proc.stdout is not None and self.proc.stdout.readline() == "held\n"
+        return placed
+
+
+def test_a_pinned_gpu_taken_from_outside_meanwhile_makes_the_claim_wait(
+    cluster: dict[str, Path], tmp_path: Path
+) -> None:
+    released = tmp_path / "released"
+    holder = [
+        sys.executable,
+        "-c",
+        "import time, memgov\n"
+        f"c = memgov.claim({75 * GIB}, device='n80g0')\n"
+        "print('held', flush=True)\n"
+        "time.sleep(3)\n"
+        f"c.release(); open({str(released)!r}, 'w').write(str(time.time()))\n",
+    ]
+    env = {"MEMGOV_DEVICES": NODES["n80"], "MEMGOV_DIR": str(cluster["n80"])}
+    policy = OnTheBigGpu(holder, env)
+    out = tmp_path / "job.json"
+    job = {"name": "late", "cmd": where_it_ran(out, 0.2), "claim": "12GiB"}
+    watch = Watch(cluster)
+    watch.start()
+    try:
+        report = run_on_ray(write_queue(tmp_path / "q.toml", [job]), "auto", policy=policy)
+    finally:
+        watch.done.set()
+        watch.join(10)
+        if policy.proc is not None:
+            policy.proc.wait(30)
+    assert watch.over == []  # the ledger never admitted both
+    (row,) = report.to_json()["jobs"]
+    assert (row["end"], row["attempts"], row["gpu"]) == ("ok", 1, policy.chosen[1]), row["detail"]
+    seen = json.loads(out.read_text())
+    assert seen["MEMGOV_DEVICE"] == "n80g0"
+    assert seen["admitted"] >= float(released.read_text())  # it waited for the holder
