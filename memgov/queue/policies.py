@@ -114,7 +114,7 @@ class Policy(Protocol):
     def decide(self, view: View) -> list[Placement]: ...
 
     def order(self, jobs: list[Candidate]) -> list[Candidate]:
-        """The order it considers jobs in (Ray's submission order)."""
+        """The order it considers jobs in (its decide places them in this order)."""
         ...
 
 
