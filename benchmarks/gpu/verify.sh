@@ -44,6 +44,9 @@
 #                               24 neighbours (benchmarks/gpu/auto_checks.sh; needs AUTO_SCRIPTS)
 #   queue_smoke                 the job queue's GPU paths: 12 torch jobs of 3 kinds, sjf-exclusive,
 #                               memgov (--solo) and fifo (benchmarks/gpu/queue_smoke.sh; docs/queue.md)
+#   queue_ray                   the queue on Ray (one node: this host's GPUs): each torch job runs
+#                               on the GPU its policy chose (benchmarks/gpu/queue_ray.py; needs Ray
+#                               installed; meaningful on 2+ GPUs, e.g. nvidia-h200-x2)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -129,6 +132,7 @@ python3 -m memgov devices' ;;
         --out "$OUT/wall_one_connection.json" --env CUDA_DEVICE_MAX_CONNECTIONS=1 ;;
     auto) run auto 560 bash benchmarks/gpu/auto_checks.sh "$OUT" ;;
     queue_smoke) run queue_smoke 500 bash benchmarks/gpu/queue_smoke.sh "$OUT" ;;
+    queue_ray) run queue_ray 300 python3 benchmarks/gpu/queue_ray.py "$OUT" 6 ;;
     queue_light|queue_random|queue_policies)  # what is left of TOTAL_S, in one device call
       left=$((TOTAL_S - SECONDS)); mix=${check#queue_}; policies=(sjf-exclusive memgov)
       [ "$check" = queue_policies ] && mix=${QUEUE_POLICIES_MIX:-light} \
