@@ -12,6 +12,7 @@ Usage: python3 benchmarks/gpu/queue_ray.py OUT_DIR [JOBS]
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -71,7 +72,7 @@ def main() -> int:
         num_cpus=max(4, count),
         num_gpus=declared["num_gpus"],
         resources=declared["resources"],
-        logging_level="ERROR",
+        logging_level=logging.ERROR,
         log_to_driver=False,
     )
     script = Path(tempfile.mkdtemp()) / "job.py"
