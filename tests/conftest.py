@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     the end (kept, and named, when a test failed or the run was interrupted): a test run leaves
     no folder in /tmp or the home folder. A --basetemp of the user's is theirs to keep."""
     host_changes.allowed(config)  # a bad MEMGOV_TEST_HOST_CHANGES stops here, before any folder
+    _interruptible_children()
     if getattr(config, "workerinput", None) is not None or config.option.basetemp:
         return
     session = Path(tempfile.mkdtemp(prefix="memgov-tests-"))
@@ -58,6 +60,15 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, folder in SESSION_CACHES.items():
         if name not in os.environ:
             os.environ[name] = str(session / folder)
+
+
+def _interruptible_children() -> None:
+    """A test run started in the background of a shell without job control (`cmd &` in a
+    script, nohup) inherits SIGINT ignored, and so would every process a test starts: the tests
+    of Ctrl-C would then find it ignored, not memgov. A Python handler here is reset to the
+    default in each child at exec, so the children get Ctrl-C as from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
