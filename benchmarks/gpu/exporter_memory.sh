@@ -18,11 +18,7 @@ export PYTHONUNBUFFERED=1 MEMGOV_DIR=/tmp/memgov-exporter-memory
 N=${N:-140}
 CLAIMS=${CLAIMS:-120}  # pack's host gate may keep some of the 140 waiting: measure once 120 hold
 
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
-  || { echo "memgov install failed"; tail -20 "$OUT/install.log"; exit 1; }
-python3 -c "import prometheus_client" 2>/dev/null \
-  || python3 -m pip install -q --no-index --find-links .whl prometheus_client >>"$OUT/install.log" 2>&1 \
-  || { echo "prometheus_client missing: carry .whl/ (see exporter_scrape.sh's head)"; exit 1; }
+. benchmarks/gpu/exporter_install.sh  # memgov and prometheus_client
 
 # Is compiled bytecode cached for the libraries the exporter imports, before anything runs? A
 # module without it is compiled from source at import, which leaves the heap larger (pynvml:

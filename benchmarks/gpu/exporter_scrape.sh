@@ -17,11 +17,7 @@ export PYTHONUNBUFFERED=1 MEMGOV_DIR=/tmp/memgov-exporter-check
 N=${N:-140}
 CLAIMS=${CLAIMS:-120}  # pack's host gate may keep some of the 140 waiting: scrape once 120 hold
 
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
-  || { echo "memgov install failed"; tail -20 "$OUT/install.log"; exit 1; }
-python3 -c "import prometheus_client" 2>/dev/null \
-  || python3 -m pip install -q --no-index --find-links .whl prometheus_client >>"$OUT/install.log" 2>&1 \
-  || { echo "prometheus_client missing: carry .whl/ (see this script's head)"; exit 1; }
+. benchmarks/gpu/exporter_install.sh  # memgov and prometheus_client
 
 # The jobs run long enough for both measurements (each waits until CLAIMS hold their claims).
 # timeout passes the INT below on to pack, which stops its jobs and its MPS daemons on Ctrl-C.
