@@ -12,8 +12,10 @@ how an honest writer uses names (_records._write_locked, replace, release):
 - once its holder is done with a name (released, died), no honest process uses it again.
 
 So one moment at which the name points at something else (an empty file, a folder, a FIFO, a
-link, a file no one locks, a record whose process is gone) proves the name is not, and will
+link, a file no one locks) proves the name is not, and will
 never be, a live record's: another user cannot make this user's view of any *other* name wrong.
+A locked record whose holder only looks gone (its pid's start time against the record's clock)
+is never remembered: a clock step could make a live holder look so.
 The moment must be one look at one file: an unlocked file counts only while the scan still
 holds it open and the name still points at it (an inode cannot be reused while open); one read
 before an update's rename and a probe after its close would otherwise see a live name's old,
@@ -122,7 +124,9 @@ def flush() -> None:
         return
     with contextlib.suppress(Exception), _store() as fd:
         for key, folder in due:
-            _read(fd, key, folder)  # others' names too, so no process undoes another's
+            # Others' names too; two processes flushing at once may still drop each other's
+            # (no lock between them): a cache, what is dropped is looked at again.
+            _read(fd, key, folder)
             _write(fd, key, folder)
 
 

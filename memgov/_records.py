@@ -473,9 +473,13 @@ def _read(
     finally:
         probe.close()
     data, problem = _parse(raw, kind.fields)
+    locked = alive
     if alive and data is not None:
         alive = holder_alive(data)
-    return Seen(name, alive, data, problem, info.st_uid, inode, final=pinned and not alive)
+    # Dead for good only on the lock: a locked record whose holder looks gone (a start-time
+    # check, a wall-clock comparison a clock step can fool) is dead for this scan, and looked
+    # at again by the next, never remembered (the store of dead names is shared and lasting).
+    return Seen(name, alive, data, problem, info.st_uid, inode, final=pinned and not locked)
 
 
 def _pinned(folder_fd: int, name: str, inode: tuple[int, int]) -> bool:

@@ -131,3 +131,26 @@ def test_names_another_user_shapes_never_make_a_live_record_look_dead(claims_dir
         assert stores and all(held.name not in s.read_text().split("\n") for s in stores)
     finally:
         book.remove("claims", held)
+
+
+def test_a_locked_record_whose_holder_only_looks_gone_is_never_dead_for_good(
+    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The holder check compares a pid's start time with the record's wall clock: a clock step can
+    # make a live holder look gone. Dead for this scan, then; never remembered, since its lock
+    # still says someone holds it.
+    book = ledger()
+    held = book.add("claims", record_payload("claim", book.device, GIB, "stepped", "soft"))
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(_records, "holder_alive", lambda data: False)
+            seen = {s.name: s for s in _records.scan(fd, remember=True)}[held.name]
+        assert not seen.alive and not seen.final
+        info = os.fstat(fd)
+        assert held.name not in _deadnames.known((info.st_dev, info.st_ino))
+        again = {s.name: s for s in _records.scan(fd, remember=True)}[held.name]
+        assert again.alive
+    finally:
+        os.close(fd)
+        book.remove("claims", held)
