@@ -276,14 +276,17 @@ def scan(
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
     fresh = listed if sweep else listed - _deadnames.known(key, store=remember)
-    if remember and not sweep and len(fresh) - _live_last.get(key, 0) >= _deadnames.RELOAD_AT:
-        # Many names this process has not judged: this user's other processes may have.
+    new = fresh - _fresh_last.get(key, set())
+    if remember and not sweep and len(new) >= _deadnames.RELOAD_AT:
+        # Many names new since this process's last scan: this user's other processes may have
+        # judged them. (Names the last scan saw and could not judge for good, such as a hung
+        # writer's temporary files, do not count again: they would reload the store every time.)
         _deadnames.reload(key)
         fresh = listed - _deadnames.known(key)
     final = set()
     seen = []
     locks = LockTable()
-    foreign = live = 0
+    foreign = 0
     for name in sorted(fresh):
         if name.startswith(TMP_PREFIX):
             item = _probe_tmp(folder_fd, folder, name, locks, kind)
@@ -301,12 +304,11 @@ def scan(
                 item = Seen(name, False, None, "not a memgov record (unknown name)", None)
         if item is not None:
             seen.append(item)
-            live += item.alive
             if item.final:
                 final.add(name)
     if remember:
         _deadnames.learn(key, final, listed)
-        _live_last[key] = live
+        _fresh_last[key] = fresh - final
     if foreign > NOT_RECORDS_SHOWN:
         more = foreign - NOT_RECORDS_SHOWN
         seen.append(
@@ -332,15 +334,16 @@ def remembers(folder_fd: int) -> bool:
 
 
 def unjudged(folder_fd: int) -> int:
-    """How many names in the folder this process has judged neither dead for good nor live in
-    its last scan (a listing and set operations: no file is looked at)."""
+    """How many names in the folder are new to this process: neither known dead for good nor
+    seen by its last scan (a listing and set operations: no file is looked at)."""
     info = os.fstat(folder_fd)
     key = (info.st_dev, info.st_ino)
-    return len(set(os.listdir(folder_fd)) - _deadnames.known(key)) - _live_last.get(key, 0)
+    return len(set(os.listdir(folder_fd)) - _deadnames.known(key) - _fresh_last.get(key, set()))
 
 
-_live_last: dict[tuple[int, int], int] = {}
-"""Folder (device, inode) -> live records this process's last scan found there."""
+_fresh_last: dict[tuple[int, int], set[str]] = {}
+"""Folder (device, inode) -> the names this process's last remembering scan looked at and did
+not find dead for good (live records, and what it could not judge for good)."""
 
 
 GONE_FILE = Seen("", False, None, "gone", None)

@@ -154,3 +154,37 @@ def test_a_locked_record_whose_holder_only_looks_gone_is_never_dead_for_good(
     finally:
         os.close(fd)
         book.remove("claims", held)
+
+
+def test_names_a_scan_cannot_judge_for_good_do_not_reload_the_store_every_scan(
+    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hung writer's temporary files stay locked: never dead for good, never a live record. Seen
+    # once, they are not new: scans under the admission lock must not read the store for them.
+    import fcntl
+
+    held = []
+    for i in range(_deadnames.RELOAD_AT + 10):
+        path = claims_dir / f"{_records.TMP_PREFIX}hung-{i}"
+        handle = path.open("w")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        held.append(handle)
+    reloads: list[object] = []
+    real_reload = _deadnames.reload
+
+    def counted(key: tuple[int, int]) -> None:
+        reloads.append(key)
+        real_reload(key)
+
+    monkeypatch.setattr(_deadnames, "reload", counted)
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(5):
+            _records.scan(fd, remember=True)
+        assert len(reloads) <= 1
+        assert _records.unjudged(fd) == 0
+    finally:
+        os.close(fd)
+        for handle in held:
+            handle.close()
+            os.unlink(handle.name)
