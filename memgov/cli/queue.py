@@ -186,6 +186,8 @@ def run(
             draw(data, plot)
     except MemgovError as exc:
         raise fail(exc) from None
+    except KeyboardInterrupt:  # Ctrl-C before the runner's own handlers (e.g. joining Ray)
+        raise typer.Exit(130) from None
     _show(data, as_json)
 
 

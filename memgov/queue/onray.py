@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -46,7 +47,7 @@ from memgov.queue import ends, learn, policies
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.queuefile import JobSpec, load
 from memgov.queue.report import Report, Sampler, build_report, reading
-from memgov.queue.runner import STOP_SIGNALS, WAIT_BUDGET_S
+from memgov.queue.runner import STOP_SIGNALS, WAIT_BUDGET_S, _Stop
 from memgov.queue.store import Store
 from memgov.queue.submit import to_job
 
@@ -291,6 +292,9 @@ def discover(types: list[int]) -> Cluster:
             cluster.nodes[index] = where
             cluster.node_ids[index] = node["node_id"]
             cluster.capacity[index] = node_types.get(node["node_id"], 0) * MIB
+    # Jobs are sized and refused against the GPUs numbered here (a node whose reader did not
+    # answer gets no job), not against every type the cluster declares.
+    cluster.types = sorted({c // MIB for c in cluster.capacity.values() if c})
     return cluster
 
 
@@ -334,6 +338,11 @@ def run_on_ray(
     for number, job in enumerate(jobs, 1):
         job.id = number
     cluster = discover(types)
+    if not cluster.types:
+        raise ConfigError(
+            f"no node of the Ray cluster at {address} answered with its GPUs within "
+            f"{DESCRIBE_TIMEOUT_S:.0f} s (each node with memgov GPU resources runs a reader)"
+        )
     try:
         report = RayQueue(jobs, chosen, cluster, _solo(solo), learned, started).run()
     finally:
@@ -349,16 +358,6 @@ def _specs(file: str | os.PathLike[str]) -> tuple[list[JobSpec], str | None]:
     return parsed.jobs, parsed.policy
 
 
-class _Stop:
-    """The signal that asked the driver to stop (Ctrl-C, SIGTERM, SIGHUP), as the local runner."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        self.signal = signum
-
-
 def _catch(stop: _Stop) -> dict[int, Any]:
     """Route the stop signals to ``stop`` (only the main thread may); the handlers it replaced."""
     if threading.current_thread() is not threading.main_thread():
@@ -369,7 +368,7 @@ def _catch(stop: _Stop) -> dict[int, Any]:
 class RayQueue:
     """The engine's front end on Ray: decides where the due jobs run (the policy, over the
     cluster's GPUs), submits each placed job pinned to its GPU's node, follows them to their
-    end. Only the engine's ``decide`` is used: this loop waits on Ray, not on a host's store."""
+    end; the engine's loop (Engine.run) drives it, waiting on Ray, not on a host's store."""
 
     def __init__(
         self,
@@ -562,7 +561,11 @@ class RayQueue:
         self.pending[ref] = (job, attempt)
 
     def _next_arrival(self) -> float:
-        return min((j.not_before for j in self.jobs if j.state == "queued"), default=time.time())
+        """The next queued job's arrival still ahead (a due job waiting for room is woken by a
+        task's end or a sample, not by polling)."""
+        now = time.time()
+        ahead = (j.not_before for j in self.jobs if j.state == "queued" and j.not_before > now)
+        return min(ahead, default=math.inf)
 
     # -- ends -----------------------------------------------------------------------------------
 

@@ -507,3 +507,17 @@ def test_a_pinned_gpu_taken_from_outside_meanwhile_makes_the_claim_wait(
     seen = json.loads(out.read_text())
     assert seen["MEMGOV_DEVICE"] == "n80g0"
     assert seen["admitted"] >= float(released.read_text())  # it waited for the holder
+
+
+def test_a_due_job_waiting_for_room_is_not_polled_for() -> None:
+    # The driver sleeps until a task ends, a sample or an arrival still ahead: a job already due
+    # that waits for room must not make it wake every 10 ms.
+    from types import SimpleNamespace
+
+    from memgov.queue.onray import RayQueue
+
+    now = time.time()
+    due = SimpleNamespace(state="queued", not_before=now - 5)
+    ahead = SimpleNamespace(state="queued", not_before=now + 30)
+    assert RayQueue._next_arrival(SimpleNamespace(jobs=[due])) == float("inf")  # type: ignore[arg-type]
+    assert RayQueue._next_arrival(SimpleNamespace(jobs=[due, ahead])) == ahead.not_before  # type: ignore[arg-type]
