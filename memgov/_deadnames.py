@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -174,23 +173,9 @@ def _read(fd: int, key: Key, folder: Folder) -> None:
 
 
 def _write(fd: int, key: Key, folder: Folder) -> None:
-    from memgov._flock import open_owned
+    from memgov._records import write_atomic
 
     data = "\n".join(folder.records).encode()
-    tmp = f".tmp-{_file(key)}-{secrets.token_hex(4)}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    file = open_owned(tmp, flags, fd, mode=0o600, writable=True)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(file.fileno(), view) :]
-        info = os.fstat(file.fileno())
-        os.replace(tmp, _file(key), src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
-        raise
-    finally:
-        file.close()
+    info = write_atomic(fd, _file(key), data, mode=0o600, durable=False)
     folder.stored = (info.st_ino, info.st_size, info.st_mtime_ns)
     folder.learned = 0

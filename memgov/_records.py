@@ -611,7 +611,7 @@ def remove_dead(folder_fd: int, seen: Seen) -> str | None:
 
 def write_atomic(
     folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE, durable: bool = True
-) -> None:
+) -> os.stat_result:
     """Replace file ``name`` of a folder with ``data``, whole or not at all, never via a symlink.
 
     A temporary file in the same folder, fsync, ``os.replace``, then fsync of the folder: a reader
@@ -619,7 +619,8 @@ def write_atomic(
     history); callers serialise writers themselves. Held records use create/replace.
     ``durable=False`` skips both fsyncs (a file that may go back to an older content after a
     crash of the host): an fsync commits every pending change of the filesystem, another
-    user's flood of files included, so none is taken under the admission lock.
+    user's flood of files included, so none is taken under the admission lock. Returns the new
+    file's stat (to know it again without a stat by name).
     """
     tmp = f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -631,6 +632,7 @@ def write_atomic(
             view = view[os.write(fd, view) :]
         if durable:
             os.fsync(fd)
+        info = os.fstat(fd)
         os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -641,3 +643,4 @@ def write_atomic(
     if durable:
         with contextlib.suppress(OSError):
             os.fsync(folder_fd)
+    return info
