@@ -81,6 +81,8 @@ def exporter(
             serve.parse_listen(listen)  # said here, before the serving process replaces this
             exec_server(listen, refresh, release_nvml)
         elif once:
+            if release_nvml:  # one write, then the process ends: nothing stays to release
+                raise typer.BadParameter("--release-nvml is for a server or a --textfile loop")
             typer.echo(serve.write_textfile(textfile))
         else:
             serve.textfile_loop(textfile, interval, release_nvml=release_nvml)

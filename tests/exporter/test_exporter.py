@@ -259,6 +259,9 @@ def test_textfile_is_written_whole_and_never_through_a_link(
     link.symlink_to(folder)
     refused = _memgov("exporter", "--textfile", str(link), "--once")
     assert refused.returncode == 2 and "not a symlink" in refused.stderr
+    # One write and the process ends: --release-nvml has nothing to release there, and says so.
+    pointless = _memgov("exporter", "--textfile", str(folder), "--once", "--release-nvml")
+    assert pointless.returncode == 2 and "--release-nvml is for" in pointless.stderr
 
 
 def _memgov(*args: str, code: str = "") -> subprocess.CompletedProcess[str]:
