@@ -11,7 +11,9 @@ slow drift of the machine falls on both sides. Conditions:
   diagnostics (pick with --conditions): memgov_mps_fixed (+ MEMGOV_THREADS=1: no follower),
   memgov_mps_big (the claim + 1 GiB), hand_mps_cap (+ torch's allocator capped at the claim,
   PYTORCH_ALLOC_CONF=per_process_memory_fraction, as an expert would), memgov_soft (MEMGOV_CLAIM
-  under the hand-started daemon: soft mode, no MPS memory limit)
+  under the hand-started daemon: soft mode, no MPS memory limit), memgov_mps_omp1 (+
+  OMP_NUM_THREADS=1: memgov leaves threads alone), hand_mps_limit (+ MPS's memory limit at the
+  claim, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as memgov sets it)
 
 Per run: the span from the first launch to the last exit (what a user waits for), every job's
 exit status and wall time, NVML peak per job and of the device, and every stderr line that is
@@ -121,6 +123,8 @@ CONDITIONS = (
     "memgov_mps_big",
     "hand_mps_cap",
     "memgov_soft",
+    "memgov_mps_omp1",
+    "hand_mps_limit",
 )
 
 
@@ -144,6 +148,12 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
     if name == "memgov_mps_big":
         env = {"MEMGOV_CLAIM": f"{(parse_size(claim) + 2**30) // 2**20}MiB"}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
+    if name == "memgov_mps_omp1":  # the expert's thread setting: memgov leaves threads alone
+        env = {**memgov, **hand}
+        return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
+    if name == "hand_mps_limit":  # MPS's memory limit alone, as memgov sets it for the claim
+        env = {**hand, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={parse_size(claim) // 2**20}M"}
+        return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "memgov_soft":
         return {"what": f"{memgov}, MPS by hand (soft claims)", "env": memgov, "mps": "hand"}
     raise SystemExit(f"--conditions: {name!r}; accepted {', '.join(CONDITIONS)}")
@@ -305,11 +315,69 @@ def _dump():
             info["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
     except Exception as exc:
         info["error"] = repr(exc)
+    info.update(_snapshot)
     with open(os.path.join(folder, "%d.json" % os.getpid()), "w") as f:
         json.dump(info, f)
 
 
-atexit.register(_dump)
+def _threads_cpu():
+    """CPU seconds of every thread still alive when threading shuts down (before atexit: the
+    daemon threads of memgov and torch still run): Python threads by name, the rest by comm."""
+    import resource, threading, time
+    names = {t.ident: t.name for t in threading.enumerate()}
+    runs = sys.modules.get("memgov._runs")
+    run = getattr(runs, "_run", None) if runs else None
+    if run is not None and getattr(run, "sampler", None):
+        names.setdefault(run.sampler, "memgov-sampler")
+    py = {}
+    for ident in sys._current_frames():
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (OSError, OverflowError, AttributeError):
+            continue
+        name = names.get(ident, "python-unnamed")
+        py[name] = round(py.get(name, 0.0) + seconds, 3)
+    comm = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/stat" % tid) as f:
+                text = f.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        comm[name] = round(comm.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick, 2)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    _snapshot.update(python_threads_cpu_s=py, tasks_cpu_s_by_comm=comm,
+                     tasks=len(os.listdir("/proc/self/task")),
+                     self_cpu_s_at_shutdown=round(me.ru_utime + me.ru_stime, 2),
+                     shutdown_s=round(time.time() - _T0, 2))
+
+
+_snapshot = {}
+_T0 = __import__("time").time()
+
+
+def _dump_all():
+    import resource
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _snapshot.update(self_cpu_s=round(me.ru_utime + me.ru_stime, 2),
+                     children_cpu_s=round(kids.ru_utime + kids.ru_stime, 2))
+    _dump()
+
+
+def _register_shutdown():
+    import threading
+    try:
+        threading._register_atexit(_threads_cpu)
+    except Exception:
+        pass
+
+
+atexit.register(_dump_all)
+_register_shutdown()
 try:
     _chain()
 except Exception:
@@ -511,6 +579,18 @@ def where(jobs: list[dict[str, Any]]) -> dict[str, Any]:
     out["device_frees_median"] = (
         statistics.median(p.get("num_device_free") or 0 for p in probes) if probes else None
     )
+    # Where the job's CPU went, from the probe: the process and its reaped children (DataLoader
+    # workers), and each thread alive when threading shut down (Python ones by name).
+    for key in ("self_cpu_s", "children_cpu_s", "self_cpu_s_at_shutdown", "tasks", "shutdown_s"):
+        values = [p[key] for p in probes if p.get(key) is not None]
+        if values:
+            out[f"{key}_median"] = round(statistics.median(values), 2)
+    for group in ("python_threads_cpu_s", "tasks_cpu_s_by_comm"):
+        names = sorted({n for p in probes for n in p.get(group) or {}})
+        out[group] = {
+            n: round(statistics.median((p.get(group) or {}).get(n, 0.0) for p in probes), 2)
+            for n in names
+        }
     # "intra-op/inter-op" as torch reported them at exit.
     out["threads_seen"] = sorted({f"{p.get('threads')}/{p.get('interop_threads')}" for p in probes})
     return out
