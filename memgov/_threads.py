@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memgov import _cpus, _cpushare, _settings
+from memgov import _cpuload, _cpus, _cpushare, _settings
 from memgov._errors import ConfigError, LedgerError
 
 ENV_VARS = (
@@ -155,17 +155,38 @@ def _decide(chosen: Setting, holder: str, inherited: bool) -> Budget:
     mine = reg.name if reg else None
     live = _cpushare.peers(root=reg.root) if reg else []
     part = _cpushare.share(usable, live, mine)
-    _set_env(part.threads)
     follow = chosen.mode == "auto" and reg is not None
     why = f"share: {usable.describe()}; {part.describe(usable)} -> {part.threads}"
+    threads = part.threads
+    if follow:  # a followed share starts no higher than the cores free now, and grows into idle
+        threads, busy = _start_within_free_cores(usable, part.threads)
+        why += busy
     if chosen.mode == "once":
         why += " (MEMGOV_THREADS=once: not followed)"
+    _set_env(threads)
     if reg is not None:
         with contextlib.suppress(OSError, LedgerError):  # the count stands even so
-            reg.update(threads=part.threads, why=why)
-    budget = Budget(part.threads, "share" if follow else "once", why, follow, mine)
-    budget.history.append(f"{part.threads} at start ({part.neighbours} on the cores)")
+            reg.update(threads=threads, why=why)
+    budget = Budget(threads, "share" if follow else "once", why, follow, mine)
+    budget.history.append(f"{threads} at start ({part.neighbours} on the cores)")
+    _state["fair"] = part.threads
     return budget
+
+
+def _start_within_free_cores(usable: _cpus.Usable, fair: int) -> tuple[int, str]:
+    """The first threads of a followed share: at most the cores not running anything else now
+    (jobs launched together register one by one while all of them are busy starting), and why
+    when that is fewer than the share. The follower grows it as cores go idle."""
+    others = _cpuload.runnable_elsewhere(usable.cpus)
+    if others is None or fair <= 1:
+        return fair, ""
+    free = max(1, usable.count - others)
+    if free >= fair:
+        return fair, ""
+    return free, (
+        f"; {others} thread(s) runnable elsewhere on the host now: {free} to start with, "
+        "more as cores go idle"
+    )
 
 
 def _register(
@@ -279,6 +300,10 @@ def stop_following() -> None:
 def _follow(stop: threading.Event) -> None:
     seen: object = None
     scanned = time.monotonic()
+    usable = _cpus.usable()
+    meter = _cpuload.IdleMeter(usable.cpus)
+    meter.idle_cores()  # the first interval starts now
+    described = ""
     while not stop.wait(FOLLOW_INTERVAL_S):
         budget = current()
         reg = _state.get("registration")
@@ -286,31 +311,48 @@ def _follow(stop: threading.Event) -> None:
             return
         # Stamped before reading: a change made while the records are read is seen next time.
         stamp = _folder_stamp(reg.root)
-        if stamp == seen and time.monotonic() - scanned < RESCAN_S:
-            continue
-        seen, scanned = stamp, time.monotonic()
-        try:
-            usable = _cpus.usable()
-            part = _cpushare.share(usable, _cpushare.peers(root=reg.root), reg.name)
-        except Exception:  # a transient filesystem problem: keep the current share
-            continue
+        if stamp != seen or time.monotonic() - scanned >= RESCAN_S:
+            seen, scanned = stamp, time.monotonic()
+            try:
+                usable = _cpus.usable()
+                part = _cpushare.share(usable, _cpushare.peers(root=reg.root), reg.name)
+            except Exception:  # a transient filesystem problem: keep the current share
+                continue
+            _state["fair"] = part.threads
+            described = f"{part.describe(usable)}, followed"
+            if meter.cpus != usable.cpus:
+                meter = _cpuload.IdleMeter(usable.cpus)
         # Against the last share decided, not budget.threads: that changes only once the main
         # thread has applied it, and a record rewritten every second until then (or for good,
         # in a process with no framework to apply it to) makes every neighbour read them all.
-        if part.threads == _state.get("wanted", budget.threads):
+        wanted = _state.get("wanted", budget.threads)
+        fair = _state.get("fair", wanted)
+        if not isinstance(wanted, int) or not isinstance(fair, int) or fair == wanted:
+            meter.forget()
             continue
+        target = fair
+        if fair > wanted:  # grow only into cores that were idle over the last interval
+            idle = meter.idle_cores()
+            if idle is None and meter.readable:
+                continue  # the interval starts now: measured at the next look
+            if idle is not None:  # (nothing to measure with: the share alone)
+                target = min(fair, wanted + int(idle))
+            if target <= wanted:
+                continue
+        else:
+            meter.forget()
         with contextlib.suppress(Exception):
-            reg.update(threads=part.threads, why=f"share: {part.describe(usable)}, followed")
-        _set_env(part.threads)
-        _state["wanted"] = part.threads
-        budget.history.append(f"{part.threads} ({part.neighbours} on the cores)")
+            reg.update(threads=target, why=f"share: {described or 'followed'}")
+        _set_env(target)
+        _state["wanted"] = target
+        budget.history.append(f"{target} (share {fair}; {described or 'followed'})")
         del budget.history[:-20]
         with _lock:
             on_main = bool(_callbacks)
         if on_main:
             _schedule_main()
         else:  # no framework's threads to set: the budget is the share now
-            budget.threads = part.threads
+            budget.threads = target
 
 
 def _folder_stamp(root: Path) -> tuple[int, int, int] | None:

@@ -119,11 +119,12 @@ def records(env: dict[str, str]) -> list[dict[str, Any]]:
 
 # -- alone, neighbours, following ---------------------------------------------------------------
 def test_alone_gets_all_usable_cores(env: dict[str, str]) -> None:
+    # Eventually: on a host busy with something else it starts lower and grows as cores go idle
+    # (test_a_start_on_a_busy_host_waits_for_idle_cores).
     with running(OBSERVER, governed(env)) as alone:
-        seen = alone.ask()
+        seen = eventually(alone.ask, lambda s: s["torch"] == CORES)
         assert seen["torch"] == CORES and seen["omp"] == str(CORES)
-        assert seen["interop"] == CORES
-    assert f"{CORES} CPU thread(s) (share: {CORES} core(s) in the affinity mask" in alone.stderr()
+    assert f"(share: {CORES} core(s) in the affinity mask" in alone.stderr()
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 cores to narrow the affinity mask")
@@ -137,11 +138,11 @@ def test_neighbours_take_their_share_and_give_it_back(env: dict[str, str]) -> No
     """Alone: all cores. A governed neighbour arrives: the share, applied to torch's main thread
     while it runs. The neighbour is killed: all cores again."""
     with running(OBSERVER, governed(env)) as observed:
-        assert observed.ask()["torch"] == CORES
+        assert eventually(observed.ask, lambda s: s["torch"] == CORES)["torch"] == CORES
         neighbour = Proc(NEIGHBOUR, governed(env))
         try:
             seen = eventually(observed.ask, lambda s: s["torch"] == HALF)
-            assert seen == {"torch": HALF, "omp": str(HALF), "interop": CORES}
+            assert seen["torch"] == HALF and seen["omp"] == str(HALF)
             mine = [r for r in records(env) if r["pid"] == observed.proc.pid]
             assert mine and mine[0]["threads"] == HALF and mine[0]["source"] == "auto"
         finally:
@@ -154,6 +155,32 @@ def test_a_late_arrival_starts_with_its_share(env: dict[str, str]) -> None:
     with running(NEIGHBOUR, governed(env)), running(OBSERVER, governed(env)) as late:
         assert late.ask()["torch"] == HALF
         assert int(late.first[1]) == HALF  # already at import torch, before any user code
+
+
+BUSY = "while True:\n    pass\n"
+
+
+@pytest.mark.skipif(CORES < 2, reason="a share below all cores needs 2 cores")
+def test_a_start_on_a_busy_host_waits_for_idle_cores(env: dict[str, str]) -> None:
+    """Jobs launched together register one by one while all of them are busy starting: a
+    process alone among the records but on a host whose cores all run something starts at 1
+    thread (it started at all cores, the OpenMP workers spinning against the others), stays
+    there while the cores stay busy, and grows to all cores once they go idle."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(CORES)]
+    try:
+        time.sleep(0.5)  # running, not starting
+        with running(OBSERVER, governed(env)) as observed:
+            assert int(observed.first[1]) == 1
+            time.sleep(2.5)  # two rounds of following: the cores stayed busy
+            assert observed.ask()["torch"] == 1
+            for proc in busy:
+                proc.kill()
+            assert eventually(observed.ask, lambda s: s["torch"] == CORES)["torch"] == CORES
+        assert "runnable elsewhere on the host now: 1 to start with" in observed.stderr()
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
 
 
 BARE = """
@@ -172,7 +199,7 @@ def test_a_process_without_a_framework_follows_the_share_too(env: dict[str, str]
     stayed at the first share, and the record was rewritten every second, making every
     neighbour read all records again)."""
     with running(BARE, governed(env)) as bare:
-        assert int(bare.first[1]) == CORES
+        assert eventually(bare.ask, lambda s: s["threads"] == CORES)["threads"] == CORES
         with running(NEIGHBOUR, governed(env)):
             assert eventually(bare.ask, lambda s: s["threads"] == HALF)["threads"] == HALF
 
