@@ -125,6 +125,8 @@ CONDITIONS = (
     "memgov_soft",
     "memgov_mps_omp1",
     "hand_mps_limit",
+    "hand_mps_yield",
+    "hand_mps_blocking",
 )
 
 
@@ -153,6 +155,9 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "hand_mps_limit":  # MPS's memory limit alone, as memgov sets it for the claim
         env = {**hand, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={parse_size(claim) // 2**20}M"}
+        return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
+    if name in ("hand_mps_yield", "hand_mps_blocking"):  # CUDA's waits yield / block
+        env = {**hand, "SCRIPTS_CUDA_SCHED": name.rsplit("_", 1)[1]}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "memgov_soft":
         return {"what": f"{memgov}, MPS by hand (soft claims)", "env": memgov, "mps": "hand"}
@@ -376,8 +381,41 @@ def _register_shutdown():
         pass
 
 
+def _cuda_sched():
+    """SCRIPTS_CUDA_SCHED=yield|blocking: once torch has initialised CUDA, set the primary
+    context's scheduling flags (cuCtxSetFlags; CUDA's default spins while this process alone
+    has fewer contexts than the host has CPUs, however many processes share those CPUs)."""
+    mode = os.environ.get("SCRIPTS_CUDA_SCHED", "")
+    flags = {"yield": 2, "blocking": 4}.get(mode)
+    if flags is None:
+        return
+    import ctypes, threading, time
+
+    def watch():
+        while True:
+            torch = sys.modules.get("torch")
+            try:
+                if torch is not None and torch.cuda.is_initialized():
+                    break
+            except Exception:
+                pass
+            time.sleep(0.02)
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, ctx, out, got = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint()
+        steps = [cuda.cuDeviceGet(ctypes.byref(dev), 0),
+                 cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+                 cuda.cuCtxPushCurrent_v2(ctx), cuda.cuCtxSetFlags(flags),
+                 cuda.cuCtxGetFlags(ctypes.byref(got)),
+                 cuda.cuCtxPopCurrent_v2(ctypes.byref(out)),
+                 cuda.cuDevicePrimaryCtxRelease_v2(dev)]
+        _snapshot["cuda_sched"] = {"mode": mode, "results": steps, "flags": got.value}
+
+    threading.Thread(target=watch, name="probe-sched", daemon=True).start()
+
+
 atexit.register(_dump_all)
 _register_shutdown()
+_cuda_sched()
 try:
     _chain()
 except Exception:
@@ -591,6 +629,9 @@ def where(jobs: list[dict[str, Any]]) -> dict[str, Any]:
             n: round(statistics.median((p.get(group) or {}).get(n, 0.0) for p in probes), 2)
             for n in names
         }
+    out["cuda_sched_seen"] = sorted(
+        {str((p.get("cuda_sched") or {}).get("flags")) for p in probes if p.get("cuda_sched")}
+    )
     # "intra-op/inter-op" as torch reported them at exit.
     out["threads_seen"] = sorted({f"{p.get('threads')}/{p.get('interop_threads')}" for p in probes})
     return out
