@@ -127,6 +127,7 @@ CONDITIONS = (
     "hand_mps_limit",
     "hand_mps_yield",
     "hand_mps_blocking",
+    "memgov_mps_nonvml",
 )
 
 
@@ -156,6 +157,9 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
     if name == "hand_mps_limit":  # MPS's memory limit alone, as memgov sets it for the claim
         env = {**hand, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={parse_size(claim) // 2**20}M"}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
+    if name == "memgov_mps_nonvml":  # memgov's sampler without its NVML looks
+        env = {**memgov, "SCRIPTS_NO_NVML": "1"}
+        return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name in ("hand_mps_yield", "hand_mps_blocking"):  # CUDA's waits yield / block
         env = {**hand, "SCRIPTS_CUDA_SCHED": name.rsplit("_", 1)[1]}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
@@ -413,9 +417,22 @@ def _cuda_sched():
     threading.Thread(target=watch, name="probe-sched", daemon=True).start()
 
 
+def _no_nvml():
+    """SCRIPTS_NO_NVML=1: memgov's run sampler never asks NVML for this process's footprint
+    (it falls back on torch's counters): whether its driver queries cost the job anything."""
+    if os.environ.get("SCRIPTS_NO_NVML") != "1":
+        return
+    try:
+        from memgov import _nvml
+        _nvml.processes = lambda *args, **kwargs: None
+    except Exception:
+        pass
+
+
 atexit.register(_dump_all)
 _register_shutdown()
 _cuda_sched()
+_no_nvml()
 try:
     _chain()
 except Exception:
