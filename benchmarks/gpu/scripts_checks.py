@@ -729,8 +729,33 @@ def progress_line(r: dict[str, Any]) -> str:
     )
 
 
+def summary(report: dict[str, Any]) -> list[str]:
+    """One line a run: span, start-up, CPU per job and where it went (medians over the jobs),
+    then the ratios against hand-tuned."""
+    lines = []
+    if report.get("warmup"):
+        lines.append(f"warm-up, not compared: {json.dumps(report['warmup'])}")
+    lines.append(
+        "kind condition round ok span_s start_s cpu_s | main_thread_s children_s "
+        "memgov_threads_s tasks_at_exit"
+    )
+    for r in report["runs"]:
+        w = r["where"]
+        py = w.get("python_threads_cpu_s") or {}
+        mine = round(sum(v for k, v in py.items() if k.startswith("memgov")), 2)
+        lines.append(
+            f"{r['kind']} {r['condition']} {r['round']} {r['ok']}/{r['n']} {r['span_s']} "
+            f"{w.get('start_s_median')} {w.get('cpu_s_median')} | {py.get('MainThread')} "
+            f"{w.get('children_cpu_s_median')} {mine} {w.get('tasks_median')}"
+        )
+    lines.append("hand-tuned span / condition span, each round: ")
+    lines += [f"  {k}: {v['x_hand_span_each_round']}" for k, v in report["ratios"].items()]
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--summarize", type=Path, nargs="+", help="print reports' summaries, run none")
     p.add_argument(
         "--examples",
         type=Path,
@@ -761,6 +786,11 @@ def main() -> int:
     p.add_argument("--tag", default="public")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = p.parse_args()
+    if args.summarize:
+        for path in args.summarize:
+            print(f"== {path.name}")
+            print("\n".join(summary(json.loads(path.read_text()))))
+        return 0
     # A time limit's SIGTERM ends the call through the finally below: the report is written.
     signal.signal(signal.SIGTERM, _terminate)
     kinds = [k for k in args.kinds.split(",") if k]
