@@ -558,6 +558,8 @@ def _job(
         "memgov_info_lines": info,
         "suspect_lines": suspect,
         "tail": text.splitlines()[-4:] if proc.returncode else [],
+        # The first lines, stamped (seconds since launch): where start-up goes, line by line.
+        "head": [line[:160] for line in text.splitlines()[:8]],
         "ok": proc.returncode == 0,
         "epochs": doc.get("epochs", []),
         "allocator": doc.get("allocator"),
