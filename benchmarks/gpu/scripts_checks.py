@@ -452,6 +452,9 @@ def probe_env(work: Path, env: dict[str, str]) -> dict[str, str]:
         **env,
         "PYTHONPATH": os.pathsep.join(path),
         "SCRIPTS_PROBE_DIR": str(work / "probe-out"),
+        # Stamps are when a line reaches the pipe: block-buffered stdout would stamp a script's
+        # lines when its buffer fills (memgov's lines, on stderr, are never buffered).
+        "PYTHONUNBUFFERED": "1",
     }
 
 
