@@ -12,7 +12,9 @@ and the share is *followed*: a background thread re-counts the records every
 :data:`FOLLOW_INTERVAL_S` and, when the share changed, has the main thread apply the new number
 (torch's OpenMP thread count is per calling thread, so it must be set from the main thread: a
 pending call, see :func:`_on_main_thread`). An early starter gives cores back within a second of
-others arriving, and the last one left gets all cores back. Each second costs one stat of the
+others arriving, and the last one left gets all cores back. A share starts no higher than the
+cores free at that instant and grows only into cores that were idle (memgov/_cpuload.py): jobs
+launched together all look alone to the first of them. Each second costs one stat of the
 records' folder: the records are read again only when it changed (a process arrived, left or
 changed its share) or :data:`RESCAN_S` passed (a process killed by a signal leaves its file, whose
 lock died with it: its cores come back within that time).
