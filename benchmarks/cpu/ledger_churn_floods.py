@@ -35,6 +35,8 @@ from typing import Any
 
 CLAIMER, FLOODER, MONITOR = 54321, 54322, 54324
 PROFILE_ENV = "CHURN_PROFILE_DIR"
+BREAKDOWN_ENV = "CHURN_BREAKDOWN"
+"""--breakdown: each claimer times the parts of its claims (Breakdown) and prints them."""
 """--profile: the folder each claimer writes its cProfile of its claim() calls to."""
 GIB = 2**30
 
@@ -56,17 +58,88 @@ def become(uid: int) -> None:
     os.setuid(uid)
 
 
+class Breakdown:
+    """--breakdown: where each claim's time went, by wrapping memgov's steps in this process
+    (seconds and calls per step, reset per claim). Steps: the look before the admission lock
+    (first_look), the looks under it (look: NVML, lock wait and the scan; lock_wait: the wait
+    alone), a waiter's checks of its place in the queue (place) and its sleeps (sleep; wakes:
+    those a wanted removal ended), joining and leaving the queue, the thread share of the first
+    claim (govern), the run record (runs), the store of dead names (flush, reload); head_s: from
+    the first moment this waiter was first in the queue to the end of the claim."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[float]] = {}
+        self.head_at: float | None = None
+        self.wakes = 0
+        self.behind = 0
+
+    def reset(self) -> None:
+        self.parts, self.head_at, self.wakes, self.behind = {}, None, 0, 0
+
+    def add(self, step: str, seconds: float) -> None:
+        part = self.parts.setdefault(step, [0.0, 0])
+        part[0] += seconds
+        part[1] += 1
+
+    def wrap(self, owner: Any, attr: str, step: str) -> None:
+        inner = getattr(owner, attr)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                got = inner(*args, **kwargs)
+            finally:
+                self.add(step, time.perf_counter() - started)
+            if step == "sleep" and got:
+                self.wakes += 1
+            if step == "place":
+                if got and self.head_at is None:
+                    self.head_at = time.perf_counter()
+                self.behind += 0 if got else 1
+            return got
+
+        setattr(owner, attr, timed)
+
+    def install(self) -> None:
+        from memgov import _admission, _claim, _deadnames, _flock, _ledger, _runs, _wake
+
+        self.wrap(_ledger.DeviceLedger, "first_look", "first_look")
+        self.wrap(_admission, "_look", "look")
+        self.wrap(_flock.AdmissionLock, "__enter__", "lock_wait")
+        self.wrap(_ledger.QueuePlace, "first", "place")
+        self.wrap(_wake.Waker, "sleep", "sleep")
+        self.wrap(_admission._Queue, "join", "join")
+        self.wrap(_admission._Queue, "leave", "leave")
+        self.wrap(_claim, "_govern", "govern")
+        self.wrap(_runs, "start", "runs")
+        self.wrap(_deadnames, "flush", "flush")
+        self.wrap(_deadnames, "reload", "reload")
+
+    def report(self, ended: float) -> dict[str, Any]:
+        out: dict[str, Any] = {k: [round(v[0], 6), v[1]] for k, v in self.parts.items()}
+        out["wakes"] = self.wakes
+        out["behind_looks"] = self.behind
+        out["head_s"] = None if self.head_at is None else round(ended - self.head_at, 6)
+        return out
+
+
 def claimer(seed: int) -> None:
     import cProfile  # before become(): the interpreter's own files may be root's alone
 
     become(CLAIMER)
     import memgov
 
+    breakdown = Breakdown() if os.environ.get(BREAKDOWN_ENV) else None
+    if breakdown is not None:
+        breakdown.install()
     profiles = os.environ.get(PROFILE_ENV)
     profile = cProfile.Profile() if profiles else None
     rng = random.Random(seed)
-    for _ in range(50):
+    for index in range(50):
         size = rng.choice(["1GiB", "2GiB", "4GiB", "6GiB"])
+        if breakdown is not None:
+            breakdown.reset()
+        wall0, cpu0, main0 = time.time(), sum(os.times()[:2]), time.thread_time()
         t0 = time.perf_counter_ns()
         try:
             if profile is not None:
@@ -84,11 +157,53 @@ def claimer(seed: int) -> None:
         took = time.perf_counter_ns() - t0
         cpu = sum(os.times()[:2])
         event = {"claim_ns": took, "admission": held.reports.get("admission"), "cpu_s": cpu}
+        if breakdown is not None:
+            event["breakdown"] = breakdown.report(time.perf_counter())
+            event.update(index=index, size=size, started=wall0, pid=os.getpid())
+            event.update(claim_cpu_s=cpu - cpu0, main_cpu_s=time.thread_time() - main0)
         print(json.dumps(event), flush=True)
         if profile is not None:  # after each claim: a SIGKILL may come at any time
             profile.dump_stats(os.path.join(str(profiles), f"{os.getpid()}.prof"))
         time.sleep(0.02)
         held.release()
+
+
+def time_lock_holds() -> list[float]:
+    """Wrap the admission lock so that every hold of it in this process is timed (--breakdown:
+    root's gc and the monitor hold it too, and a hold delays the head of the queue)."""
+    from memgov import _flock
+
+    holds: list[float] = []
+    enter, leave = _flock.AdmissionLock.__enter__, _flock.AdmissionLock.__exit__
+    taken: list[float] = []
+
+    def timed_enter(self: Any) -> Any:
+        got = enter(self)
+        taken.append(time.perf_counter())
+        return got
+
+    def timed_exit(self: Any, *exc: object) -> None:
+        leave(self, *exc)
+        if taken:
+            holds.append(time.perf_counter() - taken.pop())
+
+    _flock.AdmissionLock.__enter__ = timed_enter  # type: ignore[method-assign]
+    _flock.AdmissionLock.__exit__ = timed_exit  # type: ignore[method-assign]
+    return holds
+
+
+def timed_gc() -> None:
+    """`memgov gc`, its admission lock holds printed on stderr as JSON (--breakdown)."""
+    holds = time_lock_holds()
+    sys.argv = ["memgov", "gc"]
+    from memgov.cli import main
+
+    try:
+        main()
+    except SystemExit:
+        pass
+    finally:
+        sys.stderr.write(json.dumps({"gc_holds": holds}) + "\n")
 
 
 def monitor(seconds: float) -> None:
@@ -97,6 +212,7 @@ def monitor(seconds: float) -> None:
     from memgov._ledger import DeviceLedger
 
     ledger = DeviceLedger(devices()[0])
+    holds = time_lock_holds() if os.environ.get(BREAKDOWN_ENV) else []
     samples, over, most = 0, [], 0
     files: list[int] = []  # files in claims/ and v1/cpu/, sampled: what each scan lists
     end = time.monotonic() + seconds
@@ -114,11 +230,15 @@ def monitor(seconds: float) -> None:
     listed = {"claims_max": max(files[0::2]), "cpu_max": max(files[1::2])}
     listed.update(claims_mean=sum(files[0::2]) // len(files[0::2]))
     listed.update(cpu_mean=sum(files[1::2]) // len(files[1::2]))
-    print(
-        json.dumps(
-            {"samples": samples, "over_commits": len(over), "max_claimed": most, "files": listed}
-        )
-    )
+    found = {"samples": samples, "over_commits": len(over), "max_claimed": most, "files": listed}
+    if holds:
+        found["lock_held_ms"] = {
+            "p50": nearest([int(h * 1e9) for h in holds], 50),
+            "p99": nearest([int(h * 1e9) for h in holds], 99),
+            "max": max(holds) * 1e3,
+            "over_50ms": sum(1 for h in holds if h > 0.05),
+        }
+    print(json.dumps(found))
 
 
 def flooder(ledger: str) -> None:
@@ -141,8 +261,11 @@ def flooder(ledger: str) -> None:
     wave = 0
     while True:  # until killed
         wave += 1
+        started = time.time()
         plant(claims, 2_000, f"w{wave}-")
+        planted = time.time()
         plant(Path(ledger, "v1", "cpu"), 2_000, f"w{wave}-")
+        print(json.dumps({"wave": [started, planted, time.time()]}), flush=True)
         time.sleep(1.0)
 
 
@@ -172,7 +295,12 @@ def nearest(values: list[int], pct: float) -> float:
 
 
 def phase(
-    floods: bool, seconds: float, claimers: int, kill_every: float, profile: Path | None = None
+    floods: bool,
+    seconds: float,
+    claimers: int,
+    kill_every: float,
+    profile: Path | None = None,
+    breakdown: Path | None = None,
 ) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="memgov-churn-", dir="/tmp"))
     base.chmod(0o755)
@@ -184,6 +312,8 @@ def phase(
         profiles.mkdir(parents=True, exist_ok=True)
         profiles.chmod(0o777)  # the claimers' uid writes there
         env[PROFILE_ENV] = str(profiles)
+    if breakdown is not None:
+        env[BREAKDOWN_ENV] = "1"
     me = [sys.executable, __file__]
     subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True, capture_output=True)
     flood = None
@@ -204,19 +334,29 @@ def phase(
     gc_runs = [0]
 
     gc_cpu = [0.0]
+    gc_times: list[tuple[float, float]] = []
+    gc_holds: list[float] = []
+    gc_command = [*me, "--gc"] if breakdown is not None else [sys.executable, "-m", "memgov", "gc"]
 
     def gc_loop() -> None:
         while not done.is_set():
+            started = time.time()
             run = subprocess.Popen(
-                [sys.executable, "-m", "memgov", "gc"],
+                gc_command,
                 env=env,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=subprocess.PIPE if breakdown is not None else subprocess.DEVNULL,
+                text=True,
             )
+            said = run.stderr.read() if run.stderr is not None else ""
             usage = os.wait4(run.pid, 0)[2]
             run.returncode = 0  # reaped above
+            for line in said.splitlines():
+                if line.startswith('{"gc_holds"'):
+                    gc_holds.extend(json.loads(line)["gc_holds"])
             gc_cpu[0] += usage.ru_utime + usage.ru_stime
             gc_runs[0] += 1
+            gc_times.append((started, time.time()))
 
     watch = subprocess.Popen(
         [*me, "--monitor", str(seconds)], env=env, stdout=subprocess.PIPE, text=True
@@ -250,6 +390,7 @@ def phase(
     claim_ns, errors, claimers_cpu = [], [], 0.0
     waits: list[int] = []
     holds: list[int] = []
+    events: list[dict[str, Any]] = []
     for proc in finished:
         out, _ = proc.communicate()
         cpu = 0.0
@@ -258,6 +399,7 @@ def phase(
             claim_ns.extend([event["claim_ns"]] if "claim_ns" in event else [])
             errors.extend([event["error"]] if "error" in event else [])
             cpu = event.get("cpu_s", cpu)
+            events.extend([event] if "breakdown" in event else [])
             waits.extend(lock_wait(event.get("admission")))
             holds.extend(lock_held(event.get("admission")))
         claimers_cpu += cpu
@@ -265,10 +407,12 @@ def phase(
     gc_thread.join()
     watched = json.loads(watch.communicate()[0].strip().splitlines()[-1])
     flood_cpu = None
+    waves: list[Any] = []
     if flood is not None:
         flood_cpu = cpu_seconds(flood.pid)
         flood.kill()
-        flood.wait()
+        rest = flood.communicate()[0]
+        waves = [json.loads(line)["wave"] for line in rest.splitlines() if line.startswith("{")]
     from memgov import _status
 
     os.environ.update(MEMGOV_DIR=str(ledger), MEMGOV_DEVICES="sim0:16GiB")
@@ -304,9 +448,53 @@ def phase(
         "left_at_end": {"claims": len(snap.claims), "queue": len(snap.queue)},
     }
     subprocess.run(["rm", "-rf", str(base)], check=False)
+    if breakdown is not None:
+        name = "floods" if floods else "clean"
+        breakdown.mkdir(parents=True, exist_ok=True)
+        raw = {"claims": events, "gc_runs": gc_times, "gc_holds": gc_holds, "waves": waves}
+        (breakdown / f"{name}.json").write_text(json.dumps(raw) + "\n")
+        result["breakdown"] = summarise_breakdown(events, gc_times, waves)
+        result["breakdown"]["gc_lock_held_ms"] = sorted(round(h * 1e3, 1) for h in gc_holds)
     if profiles is not None:
         summarise(profiles)
     return result
+
+
+def summarise_breakdown(
+    events: list[dict[str, Any]], gc_times: list[Any], waves: list[Any]
+) -> dict[str, Any]:
+    """Mean seconds per step over every claim and over the slowest 1% (at or above p99), and
+    how many of those overlapped a gc run or a flood wave, or were their process's first."""
+    if not events:
+        return {}
+    ordered = sorted(events, key=lambda e: e["claim_ns"])
+    tail = ordered[max(0, math.ceil(0.99 * len(ordered)) - 1) :]
+
+    def means(group: list[dict[str, Any]]) -> dict[str, Any]:
+        steps: dict[str, float] = {}
+        for event in group:
+            for step, value in event["breakdown"].items():
+                if isinstance(value, list):
+                    steps[step] = steps.get(step, 0.0) + value[0]
+        out: dict[str, Any] = {k: round(v / len(group), 4) for k, v in sorted(steps.items())}
+        out["claim_s"] = round(sum(e["claim_ns"] for e in group) / len(group) / 1e9, 4)
+        for key in ("claim_cpu_s", "main_cpu_s"):
+            out[key] = round(sum(e[key] for e in group) / len(group), 4)
+        heads = [e["breakdown"]["head_s"] for e in group if e["breakdown"]["head_s"] is not None]
+        out["head_s"] = round(sum(heads) / len(heads), 4) if heads else None
+        out["wakes"] = round(sum(e["breakdown"]["wakes"] for e in group) / len(group), 2)
+        out["first_of_process"] = sum(1 for e in group if e["index"] == 0)
+        out["claims"] = len(group)
+
+        def overlaps(spans: list[Any], event: dict[str, Any]) -> bool:
+            start, end = event["started"], event["started"] + event["claim_ns"] / 1e9
+            return any(s[0] < end and s[-1] > start for s in spans)
+
+        out["during_gc"] = sum(1 for e in group if overlaps(gc_times, e))
+        out["during_wave"] = sum(1 for e in group if overlaps(waves, e))
+        return out
+
+    return {"all": means(ordered), "slowest_1pct": means(tail)}
 
 
 def lock_wait(report: str | None) -> list[int]:
@@ -326,7 +514,13 @@ def summarise(profiles: Path) -> None:
     import io
     import pstats
 
-    files = sorted(str(p) for p in profiles.glob("*.prof"))
+    files = []
+    for path in sorted(profiles.glob("*.prof")):
+        try:  # a claimer SIGKILLed while it dumped its profile leaves a torn file
+            pstats.Stats(str(path), stream=io.StringIO())
+        except (EOFError, ValueError, TypeError):
+            continue
+        files.append(str(path))
     if not files:
         return
     out = io.StringIO()
@@ -358,7 +552,13 @@ def main() -> None:
         type=Path,
         help="folder: each claimer's cProfile of its claims; PHASE.txt sums them",
     )
+    parser.add_argument(
+        "--breakdown",
+        type=Path,
+        help="folder: every claim's parts timed (PHASE.json raw); the means in the report",
+    )
     parser.add_argument("--claimer")
+    parser.add_argument("--gc", action="store_true")
     parser.add_argument("--monitor", type=float)
     parser.add_argument("--flooder")
     args = parser.parse_args()
@@ -368,14 +568,20 @@ def main() -> None:
         return monitor(args.monitor)
     if args.flooder is not None:
         return flooder(args.flooder)
+    if args.gc:
+        return timed_gc()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the processes drop to uids of their own")
     phases = args.phases.split(",")
     clean = flooded = None
     if "clean" in phases:
-        clean = phase(False, args.seconds, args.claimers, args.kill_every, args.profile)
+        clean = phase(
+            False, args.seconds, args.claimers, args.kill_every, args.profile, args.breakdown
+        )
     if "floods" in phases:
-        flooded = phase(True, args.seconds, args.claimers, args.kill_every, args.profile)
+        flooded = phase(
+            True, args.seconds, args.claimers, args.kill_every, args.profile, args.breakdown
+        )
     report = {
         "machine": {
             "cpus": os.cpu_count(),
