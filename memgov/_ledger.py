@@ -273,15 +273,23 @@ class DeviceLedger:
             unknown=filing.unknown,
         )
 
-    def first_look(self, reading: Reading) -> int:
-        """A scan taken without the admission lock before a look under it, where this process
-        has not scanned the device yet or LOOK_AHEAD or more names there are new to it: every
-        file another user left is judged here (and known dead from then on, _deadnames), so
-        the scan under the lock looks only at what changed since. Otherwise a new process, or
-        one that meets a wave of another user's files, would hold the lock for one look per
-        file, and hold off every other claimer meanwhile. What it learned goes to this user's
-        store of dead names (_deadnames.flush), for this user's other and later processes.
-        Returns how many dead records it removed (the exporter counts them as reclaimed)."""
+    def first_look(self, reading: Reading | None = None) -> int:
+        """:meth:`look_ahead`; how many dead records it removed (the exporter counts them as
+        reclaimed)."""
+        ahead = self.look_ahead(reading)
+        return len(ahead.removed) if ahead is not None else 0
+
+    def look_ahead(self, reading: Reading | None = None) -> Snapshot | None:
+        """A scan taken without the admission lock before a cleaning scan under it (a claim's
+        look, :meth:`snapshot`, root's gc), where this process has not scanned the device yet
+        or LOOK_AHEAD or more names there are new to it: every file another user left is
+        judged here (and known dead from then on, _deadnames), so the scan under the lock
+        looks only at what changed since. Otherwise a new process, or one that meets a wave of
+        another user's files, would hold the lock for one look per file, and hold off every
+        claimer meanwhile. What it learned goes to this user's store of dead names
+        (_deadnames.flush), for this user's other and later processes. ``reading``: NVML's
+        view for the scan (None: read now). The scan, or None where none was due (or it
+        failed: the scan under the lock finds and says what is wrong)."""
         try:
             due = False
             for section in ("claims", "queue"):
@@ -291,15 +299,18 @@ class DeviceLedger:
                     due = due or _records.unjudged(fd) >= LOOK_AHEAD
             if due:
                 # This user's dead files go now: no lock needed.
-                return len(self.scan(reading=reading).removed)
+                return self.scan(reading=reading)
         except (OSError, LedgerError):
-            pass  # the scan under the lock finds and says what is wrong
+            pass
         finally:
             _deadnames.flush()
-        return 0
+        return None
 
     def snapshot(self) -> Snapshot:
+        """A consistent view under the admission lock; a flood is judged before it
+        (:meth:`first_look`), not while every claimer waits for the lock."""
         reading = self.read()
+        self.first_look(reading)
         with self.locked():
             return self.scan(reading=reading)
 

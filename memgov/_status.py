@@ -51,6 +51,12 @@ def snapshot(
         # gc's sweep runs outside the admission lock: removing a file no one holds needs no lock
         # (releases take none either), and a flood must not hold every admission up meanwhile.
         swept = ledger.scan(clean=True, sweep=True)
+        # What arrived while the sweep ran (a flood goes on being planted) is judged and
+        # removed before the lock too: the scan under it then meets only the last moment's.
+        ahead = ledger.look_ahead()
+        if ahead is not None:
+            swept.removed.extend(ahead.removed)
+            swept.problems.extend(ahead.problems)
     with ledger.locked():
         if set_up:
             with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):

@@ -168,24 +168,33 @@ def claimer(seed: int) -> None:
         held.release()
 
 
+HOLDS_CPU: list[list[float]] = []
+"""time_lock_holds's CPU seconds of this thread per hold (beside the wall seconds it returns):
+a hold much longer than its CPU time waited for a core, not for work."""
+
+
 def time_lock_holds() -> list[float]:
     """Wrap the admission lock so that every hold of it in this process is timed (--breakdown:
     root's gc and the monitor hold it too, and a hold delays the head of the queue)."""
     from memgov import _flock
 
     holds: list[float] = []
+    holds_cpu: list[float] = []
+    HOLDS_CPU[:] = [holds_cpu]
     enter, leave = _flock.AdmissionLock.__enter__, _flock.AdmissionLock.__exit__
-    taken: list[float] = []
+    taken: list[tuple[float, float]] = []
 
     def timed_enter(self: Any) -> Any:
         got = enter(self)
-        taken.append(time.perf_counter())
+        taken.append((time.perf_counter(), time.thread_time()))
         return got
 
     def timed_exit(self: Any, *exc: object) -> None:
         leave(self, *exc)
         if taken:
-            holds.append(time.perf_counter() - taken.pop())
+            wall, cpu = taken.pop()
+            holds.append(time.perf_counter() - wall)
+            holds_cpu.append(time.thread_time() - cpu)
 
     _flock.AdmissionLock.__enter__ = timed_enter  # type: ignore[method-assign]
     _flock.AdmissionLock.__exit__ = timed_exit  # type: ignore[method-assign]
@@ -217,8 +226,9 @@ def monitor(seconds: float) -> None:
     files: list[int] = []  # files in claims/ and v1/cpu/, sampled: what each scan lists
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        with ledger.locked():
-            snap = ledger.scan(clean=True)  # removes nothing of others; remembers their dead
+        # Under the admission lock, as a claim of device="auto", "auto" sizing and pack's
+        # planner read it (DeviceLedger.snapshot); removes nothing of others
+        snap = ledger.snapshot()
         samples += 1
         most = max(most, snap.claimed)
         if snap.claimed > snap.capacity:
@@ -237,6 +247,10 @@ def monitor(seconds: float) -> None:
             "p99": nearest([int(h * 1e9) for h in holds], 99),
             "max": max(holds) * 1e3,
             "over_50ms": sum(1 for h in holds if h > 0.05),
+            "cpu_of_those_over_50ms": [
+                round(c * 1e3, 1) for h, c in zip(holds, HOLDS_CPU[0], strict=True) if h > 0.05
+            ],
+            "wall_of_those_over_50ms": [round(h * 1e3, 1) for h in holds if h > 0.05],
         }
     print(json.dumps(found))
 

@@ -136,3 +136,77 @@ def test_a_flood_of_flocks_is_never_read_by_a_scan(
         holder.close()
         for proc in flooders:
             proc.communicate("\n", timeout=60)
+
+
+LOOKS_UNDER_THE_LOCK = """
+from memgov import _flock, _records
+held, looks = [False], [0]
+enter, leave = _flock.AdmissionLock.__enter__, _flock.AdmissionLock.__exit__
+def entered(self):
+    got = enter(self)
+    held[0] = True
+    return got
+def left(self, *exc):
+    held[0] = False
+    return leave(self, *exc)
+_flock.AdmissionLock.__enter__, _flock.AdmissionLock.__exit__ = entered, left
+def counted(real):
+    def look(folder_fd, name, *args, **kwargs):
+        looks[0] += held[0]
+        return real(folder_fd, name, *args, **kwargs)
+    return look
+_records._empty, _records._read = counted(_records._empty), counted(_records._read)
+"""
+"""Counts the files a process looks at (a stat or an open each) while it holds the admission
+lock: ``looks[0]``."""
+
+
+def test_a_snapshot_judges_another_users_flood_before_the_admission_lock(
+    users: dict[str, User], shared: Path
+) -> None:
+    # Every claimer waits while the lock is held: a view of the device (device="auto", "auto"
+    # sizing, pack's planner) must not hold it for one look per file of another user's flood.
+    plant(users["mgl_b"], shared / "v1" / "sim0" / "claims", 500)
+    code = LOOKS_UNDER_THE_LOCK + (
+        "from memgov._devices import devices\nfrom memgov._ledger import DeviceLedger\n"
+        "snap = DeviceLedger(devices()[0]).snapshot()\nout([looks[0], snap.free])"
+    )
+    looks, free = users["mgl_a"].run(code, timeout=300)
+    assert free == 64 * GIB
+    assert looks < 64  # _ledger.LOOK_AHEAD; 500 when judged under the lock
+
+
+def test_roots_gc_judges_files_planted_during_its_sweep_before_the_admission_lock(
+    users: dict[str, User], shared: Path
+) -> None:
+    # A flood goes on while gc sweeps: what arrived meanwhile is judged and removed before the
+    # admission lock, not under it.
+    claims = shared / "v1" / "sim0" / "claims"
+    b = users["mgl_b"]
+    code = LOOKS_UNDER_THE_LOCK + (
+        "import os\nfrom memgov import _ledger, _status\n"
+        "scan = _ledger.DeviceLedger.scan\n"
+        "def sweep_then_flood(self, *args, **kwargs):\n"
+        " got = scan(self, *args, **kwargs)\n"
+        " if kwargs.get('sweep'):\n"
+        f"  fd = os.open({str(claims)!r}, os.O_RDONLY)\n"
+        "  for i in range(500):\n"
+        "   name = f'{i:020d}-00000000000{i % 10}.json'\n"
+        "   os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))\n"
+        f"   os.chown(name, {b.uid}, {b.uid}, dir_fd=fd)\n"
+        "  os.close(fd)\n"
+        " return got\n"
+        "_ledger.DeviceLedger.scan = sweep_then_flood\n"
+        "snap = _status.snapshots(clean=True, set_up=True)[0]\n"
+        f"out([looks[0], len(snap.removed), len(os.listdir({str(claims)!r}))])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import json\nout = lambda o: print(json.dumps(o))\n" + code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # as root, as `sudo memgov gc`
+    assert done.returncode == 0, done.stderr
+    looks, removed, left = json.loads(done.stdout.splitlines()[-1])
+    assert removed == 500 and left == 0  # root's gc removed B's files, as always
+    assert looks < 64  # _ledger.LOOK_AHEAD; 500 when judged under the lock
