@@ -75,6 +75,7 @@ class Breakdown:
 
     def reset(self) -> None:
         self.parts, self.head_at, self.wakes, self.behind = {}, None, 0, 0
+        LOOKS_HELD[0] = 0
 
     def add(self, step: str, seconds: float) -> None:
         part = self.parts.setdefault(step, [0.0, 0])
@@ -103,6 +104,8 @@ class Breakdown:
     def install(self) -> None:
         from memgov import _admission, _claim, _deadnames, _flock, _ledger, _runs, _wake
 
+        time_lock_holds()  # counts the flood files judged under the lock (LOOKS_HELD)
+
         self.wrap(_ledger.DeviceLedger, "first_look", "first_look")
         self.wrap(_admission, "_look", "look")
         self.wrap(_flock.AdmissionLock, "__enter__", "lock_wait")
@@ -120,6 +123,8 @@ class Breakdown:
         out["wakes"] = self.wakes
         out["behind_looks"] = self.behind
         out["head_s"] = None if self.head_at is None else round(ended - self.head_at, 6)
+        out["looks_held"] = LOOKS_HELD[0]
+        LOOKS_HELD[0] = 0
         return out
 
 
@@ -169,6 +174,25 @@ def claimer(seed: int) -> None:
 
 
 HOLDS_CPU: list[list[float]] = []
+LOOKS_HELD: list[int] = [0, 0]
+"""Empty files (the flood's) judged while this process held the admission lock, and whether it
+holds it now: what the flood costs a hold, whatever the machine's load."""
+
+
+def count_looks_under_the_lock() -> None:
+    from memgov import _records
+
+    real = _records._empty
+
+    def judged(*args: Any, **kwargs: Any) -> Any:
+        got = real(*args, **kwargs)
+        if got is not None and got.final:
+            LOOKS_HELD[0] += LOOKS_HELD[1]
+        return got
+
+    _records._empty = judged  # type: ignore[assignment]
+
+
 """time_lock_holds's CPU seconds of this thread per hold (beside the wall seconds it returns):
 a hold much longer than its CPU time waited for a core, not for work."""
 
@@ -181,16 +205,19 @@ def time_lock_holds() -> list[float]:
     holds: list[float] = []
     holds_cpu: list[float] = []
     HOLDS_CPU[:] = [holds_cpu]
+    count_looks_under_the_lock()
     enter, leave = _flock.AdmissionLock.__enter__, _flock.AdmissionLock.__exit__
     taken: list[tuple[float, float]] = []
 
     def timed_enter(self: Any) -> Any:
         got = enter(self)
         taken.append((time.perf_counter(), time.thread_time()))
+        LOOKS_HELD[1] = 1
         return got
 
     def timed_exit(self: Any, *exc: object) -> None:
         leave(self, *exc)
+        LOOKS_HELD[1] = 0
         if taken:
             wall, cpu = taken.pop()
             holds.append(time.perf_counter() - wall)
@@ -212,7 +239,7 @@ def timed_gc() -> None:
     except SystemExit:
         pass
     finally:
-        sys.stderr.write(json.dumps({"gc_holds": holds}) + "\n")
+        sys.stderr.write(json.dumps({"gc_holds": holds, "looks_held": LOOKS_HELD[0]}) + "\n")
 
 
 def monitor(seconds: float) -> None:
@@ -251,6 +278,7 @@ def monitor(seconds: float) -> None:
                 round(c * 1e3, 1) for h, c in zip(holds, HOLDS_CPU[0], strict=True) if h > 0.05
             ],
             "wall_of_those_over_50ms": [round(h * 1e3, 1) for h in holds if h > 0.05],
+            "flood_files_judged_under_the_lock": LOOKS_HELD[0],
         }
     print(json.dumps(found))
 
@@ -350,6 +378,7 @@ def phase(
     gc_cpu = [0.0]
     gc_times: list[tuple[float, float]] = []
     gc_holds: list[float] = []
+    gc_looks_held = [0]
     gc_command = [*me, "--gc"] if breakdown is not None else [sys.executable, "-m", "memgov", "gc"]
 
     def gc_loop() -> None:
@@ -368,6 +397,7 @@ def phase(
             for line in said.splitlines():
                 if line.startswith('{"gc_holds"'):
                     gc_holds.extend(json.loads(line)["gc_holds"])
+                    gc_looks_held[0] += json.loads(line)["looks_held"]
             gc_cpu[0] += usage.ru_utime + usage.ru_stime
             gc_runs[0] += 1
             gc_times.append((started, time.time()))
@@ -469,6 +499,7 @@ def phase(
         (breakdown / f"{name}.json").write_text(json.dumps(raw) + "\n")
         result["breakdown"] = summarise_breakdown(events, gc_times, waves)
         result["breakdown"]["gc_lock_held_ms"] = sorted(round(h * 1e3, 1) for h in gc_holds)
+        result["breakdown"]["gc_flood_files_judged_under_the_lock"] = gc_looks_held[0]
     if profiles is not None:
         summarise(profiles)
     return result
@@ -497,6 +528,8 @@ def summarise_breakdown(
         heads = [e["breakdown"]["head_s"] for e in group if e["breakdown"]["head_s"] is not None]
         out["head_s"] = round(sum(heads) / len(heads), 4) if heads else None
         out["wakes"] = round(sum(e["breakdown"]["wakes"] for e in group) / len(group), 2)
+        looks = [e["breakdown"].get("looks_held", 0) for e in group]
+        out["flood_files_judged_under_the_lock"] = {"sum": sum(looks), "max": max(looks)}
         out["first_of_process"] = sum(1 for e in group if e["index"] == 0)
         out["claims"] = len(group)
 
