@@ -233,6 +233,7 @@ class DeviceLedger:
         queue: bool = True,
         reading: Reading | None = None,
         sweep: bool = False,
+        memo: bool = False,
     ) -> Snapshot:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
@@ -240,7 +241,8 @@ class DeviceLedger:
         holds (nobody's live claim); ``sweep`` (gc) opens files whose names are not memgov's
         too, so that those go as well; ``queue=False`` skips the queue (a refusal's message
         needs only the claims). ``reading``: NVML's view taken just before the lock
-        (:meth:`read`); None reads it now.
+        (:meth:`read`); None reads it now. ``memo`` (with ``clean=False``): files earlier such
+        scans of this process found dead for good are not looked at again (_records.scan).
         """
         reading = reading or self.read()
         device = reading.device
@@ -248,7 +250,8 @@ class DeviceLedger:
         for section in ("claims", "queue") if queue else ("claims",):
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
-                for seen in _records.scan(fd, folder, sweep=sweep, remember=clean):
+                found = _records.scan(fd, folder, sweep=sweep, remember=clean, memo=memo)
+                for seen in found:
                     filing.file(seen, fd, folder, section)
                 filing.summarise(folder)
         claims = filing.sections["claims"]

@@ -256,6 +256,7 @@ def scan(
     sweep: bool = False,
     remember: bool = False,
     kind: Kind = CLAIMS,
+    memo: bool = False,
 ) -> list[Seen]:
     """Read every record in a folder; probe each one's lock. Never raises for a bad file; a
     LedgerError when the folder cannot be read or a file's state cannot be known (EMFILE, a
@@ -266,7 +267,9 @@ def scan(
     unlocked ones can be removed. There is no limit on the number of files: a limit would be a
     switch anyone could flip. ``remember``: the caller removes every dead file it may, so the
     dead ones still there next time are another user's (see ``_dead``). ``kind``: the records'
-    fields and how a file this user cannot open counts (:class:`Kind`)."""
+    fields and how a file this user cannot open counts (:class:`Kind`). ``memo`` (a scan that
+    removes nothing): skip, and add to, the names earlier such scans of this process found dead
+    for good (:data:`_read_only_dead`)."""
     folder = folder or Path(".")
     try:
         info = os.fstat(folder_fd)
@@ -276,6 +279,8 @@ def scan(
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
     fresh = listed if sweep else listed - _deadnames.known(key, store=remember)
+    if memo and not remember:
+        fresh -= _read_only_dead.get(key, set())
     new = fresh - _fresh_last.get(key, set())
     if remember and not sweep and len(new) >= _deadnames.RELOAD_AT:
         # Many names new since this process's last scan: this user's other processes may have
@@ -309,6 +314,8 @@ def scan(
     if remember:
         _deadnames.learn(key, final, listed)
         _fresh_last[key] = fresh - final
+    elif memo:
+        _read_only_dead[key] = (_read_only_dead.get(key, set()) & listed) | final
     if foreign > NOT_RECORDS_SHOWN:
         more = foreign - NOT_RECORDS_SHOWN
         seen.append(
@@ -340,6 +347,12 @@ def unjudged(folder_fd: int) -> int:
     key = (info.st_dev, info.st_ino)
     return len(set(os.listdir(folder_fd)) - _deadnames.known(key) - _fresh_last.get(key, set()))
 
+
+_read_only_dead: dict[tuple[int, int], set[str]] = {}
+"""Folder (device, inode) -> names that scans which remove nothing (``memo``: `memgov status`'s
+look before the admission lock, and its look under it) found dead for good. Kept apart from the
+store of dead names (_deadnames), which holds only what is left after a cleaning scan: this
+user's own dead files are there too, and a cleaning scan must still find (and remove) them."""
 
 _fresh_last: dict[tuple[int, int], set[str]] = {}
 """Folder (device, inode) -> the names this process's last remembering scan looked at and did

@@ -47,7 +47,11 @@ def snapshot(
     if not lock:
         return ledger.scan(clean=False)
     swept: Snapshot | None = None
-    if clean:
+    if not clean:
+        # A read-only view (status) judges the files before the admission lock too; under it,
+        # it looks only at what it did not find dead for good then. What it found is said.
+        swept = ledger.scan(clean=False, memo=True)
+    else:
         # gc's sweep runs outside the admission lock: removing a file no one holds needs no lock
         # (releases take none either), and a flood must not hold every admission up meanwhile.
         swept = ledger.scan(clean=True, sweep=True)
@@ -61,7 +65,7 @@ def snapshot(
         if set_up:
             with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
                 pass
-        snap = ledger.scan(clean=clean)
+        snap = ledger.scan(clean=clean, memo=not clean)
         if swept is not None:
             snap.removed[:0] = swept.removed
             snap.problems[:] = list(dict.fromkeys([*swept.problems, *snap.problems]))

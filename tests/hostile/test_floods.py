@@ -210,3 +210,19 @@ def test_roots_gc_judges_files_planted_during_its_sweep_before_the_admission_loc
     looks, removed, left = json.loads(done.stdout.splitlines()[-1])
     assert removed == 500 and left == 0  # root's gc removed B's files, as always
     assert looks < 64  # _ledger.LOOK_AHEAD; 500 when judged under the lock
+
+
+def test_status_judges_another_users_flood_before_the_admission_lock_and_says_so(
+    users: dict[str, User], shared: Path
+) -> None:
+    # `memgov status` removes nothing and keeps no store, yet it must not hold every claimer
+    # off while it looks at each file of another user's flood: it looks before the lock.
+    plant(users["mgl_b"], shared / "v1" / "sim0" / "claims", 500)
+    code = LOOKS_UNDER_THE_LOCK + (
+        "from memgov import _status\nsnap = _status.snapshots()[0]\n"
+        "out([looks[0], snap.free, [p for p in snap.problems if 'more files' in p]])"
+    )
+    looks, free, said = users["mgl_a"].run(code, timeout=300)
+    assert free == 64 * GIB
+    assert looks < 64  # 500 when judged under the lock
+    assert said and "480 more files no one holds" in said[0]  # 20 named, the rest counted
