@@ -233,7 +233,7 @@ class DeviceLedger:
         queue: bool = True,
         reading: Reading | None = None,
         sweep: bool = False,
-        memo: bool = False,
+        memo: str | None = None,
     ) -> Snapshot:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
@@ -241,8 +241,8 @@ class DeviceLedger:
         holds (nobody's live claim); ``sweep`` (gc) opens files whose names are not memgov's
         too, so that those go as well; ``queue=False`` skips the queue (a refusal's message
         needs only the claims). ``reading``: NVML's view taken just before the lock
-        (:meth:`read`); None reads it now. ``memo`` (with ``clean=False``): files earlier such
-        scans of this process found dead for good are not looked at again (_records.scan).
+        (:meth:`read`); None reads it now. ``memo`` (with ``clean=False``): "note" the files found
+        dead for good, or "use" the last note: those are not looked at again (_records.scan).
         """
         reading = reading or self.read()
         device = reading.device

@@ -256,7 +256,7 @@ def scan(
     sweep: bool = False,
     remember: bool = False,
     kind: Kind = CLAIMS,
-    memo: bool = False,
+    memo: str | None = None,
 ) -> list[Seen]:
     """Read every record in a folder; probe each one's lock. Never raises for a bad file; a
     LedgerError when the folder cannot be read or a file's state cannot be known (EMFILE, a
@@ -268,8 +268,8 @@ def scan(
     switch anyone could flip. ``remember``: the caller removes every dead file it may, so the
     dead ones still there next time are another user's (see ``_dead``). ``kind``: the records'
     fields and how a file this user cannot open counts (:class:`Kind`). ``memo`` (a scan that
-    removes nothing): skip, and add to, the names earlier such scans of this process found dead
-    for good (:data:`_read_only_dead`)."""
+    removes nothing): "note" what it finds dead for good, or "use" what was noted, not looking
+    at those files again (:data:`_read_only_dead`)."""
     folder = folder or Path(".")
     try:
         info = os.fstat(folder_fd)
@@ -279,7 +279,7 @@ def scan(
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
     fresh = listed if sweep else listed - _deadnames.known(key, store=remember)
-    if memo and not remember:
+    if memo == "use" and not remember:
         fresh -= _read_only_dead.get(key, set())
     new = fresh - _fresh_last.get(key, set())
     if remember and not sweep and len(new) >= _deadnames.RELOAD_AT:
@@ -314,8 +314,8 @@ def scan(
     if remember:
         _deadnames.learn(key, final, listed)
         _fresh_last[key] = fresh - final
-    elif memo:
-        _read_only_dead[key] = (_read_only_dead.get(key, set()) & listed) | final
+    elif memo == "note":
+        _read_only_dead[key] = final
     if foreign > NOT_RECORDS_SHOWN:
         more = foreign - NOT_RECORDS_SHOWN
         seen.append(
@@ -349,8 +349,9 @@ def unjudged(folder_fd: int) -> int:
 
 
 _read_only_dead: dict[tuple[int, int], set[str]] = {}
-"""Folder (device, inode) -> names that scans which remove nothing (``memo``: `memgov status`'s
-look before the admission lock, and its look under it) found dead for good. Kept apart from the
+"""Folder (device, inode) -> names that the last scan which removes nothing and notes (``memo``:
+`memgov status`'s look before the admission lock) found dead for good; its look under the lock
+uses them. Kept apart from the
 store of dead names (_deadnames), which holds only what is left after a cleaning scan: this
 user's own dead files are there too, and a cleaning scan must still find (and remove) them."""
 

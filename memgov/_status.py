@@ -50,7 +50,7 @@ def snapshot(
     if not clean:
         # A read-only view (status) judges the files before the admission lock too; under it,
         # it looks only at what it did not find dead for good then. What it found is said.
-        swept = ledger.scan(clean=False, memo=True)
+        swept = ledger.scan(clean=False, memo="note")
     else:
         # gc's sweep runs outside the admission lock: removing a file no one holds needs no lock
         # (releases take none either), and a flood must not hold every admission up meanwhile.
@@ -65,7 +65,7 @@ def snapshot(
         if set_up:
             with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
                 pass
-        snap = ledger.scan(clean=clean, memo=not clean)
+        snap = ledger.scan(clean=clean, memo=None if clean else "use")
         if swept is not None:
             snap.removed[:0] = swept.removed
             snap.problems[:] = list(dict.fromkeys([*swept.problems, *snap.problems]))
