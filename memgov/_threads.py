@@ -431,7 +431,7 @@ def _forget_in_child() -> None:
     # neither at exit nor by following a share (the follower thread did not survive the fork).
     global _lock
     _lock = threading.RLock()  # the follower may have held the old one at the fork: never freed
-    for key in ("registration", "follower", "budget", "wanted"):
+    for key in ("registration", "follower", "budget", "wanted", "fair"):
         _state.pop(key, None)
     # "pending_cb" stays: a call the follower queued just before the fork may still run here.
     _state["scheduled"] = False
