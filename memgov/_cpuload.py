@@ -12,7 +12,8 @@ Two moments it cannot see enough at:
 - **Cores given back.** When neighbours end, the share grows; their DataLoader workers, test
   passes and teardown may still hold the cores. :class:`IdleMeter` measures the idle time of
   the process's own cores between two looks of the follower (/proc/stat, per CPU), and the
-  share grows only into cores that were idle.
+  share grows only into cores that were idle, for up to memgov._threads.GROW_WITHIN_S: then
+  all the way (cores busy with work memgov does not govern must not hold it back for good).
 
 Neither ever lowers a share below what the governed processes' count gives, and neither is
 used where it would mislead: the host-wide running count only when the process may run on

@@ -61,6 +61,10 @@ memgov's (a share to re-decide), not the user's (a choice to keep)."""
 SETTING_ENV = "MEMGOV_THREADS"
 FOLLOW_INTERVAL_S = 1.0
 """How often a governed process looks whether its neighbours changed (one stat of their folder)."""
+GROW_WITHIN_S = 10.0
+"""The longest a share stands above a process's threads, waiting for idle cores, before the
+process grows to it anyway (memgov/_cpuload.py): busy cores make it wait out a burst of starts
+or a tail of exits, never keep it below its share for good."""
 RESCAN_S = 8.0
 """The longest time between two readings of the records while their folder looks unchanged
 (reading 25 records costs 2.4-2.7 ms of CPU, holding the interpreter's lock against the training
@@ -303,8 +307,7 @@ def _follow(stop: threading.Event) -> None:
     seen: object = None
     scanned = time.monotonic()
     usable = _cpus.usable()
-    meter = _cpuload.IdleMeter(usable.cpus)
-    meter.idle_cores()  # the first interval starts now
+    growth = _Growth(_cpuload.IdleMeter(usable.cpus))
     described = ""
     while not stop.wait(FOLLOW_INTERVAL_S):
         budget = current()
@@ -322,27 +325,18 @@ def _follow(stop: threading.Event) -> None:
                 continue
             _state["fair"] = part.threads
             described = f"{part.describe(usable)}, followed"
-            if meter.cpus != usable.cpus:
-                meter = _cpuload.IdleMeter(usable.cpus)
+            if growth.meter.cpus != usable.cpus:
+                growth = _Growth(_cpuload.IdleMeter(usable.cpus))
         # Against the last share decided, not budget.threads: that changes only once the main
         # thread has applied it, and a record rewritten every second until then (or for good,
         # in a process with no framework to apply it to) makes every neighbour read them all.
         wanted = _state.get("wanted", budget.threads)
         fair = _state.get("fair", wanted)
-        if not isinstance(wanted, int) or not isinstance(fair, int) or fair == wanted:
-            meter.forget()
+        if not isinstance(wanted, int) or not isinstance(fair, int):
             continue
-        target = fair
-        if fair > wanted:  # grow only into cores that were idle over the last interval
-            idle = meter.idle_cores()
-            if idle is None and meter.readable:
-                continue  # the interval starts now: measured at the next look
-            if idle is not None:  # (nothing to measure with: the share alone)
-                target = min(fair, wanted + int(idle))
-            if target <= wanted:
-                continue
-        else:
-            meter.forget()
+        target = growth.target(wanted, fair, time.monotonic())
+        if target == wanted:
+            continue
         with contextlib.suppress(Exception):
             reg.update(threads=target, why=f"share: {described or 'followed'}")
         _set_env(target)
@@ -355,6 +349,30 @@ def _follow(stop: threading.Event) -> None:
             _schedule_main()
         else:  # no framework's threads to set: the budget is the share now
             budget.threads = target
+
+
+@dataclass
+class _Growth:
+    """How far a followed share may go now: down at once; up only into cores that were idle
+    over the follower's last interval, and all the way once it has waited GROW_WITHIN_S."""
+
+    meter: _cpuload.IdleMeter
+    since: float | None = None
+    """When the share first stood above the process's threads (None: it does not)."""
+
+    def target(self, wanted: int, fair: int, now: float) -> int:
+        if fair <= wanted:
+            self.meter.forget()
+            self.since = None
+            return fair
+        if self.since is None:
+            self.since = now
+        if now - self.since >= GROW_WITHIN_S:
+            return fair
+        idle = self.meter.idle_cores()
+        if idle is None:  # the interval starts now; nothing to measure with: the share alone
+            return wanted if self.meter.readable else fair
+        return min(fair, wanted + int(idle))
 
 
 def _folder_stamp(root: Path) -> tuple[int, int, int] | None:

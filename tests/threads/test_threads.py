@@ -183,6 +183,34 @@ def test_a_start_on_a_busy_host_waits_for_idle_cores(env: dict[str, str]) -> Non
             proc.wait()
 
 
+HELD = """
+import json, sys, memgov
+from memgov import _threads
+_threads.GROW_WITHIN_S = 3.0
+memgov.claim("1GiB")
+print("ready", _threads.current().threads, flush=True)
+for line in sys.stdin:
+    print(json.dumps({"threads": _threads.current().threads}), flush=True)
+"""
+
+
+@pytest.mark.skipif(CORES < 2, reason="a share below all cores needs 2 cores")
+def test_busy_cores_hold_a_share_back_for_a_while_not_for_good(env: dict[str, str]) -> None:
+    """Cores that never go idle (work memgov does not govern) keep a new process below its
+    share only for GROW_WITHIN_S (3 s here): then it takes its share anyway."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(CORES)]
+    try:
+        time.sleep(0.5)
+        with running(HELD, governed(env)) as held:
+            assert int(held.first[1]) == 1
+            assert eventually(held.ask, lambda s: s["threads"] == CORES)["threads"] == CORES
+            assert all(proc.poll() is None for proc in busy)  # still busy all along
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+
+
 BARE = """
 import json, sys, memgov
 from memgov import _threads
