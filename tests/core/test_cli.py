@@ -17,6 +17,9 @@ from memgov._ledger import new_record_name
 from memgov.cli import app
 from tests.helpers.procs import Child, ledger, wait_until
 
+UID = os.getuid()
+"""This user's uid: records the tests write are this user's (root in CI, anyone else too)."""
+
 GIB = 2**30
 pytestmark = pytest.mark.usefixtures("sim")
 runner = CliRunner()
@@ -102,10 +105,10 @@ def test_gc_says_what_it_removed_and_skipped(holder: Child, debris: dict[str, Pa
     result = runner.invoke(app, ["gc"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert f"removed {debris['dead']} (dead holder, uid 0)" in lines
-    assert f"removed {debris['tmp']} (unfinished write of a dead process, uid 0)" in lines
+    assert f"removed {debris['dead']} (dead holder, uid {UID})" in lines
+    assert f"removed {debris['tmp']} (unfinished write of a dead process, uid {UID})" in lines
     # No live claim is unlocked, whatever its name: gc removes every file no one holds.
-    assert f"removed {debris['foreign']} (not a memgov record (unknown name), uid 0)" in lines
+    assert f"removed {debris['foreign']} (not a memgov record (unknown name), uid {UID})" in lines
     assert lines[-1] == "3 removed, 0 skipped"
     assert not any(path.exists() for path in debris.values())
     assert [c.name for c in ledger().snapshot().claims] == ["trainer-a"]  # the live one stays

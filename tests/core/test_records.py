@@ -20,6 +20,9 @@ from memgov import _records, _status
 from memgov._ledger import new_record_name, record_payload
 from tests.helpers.procs import HELPERS, Child, ledger
 
+UID = os.getuid()
+"""This user's uid: records the tests write are this user's (root in CI, anyone else too)."""
+
 GIB = 2**30
 NOBODY = 65534
 AS_USER = HELPERS / "as_user.py"
@@ -129,7 +132,8 @@ def test_bad_file_is_reported_by_status_and_removed_by_gc(
         assert path.is_dir() and any(path.name in p for p in swept.problems)
     else:
         gone = [r for r in swept.removed if path.name in r]
-        assert len(gone) == 1 and gone[0].startswith(f"{path} (") and gone[0].endswith(", uid 0)")
+        assert len(gone) == 1 and gone[0].startswith(f"{path} (")
+        assert gone[0].endswith(f", uid {UID})")
         assert not os.path.lexists(path)
     with memgov.claim("64GiB") as whole:  # the bad file held no budget
         assert whole.bytes == 64 * GIB
@@ -194,7 +198,7 @@ def test_dead_record_counts_nothing_and_gc_removes_it(claims_dir: Path) -> None:
     read_only = _status.snapshots(clean=False)[0]
     assert read_only.claims == [] and read_only.free == 64 * GIB and dead.exists()
     cleaned = _status.snapshots(clean=True)[0]
-    assert cleaned.removed == [f"{dead} (dead holder, uid 0)"]
+    assert cleaned.removed == [f"{dead} (dead holder, uid {UID})"]
     assert not dead.exists()
 
 
@@ -206,7 +210,7 @@ def test_unfinished_write_is_removed_only_when_old(claims_dir: Path) -> None:
     hour_ago = time.time() - 3600
     os.utime(old, (hour_ago, hour_ago))
     snap = _status.snapshots(clean=True)[0]
-    assert snap.removed == [f"{old} (unfinished write of a dead process, uid 0)"]
+    assert snap.removed == [f"{old} (unfinished write of a dead process, uid {UID})"]
     assert snap.problems == []
     assert fresh.exists() and not old.exists()
 

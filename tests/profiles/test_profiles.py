@@ -320,17 +320,18 @@ def test_symlinks_foreign_files_and_a_loose_folder(private_ledger, tmp_path) -> 
     with pytest.raises(ProfileError, match="symlink"):
         _profiles.read("evil")
     assert folder.stat().st_mode & 0o777 == 0o700  # made private again
-    foreign = folder / _profiles.file_name("foreign")
-    foreign.write_text(json.dumps({"version": 1, "job": "foreign", "runs": [_run(MiB)]}))
-    os.chown(foreign, 65534, 65534)
-    with pytest.raises(ProfileError, match="belongs to uid 65534, not you"):
-        _profiles.read("foreign")
+    if os.geteuid() == 0:  # only root can give a file to another user
+        foreign = folder / _profiles.file_name("foreign")
+        foreign.write_text(json.dumps({"version": 1, "job": "foreign", "runs": [_run(MiB)]}))
+        os.chown(foreign, 65534, 65534)
+        with pytest.raises(ProfileError, match="belongs to uid 65534, not you"):
+            _profiles.read("foreign")
     huge = folder / _profiles.file_name("huge")
     huge.write_bytes(b" " * (_profiles.MAX_BYTES + 1))
     with pytest.raises(ProfileError, match="too large"):
         _profiles.read("huge")
     _, problems = _profiles.every()
-    assert len(problems) == 3
+    assert len(problems) == (3 if os.geteuid() == 0 else 2)
 
 
 def test_oom_floor_rules() -> None:
