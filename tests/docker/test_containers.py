@@ -213,7 +213,7 @@ def test_the_remapped_root_is_dockremaps_lowest_subordinate_uid() -> None:
 
 
 def test_cpus_quota_gives_that_many_threads(docker_image: str) -> None:
-    """`docker run --cpus N`: the governed trainer's torch gets N threads, not the host's cores.
+    """`docker run --cpus N`: the governed trainer's share is N threads, not the host's cores.
     The quota is read by memgov._cpus (the CPU thread budget); xfail where it is missing."""
     try:
         import memgov._cpus  # noqa: F401
@@ -248,4 +248,10 @@ def test_cpus_quota_gives_that_many_threads(docker_image: str) -> None:
             check=False,
         )
         assert got.returncode == 0, got.stderr[-1000:]
-        assert int(got.stdout.split()[-1]) == cpus, (cpus, got.stdout, got.stderr[-800:])
+        threads, why = int(got.stdout.split()[-1]), (cpus, got.stdout, got.stderr[-800:])
+        assert f"CPU quota {cpus} " in got.stderr, why
+        assert f"{cpus} usable core(s) / 1 governed process(es) on them -> {cpus}" in got.stderr
+        # The share is the quota; it starts lower only where the host's other work held every
+        # core at that instant (docs/threads.md: a share starts within the free cores).
+        held_back = "runnable elsewhere on the host now" in got.stderr
+        assert threads == cpus or (held_back and 1 <= threads < cpus), why
