@@ -160,55 +160,33 @@ def test_a_late_arrival_starts_with_its_share(env: dict[str, str]) -> None:
 BUSY = "while True:\n    pass\n"
 
 
+@contextlib.contextmanager
+def busy_cores() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """One busy loop per usable core (work memgov does not govern), running when this yields."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(CORES)]
+    try:
+        time.sleep(0.5)  # running, not starting
+        yield busy
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.skipif(CORES < 2, reason="a share below all cores needs 2 cores")
 def test_a_start_on_a_busy_host_waits_for_idle_cores(env: dict[str, str]) -> None:
     """Jobs launched together register one by one while all of them are busy starting: a
     process alone among the records but on a host whose cores all run something starts at 1
     thread (it started at all cores, the OpenMP workers spinning against the others), stays
     there while the cores stay busy, and grows to all cores once they go idle."""
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(CORES)]
-    try:
-        time.sleep(0.5)  # running, not starting
-        with running(OBSERVER, governed(env)) as observed:
-            assert int(observed.first[1]) == 1
-            time.sleep(2.5)  # two rounds of following: the cores stayed busy
-            assert observed.ask()["torch"] == 1
-            for proc in busy:
-                proc.kill()
-            assert eventually(observed.ask, lambda s: s["torch"] == CORES)["torch"] == CORES
-        assert "runnable elsewhere on the host now: 1 to start with" in observed.stderr()
-    finally:
+    with busy_cores() as busy, running(OBSERVER, governed(env)) as observed:
+        assert int(observed.first[1]) == 1
+        time.sleep(2.5)  # two rounds of following: the cores stayed busy
+        assert observed.ask()["torch"] == 1
         for proc in busy:
             proc.kill()
-            proc.wait()
-
-
-HELD = """
-import json, sys, memgov
-from memgov import _threads
-_threads.GROW_WITHIN_S = 3.0
-memgov.claim("1GiB")
-print("ready", _threads.current().threads, flush=True)
-for line in sys.stdin:
-    print(json.dumps({"threads": _threads.current().threads}), flush=True)
-"""
-
-
-@pytest.mark.skipif(CORES < 2, reason="a share below all cores needs 2 cores")
-def test_busy_cores_hold_a_share_back_for_a_while_not_for_good(env: dict[str, str]) -> None:
-    """Cores that never go idle (work memgov does not govern) keep a new process below its
-    share only for GROW_WITHIN_S (3 s here): then it takes its share anyway."""
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(CORES)]
-    try:
-        time.sleep(0.5)
-        with running(HELD, governed(env)) as held:
-            assert int(held.first[1]) == 1
-            assert eventually(held.ask, lambda s: s["threads"] == CORES)["threads"] == CORES
-            assert all(proc.poll() is None for proc in busy)  # still busy all along
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
+        assert eventually(observed.ask, lambda s: s["torch"] == CORES)["torch"] == CORES
+    assert "runnable elsewhere on the host now: 1 to start with" in observed.stderr()
 
 
 BARE = """
@@ -219,6 +197,20 @@ print("ready", _threads.current().threads, flush=True)
 for line in sys.stdin:
     print(json.dumps({"threads": _threads.current().threads}), flush=True)
 """
+
+
+HELD = BARE.replace('memgov.claim("1GiB")', '_threads.GROW_WITHIN_S = 3.0\nmemgov.claim("1GiB")')
+"""BARE, its share held back by busy cores for at most 3 s."""
+
+
+@pytest.mark.skipif(CORES < 2, reason="a share below all cores needs 2 cores")
+def test_busy_cores_hold_a_share_back_for_a_while_not_for_good(env: dict[str, str]) -> None:
+    """Cores that never go idle (work memgov does not govern) keep a new process below its
+    share only for GROW_WITHIN_S (3 s here): then it takes its share anyway."""
+    with busy_cores() as busy, running(HELD, governed(env)) as held:
+        assert int(held.first[1]) == 1
+        assert eventually(held.ask, lambda s: s["threads"] == CORES)["threads"] == CORES
+        assert all(proc.poll() is None for proc in busy)  # still busy all along
 
 
 @pytest.mark.skipif(CORES < 2, reason="a share below all cores needs 2 cores")
