@@ -60,6 +60,15 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, folder in SESSION_CACHES.items():
         if name not in os.environ:
             os.environ[name] = str(session / folder)
+    # What the tests' processes put in the temporary folder (TensorFlow's autograph writes its
+    # generated modules there) or in the default ledger (a process started without the test's
+    # MEMGOV_DIR) lands in this session's folder, not in /tmp: a fresh user's run left
+    # /tmp/__pycache__/__autograph_generated_file*.pyc and /tmp/memgov-ledger/v1/_profiles.
+    # Each test still gets its own MEMGOV_DIR (the private_ledger fixture below).
+    (session / "tmp").mkdir()
+    (session / "tmp").chmod(0o1777)
+    os.environ["TMPDIR"] = str(session / "tmp")
+    os.environ["MEMGOV_DIR"] = str(session / "ledger-default")  # made by memgov if ever used
 
 
 def _interruptible_children() -> None:
