@@ -164,6 +164,9 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
     # A bare thread: threading.Thread.start() waits for the new thread to say it started, and
     # waits forever if an exception lands in that thread first (an interrupt storm meets it).
     # It holds the run weakly: a run dropped by a finish() cut short is freed, with its file.
+    from memgov import _threads
+
+    _threads.load_thread_unwinder()
     run.sampler = _thread.start_new_thread(_sample_loop, (weakref.ref(run), run.flags, run.wake))
 
 

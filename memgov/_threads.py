@@ -286,7 +286,24 @@ def explain() -> dict[str, object]:
 # -- following ----------------------------------------------------------------------------------
 
 
+def load_thread_unwinder() -> None:
+    """Load libgcc_s now, before memgov starts a thread. glibc loads it at a process's first
+    pthread_exit, which a daemon thread meets when it wakes while the interpreter finalizes; a
+    program ending out of memory (a tight RLIMIT_AS, address space used up) then aborts with
+    "libgcc_s.so.1 must be installed for pthread_exit to work" instead of exiting with its
+    MemoryError. Nowhere to load it from (musl, no such file): nothing to do."""
+    if _state.get("unwinder") is not None:
+        return
+    import ctypes  # here, not at import: `import memgov` stays cheap
+
+    try:
+        _state["unwinder"] = ctypes.CDLL("libgcc_s.so.1")
+    except OSError:
+        _state["unwinder"] = False
+
+
 def _start_follower() -> None:
+    load_thread_unwinder()
     with _lock:
         if _state.get("follower") is not None:
             return

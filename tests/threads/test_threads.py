@@ -373,3 +373,15 @@ def test_the_record_stays_in_the_ledger_it_was_made_in(env: dict[str, str], tmp_
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == str(CORES)  # alone in its own ledger
     assert len(in_other) == 1  # the neighbour's only: the record did not move there
+
+
+def test_a_governed_process_can_end_its_threads_without_memory(env: dict[str, str], py) -> None:
+    """glibc loads libgcc_s at a process's first pthread_exit (a daemon thread waking while the
+    interpreter finalizes): with the address space used up (a tight RLIMIT_AS, a job ending in
+    MemoryError) that load fails and the process aborts. memgov loads it before its threads run."""
+    code = (
+        "import memgov\nmemgov.claim('1GiB')\nprint('libgcc_s' in open('/proc/self/maps').read())"
+    )
+    result = py(code, governed(env))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "True"
