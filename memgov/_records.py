@@ -389,8 +389,10 @@ def _probe_tmp(
     folder_fd: int, folder: Path, name: str, locks: LockTable, kind: Kind
 ) -> Seen | None:
     # A temporary file is locked by its writer; unlocked, its writer died before the rename.
-    # One this user cannot open (another user's, still 0600) is that user's business: ignored.
-    item = _read(folder_fd, name, parse=False, folder=folder, locks=locks, kind=kind)
+    # One this user cannot open (another user's, still 0600) is that user's business: ignored,
+    # and never looked up in the host's lock table (whatever its lock, it is no live record).
+    unlooked = Kind(kind.fields, unreadable_counts=False)
+    item = _read(folder_fd, name, parse=False, folder=folder, locks=locks, kind=unlooked)
     if item is None or item.alive or item.problem:
         return None
     return Seen(name, False, None, "unfinished write of a dead process", item.owner, item.inode)
