@@ -138,6 +138,32 @@ def test_a_flood_of_flocks_is_never_read_by_a_scan(
             proc.communicate("\n", timeout=60)
 
 
+def test_another_users_unfinished_write_costs_no_read_of_the_lock_table(
+    users: dict[str, User], shared: Path
+) -> None:
+    # A writer's temporary file is 0600 until renamed: another user cannot open it, and it is
+    # never a live record whatever its lock, so judging it must not read /proc/locks (which B
+    # can make huge: every scan that met a claimer's write, or a killed claimer's leftover,
+    # would hold the admission lock for that read).
+    claims = shared / "v1" / "sim0" / "claims"
+    users["mgl_b"].run(
+        f"import os\nfd = os.open({str(claims)!r}, os.O_RDONLY)\n"
+        "os.close(os.open('.tmp-00000000000000000001-000000000001.json', "
+        "os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))\nout(1)"
+    )
+    code = (
+        "from memgov import _flock, _records\nreads = []\nreal = _records.lock_table\n"
+        "def counted():\n reads.append(1)\n return real()\n"
+        "_records.lock_table = counted\n"
+        "from memgov._devices import devices\nfrom memgov._ledger import DeviceLedger\n"
+        "import memgov\nsnap = DeviceLedger(devices()[0]).snapshot()\n"
+        "with memgov.claim('1GiB'): pass\nout([len(reads), snap.free])"
+    )
+    reads, free = users["mgl_a"].run(code, timeout=300)
+    assert free == 64 * GIB
+    assert reads == 0  # one per scan before
+
+
 LOOKS_UNDER_THE_LOCK = """
 from memgov import _flock, _records
 held, looks = [False], [0]
