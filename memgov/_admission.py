@@ -212,7 +212,7 @@ def _look(
             admitted = ahead == 0 and size <= snap.free and blocked is None
             refusal = Refusal(snap, ahead, size > snap.capacity, blocked)
             counted = _counted(admitted, ticket, refusal, clock)
-            _stats.add(ledger, removed_first + len(snap.removed), *counted)
+            _stats.add(ledger, removed_first + snap.reclaimed, *counted)
             if admitted:
                 return _write_claim(ledger, request, daemon, clock)
         finally:

@@ -119,6 +119,9 @@ class Snapshot:
     removed: list[str]
     unknown: list[str] = field(default_factory=list)
     """Live claim records whose size cannot be read: while any exists, nothing is free."""
+    reclaimed: int = 0
+    """Dead files this scan removed, or (under the admission lock) found and removes once the
+    lock is released (``removed`` then fills in: :meth:`DeviceLedger.locked`)."""
 
     @property
     def claimed(self) -> int:
@@ -205,17 +208,39 @@ class DeviceLedger:
         self.root = root if root is not None else _config.ledger_dir()
         self.parts = (VERSION_DIR, folder_name(device.uuid))
         self.path = self.root.joinpath(*self.parts)
+        self._burials: list[_Burial] | None = None
+        """While this ledger holds the admission lock: the dead files its cleaning scans found,
+        removed once the lock is released (:meth:`locked`)."""
 
     # -- locking -------------------------------------------------------------------------------
-    def locked(self, timeout: float | None = None) -> AdmissionLock:
-        """The device's admission lock, waited for at most ``timeout`` (LOCK_TIMEOUT_S)."""
+    def locked(self, timeout: float | None = None) -> _Locked:
+        """The device's admission lock, waited for at most ``timeout`` (LOCK_TIMEOUT_S).
+
+        A cleaning scan under it judges every file but removes none: the dead files it found
+        are removed once the lock is released. Removing a file no one holds needs no lock (a
+        release takes none either), and each unlink in a folder another user floods waits for
+        that folder's own lock, behind the flood's creations: root's gc held the admission lock
+        for up to 383 ms so, and every claimer waited (docs/ledger.md, "Floods")."""
         with _records.open_dir(self.root, self.parts, create=True) as fd:
             # Make the folders first (checked, no symlinks); only the folder's owner (or root)
             # creates the lock file in it.
             folder = os.fstat(fd)
         mine = folder.st_uid == os.geteuid() or os.geteuid() == 0
         limit = _config.LOCK_TIMEOUT_S if timeout is None else timeout
-        return AdmissionLock(self.path / "admission.lock", limit, may_create=mine, folder=folder)
+        lock = AdmissionLock(self.path / "admission.lock", limit, may_create=mine, folder=folder)
+        return _Locked(self, lock)
+
+    def _bury(self, burials: list[_Burial]) -> None:
+        """Remove the dead files found under the lock (each checked again: _records.remove_dead
+        unlinks a name only while it still points at the file judged dead)."""
+        for section in dict.fromkeys(b.section for b in burials):
+            try:
+                with _records.open_dir(self.root, (*self.parts, section), create=False) as fd:
+                    for burial in burials:
+                        if burial.section == section:
+                            burial.filing.remove(fd, self.path / section, burial.seen)
+            except (OSError, LedgerError):
+                pass  # the folder went (someone wiped the ledger): nothing is left to remove
 
     # -- reading -------------------------------------------------------------------------------
     def read(self) -> Reading:
@@ -246,7 +271,7 @@ class DeviceLedger:
         """
         reading = reading or self.read()
         device = reading.device
-        filing = _Filing(device, clean)
+        filing = _Filing(device, clean, later=self._burials)
         for section in ("claims", "queue") if queue else ("claims",):
             folder = self.path / section
             with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
@@ -274,6 +299,7 @@ class DeviceLedger:
             problems=filing.problems,
             removed=filing.removed,
             unknown=filing.unknown,
+            reclaimed=filing.reclaimed,
         )
 
     def first_look(self, reading: Reading | None = None) -> int:
@@ -372,13 +398,48 @@ LEFT_SHOWN = 20
 the rest are counted: a flood of them costs no line (or string) each."""
 
 
+class _Locked:
+    """:meth:`DeviceLedger.locked`: the admission lock held, and the dead files that cleaning
+    scans found meanwhile removed once it is released."""
+
+    def __init__(self, ledger: DeviceLedger, lock: AdmissionLock) -> None:
+        self.ledger, self.lock = ledger, lock
+        self.burials: list[_Burial] = []
+        self.outer: list[_Burial] | None = None
+
+    def __enter__(self) -> AdmissionLock:
+        got = self.lock.__enter__()
+        self.outer, self.ledger._burials = self.ledger._burials, self.burials
+        return got
+
+    def __exit__(self, *exc: object) -> None:
+        self.ledger._burials = self.outer
+        try:
+            self.lock.__exit__(*exc)
+        finally:
+            self.ledger._bury(self.burials)
+
+
+@dataclass
+class _Burial:
+    """A dead file a scan under the admission lock found, removed once the lock is released."""
+
+    section: str
+    seen: _records.Seen
+    filing: _Filing
+
+
 class _Filing:
     """Where each file of one scan goes: a live entry, a problem, or (dead, if ``clean``)
-    removed where this user may."""
+    removed where this user may: now, or into ``later`` (a scan under the admission lock:
+    :meth:`DeviceLedger.locked` removes them once it is released)."""
 
-    def __init__(self, device: Device, clean: bool) -> None:
+    def __init__(self, device: Device, clean: bool, later: list[_Burial] | None = None) -> None:
         self.device = device
         self.clean = clean
+        self.later = later
+        self.reclaimed = 0
+        """Dead files removed, or left for ``later`` to remove."""
         self.sections: dict[str, list[Entry]] = {"claims": [], "queue": []}
         self.problems: list[str] = []
         self.removed: list[str] = []
@@ -393,7 +454,7 @@ class _Filing:
         elif seen.alive:
             self._live(seen, folder, section)
         else:
-            self._dead(seen, fd, folder)
+            self._dead(seen, fd, folder, section)
 
     def _live(self, seen: _records.Seen, folder: Path, section: str) -> None:
         where = printable(str(folder / seen.name))
@@ -414,7 +475,7 @@ class _Filing:
         else:
             self.problems.append(f"{where}: {seen.problem} (holder alive, uid {owner})")
 
-    def _dead(self, seen: _records.Seen, fd: int, folder: Path) -> None:
+    def _dead(self, seen: _records.Seen, fd: int, folder: Path, section: str) -> None:
         debris = seen.name.startswith(_records.TMP_PREFIX)
         folder_like = seen.problem == "not a regular file" and _is_dir(fd, seen.name)
         if not self.clean or folder_like or (debris and not _old(fd, seen.name)):
@@ -424,13 +485,25 @@ class _Filing:
         # Unlocked: nobody's live claim, whatever it holds (a live record is locked from the
         # moment it has its name). Removed where this user may: root's gc clears any flood.
         mine = os.geteuid() in (0, seen.owner) or seen.owner is None
-        why = _records.remove_dead(fd, seen) if mine else _records.NOT_MINE
+        if not mine:
+            label = seen.problem or "dead holder"
+            self._leave(folder, seen, f"{label} (uid {_uid(seen.owner)}); {_records.NOT_MINE}")
+        elif self.later is not None:
+            self.later.append(_Burial(section, seen, self))
+            self.reclaimed += 1
+        else:
+            self.reclaimed += self.remove(fd, folder, seen)
+
+    def remove(self, fd: int, folder: Path, seen: _records.Seen) -> bool:
+        """Remove one dead file of this user's (or any, as root); whether it was removed."""
+        why = _records.remove_dead(fd, seen)
         label = seen.problem or "dead holder"
         if why is None:  # each named: gc reports (and counts) every file it removed
             where = printable(str(folder / seen.name))
             self.removed.append(f"{where} ({label}, uid {_uid(seen.owner)})")
         elif why != _records.GONE:
             self._leave(folder, seen, f"{label} (uid {_uid(seen.owner)}); {why}")
+        return why is None
 
     def _leave(self, folder: Path, seen: _records.Seen, why: str) -> None:
         self.left += 1

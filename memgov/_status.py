@@ -66,11 +66,11 @@ def snapshot(
             with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
                 pass
         snap = ledger.scan(clean=clean, memo=None if clean else "use")
-        if swept is not None:
-            snap.removed[:0] = swept.removed
-            snap.problems[:] = list(dict.fromkeys([*swept.problems, *snap.problems]))
-        _stats.add(ledger, reclaimed=len(snap.removed))
-        return snap
+        # In place: the files found dead under the lock join snap.removed once it is released.
+        snap.removed[:0] = swept.removed
+        snap.problems[:] = list(dict.fromkeys([*swept.problems, *snap.problems]))
+        _stats.add(ledger, reclaimed=len(swept.removed) + snap.reclaimed)
+    return snap
 
 
 def _present(ledger: DeviceLedger) -> bool:

@@ -239,7 +239,8 @@ def timed_gc() -> None:
     except SystemExit:
         pass
     finally:
-        sys.stderr.write(json.dumps({"gc_holds": holds, "looks_held": LOOKS_HELD[0]}) + "\n")
+        said = {"gc_holds": holds, "gc_holds_cpu": HOLDS_CPU[0], "looks_held": LOOKS_HELD[0]}
+        sys.stderr.write(json.dumps(said) + "\n")
 
 
 def monitor(seconds: float) -> None:
@@ -378,6 +379,7 @@ def phase(
     gc_cpu = [0.0]
     gc_times: list[tuple[float, float]] = []
     gc_holds: list[float] = []
+    gc_holds_cpu: list[float] = []
     gc_looks_held = [0]
     gc_command = [*me, "--gc"] if breakdown is not None else [sys.executable, "-m", "memgov", "gc"]
 
@@ -397,6 +399,7 @@ def phase(
             for line in said.splitlines():
                 if line.startswith('{"gc_holds"'):
                     gc_holds.extend(json.loads(line)["gc_holds"])
+                    gc_holds_cpu.extend(json.loads(line)["gc_holds_cpu"])
                     gc_looks_held[0] += json.loads(line)["looks_held"]
             gc_cpu[0] += usage.ru_utime + usage.ru_stime
             gc_runs[0] += 1
@@ -499,6 +502,12 @@ def phase(
         (breakdown / f"{name}.json").write_text(json.dumps(raw) + "\n")
         result["breakdown"] = summarise_breakdown(events, gc_times, waves)
         result["breakdown"]["gc_lock_held_ms"] = sorted(round(h * 1e3, 1) for h in gc_holds)
+        # CPU of each hold over 50 ms (wall, CPU): far less CPU than wall waited, not worked
+        result["breakdown"]["gc_holds_over_50ms_wall_cpu_ms"] = [
+            (round(h * 1e3, 1), round(c * 1e3, 1))
+            for h, c in zip(gc_holds, gc_holds_cpu, strict=True)
+            if h > 0.05
+        ]
         result["breakdown"]["gc_flood_files_judged_under_the_lock"] = gc_looks_held[0]
     if profiles is not None:
         summarise(profiles)

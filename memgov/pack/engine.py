@@ -361,7 +361,8 @@ def _sweep_ledger(ctx: Context) -> list[str]:
     ledger = DeviceLedger(ctx.device)
     try:
         with _patient(), ledger.locked():
-            return list(ledger.scan(clean=True).removed)
+            snap = ledger.scan(clean=True)
+        return list(snap.removed)  # the dead files go once the lock is released
     except MemgovError:
         pass
     return []

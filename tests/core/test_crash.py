@@ -151,3 +151,42 @@ def test_hard_exit_leaves_a_dead_record_that_holds_nothing() -> None:
     with memgov.claim("64GiB"):
         pass
     assert left not in os.listdir(ledger().path / "claims")
+
+
+def test_a_claim_removes_a_dead_record_once_it_has_released_the_admission_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Removing a file no one holds needs no lock; under it, every claimer waits for the unlink.
+    from memgov import _flock, _records
+
+    with memgov.claim("1GiB"):  # this process has looked at the ledger: no look ahead is due
+        pass
+    result = run("import os, memgov; memgov.claim('64GiB'); os._exit(0)")
+    assert result.returncode == 0, result.stderr
+    [left] = os.listdir(ledger().path / "claims")
+    held, removals = [False], []
+    enter, leave, remove_dead = (
+        _flock.AdmissionLock.__enter__,
+        _flock.AdmissionLock.__exit__,
+        _records.remove_dead,
+    )
+
+    def entered(self: _flock.AdmissionLock) -> _flock.AdmissionLock:
+        got = enter(self)
+        held[0] = held[0] or self.path.name == "admission.lock"  # the device's (not a store's)
+        return got
+
+    def left_lock(self: _flock.AdmissionLock, *exc: object) -> None:
+        held[0] = held[0] and self.path.name != "admission.lock"
+        leave(self, *exc)
+
+    def counted(folder_fd: int, seen: _records.Seen) -> str | None:
+        removals.append(held[0])
+        return remove_dead(folder_fd, seen)
+
+    monkeypatch.setattr(_flock.AdmissionLock, "__enter__", entered)
+    monkeypatch.setattr(_flock.AdmissionLock, "__exit__", left_lock)
+    monkeypatch.setattr(_records, "remove_dead", counted)
+    with memgov.claim("64GiB"):  # the dead record counts nothing: admitted at once
+        assert left not in os.listdir(ledger().path / "claims")
+    assert removals and not any(removals)  # [True] when removed under the lock

@@ -238,6 +238,54 @@ def test_roots_gc_judges_files_planted_during_its_sweep_before_the_admission_loc
     assert looks < 64  # _ledger.LOOK_AHEAD; 500 when judged under the lock
 
 
+REMOVALS_UNDER_THE_LOCK = LOOKS_UNDER_THE_LOCK + """
+removals = [0]
+remove_dead = _records.remove_dead
+def counted_removal(folder_fd, seen):
+    removals[0] += held[0]
+    return remove_dead(folder_fd, seen)
+_records.remove_dead = counted_removal
+"""
+"""Counts the files a process removes while it holds the admission lock: ``removals[0]``."""
+
+
+def test_roots_gc_removes_nothing_under_the_admission_lock(
+    users: dict[str, User], shared: Path
+) -> None:
+    # Files that arrive between gc's look before the lock and the lock are judged under it (a
+    # stat each), and removed only once it is released: an unlink in a folder B floods waits
+    # behind B's creations, and every claimer would wait behind that (383 ms holds on 16 cores).
+    claims = shared / "v1" / "sim0" / "claims"
+    b = users["mgl_b"]
+    code = REMOVALS_UNDER_THE_LOCK + (
+        "import os\nfrom memgov import _ledger, _status\n"
+        "look_ahead = _ledger.DeviceLedger.look_ahead\n"
+        "def look_then_flood(self, *args, **kwargs):\n"
+        " got = look_ahead(self, *args, **kwargs)\n"
+        f" fd = os.open({str(claims)!r}, os.O_RDONLY)\n"
+        " for i in range(30):\n"
+        "  name = f'{i:020d}-00000000000{i % 10}.json'\n"
+        "  os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))\n"
+        f"  os.chown(name, {b.uid}, {b.uid}, dir_fd=fd)\n"
+        " os.close(fd)\n"
+        " return got\n"
+        "_ledger.DeviceLedger.look_ahead = look_then_flood\n"
+        "snap = _status.snapshots(clean=True, set_up=True)[0]\n"
+        f"out([looks[0], removals[0], len(snap.removed), len(os.listdir({str(claims)!r}))])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import json\nout = lambda o: print(json.dumps(o))\n" + code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # as root, as `sudo memgov gc`
+    assert done.returncode == 0, done.stderr
+    looks, removals, removed, left = json.loads(done.stdout.splitlines()[-1])
+    assert looks == 30  # judged under the lock: they arrived after the look before it
+    assert removed == 30 and left == 0  # and removed, reported, as always
+    assert removals == 0  # 30 when removed under the lock
+
+
 def test_status_judges_another_users_flood_before_the_admission_lock_and_says_so(
     users: dict[str, User], shared: Path
 ) -> None:
