@@ -91,8 +91,6 @@ class Claim:
         """Give the budget back. Frameworks cannot lift a cap once set, so release at the end."""
         global _current
         held, ledger = self._held, self._ledger
-        if held is not None:
-            _end_run(self)
         try:
             self._held = None
             restore, self._restore = self._restore, {}
@@ -105,6 +103,11 @@ class Claim:
             # the record's file last, and a file it never reached is closed when collected.
             if held is not None and ledger is not None:
                 ledger.remove("claims", held)
+        if held is not None:
+            # The budget is back first: folding the run into its profile (a last sample, a
+            # durable write) is this process's bookkeeping, and every claim queued behind this
+            # one would wait for it (a write's fsync waits for another user's flood of files).
+            _end_run(self)
 
     def __enter__(self) -> Claim:
         return self

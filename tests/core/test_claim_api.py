@@ -279,3 +279,22 @@ def test_a_claim_that_fails_after_admission_holds_nothing(
     assert ledger().snapshot().claims == []
     with memgov.claim("64GiB"):  # the whole budget is free again, in this same process
         pass
+
+
+def test_a_release_gives_the_budget_back_before_it_folds_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Folding the run into its profile is this process's bookkeeping (a last sample, a durable
+    # write that waits for the disk): a claim queued behind this one must not wait for it.
+    from memgov import _profiles
+
+    real, claims_then = _profiles.record, []
+
+    def record(*args: object, **kwargs: object) -> object:
+        claims_then.append(os.listdir(ledger().path / "claims"))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_profiles, "record", record)
+    with memgov.claim("1GiB"):
+        assert len(os.listdir(ledger().path / "claims")) == 1
+    assert claims_then == [[]]  # [[its record]] when folded first
