@@ -79,9 +79,11 @@ class Run:
     last_rise: float = dataclasses.field(default_factory=time.monotonic)
     given_back: bool = False
     flags: dict[str, bool] = dataclasses.field(default_factory=lambda: {"stop": False})
-    """"stop": set by finish(); "ended": set by the sampler thread as it ends (it never writes
-    the live file after that). Plain assignments, no threading.Event: an interrupt landing inside
-    Event.set() leaves its lock held, and the next set() or wait() hangs for good."""
+    """"stop": set by finish(). Plain assignments, no threading.Event: an interrupt landing
+    inside Event.set() leaves its lock held, and the next set() or wait() hangs for good."""
+    ended: Any = dataclasses.field(default_factory=lambda: _held_lock())
+    """Held while the sampler thread runs; it releases it as it ends (it never writes the live
+    file after that), and finish() waits for that with one timed acquire: no polling."""
     sampler: int | None = None
     """The sampler thread's ident."""
     wake: Any = dataclasses.field(default_factory=lambda: _held_lock())
@@ -167,7 +169,8 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
     from memgov import _threads
 
     _threads.load_thread_unwinder()
-    run.sampler = _thread.start_new_thread(_sample_loop, (weakref.ref(run), run.flags, run.wake))
+    args = (weakref.ref(run), run.flags, run.wake, run.ended)
+    run.sampler = _thread.start_new_thread(_sample_loop, args)
 
 
 def current() -> Run | None:
@@ -199,10 +202,10 @@ def finish(end: str) -> None:
 def _fold(run: Run, end: str) -> None:
     """Fold a finished run into its profile and remove its live file; a profile that cannot
     be written keeps the live file, for the next reader (closing drops its lock)."""
-    if run.sampler is not None and run.sampler != threading.get_ident():
-        deadline = time.monotonic() + 5
-        while not run.flags.get("ended") and time.monotonic() < deadline:
-            time.sleep(0.005)
+    other_thread = run.sampler is not None and run.sampler != threading.get_ident()
+    # Wait for the sampler's last write to the live file, then leave "ended" released.
+    if other_thread and run.ended.acquire(timeout=5):
+        run.ended.release()
     with contextlib.suppress(Exception):
         _sample(run)
     run.end = run.end or end
@@ -326,7 +329,7 @@ def _working(run: Run) -> bool:
     return capped and _torch_reserved()[1] > 0
 
 
-def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool], wake: Any) -> None:
+def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool], wake: Any, ended: Any) -> None:
     from memgov import _profiles
 
     try:
@@ -342,7 +345,7 @@ def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool], wake: Any) -> No
                 pass
             del run  # between samples only the weak reference: see start()
     finally:
-        flags["ended"] = True
+        ended.release()
 
 
 def _stopped(flags: dict[str, bool], wake: Any, seconds: float) -> bool:

@@ -45,16 +45,23 @@ def counted_sleep(seconds):
 
 _runs._sample, time.sleep = counted_sample, counted_sleep
 claim = memgov.claim("1GiB")
-flags = _runs.current().flags
+ended = _runs.current().ended
 enough.wait(120)
+counts["sleeps_in_release"] = 0
+sleep_now = time.sleep
+def release_sleep(seconds):
+    counts["sleeps_in_release"] += 1
+    sleep_now(seconds)
+time.sleep = release_sleep
 claim.release()
-first = {**counts, "ended": bool(flags.get("ended"))}
+time.sleep = sleep_now
+first = {**counts, "ended": not ended.locked()}
 
 _runs.SAMPLE_S = 3600.0  # a sleep only finish() can cut short
 claim = memgov.claim("1GiB")
-flags = _runs.current().flags
+ended = _runs.current().ended
 claim.release()
-print(json.dumps({"first": first, "long_sleep_ended": bool(flags.get("ended"))}))
+print(json.dumps({"first": first, "long_sleep_ended": not ended.locked()}))
 """
 
 
@@ -74,6 +81,7 @@ def test_the_sampler_sleeps_in_one_wait_that_finish_cuts_short(env: dict[str, st
     assert seen["first"]["samples"] >= 10
     assert seen["first"]["sleeps"] == 0
     assert seen["first"]["ended"] and seen["long_sleep_ended"]
+    assert seen["first"]["sleeps_in_release"] == 0  # it waited for the sampler's end in one wait
 
 
 # -- NVML pacing, on a fake clock ---------------------------------------------------------------
