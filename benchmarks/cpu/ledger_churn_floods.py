@@ -170,7 +170,15 @@ def claimer(seed: int) -> None:
         if profile is not None:  # after each claim: a SIGKILL may come at any time
             profile.dump_stats(os.path.join(str(profiles), f"{os.getpid()}.prof"))
         time.sleep(0.02)
+        t1 = time.perf_counter_ns()
+        if profile is not None:
+            profile.enable()
         held.release()
+        if profile is not None:
+            profile.disable()
+        # The budget is held from the admission to here: what the queue behind waits for.
+        done = time.perf_counter_ns()
+        print(json.dumps({"release_ns": done - t1, "held_ns": done - t0 - took}), flush=True)
 
 
 HOLDS_CPU: list[list[float]] = []
@@ -435,6 +443,8 @@ def phase(
         proc.send_signal(signal.SIGKILL)
     finished.extend(live)
     claim_ns, errors, claimers_cpu = [], [], 0.0
+    release_ns: list[int] = []
+    held_ns: list[int] = []
     waits: list[int] = []
     holds: list[int] = []
     events: list[dict[str, Any]] = []
@@ -444,6 +454,8 @@ def phase(
         for line in out.splitlines():
             event = json.loads(line)
             claim_ns.extend([event["claim_ns"]] if "claim_ns" in event else [])
+            release_ns.extend([event["release_ns"]] if "release_ns" in event else [])
+            held_ns.extend([event["held_ns"]] if "held_ns" in event else [])
             errors.extend([event["error"]] if "error" in event else [])
             cpu = event.get("cpu_s", cpu)
             events.extend([event] if "breakdown" in event else [])
@@ -482,6 +494,11 @@ def phase(
         }
         if claim_ns
         else None,
+        # release(): record, thread share and run ended; held: admission to release done
+        "release_ms": {"p50": nearest(release_ns, 50), "p99": nearest(release_ns, 99)}
+        if release_ns
+        else None,
+        "held_ms": {"p50": nearest(held_ns, 50), "p99": nearest(held_ns, 99)} if held_ns else None,
         "admission_lock_wait_ms": {"p50": nearest(waits, 50), "p99": nearest(waits, 99)}
         if waits
         else None,
