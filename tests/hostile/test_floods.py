@@ -238,7 +238,9 @@ def test_roots_gc_judges_files_planted_during_its_sweep_before_the_admission_loc
     assert looks < 64  # _ledger.LOOK_AHEAD; 500 when judged under the lock
 
 
-REMOVALS_UNDER_THE_LOCK = LOOKS_UNDER_THE_LOCK + """
+REMOVALS_UNDER_THE_LOCK = (
+    LOOKS_UNDER_THE_LOCK
+    + """
 removals = [0]
 remove_dead = _records.remove_dead
 def counted_removal(folder_fd, seen):
@@ -246,6 +248,7 @@ def counted_removal(folder_fd, seen):
     return remove_dead(folder_fd, seen)
 _records.remove_dead = counted_removal
 """
+)
 """Counts the files a process removes while it holds the admission lock: ``removals[0]``."""
 
 
