@@ -606,6 +606,31 @@ def summarise(profiles: Path) -> None:
     Path(f"{profiles}.txt").write_text(out.getvalue())
 
 
+def summarize(paths: list[Path]) -> None:
+    """One line per phase of each report (--json): what docs/ledger.md's tables quote."""
+    print("report phase admitted claim_p50/p99_ms lock_wait_p99_ms gc/monitor_longest_hold_ms")
+    for path in paths:
+        report = json.loads(path.read_text())
+        for name in ("clean", "floods"):
+            ph = report.get(name)
+            if not ph:
+                continue
+            # Timed with --breakdown only
+            gc_holds = ph.get("breakdown", {}).get("gc_lock_held_ms")
+            gc = f"{max(gc_holds):.1f}" if gc_holds else "-"
+            held = ph["monitor"].get("lock_held_ms", {}).get("max")
+            monitor = f"{held:.1f}" if held is not None else "-"
+            release = ph.get("release_ms") or {}
+            print(
+                f"{path.name} {name} {ph['admitted']} {ph['claim_ms']['p50']:.1f}/"
+                f"{ph['claim_ms']['p99']:.1f} {ph['admission_lock_wait_ms']['p99']:.1f} "
+                f"{gc}/{monitor} release_p50/p99_ms {release.get('p50', '-')}/"
+                f"{release.get('p99', '-')} over_commits {ph['monitor']['over_commits']} "
+                f"errors {ph['errors']} left {ph['left_at_end']}"
+            )
+        print(f"{path.name} floods/clean p99 {report['p99_ratio']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -634,7 +659,10 @@ def main() -> None:
     parser.add_argument("--gc", action="store_true")
     parser.add_argument("--monitor", type=float)
     parser.add_argument("--flooder")
+    parser.add_argument("--summarize", type=Path, nargs="+", help="reports (--json) to sum up")
     args = parser.parse_args()
+    if args.summarize:
+        return summarize(args.summarize)
     if args.claimer is not None:
         return claimer(int(float(args.claimer) * 2**31))
     if args.monitor is not None:
