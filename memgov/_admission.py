@@ -303,10 +303,7 @@ class _Queue:
             place = self.places[ledger.device.uuid]
             if not place.first():
                 # Someone is ahead: only the first waiter takes the admission lock; this one
-                # wakes when the ticket just ahead goes. Meanwhile it judges what arrived (a
-                # wave of another user's files): its look when first, on the path every
-                # admission behind it waits for, then meets only the last moment's.
-                ledger.first_look()
+                # wakes when the ticket just ahead goes.
                 ahead = place.ahead
                 watch[ledger.path / "queue"] = None if ahead is None else frozenset([ahead])
                 continue

@@ -9,17 +9,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import memgov
 from memgov import _deadnames, _records
 from memgov._ledger import record_payload
-from tests.helpers.procs import ledger, wait_until
+from tests.helpers.procs import ledger
 
 GIB = 2**30
 pytestmark = pytest.mark.usefixtures("sim")
@@ -191,41 +188,3 @@ def test_names_a_scan_cannot_judge_for_good_do_not_reload_the_store_every_scan(
         for handle in held:
             handle.close()
             os.unlink(handle.name)
-
-
-def test_a_waiter_behind_judges_a_flood_before_it_is_first() -> None:
-    # The first waiter's look is on the path of every admission queued behind it: a wave of
-    # files that arrived while it waited behind another must be judged then, not when it is first.
-    from memgov import _admission, _ledger
-
-    device = ledger()
-    device.scan(clean=False)  # makes its folders
-    ahead = device.add("queue", record_payload("waiter", device.device, GIB, "ahead", "soft"))
-    got: list[object] = []
-    waiter = threading.Thread(target=lambda: got.append(memgov.claim("1GiB", wait=60)))
-    judged_when_first, first = [0], [False]
-    real_look, real_empty = _admission._look, _records._empty
-
-    def look(*args: object, **kwargs: object) -> object:
-        first[0] = True
-        try:
-            return real_look(*args, **kwargs)  # type: ignore[arg-type]
-        finally:
-            first[0] = False
-
-    def empty(*args: object, **kwargs: object) -> object:
-        judged_when_first[0] += first[0]
-        return real_empty(*args, **kwargs)  # type: ignore[arg-type]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_admission, "_look", look)
-        patch.setattr(_records, "_empty", empty)
-        waiter.start()
-        wait_until(lambda: len(os.listdir(device.path / "queue")) == 2, timeout=30)
-        plant(device.path / "claims", 500)
-        time.sleep(4 * _admission.BEHIND_POLL_S)  # the waiter looks at its place meanwhile
-        device.remove("queue", ahead)
-        waiter.join(timeout=60)
-    [claim] = got
-    claim.release()  # type: ignore[attr-defined]
-    assert judged_when_first[0] < _ledger.LOOK_AHEAD  # 500 when judged once it is first
