@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,46 @@ def plant(user: User, folder: Path, count: int, prefix: str = "") -> None:
         "os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))\nout(1)",
         timeout=600,
     )
+
+
+def planting(folder: Path, uid: int, count: int, indent: str) -> str:
+    """Code lines, indented by INDENT, that plant COUNT empty record-named files owned by UID in
+    FOLDER (run as root: it chowns them)."""
+    lines = (
+        f"fd = os.open({str(folder)!r}, os.O_RDONLY)",
+        f"for i in range({count}):",
+        " name = f'{i:020d}-00000000000{i % 10}.json'",
+        " os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))",
+        f" os.chown(name, {uid}, {uid}, dir_fd=fd)",
+        "os.close(fd)",
+    )
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def gc_with_a_flood_after(step: str, when: str, flood: str) -> str:
+    """Code that makes DeviceLedger.STEP run FLOOD (planting code indented by two) after it,
+    where WHEN holds, then runs root's gc, leaving its view in ``snap``."""
+    return (
+        "import os\nfrom memgov import _ledger, _status\n"
+        f"real = _ledger.DeviceLedger.{step}\n"
+        "def then_flood(self, *args, **kwargs):\n"
+        " got = real(self, *args, **kwargs)\n"
+        f" if {when}:\n" + flood + " return got\n"
+        f"_ledger.DeviceLedger.{step} = then_flood\n"
+        "snap = _status.snapshots(clean=True, set_up=True)[0]\n"
+    )
+
+
+def as_root(code: str) -> Any:
+    """CODE run in a new interpreter as root (as `sudo memgov gc` runs); what it last gave out()."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import json\nout = lambda o: print(json.dumps(o))\n" + code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def memgov_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -209,31 +250,12 @@ def test_roots_gc_judges_files_planted_during_its_sweep_before_the_admission_loc
     # admission lock, not under it.
     claims = shared / "v1" / "sim0" / "claims"
     b = users["mgl_b"]
-    code = LOOKS_UNDER_THE_LOCK + (
-        "import os\nfrom memgov import _ledger, _status\n"
-        "scan = _ledger.DeviceLedger.scan\n"
-        "def sweep_then_flood(self, *args, **kwargs):\n"
-        " got = scan(self, *args, **kwargs)\n"
-        " if kwargs.get('sweep'):\n"
-        f"  fd = os.open({str(claims)!r}, os.O_RDONLY)\n"
-        "  for i in range(500):\n"
-        "   name = f'{i:020d}-00000000000{i % 10}.json'\n"
-        "   os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))\n"
-        f"   os.chown(name, {b.uid}, {b.uid}, dir_fd=fd)\n"
-        "  os.close(fd)\n"
-        " return got\n"
-        "_ledger.DeviceLedger.scan = sweep_then_flood\n"
-        "snap = _status.snapshots(clean=True, set_up=True)[0]\n"
-        f"out([looks[0], len(snap.removed), len(os.listdir({str(claims)!r}))])"
+    code = (
+        LOOKS_UNDER_THE_LOCK
+        + gc_with_a_flood_after("scan", "kwargs.get('sweep')", planting(claims, b.uid, 500, "  "))
+        + f"out([looks[0], len(snap.removed), len(os.listdir({str(claims)!r}))])"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "import json\nout = lambda o: print(json.dumps(o))\n" + code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # as root, as `sudo memgov gc`
-    assert done.returncode == 0, done.stderr
-    looks, removed, left = json.loads(done.stdout.splitlines()[-1])
+    looks, removed, left = as_root(code)
     assert removed == 500 and left == 0  # root's gc removed B's files, as always
     assert looks < 64  # _ledger.LOOK_AHEAD; 500 when judged under the lock
 
@@ -260,30 +282,12 @@ def test_roots_gc_removes_nothing_under_the_admission_lock(
     # behind B's creations, and every claimer would wait behind that (383 ms holds on 16 cores).
     claims = shared / "v1" / "sim0" / "claims"
     b = users["mgl_b"]
-    code = REMOVALS_UNDER_THE_LOCK + (
-        "import os\nfrom memgov import _ledger, _status\n"
-        "look_ahead = _ledger.DeviceLedger.look_ahead\n"
-        "def look_then_flood(self, *args, **kwargs):\n"
-        " got = look_ahead(self, *args, **kwargs)\n"
-        f" fd = os.open({str(claims)!r}, os.O_RDONLY)\n"
-        " for i in range(30):\n"
-        "  name = f'{i:020d}-00000000000{i % 10}.json'\n"
-        "  os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))\n"
-        f"  os.chown(name, {b.uid}, {b.uid}, dir_fd=fd)\n"
-        " os.close(fd)\n"
-        " return got\n"
-        "_ledger.DeviceLedger.look_ahead = look_then_flood\n"
-        "snap = _status.snapshots(clean=True, set_up=True)[0]\n"
-        f"out([looks[0], removals[0], len(snap.removed), len(os.listdir({str(claims)!r}))])"
+    code = (
+        REMOVALS_UNDER_THE_LOCK
+        + gc_with_a_flood_after("look_ahead", "True", planting(claims, b.uid, 30, "  "))
+        + f"out([looks[0], removals[0], len(snap.removed), len(os.listdir({str(claims)!r}))])"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "import json\nout = lambda o: print(json.dumps(o))\n" + code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # as root, as `sudo memgov gc`
-    assert done.returncode == 0, done.stderr
-    looks, removals, removed, left = json.loads(done.stdout.splitlines()[-1])
+    looks, removals, removed, left = as_root(code)
     assert looks == 30  # judged under the lock: they arrived after the look before it
     assert removed == 30 and left == 0  # and removed, reported, as always
     assert removals == 0  # 30 when removed under the lock
