@@ -22,7 +22,8 @@
 #                               25 copies of unchanged public scripts (PyTorch examples' mnist
 #                               and dcgan; vae in the second call; carried in .public/), memgov
 #                               vs hand-tuned, a warm-up run then two rounds
-#                               (benchmarks/gpu/scripts_checks.py); public_scripts_diag: MNIST
+#                               (benchmarks/gpu/scripts_checks.py); public_scripts_dcgan: DCGAN
+#                               alone, three rounds; public_scripts_diag: MNIST
 #                               under diagnostic conditions, CPU per thread; `pinned` the same for
 #                               the plain loop with Adam and a pinned-memory gather; each run
 #                               says where its time went (start-up, steady rate, after training,
@@ -131,6 +132,9 @@ python3 -m memgov devices' ;;
       kinds=mnist,dcgan; [ "$check" = public_scripts_vae ] && kinds=vae
       run "$check" 575 python3 benchmarks/gpu/scripts_checks.py \
         --kinds "$kinds" --rounds 2 --budget 555 --tag "${kinds//,/-}" --out "$OUT" ;;
+    public_scripts_dcgan)  # DCGAN alone, three rounds after a warm-up: the kind still below 1
+      run public_scripts_dcgan 575 python3 benchmarks/gpu/scripts_checks.py \
+        --kinds dcgan --rounds 3 --budget 555 --tag dcgan-rounds --out "$OUT" ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
       run public_scripts_diag 360 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps,memgov_mps,memgov_mps_omp1,hand_mps_limit,hand_mps_cap \
