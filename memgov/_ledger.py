@@ -12,7 +12,8 @@ which would serialise every claimer behind it. A reading taken earlier can only 
 that released since then as still using memory: conservative. Releases need no lock: removing a
 record only frees room, and a concurrent admission that still sees it is merely conservative.
 Liveness comes from each record's own flock (see _records), so a dead holder's budget is free at
-the next scan.
+the next scan; its file is removed once the lock is released (:meth:`DeviceLedger.locked`), like
+every dead file a scan under the lock finds.
 """
 
 from __future__ import annotations
@@ -263,7 +264,8 @@ class DeviceLedger:
         """Read the live claims and queue; call under ``locked()`` for a consistent view.
 
         ``clean`` removes dead holders' files where this user may, and every other file no one
-        holds (nobody's live claim); ``sweep`` (gc) opens files whose names are not memgov's
+        holds (nobody's live claim): at once, or under ``locked()`` once the lock is released
+        (``removed`` fills in then); ``sweep`` (gc) opens files whose names are not memgov's
         too, so that those go as well; ``queue=False`` skips the queue (a refusal's message
         needs only the claims). ``reading``: NVML's view taken just before the lock
         (:meth:`read`); None reads it now. ``memo`` (with ``clean=False``): "note" the files found
