@@ -13,7 +13,8 @@ slow drift of the machine falls on both sides. Conditions:
   PYTORCH_ALLOC_CONF=per_process_memory_fraction, as an expert would), memgov_soft (MEMGOV_CLAIM
   under the hand-started daemon: soft mode, no MPS memory limit), memgov_mps_omp1 (+
   OMP_NUM_THREADS=1: memgov leaves threads alone), hand_mps_limit (+ MPS's memory limit at the
-  claim, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as memgov sets it)
+  claim, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as memgov sets it, with MEMGOV_CLAIM=off: memgov
+  would read that variable as a scheduler's budget and govern)
 
 Per run: the span from the first launch to the last exit (what a user waits for), every job's
 exit status and wall time, NVML peak per job and of the device, and every stderr line that is
@@ -155,7 +156,9 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         env = {**memgov, **hand}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "hand_mps_limit":  # MPS's memory limit alone, as memgov sets it for the claim
-        env = {**hand, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={parse_size(claim) // 2**20}M"}
+        # MEMGOV_CLAIM=off: memgov reads that variable as a scheduler's budget and would govern
+        limit = f"0={parse_size(claim) // 2**20}M"
+        env = {**hand, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": limit, "MEMGOV_CLAIM": "off"}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "memgov_mps_nonvml":  # memgov's sampler without its NVML looks
         env = {**memgov, "SCRIPTS_NO_NVML": "1"}

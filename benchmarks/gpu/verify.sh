@@ -23,7 +23,8 @@
 #                               and dcgan; vae in the second call; carried in .public/), memgov
 #                               vs hand-tuned, a warm-up run then two rounds
 #                               (benchmarks/gpu/scripts_checks.py); public_scripts_dcgan: DCGAN
-#                               alone, three rounds; public_scripts_diag: MNIST
+#                               alone, three rounds (public_scripts_dcgan_diag: the
+#                               allocator cap alone, MPS's memory limit alone); public_scripts_diag: MNIST
 #                               under diagnostic conditions, CPU per thread; `pinned` the same for
 #                               the plain loop with Adam and a pinned-memory gather; each run
 #                               says where its time went (start-up, steady rate, after training,
@@ -135,6 +136,10 @@ python3 -m memgov devices' ;;
     public_scripts_dcgan)  # DCGAN alone, three rounds after a warm-up: the kind still below 1
       run public_scripts_dcgan 575 python3 benchmarks/gpu/scripts_checks.py \
         --kinds dcgan --rounds 3 --budget 555 --tag dcgan-rounds --out "$OUT" ;;
+    public_scripts_dcgan_diag)  # DCGAN: the allocator cap alone, MPS's memory limit alone
+      run public_scripts_dcgan_diag 575 python3 benchmarks/gpu/scripts_checks.py --kinds dcgan \
+        --conditions hand_mps,memgov_mps,hand_mps_cap,hand_mps_limit --rounds 2 --budget 555 \
+        --tag dcgan-diag --out "$OUT" ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
       run public_scripts_diag 360 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps,memgov_mps,memgov_mps_omp1,hand_mps_limit,hand_mps_cap \
