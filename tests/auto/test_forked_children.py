@@ -45,8 +45,15 @@ def governed(
     return env
 
 
+def not_pythons(stderr: str) -> list[str]:
+    """STDERR's lines less CPython's resource tracker's: it sometimes warns of a leaked semaphore
+    of spawned workers at exit, memgov or not (1 run in 20 of the spawn DataLoader program with
+    no memgov at all, on the CPU machine)."""
+    return [line for line in stderr.splitlines() if "resource_tracker" not in line]
+
+
 def only_info_lines(stderr: str) -> None:
-    for line in stderr.splitlines():
+    for line in not_pythons(stderr):
         assert line.startswith("memgov: ") and not line.startswith("memgov: warning"), stderr
 
 
