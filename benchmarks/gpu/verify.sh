@@ -26,7 +26,9 @@
 #                               alone, three rounds (public_scripts_dcgan_diag: the
 #                               allocator cap alone, MPS's memory limit alone;
 #                               public_scripts_capped: MNIST and VAE against hand-tuned with the
-#                               same memory cap); public_scripts_diag: MNIST
+#                               same memory cap; public_scripts_threads: the same with
+#                               MEMGOV_THREADS=1 beside, whether the thread share costs);
+#                               public_scripts_diag: MNIST
 #                               under diagnostic conditions, CPU per thread; `pinned` the same for
 #                               the plain loop with Adam and a pinned-memory gather; each run
 #                               says where its time went (start-up, steady rate, after training,
@@ -146,6 +148,11 @@ python3 -m memgov devices' ;;
       # (torch's allocator capped at the claim, as an expert keeps jobs apart), two rounds each
       run public_scripts_capped 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist,vae \
         --conditions hand_mps_cap,memgov_mps --rounds 2 --budget 555 --tag capped --out "$OUT" ;;
+    public_scripts_threads)  # MNIST and VAE: the capped hand-tuned, memgov, memgov with
+      # MEMGOV_THREADS=1 (no follower: whether growing into idle cores costs these scripts)
+      run public_scripts_threads 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist,vae \
+        --conditions hand_mps_cap,memgov_mps,memgov_mps_fixed --rounds 2 --budget 555 \
+        --tag threads --out "$OUT" ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
       run public_scripts_diag 360 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps,memgov_mps,memgov_mps_omp1,hand_mps_limit,hand_mps_cap \
