@@ -102,7 +102,7 @@ class Breakdown:
         setattr(owner, attr, timed)
 
     def install(self) -> None:
-        from memgov import _admission, _claim, _deadnames, _flock, _ledger, _runs, _wake
+        from memgov import _admission, _claim, _deadnames, _flock, _ledger, _records, _runs, _wake
 
         time_lock_holds()  # counts the flood files judged under the lock (LOOKS_HELD)
 
@@ -117,6 +117,12 @@ class Breakdown:
         self.wrap(_runs, "start", "runs")
         self.wrap(_deadnames, "flush", "flush")
         self.wrap(_deadnames, "reload", "reload")
+        # Whether the flooded folder itself is slow, apart from judging its names: the scans
+        # (inside the looks), the record's write (create, lock, rename in claims/ or queue/)
+        # and removals (the queue ticket's, inside the claim).
+        self.wrap(_ledger.DeviceLedger, "scan", "scan")
+        self.wrap(_records, "_write_locked", "write")
+        self.wrap(_ledger.DeviceLedger, "remove", "remove")
 
     def report(self, ended: float) -> dict[str, Any]:
         out: dict[str, Any] = {k: [round(v[0], 6), v[1]] for k, v in self.parts.items()}

@@ -27,7 +27,9 @@
 #                               allocator cap alone, MPS's memory limit alone;
 #                               public_scripts_capped: MNIST and VAE against hand-tuned with the
 #                               same memory cap; public_scripts_threads: the same with
-#                               MEMGOV_THREADS=1 beside, whether the thread share costs);
+#                               MEMGOV_THREADS=1 beside, whether the thread share costs;
+#                               public_scripts_few: the same three with 1 and 4 MNIST copies,
+#                               where memgov's share grows threads);
 #                               public_scripts_diag: MNIST
 #                               under diagnostic conditions, CPU per thread; `pinned` the same for
 #                               the plain loop with Adam and a pinned-memory gather; each run
@@ -153,6 +155,13 @@ python3 -m memgov devices' ;;
       run public_scripts_threads 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist,vae \
         --conditions hand_mps_cap,memgov_mps,memgov_mps_fixed --rounds 2 --budget 555 \
         --tag threads --out "$OUT" ;;
+    public_scripts_few)  # MNIST alone and 4 at once: the share grows threads there, hand-tuned
+      # jobs keep 1 (the capped hand-tuned, memgov, memgov with MEMGOV_THREADS=1; two rounds each)
+      for n in 1 4; do
+        run "public_scripts_few_$n" 280 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
+          --n "$n" --conditions hand_mps_cap,memgov_mps,memgov_mps_fixed --rounds 2 --no-warmup \
+          --budget 260 --tag "few-$n" --out "$OUT"
+      done ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
       run public_scripts_diag 360 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps,memgov_mps,memgov_mps_omp1,hand_mps_limit,hand_mps_cap \
