@@ -14,7 +14,8 @@ slow drift of the machine falls on both sides. Conditions:
   under the hand-started daemon: soft mode, no MPS memory limit), memgov_mps_omp1 (+
   OMP_NUM_THREADS=1: memgov leaves threads alone), hand_mps_limit (+ MPS's memory limit at the
   claim, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as memgov sets it, with MEMGOV_CLAIM=off: memgov
-  would read that variable as a scheduler's budget and govern)
+  would read that variable as a scheduler's budget and govern), memgov_mps_passive (+
+  OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep at once instead of spinning)
 
 Per run: the span from the first launch to the last exit (what a user waits for), every job's
 exit status and wall time, NVML peak per job and of the device, and every stderr line that is
@@ -129,6 +130,7 @@ CONDITIONS = (
     "hand_mps_yield",
     "hand_mps_blocking",
     "memgov_mps_nonvml",
+    "memgov_mps_passive",
 )
 
 
@@ -160,6 +162,9 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         limit = f"0={parse_size(claim) // 2**20}M"
         env = {**hand, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": limit, "MEMGOV_CLAIM": "off"}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
+    if name == "memgov_mps_passive":  # OpenMP's idle threads sleep at once instead of spinning
+        env = {**memgov, "OMP_WAIT_POLICY": "PASSIVE"}
+        return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "memgov_mps_nonvml":  # memgov's sampler without its NVML looks
         env = {**memgov, "SCRIPTS_NO_NVML": "1"}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}

@@ -29,7 +29,8 @@
 #                               same memory cap; public_scripts_threads: the same with
 #                               MEMGOV_THREADS=1 beside, whether the thread share costs;
 #                               public_scripts_few: the same three with 1 and 4 MNIST copies,
-#                               where memgov's share grows threads);
+#                               where memgov's share grows threads; FEW_N and FEW_CONDITIONS
+#                               pick others);
 #                               public_scripts_diag: MNIST
 #                               under diagnostic conditions, CPU per thread; `pinned` the same for
 #                               the plain loop with Adam and a pinned-memory gather; each run
@@ -157,9 +158,9 @@ python3 -m memgov devices' ;;
         --tag threads --out "$OUT" ;;
     public_scripts_few)  # MNIST alone and 4 at once: the share grows threads there, hand-tuned
       # jobs keep 1 (the capped hand-tuned, memgov, memgov with MEMGOV_THREADS=1; two rounds each)
-      for n in 1 4; do
+      for n in ${FEW_N:-1 4}; do
         run "public_scripts_few_$n" 280 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
-          --n "$n" --conditions hand_mps_cap,memgov_mps,memgov_mps_fixed --rounds 2 --no-warmup \
+          --n "$n" --conditions "${FEW_CONDITIONS:-hand_mps_cap,memgov_mps,memgov_mps_fixed}" --rounds 2 --no-warmup \
           --budget 260 --tag "few-$n" --out "$OUT"
       done ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
