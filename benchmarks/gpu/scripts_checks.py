@@ -15,7 +15,9 @@ slow drift of the machine falls on both sides. Conditions:
   OMP_NUM_THREADS=1: memgov leaves threads alone), hand_mps_limit (+ MPS's memory limit at the
   claim, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, as memgov sets it, with MEMGOV_CLAIM=off: memgov
   would read that variable as a scheduler's budget and govern), memgov_mps_passive (+
-  OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep at once instead of spinning)
+  OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep at once instead of spinning),
+  memgov_mps_nogrow (memgov's thread share followed down only: never grown into idle cores or
+  a departed neighbour's share)
 
 Per run: the span from the first launch to the last exit (what a user waits for), every job's
 exit status and wall time, NVML peak per job and of the device, and every stderr line that is
@@ -131,6 +133,7 @@ CONDITIONS = (
     "hand_mps_blocking",
     "memgov_mps_nonvml",
     "memgov_mps_passive",
+    "memgov_mps_nogrow",
 )
 
 
@@ -164,6 +167,9 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "memgov_mps_passive":  # OpenMP's idle threads sleep at once instead of spinning
         env = {**memgov, "OMP_WAIT_POLICY": "PASSIVE"}
+        return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
+    if name == "memgov_mps_nogrow":  # the share followed down only, never grown
+        env = {**memgov, "SCRIPTS_NO_GROWTH": "1"}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "memgov_mps_nonvml":  # memgov's sampler without its NVML looks
         env = {**memgov, "SCRIPTS_NO_NVML": "1"}
@@ -437,10 +443,23 @@ def _no_nvml():
         pass
 
 
+def _no_growth():
+    """SCRIPTS_NO_GROWTH=1: memgov's follower lowers this process's threads when neighbours
+    arrive but never raises them: whether growing costs these jobs."""
+    if os.environ.get("SCRIPTS_NO_GROWTH") != "1":
+        return
+    try:
+        from memgov import _threads
+        _threads._Growth.target = lambda self, wanted, fair, now: min(wanted, fair)
+    except Exception:
+        pass
+
+
 atexit.register(_dump_all)
 _register_shutdown()
 _cuda_sched()
 _no_nvml()
+_no_growth()
 try:
     _chain()
 except Exception:

@@ -30,7 +30,9 @@
 #                               MEMGOV_THREADS=1 beside, whether the thread share costs;
 #                               public_scripts_few: the same three with 1 and 4 MNIST copies,
 #                               where memgov's share grows threads; FEW_N and FEW_CONDITIONS
-#                               pick others);
+#                               pick others; public_scripts_growth: 25 MNIST copies, the
+#                               capped hand-tuned, memgov, memgov never growing its threads,
+#                               MEMGOV_THREADS=1);
 #                               public_scripts_diag: MNIST
 #                               under diagnostic conditions, CPU per thread; `pinned` the same for
 #                               the plain loop with Adam and a pinned-memory gather; each run
@@ -163,6 +165,10 @@ python3 -m memgov devices' ;;
           --n "$n" --conditions "${FEW_CONDITIONS:-hand_mps_cap,memgov_mps,memgov_mps_fixed}" --rounds 2 --no-warmup \
           --budget 260 --tag "few-$n" --out "$OUT"
       done ;;
+    public_scripts_growth)  # 25 MNIST copies: whether the share's growth is what costs memgov
+      run public_scripts_growth 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
+        --conditions hand_mps_cap,memgov_mps,memgov_mps_nogrow,memgov_mps_fixed --rounds 2 \
+        --budget 555 --tag growth --out "$OUT" ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
       run public_scripts_diag 360 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps,memgov_mps,memgov_mps_omp1,hand_mps_limit,hand_mps_cap \
