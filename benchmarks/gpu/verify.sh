@@ -32,7 +32,9 @@
 #                               where memgov's share grows threads; FEW_N and FEW_CONDITIONS
 #                               pick others; public_scripts_growth: 25 MNIST copies, the
 #                               capped hand-tuned, memgov, memgov never growing its threads,
-#                               MEMGOV_THREADS=1);
+#                               MEMGOV_THREADS=1); startup_burst: 25 tiny torch programs
+#                               started at once, hand-tuned vs governed, where start-up goes
+#                               (benchmarks/gpu/startup_burst.py, about 2 minutes);
 #                               public_scripts_diag: MNIST
 #                               under diagnostic conditions, CPU per thread; `pinned` the same for
 #                               the plain loop with Adam and a pinned-memory gather; each run
@@ -169,6 +171,8 @@ python3 -m memgov devices' ;;
       run public_scripts_growth 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps_cap,memgov_mps,memgov_mps_nogrow,memgov_mps_fixed --rounds 2 \
         --budget 555 --tag growth --out "$OUT" ;;
+    startup_burst)  # where memgov's start-up goes when 25 jobs start at once
+      run startup_burst 200 python3 benchmarks/gpu/startup_burst.py --out "$OUT" ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
       run public_scripts_diag 360 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps,memgov_mps,memgov_mps_omp1,hand_mps_limit,hand_mps_cap \
