@@ -118,6 +118,12 @@ def main() -> None:
                 stats.add(name)
             text.write(f"{len(files)} governed processes, summed\n")
             stats.sort_stats("cumulative").print_stats(70)
+            # memgov's own share, whatever torch's import costs around it (NVML's calls
+            # included): what a governed start adds
+            text.write("\n== memgov, its adapters and NVML only, by cumulative time\n")
+            stats.sort_stats("cumulative").print_stats("memgov|adapters|pynvml", 60)
+            text.write("\n== the same, by own time\n")
+            stats.sort_stats("tottime").print_stats("memgov|adapters|pynvml", 40)
             (args.out / "startup_burst_profile.txt").write_text(text.getvalue())
     save(args.out, runs)
 
