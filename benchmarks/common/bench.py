@@ -68,6 +68,32 @@ def nearest_rank(values: Iterable[float], pct: float) -> float:
     return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1]
 
 
+def summed_profiles(files: list[Path], what: str, top: int = 60) -> str:
+    """cProfile files of several processes summed: their count (``what`` names them), then the
+    ``top`` functions by cumulative time and by own time. A torn file (a process killed while it
+    dumped its profile) is left out."""
+    import io
+    import pstats
+
+    readable = []
+    for path in files:
+        try:
+            pstats.Stats(str(path), stream=io.StringIO())
+        except (EOFError, ValueError, TypeError):
+            continue
+        readable.append(str(path))
+    if not readable:
+        return ""
+    out = io.StringIO()
+    stats = pstats.Stats(readable[0], stream=out)
+    for name in readable[1:]:
+        stats.add(name)
+    out.write(f"{len(readable)} {what}\n")
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top * 2 // 3)
+    return out.getvalue()
+
+
 # -- worker processes -----------------------------------------------------------------------------
 def ledger_env(ledger: Path, devices: str) -> dict[str, str]:
     """This environment for workers on a ledger of their own (``devices``: MEMGOV_DEVICES),

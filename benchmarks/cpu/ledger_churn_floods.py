@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+from bench import summed_profiles
+
 CLAIMER, FLOODER, MONITOR = 54321, 54322, 54324
 PROFILE_ENV = "CHURN_PROFILE_DIR"
 BREAKDOWN_ENV = "CHURN_BREAKDOWN"
@@ -590,26 +593,9 @@ def lock_held(report: str | None) -> list[int]:
 
 def summarise(profiles: Path) -> None:
     """Every claimer's cProfile of its claims, summed: PHASE.txt beside the phase's folder."""
-    import io
-    import pstats
-
-    files = []
-    for path in sorted(profiles.glob("*.prof")):
-        try:  # a claimer SIGKILLed while it dumped its profile leaves a torn file
-            pstats.Stats(str(path), stream=io.StringIO())
-        except (EOFError, ValueError, TypeError):
-            continue
-        files.append(str(path))
-    if not files:
-        return
-    out = io.StringIO()
-    stats = pstats.Stats(files[0], stream=out)
-    for name in files[1:]:
-        stats.add(name)
-    out.write(f"{len(files)} claimer processes\n")
-    stats.sort_stats("cumulative").print_stats(60)
-    stats.sort_stats("tottime").print_stats(40)
-    Path(f"{profiles}.txt").write_text(out.getvalue())
+    text = summed_profiles(sorted(profiles.glob("*.prof")), "claimer processes")
+    if text:
+        Path(f"{profiles}.txt").write_text(text)
 
 
 def summarize(paths: list[Path]) -> None:

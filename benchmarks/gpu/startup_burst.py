@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scripts_checks as sc
 import threads_checks as tc
+from bench import summed_profiles
 
 PROGRAM = """
 import json, os, sys, time
@@ -110,22 +111,25 @@ def main() -> None:
         with tc.mps_for(cond, base, work, {}) as env:
             got = burst(args.n, {**env, **cond["env"]}, work, profiles)
         runs.append({"condition": "memgov_mps", "round": "profiled", **got})
-        files = [str(p) for p in sorted(profiles.glob("*.prof"))]
-        if files:
-            text = io.StringIO()
-            stats = pstats.Stats(files[0], stream=text)
-            for name in files[1:]:
-                stats.add(name)
-            text.write(f"{len(files)} governed processes, summed\n")
-            stats.sort_stats("cumulative").print_stats(70)
-            # memgov's own share, whatever torch's import costs around it (NVML's calls
-            # included): what a governed start adds
-            text.write("\n== memgov, its adapters and NVML only, by cumulative time\n")
-            stats.sort_stats("cumulative").print_stats("memgov|adapters|pynvml", 60)
-            text.write("\n== the same, by own time\n")
-            stats.sort_stats("tottime").print_stats("memgov|adapters|pynvml", 40)
-            (args.out / "startup_burst_profile.txt").write_text(text.getvalue())
+        text = summed_profiles(sorted(profiles.glob("*.prof")), "governed processes, summed")
+        # memgov's own share apart from torch's import around it (NVML's calls included)
+        mine = profile_of(sorted(profiles.glob("*.prof")), "memgov|adapters|pynvml")
+        (args.out / "startup_burst_profile.txt").write_text(text + mine)
     save(args.out, runs)
+
+
+def profile_of(files: list[Path], pattern: str) -> str:
+    """The summed profiles' functions whose file matches ``pattern``, by cumulative and own time."""
+    if not files:
+        return ""
+    out = io.StringIO()
+    stats = pstats.Stats(str(files[0]), stream=out)
+    for path in files[1:]:
+        stats.add(str(path))
+    out.write(f"\n== {pattern} only, by cumulative time, then by own time\n")
+    stats.sort_stats("cumulative").print_stats(pattern, 60)
+    stats.sort_stats("tottime").print_stats(pattern, 40)
+    return out.getvalue()
 
 
 def save(out: Path, runs: list[dict[str, Any]]) -> None:
