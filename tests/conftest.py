@@ -52,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     no folder in /tmp or the home folder. A --basetemp of the user's is theirs to keep."""
     host_changes.allowed(config)  # a bad MEMGOV_TEST_HOST_CHANGES stops here, before any folder
     _interruptible_children()
+    _terminate_like_interrupt()
     if getattr(config, "workerinput", None) is not None or config.option.basetemp:
         return
     session = Path(tempfile.mkdtemp(prefix="memgov-tests-"))
@@ -78,6 +79,24 @@ def _interruptible_children() -> None:
     default in each child at exec, so the children get Ctrl-C as from a terminal."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _terminate_like_interrupt() -> None:
+    """SIGTERM (a CI timeout, `kill`) ends the session as Ctrl-C does: with its teardown, so the
+    engines, users and folders its fixtures made go, where the default action would leave them
+    (the next session still removes a killed one's engines: tests/docker/leftovers.py). A
+    process forked from this one (a test's child) keeps the default: it dies by the signal."""
+    session = os.getpid()
+
+    def interrupt(signum: int, _frame: object) -> None:
+        if os.getpid() != session:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -3,7 +3,9 @@
 Where no engine answers and the tests run as root, the ``docker_engine`` fixture installs Debian's
 ``docker.io`` and ``debootstrap`` with apt-get when ``dockerd`` is missing, and starts ``dockerd
 --bridge=none --iptables=false`` (containers use ``--network none``, builds ``--network host``;
-no network with addresses is ever made). It stops the daemon it started, and only that one.
+no network with addresses is ever made). It stops the daemon it started, and only that one;
+what a session killed before its teardown left, the next session removes
+(tests/docker/leftovers.py).
 Each of these fixtures changes the host, so the tests using them run only with
 ``pytest --host-changes`` (tests/helpers/host_changes.py).
 Anywhere else every test here is skipped, saying why (never a silent pass):
@@ -30,12 +32,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.docker import leftovers
 from tests.helpers.host_changes import changes_host
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "memgov-base:bookworm"
 IMAGE = "memgov-mnist:test"
-USERNS_SOCKET = f"/var/run/memgov-test-userns-{os.getpid()}.sock"
+USERNS_SOCKET = str(leftovers.RUN / leftovers.USERNS_SOCKET)
 """Per test session: two sessions on one machine must not share (and stop) each other's daemon."""
 SETTING = "MEMGOV_DOCKER_TESTS"
 
@@ -104,6 +107,11 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     setting = os.environ.get(SETTING, "").strip().lower()
     if setting == "off":
         pytest.skip(f"{SETTING}=off: container tests skipped on purpose")
+    if os.geteuid() == 0:
+        # A session killed before its teardown left its engines running (and the one it
+        # started would answer _up() below, and never be stopped): stop those first.
+        for line in leftovers.remove():
+            sys.stderr.write(f"memgov tests: {line}\n")
     version = _up()
     if version is not None:
         yield Engine(started_here=False, installed_here=False, version=version)
@@ -131,7 +139,9 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
                 pytest.skip(f"{' '.join(argv)} failed: {(done.stderr or done.stdout)[-600:]}")
         installed = True
     log = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
-    daemon = _start_dockerd(["--bridge=none", "--iptables=false"], log, None)
+    # The pid file names this session: a later one knows the engine (tests/docker/leftovers.py)
+    pidfile = str(leftovers.RUN / leftovers.PIDFILE)
+    daemon = _start_dockerd(["--bridge=none", "--iptables=false", "--pidfile", pidfile], log, None)
     try:
         yield Engine(started_here=True, installed_here=installed, version=_up() or "?")
     finally:
@@ -230,8 +240,8 @@ def userns_engine(docker_image: str, tmp_path_factory: pytest.TempPathFactory) -
         pytest.skip("a second dockerd (--userns-remap) needs root and dockerd")
     host = f"unix://{USERNS_SOCKET}"
     env = {**os.environ, "DOCKER_HOST": host}
-    data = Path(tempfile.mkdtemp(prefix="memgov-test-userns-", dir="/var/lib"))
-    run_dir = Path(tempfile.mkdtemp(prefix="memgov-test-userns-", dir="/var/run"))
+    data = Path(tempfile.mkdtemp(prefix=leftovers.USERNS_PREFIX, dir=leftovers.LIB))
+    run_dir = Path(tempfile.mkdtemp(prefix=leftovers.USERNS_PREFIX, dir=leftovers.RUN))
     log = tmp_path_factory.mktemp("dockerd-userns") / "dockerd.log"
     daemon = _start_dockerd(
         [

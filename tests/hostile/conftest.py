@@ -48,6 +48,23 @@ class User:
         return json.loads(lines[-1]) if lines else None
 
 
+MADE_BY = "memgov tests, session "
+"""The comment of each user a test session makes, with its pid: a session killed before its
+teardown leaves its users, and the next one then knows them as a test's, not the host's."""
+
+
+def made_by_a_session_that_is_gone(comment: str) -> bool:
+    if not comment.startswith(MADE_BY) or not comment[len(MADE_BY) :].isdigit():
+        return False
+    try:
+        os.kill(int(comment[len(MADE_BY) :]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive (another user's process)
+    return False
+
+
 @pytest.fixture(scope="session")
 @changes_host("creates the users mgl_a, mgl_b and mgl_c with useradd, removed after the session")
 def users() -> Iterator[dict[str, User]]:
@@ -57,7 +74,7 @@ def users() -> Iterator[dict[str, User]]:
     found: dict[str, User] = {}
     for name in NAMES:
         try:
-            pwd.getpwnam(name)
+            entry = pwd.getpwnam(name)
         except KeyError:
             subprocess.run(
                 [
@@ -66,12 +83,17 @@ def users() -> Iterator[dict[str, User]]:
                     "--user-group",
                     "--shell",
                     "/usr/sbin/nologin",
+                    "--comment",
+                    f"{MADE_BY}{os.getpid()}",
                     name,
                 ],
                 check=True,
                 capture_output=True,
             )
             made.append(name)
+        else:
+            if made_by_a_session_that_is_gone(entry.pw_gecos):
+                made.append(name)  # a killed session's, never removed: this one removes it
         found[name] = User(name, pwd.getpwnam(name).pw_uid)
     yield found
     for name in made:
