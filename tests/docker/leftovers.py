@@ -19,9 +19,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.helpers.host_changes import SESSION_PID, session_gone
+
 RUN = Path("/var/run")
 LIB = Path("/var/lib")
-SESSION_PID = os.getpid()
 PIDFILE = f"memgov-test-dockerd-{SESSION_PID}.pid"
 """The default engine's --pidfile, in RUN: names the session that started it."""
 USERNS_SOCKET = f"memgov-test-userns-{SESSION_PID}.sock"
@@ -33,19 +34,9 @@ _OURS = re.compile(r"memgov-test-(?:dockerd|userns)-(\d+)(?:\.pid|\.sock|-)")
 STOP_S = 60.0
 
 
-def session_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive, and not ours to judge
-    return True
-
-
 def _ours_and_dead(text: str) -> bool:
     found = _OURS.search(text)
-    return found is not None and not session_alive(int(found.group(1)))
+    return found is not None and session_gone(int(found.group(1)))
 
 
 def orphaned_engines(proc: Path = Path("/proc")) -> list[int]:

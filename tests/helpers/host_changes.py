@@ -26,6 +26,24 @@ FIXTURES: dict[str, str] = {}
 F = TypeVar("F", bound=Callable[..., object])
 
 
+SESSION_PID = os.getpid()
+"""This test session's pid: what a fixture that changes the host names its engines, folders and
+users with, so that a later session knows them as this one's once it is gone (killed before its
+teardown) and removes them (tests/docker/leftovers.py, tests/hostile/conftest.py)."""
+
+
+def session_gone(pid: int) -> bool:
+    """Whether the session of that pid no longer runs (another user's process counts as running:
+    what is not known to be gone is never removed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def changes_host(what: str) -> Callable[[F], F]:
     """Register the fixture function below it as one doing ``what`` to the host."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.host_changes import changes_host
+from tests.helpers.host_changes import SESSION_PID, changes_host, session_gone
 
 ACTOR = Path(__file__).resolve().parent / "actor.py"
 NAMES = ("mgl_a", "mgl_b", "mgl_c")
@@ -54,15 +54,8 @@ teardown leaves its users, and the next one then knows them as a test's, not the
 
 
 def made_by_a_session_that_is_gone(comment: str) -> bool:
-    if not comment.startswith(MADE_BY) or not comment[len(MADE_BY) :].isdigit():
-        return False
-    try:
-        os.kill(int(comment[len(MADE_BY) :]), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive (another user's process)
-    return False
+    pid = comment.removeprefix(MADE_BY)
+    return comment.startswith(MADE_BY) and pid.isdigit() and session_gone(int(pid))
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +77,7 @@ def users() -> Iterator[dict[str, User]]:
                     "--shell",
                     "/usr/sbin/nologin",
                     "--comment",
-                    f"{MADE_BY}{os.getpid()}",
+                    f"{MADE_BY}{SESSION_PID}",
                     name,
                 ],
                 check=True,
