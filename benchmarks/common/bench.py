@@ -68,10 +68,11 @@ def nearest_rank(values: Iterable[float], pct: float) -> float:
     return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1]
 
 
-def summed_profiles(files: list[Path], what: str, top: int = 60) -> str:
+def summed_profiles(files: list[Path], what: str, top: int = 60, only: str = "") -> str:
     """cProfile files of several processes summed: their count (``what`` names them), then the
-    ``top`` functions by cumulative time and by own time. A torn file (a process killed while it
-    dumped its profile) is left out."""
+    ``top`` functions by cumulative time and by own time (``only``: those whose file and name
+    match this regular expression). A torn file (a process killed while it dumped its profile)
+    is left out."""
     import io
     import pstats
 
@@ -89,8 +90,9 @@ def summed_profiles(files: list[Path], what: str, top: int = 60) -> str:
     for name in readable[1:]:
         stats.add(name)
     out.write(f"{len(readable)} {what}\n")
-    stats.sort_stats("cumulative").print_stats(top)
-    stats.sort_stats("tottime").print_stats(top * 2 // 3)
+    keep = [only] if only else []
+    stats.sort_stats("cumulative").print_stats(*keep, top)
+    stats.sort_stats("tottime").print_stats(*keep, top * 2 // 3)
     return out.getvalue()
 
 

@@ -15,10 +15,8 @@ OUT/startup_burst.json.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import pstats
 import statistics
 import subprocess
 import sys
@@ -111,25 +109,13 @@ def main() -> None:
         with tc.mps_for(cond, base, work, {}) as env:
             got = burst(args.n, {**env, **cond["env"]}, work, profiles)
         runs.append({"condition": "memgov_mps", "round": "profiled", **got})
-        text = summed_profiles(sorted(profiles.glob("*.prof")), "governed processes, summed")
+        files = sorted(profiles.glob("*.prof"))
+        text = summed_profiles(files, "governed processes, summed", top=70)
         # memgov's own share apart from torch's import around it (NVML's calls included)
-        mine = profile_of(sorted(profiles.glob("*.prof")), "memgov|adapters|pynvml")
-        (args.out / "startup_burst_profile.txt").write_text(text + mine)
+        pattern = "memgov|adapters|pynvml"
+        text += summed_profiles(files, f"governed processes, {pattern} only", only=pattern)
+        (args.out / "startup_burst_profile.txt").write_text(text)
     save(args.out, runs)
-
-
-def profile_of(files: list[Path], pattern: str) -> str:
-    """The summed profiles' functions whose file matches ``pattern``, by cumulative and own time."""
-    if not files:
-        return ""
-    out = io.StringIO()
-    stats = pstats.Stats(str(files[0]), stream=out)
-    for path in files[1:]:
-        stats.add(str(path))
-    out.write(f"\n== {pattern} only, by cumulative time, then by own time\n")
-    stats.sort_stats("cumulative").print_stats(pattern, 60)
-    stats.sort_stats("tottime").print_stats(pattern, 40)
-    return out.getvalue()
 
 
 def save(out: Path, runs: list[dict[str, Any]]) -> None:
