@@ -297,8 +297,11 @@ class _Queue:
     def look(self) -> Admitted | _Watch:
         """One round over the devices: admitted where this waiter is first and fits, else what
         to wake up for."""
+        assert self.waker is not None  # joined
         poll = BEHIND_POLL_S
         watch: dict[Path, frozenset[str] | None] = {}
+        # queue/ stays watched on every device; claims/ only where this waiter is first.
+        watched = {lg.path / "queue" for lg in self.ledgers}
         for ledger in self.ledgers:
             place = self.places[ledger.device.uuid]
             if not place.first():
@@ -308,12 +311,16 @@ class _Queue:
                 watch[ledger.path / "queue"] = None if ahead is None else frozenset([ahead])
                 continue
             poll = HEAD_POLL_S
+            # Watched from before the look: a release right after it still wakes this waiter.
+            watched.add(ledger.path / "claims")
+            self.waker.focus(watched)
             got = self._look_first(ledger)
             if isinstance(got, Admitted):
                 return self._leave_queue(got)
             self.last[ledger.device.uuid] = got
             # First in line: what can let it in is a claim its look counted going away.
             watch[ledger.path / "claims"] = frozenset(c.record for c in got.snap.claims)
+        self.waker.focus(watched)
         return _Watch(poll, watch)
 
     def _look_first(self, ledger: DeviceLedger) -> Admitted | Refusal:

@@ -8,7 +8,10 @@ its per-user limit is reached, the sleep is just the timeout.
 
 Only removals that can change a waiter's fate wake it (``sleep``'s ``wanted``): another user's
 flood of files, or root's gc removing one, must not turn every waiter into a busy loop; an
-event queue that overflowed wakes it (something may have been missed).
+event queue that overflowed wakes it (something may have been missed). A folder whose removals
+matter to no one here is not watched at all (``focus``): a waiter behind others waits for the
+ticket ahead in queue/, and a flood's removals in claims/ would otherwise keep it napping
+(UNWANTED_NAP_S) when that ticket goes, delaying every hand-over in the queue.
 
 The inotify descriptor is owned like every ledger descriptor (_flock.own): closed once, closed in
 forked children, never inherited across exec.
@@ -23,10 +26,13 @@ import os
 import select
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Literal
 
 from memgov._flock import adopt
+
+_Drained = Literal["wanted", "unwanted", "none"]
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
@@ -65,6 +71,8 @@ class Waker:
         self._file = None
         self._folders: dict[int, Path] = {}
         """Watch descriptor -> the folder it watches."""
+        self._dropped: set[int] = set()
+        """Watch descriptors removed by ``focus``: their last events (IN_IGNORED) are not news."""
         libc = _load()
         if libc is None:
             return
@@ -72,13 +80,33 @@ class Waker:
             self._file = adopt(functools.partial(libc.inotify_init1, _IN_NONBLOCK | _IN_CLOEXEC))
         except (ValueError, OSError):
             return  # e.g. the per-user instance limit: fall back to timed sleeps
-        fd = self._file.fileno()
         for folder in folders:
-            # Only a wake-up hint: a watch that fails (a folder swapped under us) costs latency.
-            flags = _MASK | _IN_ONLYDIR | _IN_DONT_FOLLOW
-            wd = libc.inotify_add_watch(fd, os.fsencode(folder), flags)
-            if wd >= 0:
-                self._folders[wd] = folder
+            self._watch(libc, folder)
+
+    def _watch(self, libc: ctypes.CDLL, folder: Path) -> None:
+        assert self._file is not None
+        # Only a wake-up hint: a watch that fails (a folder swapped under us) costs latency.
+        flags = _MASK | _IN_ONLYDIR | _IN_DONT_FOLLOW
+        wd = libc.inotify_add_watch(self._file.fileno(), os.fsencode(folder), flags)
+        if wd >= 0:
+            self._folders[wd] = folder
+            self._dropped.discard(wd)
+
+    def focus(self, folders: Collection[Path]) -> None:
+        """Watch exactly ``folders`` from now on: the others' removals no longer wake this
+        waiter (nor need draining). A folder added here is watched from this call on: call it
+        before the look whose result the next sleep waits on, so nothing in between is missed."""
+        file, libc = self._file, _libc
+        if file is None or file.closed or libc is None:
+            return
+        wanted = set(folders)
+        for wd, folder in list(self._folders.items()):
+            if folder not in wanted:
+                del self._folders[wd]
+                self._dropped.add(wd)
+                libc.inotify_rm_watch(file.fileno(), wd)
+        for folder in wanted - set(self._folders.values()):
+            self._watch(libc, folder)
 
     def sleep(self, timeout: float, wanted: Callable[[Path, str], bool] | None = None) -> bool:
         """Sleep until a file that ``wanted(folder, name)`` accepts is removed (any removal
@@ -92,14 +120,17 @@ class Waker:
             ready, _, _ = select.select([file], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 return False
-            if self._drain(wanted):
+            got = self._drain(wanted)
+            if got == "wanted":
                 return True
-            # Only removals nobody waits for (another user's flood going, file by file): let
-            # them pile up for a moment and read them in one go, rather than wake per file.
-            time.sleep(max(0.0, min(UNWANTED_NAP_S, deadline - time.monotonic())))
+            if got == "unwanted":
+                # Only removals nobody waits for (another user's flood going, file by file):
+                # let them pile up for a moment and read them in one go, not wake per file.
+                time.sleep(max(0.0, min(UNWANTED_NAP_S, deadline - time.monotonic())))
 
-    def _drain(self, wanted: Callable[[Path, str], bool] | None) -> bool:
-        """Read every pending event; whether one of them is ``wanted``."""
+    def _drain(self, wanted: Callable[[Path, str], bool] | None) -> _Drained:
+        """Read every pending event: "wanted" if one of them is ``wanted``, else "unwanted" if
+        a watched folder had any, else "none" (only a dropped watch's last events)."""
         assert self._file is not None
         chunks = []
         try:
@@ -107,20 +138,22 @@ class Waker:
                 chunks.append(chunk)
         except (BlockingIOError, OSError):
             pass  # drained
-        if wanted is None:
-            return True
         data = b"".join(chunks)
+        got: _Drained = "none"
         offset = 0
         while offset + _EVENT.size <= len(data):
             wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
             name = data[offset + _EVENT.size : offset + _EVENT.size + size].rstrip(b"\0")
             offset += _EVENT.size + size
+            if wd in self._dropped:
+                continue  # a folder no longer watched (focus): its last events, or IN_IGNORED
             folder = self._folders.get(wd)
             if mask & (_IN_Q_OVERFLOW | _IN_IGNORED) or folder is None:
-                return True  # events were lost (or a watch we do not know): look
-            if wanted(folder, os.fsdecode(name)):
-                return True
-        return False
+                return "wanted"  # events were lost (or a watch we do not know): look
+            if wanted is None or wanted(folder, os.fsdecode(name)):
+                return "wanted"
+            got = "unwanted"
+        return got
 
     def close(self) -> None:
         if self._file is not None:

@@ -37,3 +37,31 @@ def test_only_a_wanted_removal_wakes_a_waiter(tmp_path: Path) -> None:
         assert waker.sleep(5.0) is True  # no filter: any removal wakes it
     finally:
         waker.close()
+
+
+def test_a_folder_out_of_focus_neither_wakes_nor_delays_a_waiter(tmp_path: Path) -> None:
+    """A waiter behind others watches queue/ alone: a flood's removals in claims/ (root's gc
+    clearing it) must not keep it napping when the ticket ahead goes."""
+    claims, queue = tmp_path / "claims", tmp_path / "queue"
+    claims.mkdir()
+    queue.mkdir()
+    flood = [claims / f"flood-{i}.json" for i in range(200)]
+    for path in [*flood, claims / "held.json", queue / "ahead.json"]:
+        path.write_text("x")
+    waker = Waker([claims, queue])
+    if waker._file is None:
+        pytest.skip("no inotify here: waiters sleep on their timeout alone")
+    try:
+        waker.focus([queue])
+        for path in flood:
+            path.unlink()
+        (claims / "held.json").unlink()
+        assert waker.sleep(0.0) is False  # nothing from claims/ is even read: no wake-up
+        (queue / "ahead.json").unlink()
+        assert waker.sleep(5.0) is True  # the queue's removal wakes it, unfiltered
+        waker.focus([claims, queue])  # first in line now: claims/ is watched again
+        (claims / "again.json").write_text("x")
+        (claims / "again.json").unlink()
+        assert waker.sleep(5.0) is True
+    finally:
+        waker.close()
