@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from memgov import _config, _devices, _enforce, _stats
+from memgov import _config, _deadnames, _devices, _enforce, _stats
 from memgov._errors import BudgetExceeded, LockTimeout
 from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
 from memgov._parse import printable
@@ -316,6 +316,8 @@ class _Queue:
             self.waker.focus(watched)
             got = self._look_first(ledger)
             if isinstance(got, Admitted):
+                # What this look judged reaches the next in line before the hand-over.
+                _deadnames.flush()
                 return self._leave_queue(got)
             self.last[ledger.device.uuid] = got
             # First in line: what can let it in is a claim its look counted going away.

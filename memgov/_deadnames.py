@@ -28,7 +28,17 @@ checked), so that a new process does not look again at every file of another use
 reads one file of names instead. Only this user's own file is read; a file that cannot be read
 is worth nothing and costs nothing but the looks it would have saved. It is written without
 fsync (a cache: lost or empty after a crash, nothing is wrong) and only outside the admission
-lock (``flush``), pruned to the names still in the folder.
+lock (``flush``).
+
+The store is a log: each flush appends the names learned since the last one (O_APPEND, one
+write), and each reader reads only what was appended since its last read (whole lines only: an
+append seen half-way is read at the next). So one process's verdicts reach the others at once
+and for a few bytes each: the next claimer in the queue does not judge a wave of another user's
+files again (each of them did, before the log: a store rewritten whole every 64 names and read
+whole). When the log outgrows the folder's dead names (COMPACT_BYTES, and four times their
+size), the next flush rewrites it with the names still in the folder (a new file: readers
+start it from the top). Two appends never interleave (O_APPEND); an append that lands on a file
+being replaced is lost with it: a cache, the names are looked at again.
 """
 
 from __future__ import annotations
@@ -43,14 +53,15 @@ from dataclasses import dataclass, field
 Key = tuple[int, int]
 """A folder's (st_dev, st_ino)."""
 
-FLUSH_AT = 64
-"""Names learned since the last write that make ``flush`` write the store again."""
 RELOAD_AT = 64
 """Unknown names in one listing that make a scan read the store first (others may know them)."""
 MAX_BYTES = 64 * 2**20
 """The largest store file read (about 1.7 million names)."""
+COMPACT_BYTES = 256 * 2**10
+"""A log at least this large, and four times the size of the names it needs, is rewritten."""
 PREFIX = "deadnames-v1-"
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 RECORD_NAME = re.compile(r"^[0-9]{20}-[0-9a-f]{12}\.json\Z")
 """_records.RECORD_NAME, ended by \\Z: "$" would also match before a final newline."""
 
@@ -60,10 +71,12 @@ class Folder:
     names: set[str] = field(default_factory=set)
     records: set[str] = field(default_factory=set)
     """The names among ``names`` that go into the store (``storable``)."""
-    learned: int = 0
-    """Names added since the store was last written or read."""
-    stored: tuple[int, int, int] | None = None
-    """The store file's (inode, size, mtime_ns) when last read or written."""
+    pending: set[str] = field(default_factory=set)
+    """Storable names learned here and not yet appended to the store."""
+    inode: int | None = None
+    """The store file this process read last (a new one, after a rewrite, is read whole)."""
+    offset: int = 0
+    """How far into that file it has read (whole lines)."""
     loaded: bool = False
 
 
@@ -97,7 +110,7 @@ def learn(key: Key, names: set[str], listed: set[str]) -> None:
     new = {name for name in names - folder.names if storable(name)}
     folder.names |= names
     folder.records |= new
-    folder.learned += len(new)
+    folder.pending |= new
     folder.loaded = True
 
 
@@ -115,18 +128,15 @@ def reload(key: Key) -> None:
 
 
 def flush() -> None:
-    """Write each folder's names to the store where FLUSH_AT or more were learned (outside the
-    admission lock: the callers are a look before it and the CPU-share scan)."""
+    """Append each folder's newly learned names to the store (outside the admission lock: the
+    callers are a look before it, a waiter admitted before it hands over, the CPU-share scan)."""
     # list(): one C call, so another thread adding a folder meanwhile cannot break the loop
-    due = [(key, f) for key, f in list(_folders.items()) if f.learned >= FLUSH_AT]
+    due = [(key, f) for key, f in list(_folders.items()) if f.pending]
     if not due:
         return
     with contextlib.suppress(Exception), _store() as fd:
         for key, folder in due:
-            # Others' names too; two processes flushing at once may still drop each other's
-            # (no lock between them): a cache, what is dropped is looked at again.
-            _read(fd, key, folder)
-            _write(fd, key, folder)
+            _append(fd, key, folder)
 
 
 def forget() -> None:
@@ -147,6 +157,7 @@ def _store() -> Iterator[int]:
 
 
 def _read(fd: int, key: Key, folder: Folder) -> None:
+    """Read what was appended since this process's last read (all of a new file)."""
     from memgov._flock import open_owned
 
     try:
@@ -155,27 +166,57 @@ def _read(fd: int, key: Key, folder: Folder) -> None:
         return
     try:
         info = os.fstat(file.fileno())
-        stamp = (info.st_ino, info.st_size, info.st_mtime_ns)
         mine = stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
-        if not mine or info.st_size > MAX_BYTES or stamp == folder.stored:
+        if not mine or info.st_size > MAX_BYTES:
             return
-        raw = file.read(info.st_size + 1) or b""
+        start = folder.offset if info.st_ino == folder.inode else 0
+        if info.st_size <= start:
+            folder.inode = info.st_ino
+            return
+        file.seek(start)
+        raw = file.read(info.st_size - start) or b""
     finally:
         file.close()
+    end = raw.rfind(b"\n") + 1  # whole lines only: an append seen half-way is read next time
     # Every line is one name this user's processes wrote (only storable ones: no line of a
     # name another user shaped): read in C, not name by name.
-    lines = set(raw.decode("ascii", "replace").split("\n"))
+    lines = set(raw[:end].decode("ascii", "replace").split("\n"))
     lines.discard("")
     folder.names |= lines
     folder.records |= lines
-    folder.stored = stamp
+    folder.inode, folder.offset = info.st_ino, start + end
     folder.loaded = True
 
 
-def _write(fd: int, key: Key, folder: Folder) -> None:
+def _append(fd: int, key: Key, folder: Folder) -> None:
+    from memgov._flock import open_owned
+
+    file = open_owned(_file(key), _APPEND_FLAGS, fd, mode=0o600, writable=True)
+    try:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return
+        needed = len(folder.records) * 34  # a record's name and its newline
+        if info.st_size >= COMPACT_BYTES and info.st_size > 4 * needed:
+            _rewrite(fd, key, folder)
+            return
+        data = "".join(f"{name}\n" for name in folder.pending).encode()
+        os.write(file.fileno(), data)  # O_APPEND: one write, never interleaved with another
+        folder.pending.clear()
+        if info.st_ino == folder.inode and os.fstat(file.fileno()).st_size == folder.offset + len(
+            data
+        ):
+            folder.offset += len(data)  # only ours since this process's last read: skip it
+    finally:
+        file.close()
+
+
+def _rewrite(fd: int, key: Key, folder: Folder) -> None:
+    """The log replaced by the names still in the folder (and others' appended since)."""
     from memgov._records import write_atomic
 
-    data = "\n".join(folder.records).encode()
+    _read(fd, key, folder)
+    data = "".join(f"{name}\n" for name in folder.records).encode()
     info = write_atomic(fd, _file(key), data, mode=0o600, durable=False)
-    folder.stored = (info.st_ino, info.st_size, info.st_mtime_ns)
-    folder.learned = 0
+    folder.inode, folder.offset = info.st_ino, info.st_size
+    folder.pending.clear()

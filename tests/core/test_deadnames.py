@@ -188,3 +188,57 @@ def test_names_a_scan_cannot_judge_for_good_do_not_reload_the_store_every_scan(
         for handle in held:
             handle.close()
             os.unlink(handle.name)
+
+
+def _names(first: int, count: int) -> set[str]:
+    return {f"{first + i:020d}-{i:012x}.json" for i in range(count)}
+
+
+def _store_file(key: tuple[int, int]) -> Path:
+    from memgov import _profiles
+
+    with _profiles.folder(create=True) as (_fd, path):
+        return path / _deadnames._file(key)
+
+
+def test_the_store_is_a_log_read_from_where_each_process_left_it(private_ledger: Path) -> None:
+    """One process's verdicts reach the others at once and for the bytes appended: a reader
+    reads only what was appended since its last read, whole lines only."""
+    key = (1, 2)
+    early, late = _names(10**19, 10), _names(2 * 10**19, 10)
+    _deadnames.learn(key, early, early)
+    _deadnames.flush()
+    store = _store_file(key)
+    assert set(store.read_text().split()) == early
+    _deadnames.forget()  # another process: reads the whole log once
+    assert _deadnames.known(key) == early
+    # Text changed in place before its offset is not read again (only appends are) ...
+    with open(store, "r+b") as file:
+        file.write(b"9" * 20)
+    # ... and an append seen half-way counts only once its line is whole.
+    half = sorted(late)[0]
+    with open(store, "ab") as file:
+        file.write(half[:10].encode())
+    _deadnames.reload(key)
+    assert _deadnames.known(key) == early
+    with open(store, "ab") as file:
+        file.write((half[10:] + "\n").encode())
+    _deadnames.reload(key)
+    assert _deadnames.known(key) == early | {half}
+
+
+def test_a_log_grown_past_the_folder_is_rewritten_with_the_names_still_there(
+    private_ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_deadnames, "COMPACT_BYTES", 1024)
+    key = (3, 4)
+    for wave in range(10):  # waves of another user's files, each removed before the next
+        names = _names((wave + 1) * 10**18, 20)
+        _deadnames.learn(key, names, names)
+        _deadnames.flush()
+    store = _store_file(key)
+    size = store.stat().st_size
+    assert size < 4 * 20 * 34 + 1024  # rewritten on the way: not ten waves of names
+    last = _names(10 * 10**18, 20)
+    _deadnames.forget()
+    assert last <= _deadnames.known(key)  # the latest names survive a rewrite
