@@ -9,7 +9,7 @@ its per-user limit is reached, the sleep is just the timeout.
 Only removals that can change a waiter's fate wake it (``sleep``'s ``wanted``): another user's
 flood of files, or root's gc removing one, must not turn every waiter into a busy loop; an
 event queue that overflowed wakes it (something may have been missed). A folder whose removals
-matter to no one here is not watched at all (``focus``): a waiter behind others waits for the
+matter to no one here is left out of the watch (``focus``): a waiter behind others waits for the
 ticket ahead in queue/, and a flood's removals in claims/ would otherwise keep it napping
 (UNWANTED_NAP_S) when that ticket goes, delaying every hand-over in the queue.
 
@@ -47,6 +47,8 @@ UNWANTED_NAP_S = 0.005
 """After a wake-up by removals that matter to no one here, how long a waiter lets the next ones
 pile up: gc removing another user's flood deletes thousands of files a second, and a waiter
 woken by each would spend a core among them. A removal that matters waits at most this long."""
+_QUIET_MASK = 0x00000400
+"""IN_DELETE_SELF: a folder out of focus wakes a waiter only if it is itself removed."""
 _IN_ONLYDIR = 0x01000000
 _IN_DONT_FOLLOW = 0x02000000
 
@@ -71,8 +73,8 @@ class Waker:
         self._file = None
         self._folders: dict[int, Path] = {}
         """Watch descriptor -> the folder it watches."""
-        self._dropped: set[int] = set()
-        """Watch descriptors removed by ``focus``: their last events (IN_IGNORED) are not news."""
+        self._quiet: set[Path] = set()
+        """Folders out of focus: still watched, for their own removal only (``focus``)."""
         libc = _load()
         if libc is None:
             return
@@ -81,32 +83,30 @@ class Waker:
         except (ValueError, OSError):
             return  # e.g. the per-user instance limit: fall back to timed sleeps
         for folder in folders:
-            self._watch(libc, folder)
+            self._watch(libc, folder, _MASK)
 
-    def _watch(self, libc: ctypes.CDLL, folder: Path) -> None:
+    def _watch(self, libc: ctypes.CDLL, folder: Path, mask: int) -> None:
         assert self._file is not None
         # Only a wake-up hint: a watch that fails (a folder swapped under us) costs latency.
-        flags = _MASK | _IN_ONLYDIR | _IN_DONT_FOLLOW
+        # On a folder already watched, the mask replaces the watch's own (same descriptor).
+        flags = mask | _IN_ONLYDIR | _IN_DONT_FOLLOW
         wd = libc.inotify_add_watch(self._file.fileno(), os.fsencode(folder), flags)
         if wd >= 0:
             self._folders[wd] = folder
-            self._dropped.discard(wd)
 
     def focus(self, folders: Collection[Path]) -> None:
-        """Watch exactly ``folders`` from now on: the others' removals no longer wake this
-        waiter (nor need draining). A folder added here is watched from this call on: call it
-        before the look whose result the next sleep waits on, so nothing in between is missed."""
+        """Wake for removals in ``folders`` alone from now on: the other watched folders' no
+        longer reach this waiter (nor need draining). A folder back in focus is watched from
+        this call on: call it before the look whose result the next sleep waits on, so nothing
+        in between is missed. The watches stay (their mask changes): removing one and closing
+        the descriptor later costs the kernel a grace period, some 10 ms a close on 16 cores."""
         file, libc = self._file, _libc
         if file is None or file.closed or libc is None:
             return
-        wanted = set(folders)
-        for wd, folder in list(self._folders.items()):
-            if folder not in wanted:
-                del self._folders[wd]
-                self._dropped.add(wd)
-                libc.inotify_rm_watch(file.fileno(), wd)
-        for folder in wanted - set(self._folders.values()):
-            self._watch(libc, folder)
+        quiet = set(self._folders.values()) - set(folders)
+        for folder in quiet ^ self._quiet:  # the folders whose focus changes
+            self._watch(libc, folder, _QUIET_MASK if folder in quiet else _MASK)
+        self._quiet = quiet
 
     def sleep(self, timeout: float, wanted: Callable[[Path, str], bool] | None = None) -> bool:
         """Sleep until a file that ``wanted(folder, name)`` accepts is removed (any removal
@@ -130,7 +130,7 @@ class Waker:
 
     def _drain(self, wanted: Callable[[Path, str], bool] | None) -> _Drained:
         """Read every pending event: "wanted" if one of them is ``wanted``, else "unwanted" if
-        a watched folder had any, else "none" (only a dropped watch's last events)."""
+        one was read, else "none"."""
         assert self._file is not None
         chunks = []
         try:
@@ -145,8 +145,6 @@ class Waker:
             wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
             name = data[offset + _EVENT.size : offset + _EVENT.size + size].rstrip(b"\0")
             offset += _EVENT.size + size
-            if wd in self._dropped:
-                continue  # a folder no longer watched (focus): its last events, or IN_IGNORED
             folder = self._folders.get(wd)
             if mask & (_IN_Q_OVERFLOW | _IN_IGNORED) or folder is None:
                 return "wanted"  # events were lost (or a watch we do not know): look
