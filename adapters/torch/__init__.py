@@ -123,11 +123,42 @@ def _threads(torch: Any, threads: int) -> list[str]:
 def _default_threads(torch: Any) -> int:
     """What torch picks with no setting: the affinity mask's size, or the physical cores (MKL
     builds). A smaller count was set by someone (OMP_NUM_THREADS is handled before this)."""
-    import psutil
-
     cpus = len(os.sched_getaffinity(0))
-    physical = psutil.cpu_count(logical=False) or cpus
+    physical = _physical_cores() or cpus
     return min(cpus, physical)
+
+
+SYSFS_CPUS = "/sys/devices/system/cpu"
+SIBLING_LISTS = ("core_cpus_list", "thread_siblings_list")
+"""Per CPU, the CPUs that share its core: the kernel's current name, then its deprecated one."""
+
+
+def _physical_cores(root: str = SYSFS_CPUS) -> int | None:
+    """The host's physical cores, the answer of ``psutil.cpu_count(logical=False)``: the number
+    of distinct sibling lists in sysfs, read here the way psutil does on Linux (every
+    ``cpu[0-9]*`` folder, not only the affinity mask's). Read here because importing psutil
+    for it cost about 7 ms of CPU in every auto-enabled ``import torch`` (docs/threads.md); where
+    sysfs has no such file (another OS, an unusual kernel), psutil itself answers."""
+    try:
+        # glob's cpu[0-9]*: "cpu" and an ASCII digit, whatever follows.
+        names = [n for n in os.listdir(root) if n.startswith("cpu") and "0" <= n[3:4] <= "9"]
+    except OSError:
+        names = []
+    for file in SIBLING_LISTS:  # psutil reads the second only when no CPU has the first
+        lists: set[bytes] = set()
+        for name in names:
+            path = os.path.join(root, name, "topology", file)
+            try:
+                with open(path, "rb") as found:
+                    lists.add(found.read().strip())
+            except FileNotFoundError:
+                continue
+        if lists:
+            return len(lists)
+    import psutil  # its /proc/cpuinfo reading, or another platform's own way
+
+    count: int | None = psutil.cpu_count(logical=False)
+    return count
 
 
 def _cap(budget: Budget) -> str:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from memgov_torch import TorchAdapter, _state  # noqa: E402
+from memgov_torch import TorchAdapter, _physical_cores, _state  # noqa: E402
 
 from memgov.adapter import Budget  # noqa: E402
 
@@ -63,3 +64,48 @@ def test_claim_then_import_torch_does_not_initialise_cuda(tmp_path) -> None:
     )
     assert out.stdout.split()[0] == "False"
     assert "torch:" in out.stdout
+
+
+# -- the physical cores torch's default thread count is compared with ----------------------------
+
+
+def test_physical_cores_read_from_sysfs_are_psutils_answer() -> None:
+    # The adapter reads sysfs itself (importing psutil cost ~7 ms of every governed start); the
+    # answer must stay psutil's, on this machine's real /sys.
+    psutil = pytest.importorskip("psutil")
+    assert _physical_cores() == psutil.cpu_count(logical=False)
+
+
+def _topology(root: Path, lists: dict[str, str], file: str = "core_cpus_list") -> None:
+    for cpu, siblings in lists.items():
+        (root / cpu / "topology").mkdir(parents=True)
+        (root / cpu / "topology" / file).write_text(siblings + "\n")
+
+
+def test_physical_cores_count_the_distinct_sibling_lists(tmp_path: Path) -> None:
+    # Two cores of two threads each, and folders psutil's cpu[0-9]* glob does not match.
+    _topology(tmp_path, {"cpu0": "0,2", "cpu1": "1,3", "cpu2": "0,2", "cpu3": "1,3"})
+    for other in ("cpufreq", "cpuidle", "cpu"):
+        (tmp_path / other / "topology").mkdir(parents=True)
+        (tmp_path / other / "topology" / "core_cpus_list").write_text(f"{other}\n")
+    assert _physical_cores(str(tmp_path)) == 2
+
+
+def test_physical_cores_from_the_deprecated_file_when_no_cpu_has_the_new_one(
+    tmp_path: Path,
+) -> None:
+    _topology(
+        tmp_path, {"cpu0": "0-1", "cpu1": "0-1", "cpu2": "2", "cpu3": "3"}, "thread_siblings_list"
+    )
+    (tmp_path / "cpu4" / "topology").mkdir(parents=True)  # offline: no topology files
+    assert _physical_cores(str(tmp_path)) == 3
+
+
+def test_physical_cores_fall_back_to_psutil_without_sysfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    psutil = pytest.importorskip("psutil")
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: None if logical else 7)
+    assert _physical_cores(str(tmp_path / "absent")) == 7
+    (tmp_path / "cpu0").mkdir()  # a CPU folder without topology: psutil too
+    assert _physical_cores(str(tmp_path)) == 7

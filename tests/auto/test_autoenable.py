@@ -64,6 +64,15 @@ def test_claim_taken_at_framework_import(env, py):
     assert any(line.startswith("memgov: torch: 1 CPU thread(s)") for line in lines)
 
 
+def test_a_governed_import_torch_loads_no_psutil(env, py):
+    """The claim at ``import torch`` keeps its start-up cost down: the torch adapter counts the
+    physical cores from sysfs (memgov_torch._physical_cores), not by importing psutil."""
+    env["MEMGOV_CLAIM"] = "1GiB"
+    result = py("import sys, torch\nprint('psutil' in sys.modules)\n" + REPORT, env)
+    assert report(result) == {"bytes": GIB, "mode": "claim", "claims": 1}
+    assert result.stdout.splitlines()[0] == "False"
+
+
 def test_growth_claims_nothing(env, py):
     env["MEMGOV_CLAIM"] = "growth"
     result = py("import jax\n" + REPORT, env)
