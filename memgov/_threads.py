@@ -175,7 +175,7 @@ def _decide(chosen: Setting, holder: str, inherited: bool) -> Budget:
             reg.update(threads=threads, why=why)
     budget = Budget(threads, "share" if follow else "once", why, follow, mine)
     budget.history.append(f"{threads} at start ({part.neighbours} on the cores)")
-    _state["fair"] = part.threads
+    _state["fair"], _state["neighbours"] = part.threads, part.neighbours
     return budget
 
 
@@ -340,7 +340,7 @@ def _follow(stop: threading.Event) -> None:
                 part = _cpushare.share(usable, _cpushare.peers(root=reg.root), reg.name)
             except Exception:  # a transient filesystem problem: keep the current share
                 continue
-            _state["fair"] = part.threads
+            _state["fair"], _state["neighbours"] = part.threads, part.neighbours
             described = f"{part.describe(usable)}, followed"
             if growth.meter.cpus != usable.cpus:
                 growth = _Growth(_cpuload.IdleMeter(usable.cpus))
@@ -351,7 +351,10 @@ def _follow(stop: threading.Event) -> None:
         fair = _state.get("fair", wanted)
         if not isinstance(wanted, int) or not isinstance(fair, int):
             continue
-        target = growth.target(wanted, fair, time.monotonic())
+        neighbours = _state.get("neighbours", 1)
+        if not isinstance(neighbours, int):
+            neighbours = 1
+        target = growth.target(wanted, fair, time.monotonic(), neighbours)
         if target == wanted:
             continue
         with contextlib.suppress(Exception):
@@ -370,14 +373,16 @@ def _follow(stop: threading.Event) -> None:
 
 @dataclass
 class _Growth:
-    """How far a followed share may go now: down at once; up only into cores that were idle
-    over the follower's last interval, and all the way once it has waited GROW_WITHIN_S."""
+    """How far a followed share may go now: down at once; up only into this process's part of
+    the cores that were idle over the follower's last interval (split among the governed
+    processes on those cores: each of them sees the same idle cores), and all the way once it
+    has waited GROW_WITHIN_S."""
 
     meter: _cpuload.IdleMeter
     since: float | None = None
     """When the share first stood above the process's threads (None: it does not)."""
 
-    def target(self, wanted: int, fair: int, now: float) -> int:
+    def target(self, wanted: int, fair: int, now: float, neighbours: int = 1) -> int:
         if fair <= wanted:
             self.meter.forget()
             self.since = None
@@ -389,7 +394,10 @@ class _Growth:
         idle = self.meter.idle_cores()
         if idle is None:  # the interval starts now; nothing to measure with: the share alone
             return wanted if self.meter.readable else fair
-        return min(fair, wanted + int(idle))
+        # Every neighbour growing by all the idle cores at once would oversubscribe them: in
+        # the tail of 25 public MNIST jobs, each with a busy DataLoader worker that no share
+        # counts, that made the last epochs slower than one thread each (docs/threads.md).
+        return min(fair, wanted + int(idle / max(1, neighbours)))
 
 
 def _folder_stamp(root: Path) -> tuple[int, int, int] | None:
@@ -466,7 +474,7 @@ def _forget_in_child() -> None:
     # neither at exit nor by following a share (the follower thread did not survive the fork).
     global _lock
     _lock = threading.RLock()  # the follower may have held the old one at the fork: never freed
-    for key in ("registration", "follower", "budget", "wanted", "fair"):
+    for key in ("registration", "follower", "budget", "wanted", "fair", "neighbours"):
         _state.pop(key, None)
     # "pending_cb" stays: a call the follower queued just before the fork may still run here.
     _state["scheduled"] = False

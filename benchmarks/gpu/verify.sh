@@ -79,6 +79,11 @@ DRY=${VERIFY_DRY:-0}
 # PYTHONDONTWRITEBYTECODE=1, so an editable install would compile memgov's modules from source in
 # every governed process (55 ms of CPU per claim on the CPU machine), never in a hand-tuned one.
 [ "$DRY" = 1 ] || python3 -m compileall -q memgov adapters >>"$OUT/install.log" 2>&1
+# The same for what a governed process imports and a hand-tuned one does not: the image's pynvml
+# (one 200 KB module, 82 ms of CPU to compile in every governed process on the H200 machine,
+# results/h200/2026-11-25-importtime-governed.txt); `pip install nvidia-ml-py` writes its bytecode.
+[ "$DRY" = 1 ] || python3 -m compileall -q "$(python3 -c 'import pynvml; print(pynvml.__file__)')" \
+  >>"$OUT/install.log" 2>&1
 
 run() {  # run NAME TIMEOUT CMD...: time-boxed, output kept in $OUT/NAME.log
   local name=$1 limit=$2; shift 2

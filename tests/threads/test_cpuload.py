@@ -56,3 +56,20 @@ def test_an_unreadable_stat_says_so(tmp_path: Path) -> None:
     garbage.write_text("cpuX a b c\ncpu0 1 2\n")
     meter = _cpuload.IdleMeter(frozenset({0}), garbage)
     assert meter.idle_cores() is None and not meter.readable
+
+
+def test_idle_cores_are_split_among_the_governed_processes_that_see_them(tmp_path: Path) -> None:
+    """Every governed process on the cores sees the same idle cores: each grows into its part
+    of them, not all of them (8 jobs each growing by 6 idle cores would oversubscribe them)."""
+    from memgov._threads import _Growth
+
+    stat = tmp_path / "stat"
+    cpus = dict.fromkeys(range(8), (100, 100))
+    for neighbours, grown in ((8, 1), (3, 3), (1, 7)):
+        growth = _Growth(_cpuload.IdleMeter(frozenset(range(8)), stat))
+        stat.write_text(stat_text(cpus))
+        assert growth.target(1, 8, now=0.0, neighbours=neighbours) == 1  # the interval starts
+        # Six of the eight cores idle over the interval.
+        later = {c: (200, 100) if c < 2 else (100, 200) for c in range(8)}
+        stat.write_text(stat_text(later))
+        assert growth.target(1, 8, now=1.0, neighbours=neighbours) == grown
