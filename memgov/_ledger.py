@@ -327,7 +327,7 @@ class DeviceLedger:
                 parts = (*self.parts, section)
                 with _records.open_dir(self.root, parts, create=False) as fd:
                     due = due or not _records.remembers(fd)
-                    due = due or _records.unjudged(fd, LOOK_AHEAD) >= LOOK_AHEAD
+                    due = due or _records.unjudged(fd) >= LOOK_AHEAD
             if due:
                 # This user's dead files go now: no lock needed.
                 return self.scan(reading=reading)

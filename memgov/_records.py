@@ -340,20 +340,12 @@ def remembers(folder_fd: int) -> bool:
     return _deadnames.remembers((info.st_dev, info.st_ino))
 
 
-def unjudged(folder_fd: int, reload_at: int | None = None) -> int:
+def unjudged(folder_fd: int) -> int:
     """How many names in the folder are new to this process: neither known dead for good nor
-    seen by its last scan (a listing and set operations: no file is looked at). Where
-    ``reload_at`` or more are, what this user's other processes judged since this one last read
-    their store is read first: the head of a queue meets a wave of another user's files that
-    the heads before it judged, and need not scan for it before the admission lock."""
+    seen by its last scan (a listing and set operations: no file is looked at)."""
     info = os.fstat(folder_fd)
     key = (info.st_dev, info.st_ino)
-    listed = set(os.listdir(folder_fd))
-    new = listed - _deadnames.known(key) - _fresh_last.get(key, set())
-    if reload_at is not None and len(new) >= reload_at:
-        _deadnames.reload(key)
-        new -= _deadnames.known(key)
-    return len(new)
+    return len(set(os.listdir(folder_fd)) - _deadnames.known(key) - _fresh_last.get(key, set()))
 
 
 _read_only_dead: dict[tuple[int, int], set[str]] = {}

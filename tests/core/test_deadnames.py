@@ -242,21 +242,3 @@ def test_a_log_grown_past_the_folder_is_rewritten_with_the_names_still_there(
     last = _names(10 * 10**18, 20)
     _deadnames.forget()
     assert last <= _deadnames.known(key)  # the latest names survive a rewrite
-
-
-def test_a_wave_another_process_of_the_user_judged_is_not_judged_again(claims_dir: Path) -> None:
-    """The head of a queue meets a wave of another user's files that the head before it judged:
-    its look before the admission lock (DeviceLedger.look_ahead, which scans where LOOK_AHEAD or
-    more names are new to it) reads that head's verdicts instead of counting them as new."""
-    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        _records.scan(fd, remember=True)  # this process knows the folder as it was
-        plant(claims_dir, 300)  # a wave (left in place: as another user's, in a sticky folder)
-        scan_in_new_process(claims_dir)  # another process of this user judges it, and says so
-        assert _records.unjudged(fd) == 300  # what this process found itself: all of it new
-        assert _records.unjudged(fd, reload_at=64) == 0  # with what the other one found
-        for i in range(100):  # a wave no one has judged yet
-            (claims_dir / f"{2 * 10**19 + i:020d}-{i:012x}.json").write_bytes(b"")
-        assert _records.unjudged(fd, reload_at=64) == 100
-    finally:
-        os.close(fd)
