@@ -9,16 +9,23 @@ import pytest
 from memgov._wake import Waker
 
 
-def test_only_a_wanted_removal_wakes_a_waiter(tmp_path: Path) -> None:
+def flooded(tmp_path: Path, count: int) -> tuple[Path, Path, list[Path], Waker]:
+    """claims/ with ``count`` flood files and one held record, queue/ with the ticket ahead, and
+    a waker watching both."""
     claims, queue = tmp_path / "claims", tmp_path / "queue"
     claims.mkdir()
     queue.mkdir()
-    flood = [claims / f"flood-{i}.json" for i in range(500)]
+    flood = [claims / f"flood-{i}.json" for i in range(count)]
     for path in [*flood, claims / "held.json", queue / "ahead.json"]:
         path.write_text("x")
     waker = Waker([claims, queue])
     if waker._file is None:
         pytest.skip("no inotify here: waiters sleep on their timeout alone")
+    return claims, queue, flood, waker
+
+
+def test_only_a_wanted_removal_wakes_a_waiter(tmp_path: Path) -> None:
+    claims, queue, flood, waker = flooded(tmp_path, 500)
     watch = {claims: frozenset({"held.json"}), queue: frozenset({"ahead.json"})}
 
     def wanted(folder: Path, name: str) -> bool:
@@ -42,15 +49,7 @@ def test_only_a_wanted_removal_wakes_a_waiter(tmp_path: Path) -> None:
 def test_a_folder_out_of_focus_neither_wakes_nor_delays_a_waiter(tmp_path: Path) -> None:
     """A waiter behind others watches queue/ alone: a flood's removals in claims/ (root's gc
     clearing it) must not keep it napping when the ticket ahead goes."""
-    claims, queue = tmp_path / "claims", tmp_path / "queue"
-    claims.mkdir()
-    queue.mkdir()
-    flood = [claims / f"flood-{i}.json" for i in range(200)]
-    for path in [*flood, claims / "held.json", queue / "ahead.json"]:
-        path.write_text("x")
-    waker = Waker([claims, queue])
-    if waker._file is None:
-        pytest.skip("no inotify here: waiters sleep on their timeout alone")
+    claims, queue, flood, waker = flooded(tmp_path, 200)
     try:
         waker.focus([queue])
         for path in flood:
