@@ -316,8 +316,6 @@ class _Queue:
             self.waker.focus(watched)
             got = self._look_first(ledger)
             if isinstance(got, Admitted):
-                # What this look judged reaches the next in line before the hand-over.
-                _deadnames.flush()
                 return self._leave_queue(got)
             self.last[ledger.device.uuid] = got
             # First in line: what can let it in is a claim its look counted going away.
@@ -340,6 +338,8 @@ class _Queue:
         """The admitted waiter's ticket goes; where that fails, so does its claim."""
         ledger = admitted.ledger
         try:
+            # What this look judged reaches the next in line before the hand-over.
+            _deadnames.flush()
             ledger.remove("queue", self.tickets.pop(ledger.device.uuid))
         except BaseException:
             ledger.remove("claims", admitted.held)  # admitted, but claim() will raise

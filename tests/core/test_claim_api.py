@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -298,3 +299,28 @@ def test_a_release_gives_the_budget_back_before_it_folds_the_run(
     with memgov.claim("1GiB"):
         assert len(os.listdir(ledger().path / "claims")) == 1
     assert claims_then == [[]]  # [[its record]] when folded first
+
+
+def test_an_interrupt_while_a_queued_claim_hands_over_leaves_nothing_held(
+    private_ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admitted from the queue, a waiter shares what it judged (its store of dead names) before
+    its ticket goes: Ctrl-C landing there leaves neither its claim nor its ticket behind."""
+    from memgov import _deadnames
+
+    real = _deadnames.flush
+
+    def interrupted() -> None:
+        if sys._getframe(1).f_code.co_filename.endswith("_admission.py"):  # not a look's
+            raise KeyboardInterrupt
+        real()
+
+    monkeypatch.setattr(_deadnames, "flush", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        memgov.claim("1GiB", wait=5)  # room at once, through the queue
+    monkeypatch.setattr(_deadnames, "flush", real)
+    folder = private_ledger / "v1" / "sim0"
+    # Removed, not only unlocked: no scan has run since (a dead file would wait for one).
+    assert os.listdir(folder / "claims") == [] and os.listdir(folder / "queue") == []
+    snap = ledger().snapshot()
+    assert snap.claims == [] and snap.queue == []
