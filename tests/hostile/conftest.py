@@ -63,34 +63,40 @@ def made_by_a_session_that_is_gone(comment: str) -> bool:
 def users() -> Iterator[dict[str, User]]:
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("needs root and useradd to create users")
-    made = []
+    made: list[str] = []
     found: dict[str, User] = {}
-    for name in NAMES:
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(
-                [
-                    "useradd",
-                    "--no-create-home",
-                    "--user-group",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    "--comment",
-                    f"{MADE_BY}{SESSION_PID}",
-                    name,
-                ],
-                check=True,
-                capture_output=True,
-            )
-            made.append(name)
-        else:
-            if made_by_a_session_that_is_gone(entry.pw_gecos):
-                made.append(name)  # a killed session's, never removed: this one removes it
-        found[name] = User(name, pwd.getpwnam(name).pw_uid)
-    yield found
-    for name in made:
-        subprocess.run(["userdel", name], capture_output=True)
+    try:  # an interrupt while the users are made still removes those made so far
+        for name in NAMES:
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                made.append(name)  # first: an interrupt right after useradd still removes it
+                try:
+                    subprocess.run(
+                        [
+                            "useradd",
+                            "--no-create-home",
+                            "--user-group",
+                            "--shell",
+                            "/usr/sbin/nologin",
+                            "--comment",
+                            f"{MADE_BY}{SESSION_PID}",
+                            name,
+                        ],
+                        check=True,
+                        capture_output=True,
+                    )
+                except subprocess.CalledProcessError:
+                    made.remove(name)  # not made here (another made it meanwhile): not ours
+                    raise
+            else:
+                if made_by_a_session_that_is_gone(entry.pw_gecos):
+                    made.append(name)  # a killed session's, never removed: this one removes it
+            found[name] = User(name, pwd.getpwnam(name).pw_uid)
+        yield found
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], capture_output=True)
 
 
 @pytest.fixture
