@@ -169,9 +169,12 @@ def _read(fd: int, key: Key, folder: Folder) -> None:
         mine = stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
         if not mine or info.st_size > MAX_BYTES:
             return
-        start = folder.offset if info.st_ino == folder.inode else 0
-        if info.st_size <= start:
-            folder.inode = info.st_ino
+        # A new file (rewritten) is read whole; so is one smaller than what was read of it (a
+        # rewrite whose file got the old one's inode number back).
+        same = info.st_ino == folder.inode and info.st_size >= folder.offset
+        start = folder.offset if same else 0
+        if info.st_size == start:
+            folder.inode, folder.offset = info.st_ino, start
             return
         file.seek(start)
         raw = file.read(info.st_size - start) or b""

@@ -225,6 +225,15 @@ def test_the_store_is_a_log_read_from_where_each_process_left_it(private_ledger:
         file.write((half[10:] + "\n").encode())
     _deadnames.reload(key)
     assert _deadnames.known(key) == early | {half}
+    # Rewritten by another process (a new, here empty, file): read from its top from then on.
+    store.unlink()
+    store.write_bytes(b"")
+    _deadnames.reload(key)
+    again = sorted(late)[1]
+    with open(store, "ab") as file:
+        file.write((again + "\n").encode())
+    _deadnames.reload(key)
+    assert again in _deadnames.known(key)
 
 
 def test_a_log_grown_past_the_folder_is_rewritten_with_the_names_still_there(
