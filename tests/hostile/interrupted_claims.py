@@ -15,7 +15,7 @@ import signal
 import sys
 
 import memgov
-from memgov import _flock
+from memgov import _flock, _threads
 
 
 def interrupt(signum: int, frame: object) -> None:
@@ -45,6 +45,13 @@ def main() -> None:
         held = memgov.current()
         if held is not None:  # interrupted after the claim was made: released like a user would
             held.release()
+    # The thread share's follower may be swapping this process's CPU-share record (a new locked
+    # file renamed over it, then the old one closed) at any moment: stopped first, so that the
+    # count below sees no such swap half-way.
+    follower = _threads._state.get("follower")
+    _threads.stop_following()
+    if isinstance(follower, tuple):
+        follower[0].join(timeout=10)
     gc.collect()
     print(
         json.dumps(
