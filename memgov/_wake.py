@@ -28,11 +28,8 @@ import struct
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Literal
 
 from memgov._flock import adopt
-
-_Drained = Literal["wanted", "unwanted", "none"]
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
@@ -120,17 +117,14 @@ class Waker:
             ready, _, _ = select.select([file], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 return False
-            got = self._drain(wanted)
-            if got == "wanted":
+            if self._drain(wanted):
                 return True
-            if got == "unwanted":
-                # Only removals nobody waits for (another user's flood going, file by file):
-                # let them pile up for a moment and read them in one go, not wake per file.
-                time.sleep(max(0.0, min(UNWANTED_NAP_S, deadline - time.monotonic())))
+            # Only removals nobody waits for (another user's flood going, file by file): let
+            # them pile up for a moment and read them in one go, rather than wake per file.
+            time.sleep(max(0.0, min(UNWANTED_NAP_S, deadline - time.monotonic())))
 
-    def _drain(self, wanted: Callable[[Path, str], bool] | None) -> _Drained:
-        """Read every pending event: "wanted" if one of them is ``wanted``, else "unwanted" if
-        one was read, else "none"."""
+    def _drain(self, wanted: Callable[[Path, str], bool] | None) -> bool:
+        """Read every pending event; whether one of them is ``wanted`` (any, when None)."""
         assert self._file is not None
         chunks = []
         try:
@@ -139,7 +133,6 @@ class Waker:
         except (BlockingIOError, OSError):
             pass  # drained
         data = b"".join(chunks)
-        got: _Drained = "none"
         offset = 0
         while offset + _EVENT.size <= len(data):
             wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
@@ -147,11 +140,10 @@ class Waker:
             offset += _EVENT.size + size
             folder = self._folders.get(wd)
             if mask & (_IN_Q_OVERFLOW | _IN_IGNORED) or folder is None:
-                return "wanted"  # events were lost (or a watch we do not know): look
+                return True  # events were lost (or a watch we do not know): look
             if wanted is None or wanted(folder, os.fsdecode(name)):
-                return "wanted"
-            got = "unwanted"
-        return got
+                return True
+        return False
 
     def close(self) -> None:
         if self._file is not None:
