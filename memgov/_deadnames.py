@@ -57,6 +57,8 @@ RELOAD_AT = 64
 """Unknown names in one listing that make a scan read the store first (others may know them)."""
 MAX_BYTES = 64 * 2**20
 """The largest store file read (about 1.7 million names)."""
+LINE_BYTES = 39
+"""One stored name: a record's name (20 digits, "-", 12 hex digits, ".json") and its newline."""
 COMPACT_BYTES = 256 * 2**10
 """A log at least this large, and four times the size of the names it needs, is rewritten."""
 PREFIX = "deadnames-v1-"
@@ -199,7 +201,7 @@ def _append(fd: int, key: Key, folder: Folder) -> None:
         info = os.fstat(file.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             return
-        needed = len(folder.records) * 34  # a record's name and its newline
+        needed = len(folder.records) * LINE_BYTES
         if info.st_size >= COMPACT_BYTES and info.st_size > 4 * needed:
             _rewrite(fd, key, folder)
             return

@@ -247,7 +247,8 @@ def test_a_log_grown_past_the_folder_is_rewritten_with_the_names_still_there(
         _deadnames.flush()
     store = _store_file(key)
     size = store.stat().st_size
-    assert size < 4 * 20 * 34 + 1024  # rewritten on the way: not ten waves of names
+    # Rewritten on the way: not ten waves of names.
+    assert size < 4 * 20 * _deadnames.LINE_BYTES + 1024
     last = _names(10 * 10**18, 20)
     _deadnames.forget()
     assert last <= _deadnames.known(key)  # the latest names survive a rewrite
