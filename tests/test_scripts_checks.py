@@ -82,3 +82,24 @@ def test_the_exit_probe_reports_torch_threads_and_keeps_a_shadowed_sitecustomize
     assert len(probes) == 1
     probe = json.loads(probes[0].read_text())
     assert probe["threads"] == 1 and probe["interop_threads"] >= 1
+
+
+def test_a_mixed_run_governs_every_other_job_and_alternates_the_halves(
+    checks: ModuleType,
+) -> None:
+    cond = checks.condition("mixed", "1600MiB", 143 * 2**30)
+    base = {"MEMGOV_DIR": "/l"}
+    first = checks._halves(cond, {"X": "1"}, base, 5)
+    second = checks._halves(cond, {"X": "1"}, base, 5)
+    swap = {"memgov": "hand", "hand": "memgov"}
+    assert [g for g, _ in first] == [swap[g] for g, _ in second]
+    assert [g for g, _ in first][:2] in (["memgov", "hand"], ["hand", "memgov"])
+    for group, env in first + second:
+        assert env["X"] == "1"
+        if group == "memgov":
+            assert env["MEMGOV_CLAIM"] == "1600MiB" and "OMP_NUM_THREADS" not in env
+        else:  # hand-tuned, capped as memgov caps, on memgov's daemon
+            assert "MEMGOV_CLAIM" not in env and env["OMP_NUM_THREADS"] == "1"
+            assert env["PYTORCH_ALLOC_CONF"].startswith("per_process_memory_fraction:0.01")
+            assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/l/mps/pipe"
+    assert checks._halves(checks.condition("hand_mps", "1GiB", 2**40), {}, base, 5) == []

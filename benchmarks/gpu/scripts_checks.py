@@ -17,7 +17,12 @@ slow drift of the machine falls on both sides. Conditions:
   would read that variable as a scheduler's budget and govern), memgov_mps_passive (+
   OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep at once instead of spinning),
   memgov_mps_nogrow (memgov's thread share followed down only: never grown into idle cores or
-  a departed neighbour's share)
+  a departed neighbour's share), hand_mps_cap_limit (hand_mps_cap with MPS's memory limit at
+  the claim too: both of memgov's limits, no memgov), mixed (one run, both sides at once: every
+  other job governed as memgov_mps, the rest hand-tuned as hand_mps_cap, all clients of the one
+  `memgov mps start` daemon; which half is governed alternates run by run. The two halves meet
+  the same machine at the same moment, so a cost memgov adds to each job shows in the halves'
+  medians however the machine drifts between runs; ``groups`` holds each half's medians)
 
 Per run: the span from the first launch to the last exit (what a user waits for), every job's
 exit status and wall time, NVML peak per job and of the device, and every stderr line that is
@@ -134,6 +139,8 @@ CONDITIONS = (
     "memgov_mps_nonvml",
     "memgov_mps_passive",
     "memgov_mps_nogrow",
+    "mixed",
+    "hand_mps_cap_limit",
 )
 
 
@@ -165,6 +172,16 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         limit = f"0={parse_size(claim) // 2**20}M"
         env = {**hand, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": limit, "MEMGOV_CLAIM": "off"}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
+    if name == "hand_mps_cap_limit":  # both of memgov's memory limits, set by hand
+        fraction = parse_size(claim) / total
+        limit = f"0={parse_size(claim) // 2**20}M"
+        env = {
+            **hand,
+            "PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{fraction:.4f}",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": limit,
+            "MEMGOV_CLAIM": "off",
+        }
+        return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "memgov_mps_passive":  # OpenMP's idle threads sleep at once instead of spinning
         env = {**memgov, "OMP_WAIT_POLICY": "PASSIVE"}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
@@ -177,6 +194,15 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
     if name in ("hand_mps_yield", "hand_mps_blocking"):  # CUDA's waits yield / block
         env = {**hand, "SCRIPTS_CUDA_SCHED": name.rsplit("_", 1)[1]}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
+    if name == "mixed":  # the hand-tuned half joins memgov's daemon: see run()
+        fraction = parse_size(claim) / total
+        hand_cap = {**hand, "PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{fraction:.4f}"}
+        return {
+            "what": f"every other job {memgov}, the rest {hand_cap}; `memgov mps start`",
+            "env": {},
+            "mps": "memgov",
+            "halves": {"memgov": memgov, "hand": hand_cap},
+        }
     if name == "memgov_soft":
         return {"what": f"{memgov}, MPS by hand (soft claims)", "env": memgov, "mps": "hand"}
     raise SystemExit(f"--conditions: {name!r}; accepted {', '.join(CONDITIONS)}")
@@ -486,11 +512,12 @@ def probe_env(work: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 def _launch(
-    kind: dict[str, Any], args: argparse.Namespace, folder: Path, env: dict[str, str]
+    kind: dict[str, Any], args: argparse.Namespace, folder: Path, envs: list[dict[str, str]]
 ) -> tuple[
     list[tuple[subprocess.Popen[bytes], Path, float]], list[threading.Thread], dict[int, float]
 ]:
-    """Start the N copies; each one's output is stamped into its log by a reader thread."""
+    """Start the N copies (job i with ``envs[i]``); each one's output is stamped into its log by a
+    reader thread."""
     procs, readers = [], []
     firsts: dict[int, float] = {}
     LIVE.clear()
@@ -502,7 +529,7 @@ def _launch(
         proc = subprocess.Popen(
             cmd,
             cwd=cwd,
-            env=env,
+            env=envs[i],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -613,16 +640,20 @@ def run(
     base = tc.base_env(work, False)
     with tc.mps_for(cond, base, work, hand_daemon):
         env = probe_env(work, {**base, **cond["env"], **cond.get("env_extra", {})})
+        groups = _halves(cond, env, base, args.n)
+        envs = [e for _, e in groups] if groups else [env] * args.n
         sampler = FootprintSampler()
         launch = time.time()
         with sampler:
-            procs, readers, firsts = _launch(kind, args, folder, env)
+            procs, readers, firsts = _launch(kind, args, folder, envs)
             ended, usage = _wait_all(procs, args.job_timeout)
             for reader in readers:
                 reader.join(timeout=10)
     jobs = [_job(kind, e, ended, usage, firsts, work / "probe-out") for e in procs]
     for job, (proc, _, _) in zip(jobs, procs, strict=True):
         job["nvml_peak_mib"] = round(sampler.peaks.get(proc.pid, 0) / 2**20, 1)
+    for job, (group, _) in zip(jobs, groups, strict=False):
+        job["group"] = group
     last = max(ended.values(), default=time.time())
     result = {
         "kind": kind_name,
@@ -639,6 +670,18 @@ def run(
         "suspect_lines": sorted({x for j in jobs for x in j["suspect_lines"]})[:10],
         "jobs": jobs,
     }
+    if groups:
+        result["groups"] = {
+            name: {
+                "n": len(mine),
+                "ok": sum(j["ok"] for j in mine),
+                "last_exit_s": round(max(j["launched"] + j["wall_s"] for j in mine) - launch, 2),
+                "wall_s_median": round(statistics.median(j["wall_s"] for j in mine), 2),
+                **where(mine),
+            }
+            for name in ("memgov", "hand")
+            if (mine := [j for j in jobs if j.get("group") == name])
+        }
     if kind["script"] is None:
         result["rates"] = {
             k: v
@@ -646,6 +689,35 @@ def run(
             if k.startswith(("samples_per_s", "span", "ok", "n"))
         }
     return result
+
+
+_MIXED_RUNS = [0]
+"""Mixed runs so far: which half is governed alternates (even jobs in the first run, odd ones
+in the next), so neither half always holds the first launch."""
+
+
+def _halves(
+    cond: dict[str, Any], env: dict[str, str], base: dict[str, str], n: int
+) -> list[tuple[str, dict[str, str]]]:
+    """A mixed run's (half, environment) for each job; [] for every other condition. The
+    hand-tuned half is pointed at memgov's daemon (governed jobs find it themselves)."""
+    halves = cond.get("halves")
+    if not halves:
+        return []
+    first = _MIXED_RUNS[0] % 2
+    _MIXED_RUNS[0] += 1
+    ledger = Path(base["MEMGOV_DIR"])
+    daemon = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(ledger / "mps" / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(ledger / "mps" / "log"),
+    }
+    out = []
+    for i in range(n):
+        if i % 2 == first:
+            out.append(("memgov", {**env, **halves["memgov"]}))
+        else:
+            out.append(("hand", {**env, **halves["hand"], **daemon}))
+    return out
 
 
 WHERE = ("start_s", "rate", "after_s", "exit_s", "cpu_s", "sys_s", "voluntary_switches")
@@ -792,6 +864,20 @@ def summary(report: dict[str, Any]) -> list[str]:
             f"{w.get('start_s_median')} {w.get('cpu_s_median')} | {py.get('MainThread')} "
             f"{w.get('children_cpu_s_median')} {mine} {w.get('tasks_median')}"
         )
+    mixed = [r for r in report["runs"] if r.get("groups")]
+    if mixed:
+        lines.append(
+            "mixed runs, per half (medians over its jobs): half n ok last_exit_s wall_s start_s "
+            "rate after_s cpu_s children_cpu_s"
+        )
+    for r in mixed:
+        for name, g in r["groups"].items():
+            lines.append(
+                f"  {r['kind']} round {r['round']} {name} {g['n']} {g['ok']} {g['last_exit_s']} "
+                f"{g['wall_s_median']} {g.get('start_s_median')} {g.get('rate_median')} "
+                f"{g.get('after_s_median')} {g.get('cpu_s_median')} "
+                f"{g.get('children_cpu_s_median')}"
+            )
     lines.append("hand-tuned span / condition span, each round (hand_mps, or the one named): ")
     # From the runs, not the report's own ratios: a report older than a baseline lacks them.
     lines += [f"  {k}: {v['x_hand_span_each_round']}" for k, v in ratios(report["runs"]).items()]

@@ -32,7 +32,13 @@
 #                               where memgov's share grows threads; FEW_N and FEW_CONDITIONS
 #                               pick others; public_scripts_growth: 25 MNIST copies, the
 #                               capped hand-tuned, memgov, memgov never growing its threads,
-#                               MEMGOV_THREADS=1); startup_burst: 25 tiny torch programs
+#                               MEMGOV_THREADS=1); public_scripts_mixed: 25 MNIST
+#                               copies, the capped hand-tuned, memgov, and a run of both
+#                               halves at once (every other job governed);
+#                               public_scripts_suspects: 25 MNIST copies, hand-tuned, memgov,
+#                               memgov without NVML's process lists, MEMGOV_THREADS=1;
+#                               public_scripts_limits: the capped hand-tuned with and without
+#                               MPS's memory limit, and memgov; startup_burst: 25 tiny torch programs
 #                               started at once, hand-tuned vs governed, where start-up goes
 #                               (benchmarks/gpu/startup_burst.py, about 2 minutes);
 #                               public_scripts_diag: MNIST
@@ -172,6 +178,23 @@ python3 -m memgov devices' ;;
           --n "$n" --conditions "${FEW_CONDITIONS:-hand_mps_cap,memgov_mps,memgov_mps_fixed}" --rounds 2 --no-warmup \
           --budget 260 --tag "few-$n" --out "$OUT"
       done ;;
+    public_scripts_mixed)  # 25 MNIST copies: the capped hand-tuned, memgov, and both halves in
+      # one run (every other job governed: what memgov costs each job, the machine's drift
+      # shared); three rounds
+      run public_scripts_mixed 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
+        --conditions hand_mps_cap,memgov_mps,mixed --rounds 3 --budget 555 --tag mixed \
+        --out "$OUT" ;;
+    public_scripts_suspects)  # 25 MNIST copies, all governed or none: the capped hand-tuned,
+      # memgov, memgov without its NVML process lists, memgov with MEMGOV_THREADS=1 (no follower);
+      # two rounds: what costs when every job is governed (the mixed runs found no cost per job)
+      run public_scripts_suspects 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
+        --conditions hand_mps_cap,memgov_mps,memgov_mps_nonvml,memgov_mps_fixed --rounds 2 \
+        --budget 555 --tag suspects --out "$OUT" ;;
+    public_scripts_limits)  # 25 MNIST copies: the capped hand-tuned, the same with MPS's
+      # memory limit at the claim (memgov's two limits, set by hand), memgov; three rounds
+      run public_scripts_limits 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
+        --conditions hand_mps_cap,hand_mps_cap_limit,memgov_mps --rounds 3 --budget 555 \
+        --tag limits --out "$OUT" ;;
     public_scripts_growth)  # 25 MNIST copies: whether the share's growth is what costs memgov
       run public_scripts_growth 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps_cap,memgov_mps,memgov_mps_nogrow,memgov_mps_fixed --rounds 2 \
