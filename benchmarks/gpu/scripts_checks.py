@@ -864,6 +864,17 @@ def summary(report: dict[str, Any]) -> list[str]:
             f"{w.get('start_s_median')} {w.get('cpu_s_median')} | {py.get('MainThread')} "
             f"{w.get('children_cpu_s_median')} {mine} {w.get('tasks_median')}"
         )
+    # The machine drifts within a call: each run in launch order, span / CPU seconds per job.
+    by_launch = sorted(
+        report["runs"], key=lambda r: min((j["launched"] for j in r["jobs"]), default=0)
+    )
+    lines.append(
+        "in launch order (span_s/cpu_s per job): "
+        + " | ".join(
+            f"{r['kind']}:{r['condition']} {r['span_s']:.1f}/{r['where'].get('cpu_s_median')}"
+            for r in by_launch
+        )
+    )
     mixed = [r for r in report["runs"] if r.get("groups")]
     if mixed:
         lines.append(
