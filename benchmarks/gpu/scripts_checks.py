@@ -18,7 +18,10 @@ slow drift of the machine falls on both sides. Conditions:
   OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep at once instead of spinning),
   memgov_mps_nogrow (memgov's thread share followed down only: never grown into idle cores or
   a departed neighbour's share), hand_mps_cap_limit (hand_mps_cap with MPS's memory limit at
-  the claim too: both of memgov's limits, no memgov), mixed (one run, both sides at once: every
+  the claim too: both of memgov's limits, no memgov), hand_mps_env (every variable a governed
+  job ends up with after its claim, set by hand with memgov off: the thread variables at 1, the
+  allocator cap, MPS's memory limit, CUDA_VISIBLE_DEVICES=<the GPU's UUID>, memgov's daemon),
+  mixed (one run, both sides at once: every
   other job governed as memgov_mps, the rest hand-tuned as hand_mps_cap, all clients of the one
   `memgov mps start` daemon; which half is governed alternates run by run. The two halves meet
   the same machine at the same moment, so a cost memgov adds to each job shows in the halves'
@@ -141,6 +144,7 @@ CONDITIONS = (
     "memgov_mps_nogrow",
     "mixed",
     "hand_mps_cap_limit",
+    "hand_mps_env",
 )
 
 
@@ -182,6 +186,21 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
             "MEMGOV_CLAIM": "off",
         }
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
+    if name == "hand_mps_env":  # every variable a governed job ends up with, memgov off
+        fraction = parse_size(claim) / total
+        threads = {v: "1" for v in THREAD_VARS}
+        env = {
+            **threads,
+            "PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{fraction:.4f}",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={parse_size(claim) // 2**20}M",
+            "MEMGOV_CLAIM": "off",
+        }
+        return {
+            "what": f"{env}, CUDA_VISIBLE_DEVICES=<the GPU's UUID>, `memgov mps start`",
+            "env": env,
+            "mps": "memgov",
+            "as_governed": True,
+        }
     if name == "memgov_mps_passive":  # OpenMP's idle threads sleep at once instead of spinning
         env = {**memgov, "OMP_WAIT_POLICY": "PASSIVE"}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
@@ -206,6 +225,32 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
     if name == "memgov_soft":
         return {"what": f"{memgov}, MPS by hand (soft claims)", "env": memgov, "mps": "hand"}
     raise SystemExit(f"--conditions: {name!r}; accepted {', '.join(CONDITIONS)}")
+
+
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+"""What memgov's thread share sets in a governed process (memgov/_threads.py ENV_VARS)."""
+
+
+def _as_governed(cond: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
+    """hand_mps_env: the rest of what a governed job's environment holds after its claim (the
+    GPU by UUID, as memgov names it, and memgov's daemon, which governed jobs find themselves)."""
+    if not cond.get("as_governed"):
+        return {}
+    import pynvml
+
+    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    ledger = Path(base["MEMGOV_DIR"])
+    return {
+        "CUDA_VISIBLE_DEVICES": uuid if isinstance(uuid, str) else uuid.decode(),
+        "CUDA_MPS_PIPE_DIRECTORY": str(ledger / "mps" / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(ledger / "mps" / "log"),
+    }
 
 
 def write_mnist_raw(npz: Path, folder: Path) -> None:
@@ -639,7 +684,8 @@ def run(
         (folder / "data").symlink_to(work / "data")
     base = tc.base_env(work, False)
     with tc.mps_for(cond, base, work, hand_daemon):
-        env = probe_env(work, {**base, **cond["env"], **cond.get("env_extra", {})})
+        extra = {**cond.get("env_extra", {}), **_as_governed(cond, base)}
+        env = probe_env(work, {**base, **cond["env"], **extra})
         groups = _halves(cond, env, base, args.n)
         envs = [e for _, e in groups] if groups else [env] * args.n
         sampler = FootprintSampler()

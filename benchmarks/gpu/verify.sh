@@ -38,7 +38,11 @@
 #                               public_scripts_suspects: 25 MNIST copies, hand-tuned, memgov,
 #                               memgov without NVML's process lists, MEMGOV_THREADS=1;
 #                               public_scripts_limits: the capped hand-tuned with and without
-#                               MPS's memory limit, and memgov; startup_burst: 25 tiny torch programs
+#                               MPS's memory limit, and memgov; public_scripts_env: the
+#                               same with every variable a governed job ends up with
+#                               (memgov off) in the middle; startup_cpu: one governed
+#                               start-up's CPU against a hand-tuned one, and where it goes
+#                               (benchmarks/gpu/startup_cpu.sh, about 2 minutes); startup_burst: 25 tiny torch programs
 #                               started at once, hand-tuned vs governed, where start-up goes
 #                               (benchmarks/gpu/startup_burst.py, about 2 minutes);
 #                               public_scripts_diag: MNIST
@@ -195,10 +199,17 @@ python3 -m memgov devices' ;;
       run public_scripts_limits 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps_cap,hand_mps_cap_limit,memgov_mps --rounds 3 --budget 555 \
         --tag limits --out "$OUT" ;;
+    public_scripts_env)  # 25 MNIST copies: the capped hand-tuned, the same with every variable
+      # a governed job ends up with (memgov off), memgov; three rounds
+      run public_scripts_env 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
+        --conditions hand_mps_cap,hand_mps_env,memgov_mps --rounds 3 --budget 555 \
+        --tag env --out "$OUT" ;;
     public_scripts_growth)  # 25 MNIST copies: whether the share's growth is what costs memgov
       run public_scripts_growth 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps_cap,memgov_mps,memgov_mps_nogrow,memgov_mps_fixed --rounds 2 \
         --budget 555 --tag growth --out "$OUT" ;;
+    startup_cpu)  # one process at a time: a governed start-up's CPU against a hand-tuned one
+      run startup_cpu 280 bash benchmarks/gpu/startup_cpu.sh ;;
     startup_burst)  # where memgov's start-up goes when 25 jobs start at once
       run startup_burst 200 python3 benchmarks/gpu/startup_burst.py --out "$OUT" ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
