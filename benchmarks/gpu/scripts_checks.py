@@ -21,7 +21,8 @@ slow drift of the machine falls on both sides. Conditions:
   the claim too: both of memgov's limits, no memgov), hand_mps_env (every variable a governed
   job ends up with after its claim, set by hand with memgov off: the thread variables at 1, the
   allocator cap, MPS's memory limit, CUDA_VISIBLE_DEVICES=<the GPU's UUID>, memgov's daemon),
-  mixed (one run, both sides at once: every
+  memgov_mps_noruns (memgov's claim starts no run: no sampler thread, live file or fold into the
+  profile at exit), mixed (one run, both sides at once: every
   other job governed as memgov_mps, the rest hand-tuned as hand_mps_cap, all clients of the one
   `memgov mps start` daemon; which half is governed alternates run by run. The two halves meet
   the same machine at the same moment, so a cost memgov adds to each job shows in the halves'
@@ -145,6 +146,7 @@ CONDITIONS = (
     "mixed",
     "hand_mps_cap_limit",
     "hand_mps_env",
+    "memgov_mps_noruns",
 )
 
 
@@ -206,6 +208,9 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "memgov_mps_nogrow":  # the share followed down only, never grown
         env = {**memgov, "SCRIPTS_NO_GROWTH": "1"}
+        return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
+    if name == "memgov_mps_noruns":  # memgov's run sampler, live file and fold never start
+        env = {**memgov, "SCRIPTS_NO_RUNS": "1"}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "memgov_mps_nonvml":  # memgov's sampler without its NVML looks
         env = {**memgov, "SCRIPTS_NO_NVML": "1"}
@@ -526,11 +531,24 @@ def _no_growth():
         pass
 
 
+def _no_runs():
+    """SCRIPTS_NO_RUNS=1: memgov's claim starts no run (no sampler thread, no live file, no
+    fold into the profile at exit): whether that part of memgov costs the job anything."""
+    if os.environ.get("SCRIPTS_NO_RUNS") != "1":
+        return
+    try:
+        from memgov import _runs
+        _runs.start = lambda *args, **kwargs: None
+    except Exception:
+        pass
+
+
 atexit.register(_dump_all)
 _register_shutdown()
 _cuda_sched()
 _no_nvml()
 _no_growth()
+_no_runs()
 try:
     _chain()
 except Exception:

@@ -40,7 +40,8 @@
 #                               public_scripts_limits: the capped hand-tuned with and without
 #                               MPS's memory limit, and memgov; public_scripts_env: the
 #                               same with every variable a governed job ends up with
-#                               (memgov off) in the middle; startup_cpu: one governed
+#                               (memgov off) in the middle; public_scripts_noruns: the
+#                               same with memgov's run sampler left out; startup_cpu: one governed
 #                               start-up's CPU against a hand-tuned one, and where it goes
 #                               (benchmarks/gpu/startup_cpu.sh, about 2 minutes); startup_burst: 25 tiny torch programs
 #                               started at once, hand-tuned vs governed, where start-up goes
@@ -199,6 +200,11 @@ python3 -m memgov devices' ;;
       run public_scripts_limits 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps_cap,hand_mps_cap_limit,memgov_mps --rounds 3 --budget 555 \
         --tag limits --out "$OUT" ;;
+    public_scripts_noruns)  # 25 MNIST copies: the capped hand-tuned, memgov without its run
+      # sampler (no thread, live file or fold at exit), memgov; three rounds
+      run public_scripts_noruns 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
+        --conditions hand_mps_cap,memgov_mps_noruns,memgov_mps --rounds 3 --budget 555 \
+        --tag noruns --out "$OUT" ;;
     public_scripts_env)  # 25 MNIST copies: the capped hand-tuned, the same with every variable
       # a governed job ends up with (memgov off), memgov; three rounds
       run public_scripts_env 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
