@@ -507,48 +507,40 @@ def _cuda_sched():
     threading.Thread(target=watch, name="probe-sched", daemon=True).start()
 
 
-def _no_nvml():
-    """SCRIPTS_NO_NVML=1: memgov's run sampler never asks NVML for this process's footprint
-    (it falls back on torch's counters): whether its driver queries cost the job anything."""
-    if os.environ.get("SCRIPTS_NO_NVML") != "1":
-        return
-    try:
-        from memgov import _nvml
-        _nvml.processes = lambda *args, **kwargs: None
-    except Exception:
-        pass
+# Diagnostic conditions: a variable set to 1 replaces one piece of memgov in this process, to
+# see whether that piece costs the job anything (memgov module, attribute, replacement):
+# SCRIPTS_NO_NVML: the run sampler never asks NVML for this process's footprint (it falls back
+# on torch's counters); SCRIPTS_NO_GROWTH: the follower lowers this process's threads when
+# neighbours arrive but never raises them; SCRIPTS_NO_RUNS: the claim starts no run (no sampler
+# thread, no live file, no fold into the profile at exit).
+_PATCHES = {
+    "SCRIPTS_NO_NVML": ("_nvml", "processes", lambda: lambda *args, **kwargs: None),
+    "SCRIPTS_NO_GROWTH": (
+        "_threads",
+        "_Growth",
+        lambda: type("NoGrowth", (__import__("memgov._threads")._threads._Growth,), {
+            "target": lambda self, wanted, fair, now, neighbours=1: min(wanted, fair),
+        }),
+    ),
+    "SCRIPTS_NO_RUNS": ("_runs", "start", lambda: lambda *args, **kwargs: None),
+}
 
 
-def _no_growth():
-    """SCRIPTS_NO_GROWTH=1: memgov's follower lowers this process's threads when neighbours
-    arrive but never raises them: whether growing costs these jobs."""
-    if os.environ.get("SCRIPTS_NO_GROWTH") != "1":
-        return
-    try:
-        from memgov import _threads
-        _threads._Growth.target = lambda self, wanted, fair, now: min(wanted, fair)
-    except Exception:
-        pass
-
-
-def _no_runs():
-    """SCRIPTS_NO_RUNS=1: memgov's claim starts no run (no sampler thread, no live file, no
-    fold into the profile at exit): whether that part of memgov costs the job anything."""
-    if os.environ.get("SCRIPTS_NO_RUNS") != "1":
-        return
-    try:
-        from memgov import _runs
-        _runs.start = lambda *args, **kwargs: None
-    except Exception:
-        pass
+def _patch():
+    for variable, (module, attribute, replacement) in _PATCHES.items():
+        if os.environ.get(variable) != "1":
+            continue
+        try:
+            import importlib
+            setattr(importlib.import_module(f"memgov.{module}"), attribute, replacement())
+        except Exception:
+            pass
 
 
 atexit.register(_dump_all)
 _register_shutdown()
 _cuda_sched()
-_no_nvml()
-_no_growth()
-_no_runs()
+_patch()
 try:
     _chain()
 except Exception:
