@@ -6,6 +6,7 @@ started with a private ledger and a clean environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -53,6 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     host_changes.allowed(config)  # a bad MEMGOV_TEST_HOST_CHANGES stops here, before any folder
     _interruptible_children()
     _terminate_like_interrupt()
+    _triton_before_tensorflow()
     if getattr(config, "workerinput", None) is not None or config.option.basetemp:
         return
     session = Path(tempfile.mkdtemp(prefix="memgov-tests-"))
@@ -70,6 +72,23 @@ def pytest_configure(config: pytest.Config) -> None:
     (session / "tmp").chmod(0o1777)
     os.environ["TMPDIR"] = str(session / "tmp")
     os.environ["MEMGOV_DIR"] = str(session / "ledger-default")  # made by memgov if ever used
+
+
+def _triton_before_tensorflow() -> None:
+    """TensorFlow 2.20 and later load their library with RTLD_GLOBAL, putting its statically
+    linked LLVM in the global symbol table; triton's libtriton, loaded after it, binds to that copy
+    and crashes the interpreter (tensorflow/tensorflow#124205: `import tensorflow; import triton`
+    segfaults, the other order does not). torch imports triton lazily (torch._dynamo) on its CUDA
+    builds, which in this session comes after the adapter tests imported TensorFlow: a fresh
+    plain user whose pip installed torch's CUDA build lost the whole run at 44% to it. Where both
+    are installed, triton is loaded first, the order that works (the CPU build has no triton)."""
+    from importlib.util import find_spec
+
+    if find_spec("triton") is None or find_spec("tensorflow") is None:
+        return
+    # A triton that cannot load here is one torch cannot use either: nothing to keep in order.
+    with contextlib.suppress(Exception):
+        import triton  # noqa: F401  (loaded for its side effect: first in the symbol table)
 
 
 def _interruptible_children() -> None:
