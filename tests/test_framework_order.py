@@ -4,11 +4,12 @@ loads triton first where both are installed: tensorflow/tensorflow#124205)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.procs import PYTEST
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,12 +23,7 @@ def test_a_session_that_imports_tensorflow_then_triton_does_not_crash() -> None:
     reach torch._dynamo, which imports triton: the interpreter segfaulted there (rc -11)."""
     done = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
+            *PYTEST,
             "tests/adapters/test_tensorflow_adapter.py",
             "tests/experiments/test_torch_trainer_metrics.py",
         ],

@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from tests.helpers.procs import PYTEST
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -39,12 +41,7 @@ def test_sigterm_runs_the_sessions_teardown(tmp_path: Path) -> None:
     env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
+            *PYTEST,
             "-p",
             "tests.conftest",
             "--rootdir",

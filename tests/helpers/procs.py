@@ -20,6 +20,8 @@ from memgov._ledger import DeviceLedger, Snapshot
 
 HELPERS = Path(__file__).resolve().parent
 CLAIMER = HELPERS / "claimer.py"
+PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
+"""A child pytest session's command: quiet, no cache written into the repository."""
 
 
 class Child:
