@@ -150,17 +150,43 @@ CONDITIONS = (
 )
 
 
+def _cap(claim: str, total: int) -> dict[str, str]:
+    """torch's allocator capped at the claim, as an expert keeping jobs apart sets it."""
+    from memgov._sizes import parse_size
+
+    return {"PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{parse_size(claim) / total:.4f}"}
+
+
+def _mps_limit(claim: str) -> dict[str, str]:
+    """MPS's memory limit at the claim, the value memgov sets (its own function), with memgov
+    off: memgov reads that variable as a scheduler's budget and would govern."""
+    from memgov._enforce import PIN_ENV, pinned_limit
+    from memgov._sizes import parse_size
+
+    return {PIN_ENV: pinned_limit(parse_size(claim), 0), "MEMGOV_CLAIM": "off"}
+
+
+def _memgov_daemon(base: dict[str, str]) -> dict[str, str]:
+    """What points a hand-tuned job at memgov's daemon 0 ($MEMGOV_DIR/mps/pipe and log,
+    memgov/_mpsctl.py paths(); governed jobs find it themselves)."""
+    root = Path(base["MEMGOV_DIR"]) / "mps"
+    return {
+        "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(root / "log"),
+    }
+
+
 def condition(name: str, claim: str, total: int) -> dict[str, Any]:
     """Environment and MPS daemon of one condition (threads_checks.mps_for starts the daemon)."""
     from memgov._sizes import parse_size
+    from memgov._threads import ENV_VARS
 
     hand = {"OMP_NUM_THREADS": "1"}
     memgov = {"MEMGOV_CLAIM": claim}
     if name == "hand_mps":
         return {"what": f"{hand}, MPS by hand", "env": hand, "mps": "hand"}
     if name == "hand_mps_cap":
-        fraction = parse_size(claim) / total
-        env = {**hand, "PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{fraction:.4f}"}
+        env = {**hand, **_cap(claim, total)}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "memgov_mps":
         return {"what": f"{memgov}, `memgov mps start`", "env": memgov, "mps": "memgov"}
@@ -174,29 +200,13 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         env = {**memgov, **hand}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "hand_mps_limit":  # MPS's memory limit alone, as memgov sets it for the claim
-        # MEMGOV_CLAIM=off: memgov reads that variable as a scheduler's budget and would govern
-        limit = f"0={parse_size(claim) // 2**20}M"
-        env = {**hand, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": limit, "MEMGOV_CLAIM": "off"}
+        env = {**hand, **_mps_limit(claim)}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "hand_mps_cap_limit":  # both of memgov's memory limits, set by hand
-        fraction = parse_size(claim) / total
-        limit = f"0={parse_size(claim) // 2**20}M"
-        env = {
-            **hand,
-            "PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{fraction:.4f}",
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": limit,
-            "MEMGOV_CLAIM": "off",
-        }
+        env = {**hand, **_cap(claim, total), **_mps_limit(claim)}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "hand_mps_env":  # every variable a governed job ends up with, memgov off
-        fraction = parse_size(claim) / total
-        threads = {v: "1" for v in THREAD_VARS}
-        env = {
-            **threads,
-            "PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{fraction:.4f}",
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={parse_size(claim) // 2**20}M",
-            "MEMGOV_CLAIM": "off",
-        }
+        env = {**dict.fromkeys(ENV_VARS, "1"), **_cap(claim, total), **_mps_limit(claim)}
         return {
             "what": f"{env}, CUDA_VISIBLE_DEVICES=<the GPU's UUID>, `memgov mps start`",
             "env": env,
@@ -219,8 +229,7 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         env = {**hand, "SCRIPTS_CUDA_SCHED": name.rsplit("_", 1)[1]}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
     if name == "mixed":  # the hand-tuned half joins memgov's daemon: see run()
-        fraction = parse_size(claim) / total
-        hand_cap = {**hand, "PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{fraction:.4f}"}
+        hand_cap = {**hand, **_cap(claim, total)}
         return {
             "what": f"every other job {memgov}, the rest {hand_cap}; `memgov mps start`",
             "env": {},
@@ -232,16 +241,6 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
     raise SystemExit(f"--conditions: {name!r}; accepted {', '.join(CONDITIONS)}")
 
 
-THREAD_VARS = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-)
-"""What memgov's thread share sets in a governed process (memgov/_threads.py ENV_VARS)."""
-
-
 def _as_governed(cond: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
     """hand_mps_env: the rest of what a governed job's environment holds after its claim (the
     GPU by UUID, as memgov names it, and memgov's daemon, which governed jobs find themselves)."""
@@ -250,12 +249,8 @@ def _as_governed(cond: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
     import pynvml
 
     uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-    ledger = Path(base["MEMGOV_DIR"])
-    return {
-        "CUDA_VISIBLE_DEVICES": uuid if isinstance(uuid, str) else uuid.decode(),
-        "CUDA_MPS_PIPE_DIRECTORY": str(ledger / "mps" / "pipe"),
-        "CUDA_MPS_LOG_DIRECTORY": str(ledger / "mps" / "log"),
-    }
+    gpu = uuid if isinstance(uuid, str) else uuid.decode()
+    return {"CUDA_VISIBLE_DEVICES": gpu, **_memgov_daemon(base)}
 
 
 def write_mnist_raw(npz: Path, folder: Path) -> None:
@@ -762,11 +757,7 @@ def _halves(
         return []
     first = _MIXED_RUNS[0] % 2
     _MIXED_RUNS[0] += 1
-    ledger = Path(base["MEMGOV_DIR"])
-    daemon = {
-        "CUDA_MPS_PIPE_DIRECTORY": str(ledger / "mps" / "pipe"),
-        "CUDA_MPS_LOG_DIRECTORY": str(ledger / "mps" / "log"),
-    }
+    daemon = _memgov_daemon(base)
     out = []
     for i in range(n):
         if i % 2 == first:
