@@ -103,3 +103,24 @@ def test_a_mixed_run_governs_every_other_job_and_alternates_the_halves(
             assert env["PYTORCH_ALLOC_CONF"].startswith("per_process_memory_fraction:0.01")
             assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/l/mps/pipe"
     assert checks._halves(checks.condition("hand_mps", "1GiB", 2**40), {}, base, 5) == []
+
+
+def test_an_unknown_condition_is_refused_with_the_accepted_names(checks: ModuleType) -> None:
+    with pytest.raises(SystemExit) as refused:
+        checks.condition("mixd", "1GiB", 2**40)
+    message = str(refused.value)
+    assert "'mixd'" in message
+    assert all(name in message for name in ("mixed", "hand_mps_env", "memgov_mps_noruns"))
+
+
+def test_the_hand_set_limits_are_the_values_memgov_sets(checks: ModuleType) -> None:
+    """hand_mps_env is memgov's environment without memgov: its MPS limit and thread variables
+    come from memgov's own definitions, and memgov stays off."""
+    from memgov._enforce import pinned_limit
+    from memgov._threads import ENV_VARS
+
+    env = checks.condition("hand_mps_env", "1600MiB", 160 * 2**30)["env"]
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == pinned_limit(1600 * 2**20, 0) == "0=1600M"
+    assert all(env[name] == "1" for name in ENV_VARS)
+    assert env["MEMGOV_CLAIM"] == "off"
+    assert env["PYTORCH_ALLOC_CONF"] == "per_process_memory_fraction:0.0098"
