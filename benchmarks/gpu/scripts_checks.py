@@ -532,8 +532,67 @@ def _patch():
             pass
 
 
+def _stamp(name):
+    """One point of the job's timeline: wall time (epoch, the parent subtracts the launch) and
+    this process's CPU seconds so far; the first of each name is kept."""
+    import time
+    _snapshot.setdefault("timeline", {}).setdefault(
+        name, [round(time.time(), 4), round(time.process_time(), 3)])
+
+
+def _timeline():
+    """Stamps where a start-up goes, the same in every condition: the interpreter reaching this
+    file ("site"), ``import torch`` begun and done (memgov's hook, which runs inside it for a
+    governed job, included), torch's CUDA initialisation done (its queued calls, memgov's
+    allocator cap among them, run before this one) and the first optimizer step done. A finder
+    ahead of the others wraps torch's loader; it asks the finders behind it (memgov's among
+    them) for the spec, so what they wrap still runs."""
+    import sys as _sys
+    _stamp("site")
+
+    class _After:  # duck-typed, as memgov's own: importlib.abc is slow to import
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch":
+                return None
+            _sys.meta_path.remove(self)
+            for finder in _sys.meta_path:
+                spec = getattr(finder, "find_spec", lambda *a: None)(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+            inner = spec.loader
+            outer = type("TimedLoader", (), {
+                "create_module": lambda self, spec: inner.create_module(spec),
+                "exec_module": lambda self, module: _timed_exec(inner, module),
+            })()
+            spec.loader = outer
+            return spec
+
+    _sys.meta_path.insert(0, _After())
+
+
+def _timed_exec(inner, module):
+    _stamp("torch_begun")
+    inner.exec_module(module)
+    _stamp("torch_done")
+    try:
+        module.cuda._lazy_call(lambda: _stamp("cuda_ready"))
+        handle = []
+
+        def first_step(optimizer, args, kwargs):
+            _stamp("first_step")
+            handle[0].remove()
+
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        handle.append(register_optimizer_step_post_hook(first_step))
+    except Exception as exc:
+        _snapshot["timeline_error"] = repr(exc)
+
+
 atexit.register(_dump_all)
 _register_shutdown()
+_timeline()
 _cuda_sched()
 _patch()
 try:
@@ -802,6 +861,28 @@ def where(jobs: list[dict[str, Any]]) -> dict[str, Any]:
     )
     # "intra-op/inter-op" as torch reported them at exit.
     out["threads_seen"] = sorted({f"{p.get('threads')}/{p.get('interop_threads')}" for p in probes})
+    out["timeline"] = timeline(jobs)
+    return out
+
+
+TIMELINE = ("site", "torch_begun", "torch_done", "cuda_ready", "first_step")
+
+
+def timeline(jobs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per point of the probe's timeline: [median seconds since the job's launch, median CPU
+    seconds of the process by then] over the jobs that reached it."""
+    out: dict[str, list[float]] = {}
+    for name in TIMELINE:
+        points = [
+            (j["probe"]["timeline"][name], j["launched"])
+            for j in jobs
+            if name in ((j.get("probe") or {}).get("timeline") or {})
+        ]
+        if points:
+            out[name] = [
+                round(statistics.median(at - launched for (at, _), launched in points), 2),
+                round(statistics.median(cpu for (_, cpu), _ in points), 2),
+            ]
     return out
 
 
@@ -911,6 +992,14 @@ def summary(report: dict[str, Any]) -> list[str]:
             f"{w.get('start_s_median')} {w.get('cpu_s_median')} | {py.get('MainThread')} "
             f"{w.get('children_cpu_s_median')} {mine} {w.get('tasks_median')}"
         )
+    lines.append(
+        "start-up timeline, medians over the jobs: point seconds_since_launch/process_cpu_s"
+    )
+    for r in report["runs"]:
+        points = r["where"].get("timeline") or {}
+        if points:
+            shown = " ".join(f"{name} {at}/{cpu}" for name, (at, cpu) in points.items())
+            lines.append(f"  {r['kind']} {r['condition']} {r['round']}: {shown}")
     # The machine drifts within a call: each run in launch order, span / CPU seconds per job.
     by_launch = sorted(
         report["runs"], key=lambda r: min((j["launched"] for j in r["jobs"]), default=0)

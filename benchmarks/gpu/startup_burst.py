@@ -7,7 +7,9 @@ GPU) and stamps, per process, seconds from its launch to: torch imported (memgov
 inside that import), the first tensor on the GPU (the CUDA context), and its CPU seconds. The
 conditions are scripts_checks' hand_mps_cap (OMP_NUM_THREADS=1, torch's allocator capped, an
 MPS daemon started by hand) and memgov_mps (MEMGOV_CLAIM only, `memgov mps start`), alternated;
-a last governed burst runs under cProfile, summed into OUT/startup_burst_profile.txt. The 25 are
+with --steps, a last governed burst times memgov's steps (STEPS) in each process by the main
+thread's CPU clock and the wall; with --profile, a last burst of each runs under cProfile (wall
+time; every thread), summed into OUT/startup_burst_profile.txt. The 25 are
 CPU-bound while they start (16 cores): what memgov's start costs shows there. Raw JSON:
 OUT/startup_burst.json.
 """
@@ -30,6 +32,85 @@ import scripts_checks as sc
 import threads_checks as tc
 from bench import summed_profiles
 
+PROFILED = """
+import cProfile, runpy, sys
+profile = cProfile.Profile()  # wall time: Python 3.12's profiler sees every thread
+profile.enable()
+try:
+    runpy.run_path(sys.argv[2], run_name="__main__")
+finally:
+    profile.disable()
+    profile.dump_stats(sys.argv[1])
+"""
+"""The program under cProfile, its profile written where the first argument says."""
+
+STEPS = (
+    "memgov._autoenable._govern",
+    "memgov._claim.claim",
+    "memgov._claim._sizing",
+    "memgov._enforce.decide",
+    "memgov._mpsctl.servers_all_ours",
+    "memgov._admission.admit",
+    "memgov._ledger.DeviceLedger.read",
+    "memgov._ledger.DeviceLedger.scan",
+    "memgov._ledger.DeviceLedger.add",
+    "memgov._claim._settle",
+    "memgov._claim._govern_or_release",
+    "memgov._threads.govern",
+    "memgov._adapters.govern",
+    "memgov._runs.start",
+    "memgov._profiles.collect",
+    "memgov._autoenable._print_reports",
+    "memgov._nvml.processes",
+    "memgov._nvml.devices",
+    "memgov._trust.walk",
+    "adapters.torch._cap",
+    "adapters.torch.own_device_memory",
+)
+"""memgov's steps a --steps burst times in each governed process: the main thread's CPU
+seconds and the wall seconds inside each (nested steps count in their callers too)."""
+
+TIMED = """
+import importlib, json, os, threading, time
+_MAIN = threading.main_thread()
+_STEPS = {}
+
+
+def _wrap(dotted):
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:-1]:
+            owner = getattr(owner, attr)
+        inner = getattr(owner, parts[-1])
+
+        def timed(*args, __inner=inner, __name=dotted, **kwargs):
+            if threading.current_thread() is not _MAIN:
+                return __inner(*args, **kwargs)
+            cpu, wall = time.thread_time(), time.monotonic()
+            try:
+                return __inner(*args, **kwargs)
+            finally:
+                got = _STEPS.setdefault(__name, [0, 0.0, 0.0])
+                got[0] += 1
+                got[1] += time.thread_time() - cpu
+                got[2] += time.monotonic() - wall
+
+        setattr(owner, parts[-1], timed)
+        return
+
+
+for _dotted in STEPS:
+    try:
+        _wrap(_dotted)
+    except Exception as exc:
+        _STEPS[_dotted] = repr(exc)
+"""
+
+
 PROGRAM = """
 import json, os, sys, time
 launched = float(os.environ["BURST_LAUNCHED"])
@@ -39,19 +120,20 @@ torch.zeros(1, device="cuda")
 torch.cuda.synchronize()
 ready = time.time()
 print(json.dumps({"import_s": imported - launched, "cuda_s": ready - launched,
-                  "cpu_s": sum(os.times()[:2])}), flush=True)
+                  "cpu_s": sum(os.times()[:2]), "steps": globals().get("_STEPS")}), flush=True)
 """
 
 
-def burst(n: int, env: dict[str, str], work: Path, profile: Path | None) -> dict[str, Any]:
+def burst(
+    n: int, env: dict[str, str], work: Path, profile: Path | None, steps: bool = False
+) -> dict[str, Any]:
     program = work / "program.py"
-    program.write_text(PROGRAM)
+    program.write_text(f"STEPS = {STEPS!r}\n{TIMED}{PROGRAM}" if steps else PROGRAM)
     procs = []
     for index in range(n):
         argv = [sys.executable, str(program)]
         if profile is not None:
-            argv = [sys.executable, "-m", "cProfile", "-o", str(profile / f"{index}.prof")]
-            argv.append(str(program))
+            argv = [sys.executable, "-c", PROFILED, str(profile / f"{index}.prof"), str(program)]
         child = {**env, "BURST_LAUNCHED": repr(time.time())}
         procs.append(
             subprocess.Popen(argv, env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -82,6 +164,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    parser.add_argument("--steps", action="store_true", help="time memgov's steps (STEPS)")
+    parser.add_argument("--profile", action="store_true", help="a cProfiled burst of each")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import pynvml
@@ -103,19 +187,44 @@ def main() -> None:
                 runs.append({"condition": name, "round": rnd + 1, **got})
                 print(name, rnd + 1, {k: v for k, v in got.items() if k != "jobs"}, flush=True)
                 save(args.out, runs)  # after every burst: a call cut short keeps what ran
-        profiles = work / "profiles"
-        profiles.mkdir()
-        cond = sc.condition("memgov_mps", "2GiB", total)
-        with tc.mps_for(cond, base, work, {}) as env:
-            got = burst(args.n, {**env, **cond["env"]}, work, profiles)
-        runs.append({"condition": "memgov_mps", "round": "profiled", **got})
-        files = sorted(profiles.glob("*.prof"))
-        text = summed_profiles(files, "governed processes, summed", top=70)
-        # memgov's own share apart from torch's import around it (NVML's calls included)
-        pattern = "memgov|adapters|pynvml"
-        text += summed_profiles(files, f"governed processes, {pattern} only", only=pattern)
+        if args.steps:
+            cond = sc.condition("memgov_mps", "2GiB", total)
+            with tc.mps_for(cond, base, work, {}) as env:
+                got = burst(args.n, {**env, **cond["env"]}, work, None, steps=True)
+            got["steps_median"] = steps_median(got["jobs"])
+            runs.append({"condition": "memgov_mps", "round": "steps", **got})
+            print("steps (calls, main-thread CPU s, wall s; medians):", flush=True)
+            for name, values in got["steps_median"].items():
+                print(f"  {name} {values}", flush=True)
+        if not args.profile:
+            save(args.out, runs)
+            return
+        text = ""
+        for name in order:
+            profiles = work / f"profiles-{name}"
+            profiles.mkdir()
+            cond = sc.condition(name, "2GiB", total)
+            with tc.mps_for(cond, base, work, {}) as env:
+                got = burst(args.n, {**env, **cond["env"]}, work, profiles)
+            runs.append({"condition": name, "round": "profiled", **got})
+            files = sorted(profiles.glob("*.prof"))
+            text += summed_profiles(files, f"{name} processes, summed", top=70)
+            # memgov's own share apart from torch's import around it (NVML's calls included)
+            pattern = "memgov|adapters|pynvml"
+            text += summed_profiles(files, f"{name} processes, {pattern} only", only=pattern)
         (args.out / "startup_burst_profile.txt").write_text(text)
     save(args.out, runs)
+
+
+def steps_median(jobs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per step: medians over the processes of [calls, main-thread CPU s, wall s]."""
+    out: dict[str, list[float]] = {}
+    for name in STEPS:
+        found = [(j.get("steps") or {}).get(name) for j in jobs]
+        rows = [r for r in found if isinstance(r, list)]
+        if rows:
+            out[name] = [round(statistics.median(r[i] for r in rows), 4) for i in range(3)]
+    return out
 
 
 def save(out: Path, runs: list[dict[str, Any]]) -> None:

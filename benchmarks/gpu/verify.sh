@@ -46,6 +46,10 @@
 #                               (benchmarks/gpu/startup_cpu.sh, about 2 minutes); startup_burst: 25 tiny torch programs
 #                               started at once, hand-tuned vs governed, where start-up goes
 #                               (benchmarks/gpu/startup_burst.py, about 2 minutes);
+#                               nvml_lists: NVML's process list beside 1 and 25 MPS clients
+#                               (its CPU), and a client's own use read from its limit;
+#                               public_scripts_timeline: 25 MNIST copies, the capped hand-tuned
+#                               and memgov, two rounds, each run's start-up timeline;
 #                               public_scripts_diag: MNIST
 #                               under diagnostic conditions, CPU per thread; `pinned` the same for
 #                               the plain loop with Adam and a pinned-memory gather; each run
@@ -95,6 +99,22 @@ DRY=${VERIFY_DRY:-0}
 # results/h200/2026-11-25-importtime-governed.txt); `pip install nvidia-ml-py` writes its bytecode.
 [ "$DRY" = 1 ] || python3 -m compileall -q "$(python3 -c 'import pynvml; print(pynvml.__file__)')" \
   >>"$OUT/install.log" 2>&1
+# And for the frameworks the jobs import, in both conditions: the image's torch, torchvision,
+# numpy and PIL carry no bytecode either, so every process compiled torch from source (3.5 s of
+# a start-up's CPU, 25 at once on 16 cores; results/h200/2026-11-25-startup-burst-profile.txt),
+# which no pip install leaves a user to do. Counted and timed in install.log.
+if [ "$DRY" != 1 ]; then
+  t0=$SECONDS
+  for pkg in torch torchvision numpy PIL; do
+    dir=$(python3 -c "import importlib.util as u; s = u.find_spec('$pkg'); print(s.submodule_search_locations[0] if s else '')" 2>/dev/null)
+    [ -n "$dir" ] || continue
+    before=$(find "$dir" -name '*.pyc' | wc -l)
+    python3 -m compileall -q -j 0 "$dir" >>"$OUT/install.log" 2>&1
+    echo "bytecode: $pkg $dir: $before .pyc before, $(find "$dir" -name '*.pyc' | wc -l) after" \
+      | tee -a "$OUT/install.log"
+  done
+  echo "bytecode: compiled in $((SECONDS - t0)) s" | tee -a "$OUT/install.log"
+fi
 
 run() {  # run NAME TIMEOUT CMD...: time-boxed, output kept in $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -168,9 +188,12 @@ python3 -m memgov devices' ;;
         --conditions hand_mps,memgov_mps,hand_mps_cap,hand_mps_limit --rounds 2 --budget 555 \
         --tag dcgan-diag --out "$OUT" ;;
     public_scripts_capped)  # MNIST and VAE: memgov against hand-tuned with the same memory cap
-      # (torch's allocator capped at the claim, as an expert keeps jobs apart), two rounds each
-      run public_scripts_capped 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist,vae \
-        --conditions hand_mps_cap,memgov_mps --rounds 2 --budget 555 --tag capped --out "$OUT" ;;
+      # (torch's allocator capped at the claim, as an expert keeps jobs apart), two rounds each;
+      # SCRIPTS_KINDS and SCRIPTS_ROUNDS choose others (e.g. SCRIPTS_KINDS=dcgan)
+      kinds=${SCRIPTS_KINDS:-mnist,vae}
+      run public_scripts_capped 575 python3 benchmarks/gpu/scripts_checks.py --kinds "$kinds" \
+        --conditions hand_mps_cap,memgov_mps --rounds "${SCRIPTS_ROUNDS:-2}" --budget 555 \
+        --tag "capped-${kinds//,/-}" --out "$OUT" ;;
     public_scripts_threads)  # MNIST and VAE: the capped hand-tuned, memgov, memgov with
       # MEMGOV_THREADS=1 (no follower: whether growing into idle cores costs these scripts)
       run public_scripts_threads 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist,vae \
@@ -216,8 +239,16 @@ python3 -m memgov devices' ;;
         --budget 555 --tag growth --out "$OUT" ;;
     startup_cpu)  # one process at a time: a governed start-up's CPU against a hand-tuned one
       run startup_cpu 280 bash benchmarks/gpu/startup_cpu.sh ;;
+    public_scripts_timeline)  # 25 MNIST copies, the capped hand-tuned and memgov, two rounds, no
+      # warm-up: each run's start-up timeline (the probe's stamps) beside its span
+      run public_scripts_timeline 345 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
+        --conditions hand_mps_cap,memgov_mps --rounds 2 --no-warmup --budget 330 \
+        --tag timeline --out "$OUT" ;;
+    nvml_lists)  # NVML's process list beside 1 and 25 MPS clients, and a client's own use
+      # under MPS's memory limit read without it (benchmarks/gpu/nvml_lists.py)
+      run nvml_lists 150 python3 benchmarks/gpu/nvml_lists.py --out "$OUT" ;;
     startup_burst)  # where memgov's start-up goes when 25 jobs start at once
-      run startup_burst 200 python3 benchmarks/gpu/startup_burst.py --out "$OUT" ;;
+      run startup_burst 200 python3 benchmarks/gpu/startup_burst.py --steps --out "$OUT" ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
       run public_scripts_diag 360 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps,memgov_mps,memgov_mps_omp1,hand_mps_limit,hand_mps_cap \
