@@ -9,9 +9,11 @@ tensor), reports what ``torch.cuda.mem_get_info`` says (free and total), MPS's l
 environment, NVML's figure for its own PID, and the CPU and wall time of its one process list
 (``nvmlDeviceGetComputeRunningProcesses``). Once all N hold their contexts: ten lists in this
 process, one after another, then three in each client at once. What it answers: does a start-up's
-list cost CPU that grows with the clients beside it (startup_burst's profile: 159 ms of CPU a
-call among 25), and is the limit minus the free memory the client's own use as NVML counts it
-(REFERENCE.md: under the limit, free is the limit minus the client's use)? Raw JSON:
+list cost CPU that grows with the clients beside it (a profile of startup_burst timed by each
+thread's CPU clock said 159 ms a call among 25; Python 3.12's profiler sees every thread, so
+that clock mixed threads: measured here directly), and is the limit minus the free memory the
+client's own use as NVML counts it
+(measured before: under the limit, free is the limit minus the client's use)? Raw JSON:
 OUT/nvml_lists.json.
 """
 
