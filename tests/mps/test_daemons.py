@@ -492,3 +492,39 @@ def test_a_procfs_mounted_again_over_proc_with_hidepid_counts() -> None:
         "40 25 0:41 / /proc rw,relatime - proc proc rw,hidepid=invisible\n"
     )
     assert _mpsctl.hidepid(text)
+
+
+CONTROL = "nvidia-cuda-mps-control"
+
+
+def test_the_process_table_reads_names_with_parentheses_and_cut_names_whole() -> None:
+    """servers_all_ours reads /proc itself (no psutil on the claim path): a name with ") " in it
+    keeps its parent, and a name the kernel cut at 15 characters is completed from the command
+    line only when its first word starts with it (psutil's rule)."""
+    code = (
+        "import ctypes, sys, time; ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0); "
+        "print('up', flush=True); time.sleep(60)"
+    )
+    odd = subprocess.Popen([sys.executable, "-c", code, "a) b (c"], stdout=subprocess.PIPE)
+    cut = subprocess.Popen(
+        ["bash", "-c", 'exec -a "$2" "$0" -c "$1" "$2"', sys.executable, code, CONTROL],
+        stdout=subprocess.PIPE,
+    )
+    named = subprocess.Popen(
+        [sys.executable, "-c", code, "nvidia-cuda-mps-server"], stdout=subprocess.PIPE
+    )
+    try:
+        for proc in (odd, cut, named):
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
+        table = _mpsctl._process_table()
+        assert table[odd.pid] == ("a) b (c", os.getpid())
+        assert table[os.getpid()][1] == os.getppid()
+        assert table[cut.pid][0] == "nvidia-cuda-mps"
+        assert _mpsctl._full_name(cut.pid, table[cut.pid][0]) == CONTROL
+        # Renamed by prctl, but its command line starts with python: the cut name stays.
+        assert _mpsctl._full_name(named.pid, table[named.pid][0]) == "nvidia-cuda-mps"
+        assert _mpsctl._real_uid(odd.pid) == os.getuid()
+    finally:
+        for proc in (odd, cut, named):
+            proc.kill()
+            proc.wait()
