@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import socket
 import stat
 import time
@@ -370,7 +369,7 @@ def record_payload(
 ) -> dict[str, Any]:
     return {
         "version": _records.VERSION,
-        "id": secrets.token_hex(8),
+        "id": os.urandom(8).hex(),
         "kind": kind,
         "device": device.uuid,
         "bytes": size,
