@@ -64,8 +64,8 @@ STEPS = (
     "memgov._nvml.processes",
     "memgov._nvml.devices",
     "memgov._trust.walk",
-    "adapters.torch._cap",
-    "adapters.torch.own_device_memory",
+    "memgov_torch._cap",
+    "memgov_torch.own_device_memory",
 )
 """memgov's steps a --steps burst times in each governed process: the main thread's CPU
 seconds and the wall seconds inside each (nested steps count in their callers too)."""
@@ -166,6 +166,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--steps", action="store_true", help="time memgov's steps (STEPS)")
     parser.add_argument("--profile", action="store_true", help="a cProfiled burst of each")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a folder with an earlier tree's memgov/ and adapters/: a third condition, "
+        "memgov_mps_before, governed by that copy (first on PYTHONPATH)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import pynvml
@@ -174,13 +180,13 @@ def main() -> None:
     total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
     pynvml.nvmlShutdown()
     runs = []
-    order = ["hand_mps_cap", "memgov_mps"]
+    order = ["hand_mps_cap", "memgov_mps"] + (["memgov_mps_before"] if args.before else [])
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         base = {**os.environ, "MEMGOV_DIR": str(work / "ledger")}
         for rnd in range(args.rounds):
             for name in order if rnd % 2 == 0 else order[::-1]:
-                cond = sc.condition(name, "2GiB", total)
+                cond = condition(name, total, args.before)
                 hand: dict[str, Any] = {}
                 with tc.mps_for(cond, base, work, hand) as env:
                     got = burst(args.n, {**env, **cond["env"]}, work, None)
@@ -214,6 +220,16 @@ def main() -> None:
             text += summed_profiles(files, f"{name} processes, {pattern} only", only=pattern)
         (args.out / "startup_burst_profile.txt").write_text(text)
     save(args.out, runs)
+
+
+def condition(name: str, total: int, before: Path | None) -> dict[str, Any]:
+    """scripts_checks' condition, or memgov_mps governed by the copy in ``before``."""
+    if name != "memgov_mps_before":
+        return sc.condition(name, "2GiB", total)
+    assert before is not None
+    cond = sc.condition("memgov_mps", "2GiB", total)
+    cond["env"] = {**cond["env"], "PYTHONPATH": str(before.resolve())}
+    return cond
 
 
 def steps_median(jobs: list[dict[str, Any]]) -> dict[str, list[float]]:

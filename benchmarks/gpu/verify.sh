@@ -189,10 +189,12 @@ python3 -m memgov devices' ;;
         --tag dcgan-diag --out "$OUT" ;;
     public_scripts_capped)  # MNIST and VAE: memgov against hand-tuned with the same memory cap
       # (torch's allocator capped at the claim, as an expert keeps jobs apart), two rounds each;
-      # SCRIPTS_KINDS and SCRIPTS_ROUNDS choose others (e.g. SCRIPTS_KINDS=dcgan)
+      # SCRIPTS_KINDS, SCRIPTS_ROUNDS and SCRIPTS_BUDGET (seconds) choose others
+      # (e.g. SCRIPTS_KINDS=dcgan; a smaller budget beside another check in the call)
       kinds=${SCRIPTS_KINDS:-mnist,vae}
       run public_scripts_capped 575 python3 benchmarks/gpu/scripts_checks.py --kinds "$kinds" \
-        --conditions hand_mps_cap,memgov_mps --rounds "${SCRIPTS_ROUNDS:-2}" --budget 555 \
+        --conditions hand_mps_cap,memgov_mps --rounds "${SCRIPTS_ROUNDS:-2}" \
+        --budget "${SCRIPTS_BUDGET:-555}" \
         --tag "capped-${kinds//,/-}" --out "$OUT" ;;
     public_scripts_threads)  # MNIST and VAE: the capped hand-tuned, memgov, memgov with
       # MEMGOV_THREADS=1 (no follower: whether growing into idle cores costs these scripts)
@@ -248,7 +250,10 @@ python3 -m memgov devices' ;;
       # under MPS's memory limit read without it (benchmarks/gpu/nvml_lists.py)
       run nvml_lists 150 python3 benchmarks/gpu/nvml_lists.py --out "$OUT" ;;
     startup_burst)  # where memgov's start-up goes when 25 jobs start at once
-      run startup_burst 200 python3 benchmarks/gpu/startup_burst.py --steps --out "$OUT" ;;
+      # BURST_BEFORE=DIR: a third condition, memgov from DIR (a copy of an earlier tree's
+      # memgov/ and adapters/, first on PYTHONPATH), alternated with the other two
+      run startup_burst 200 python3 benchmarks/gpu/startup_burst.py --steps \
+        ${BURST_BEFORE:+--before "$BURST_BEFORE"} --out "$OUT" ;;
     public_scripts_diag)  # where memgov's time goes in the public MNIST: diagnostic conditions
       run public_scripts_diag 360 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps,memgov_mps,memgov_mps_omp1,hand_mps_limit,hand_mps_cap \
