@@ -3,8 +3,11 @@
 ``memgov-autoenable.pth`` (installed into site-packages, see setup.py) calls :func:`start` at
 interpreter start-up only when MEMGOV_CLAIM or a GPU scheduler's budget variable is set. start()
 registers import hooks and nothing else: pip and every Python program that imports no GPU
-framework are left alone. At the first ``import torch`` / ``tensorflow`` / ``jax`` the budget is
-claimed and the adapters applied, before the framework initialises the GPU.
+framework are left alone. When the first ``import torch`` / ``tensorflow`` / ``jax`` begins, before
+the framework's code runs, the budget is claimed and the CPU share decided, so the thread variables
+are set before the libraries that read them load (numpy's OpenBLAS starts one thread per core at
+load otherwise: docs/threads.md); the adapters apply when that import ends, before the framework
+initialises the GPU.
 
 Auto mode never crashes the program: any failure prints one warning line and the program runs on
 (with the no-greedy-preallocation defaults ``import memgov`` sets). MEMGOV_STRICT=1 turns the
@@ -68,7 +71,7 @@ def start() -> None:
         from memgov import _importhook
 
         for name in FRAMEWORKS:
-            _importhook.when_imported(name, _on_import)
+            _importhook.when_importing(name, _on_import)
     except Exception as exc:  # a start-up hook must never stop the interpreter
         _warn(f"auto-enable could not start: {type(exc).__name__}: {exc}")
 
@@ -85,7 +88,7 @@ def start_preloaded(preloaded: list[ModuleType]) -> None:
     names = {module.__name__ for module in preloaded}
     for name in FRAMEWORKS:
         if name not in names:
-            _importhook.when_imported(name, _on_import)
+            _importhook.when_importing(name, _on_import)
     for module in preloaded:
         _on_import(module)
 
@@ -165,9 +168,11 @@ def _on_import(module: ModuleType) -> None:
     strict = strict_mode()
     outcome["strict"] = strict
     paused = gc.isenabled()
-    # The collector paused while memgov governs: its ~5,600 new objects otherwise set off a full
-    # collection of the framework's whole heap inside the hook (one more than the same import
-    # ungoverned: 90-110 ms of CPU after `import torch`). Resumed only if it ran before.
+    # The collector paused while memgov governs: its ~5,600 new objects otherwise bring one more
+    # full collection of the framework's heap into `import torch` than the same import
+    # ungoverned has (3 against 2: 105-137 ms of CPU in them against 39-65 with the pause, on
+    # the CPU machine; results/cpu-2core/2026-11-28-governed-import-gc.txt). Resumed only if
+    # it ran before.
     gc.disable()
     try:
         _govern(module.__name__, strict)

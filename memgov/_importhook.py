@@ -1,7 +1,10 @@
-"""Run code right after a module is imported, before the importer gets it back.
+"""Run code right before a module's code runs, or right after it, before the importer gets it back.
 
-Adapters need this: TensorFlow's GPU options and JAX's allocator settings only take effect if
-applied after the framework is imported but before its first operation.
+Adapters need the second: TensorFlow's GPU options and JAX's allocator settings only take effect
+if applied after the framework is imported but before its first operation. Auto-enable needs the
+first: the thread variables (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, ...) are read once, when the
+libraries a framework's import loads start their thread pools (numpy's OpenBLAS starts one thread
+per core at load, each spinning for a while: docs/threads.md).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ Callback = Callable[[ModuleType], None]
 
 _lock = threading.RLock()
 _callbacks: dict[str, list[Callback]] = {}
+_before: dict[str, list[Callback]] = {}
+"""Callbacks to run before a module's code: the module object exists, its code has not run."""
 _resolving: set[str] = set()
 _executing: set[str] = set()
 """Modules whose code is running under our loader: in sys.modules, but not imported yet."""
@@ -48,6 +53,28 @@ def when_imported(name: str, callback: Callback) -> None:
     callback(module)
 
 
+def when_importing(name: str, callback: Callback) -> None:
+    """Call ``callback(module)`` right before ``name``'s code runs, when it is first imported:
+    the module is in sys.modules, empty, and counts as being imported (:func:`imported` is
+    False; a :func:`when_imported` callback registered then runs when its import ends). Where
+    ``name`` is imported or being imported already, it is too late for that: the callback
+    runs as :func:`when_imported` would run it. An exception from the callback fails the
+    import (importlib then removes the empty module)."""
+    with _lock:
+        if name not in sys.modules:
+            _before.setdefault(name, []).append(callback)
+            _install()
+            return
+    when_imported(name, callback)
+
+
+def imported(name: str) -> bool:
+    """Whether ``name`` is imported: in sys.modules, and its code is not still running (a
+    module mid-import is in sys.modules too, without most of its attributes)."""
+    with _lock:
+        return name in sys.modules and name not in _executing
+
+
 def _install() -> None:
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
@@ -65,7 +92,8 @@ class _Finder:  # duck-typed: importlib.abc imports importlib.resources, slow at
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         with _lock:
-            if fullname not in _callbacks or fullname in _resolving:
+            wanted = fullname in _callbacks or fullname in _before
+            if not wanted or fullname in _resolving:
                 return None
             _resolving.add(fullname)
         try:
@@ -95,7 +123,10 @@ class _Loader:
             module.__spec__.loader = self._inner
         with _lock:
             _executing.add(self._name)
+            before = _before.pop(self._name, [])
         try:
+            for callback in before:
+                callback(module)
             self._inner.exec_module(module)
         finally:
             with _lock:

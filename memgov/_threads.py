@@ -37,7 +37,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -502,4 +501,8 @@ def preloaded() -> list[str]:
 
 
 def frameworks_loaded() -> list[str]:
-    return [name for name in ("torch", "tensorflow", "jax") if name in sys.modules]
+    """The frameworks imported already (one whose import has just begun, as when auto-enable
+    decides the share, is not: its code, and its libraries' thread pools, are still to come)."""
+    from memgov import _importhook
+
+    return [name for name in ("torch", "tensorflow", "jax") if _importhook.imported(name)]

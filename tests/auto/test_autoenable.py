@@ -309,9 +309,10 @@ print(seen, gc.isenabled())
 
 
 def test_the_collector_pauses_while_memgov_governs_and_resumes_after(env, py):
-    """memgov's ~5,600 new objects at the hook otherwise set off one more full collection of
-    torch's whole heap than the same import ungoverned (90-110 ms of CPU): the collector is
-    off while the hook governs, on again after."""
+    """memgov's ~5,600 new objects at the hook otherwise bring one more full collection of
+    torch's heap into `import torch` than the same import ungoverned has (3 against 2;
+    results/cpu-2core/2026-11-28-governed-import-gc.txt): the collector is off while the hook
+    governs, on again after."""
     env["MEMGOV_CLAIM"] = "1GiB"
     result = py(GC_SEEN.format(before=""), env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -331,3 +332,51 @@ def test_the_collector_resumes_after_a_claim_that_fails(env, py):
     result = py(GC_SEEN.format(before=""), env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["[False]", "True"]
+
+
+# Records the thread variable when numpy's code begins: `import torch` imports numpy, whose
+# OpenBLAS starts its thread pool, sized from these variables, as it loads.
+THREADS_AT_NUMPY = """
+import os, sys
+seen = []
+
+
+class Watch:  # ahead of the finders: notes the variable, finds nothing itself
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" and not seen:
+            seen.append(os.environ.get("OMP_NUM_THREADS"))
+            seen.append(os.environ.get("OPENBLAS_NUM_THREADS"))
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+import torch
+print(seen, torch.get_num_threads())
+"""
+
+
+def test_the_thread_variables_are_set_before_the_frameworks_libraries_load(env, py):
+    """The share is decided as `import torch` begins, so the libraries its import loads start
+    their thread pools at the share: numpy's OpenBLAS starts one thread per core at load
+    otherwise, each spinning for a while (15 threads in 25 jobs starting at once on 16 cores
+    cost every governed job 0.8 s of CPU more than a hand-tuned one: docs/threads.md)."""
+    env.update(MEMGOV_CLAIM="1GiB", MEMGOV_THREADS="1")
+    result = py(THREADS_AT_NUMPY, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("]")[0] + "]" == "['1', '1']"
+    assert result.stdout.split()[-1] == "1"
+
+
+def test_a_framework_imported_after_the_claim_is_not_taken_as_imported_before_it(env, py):
+    """`import torch` claims before torch's code runs: torch, mid-import then, is not one the
+    user imported (and set threads in) before the claim, and no adapter asks it whether CUDA
+    started before its import ends."""
+    env.update(MEMGOV_CLAIM="1GiB", MEMGOV_THREADS="1")
+    code = (
+        "import torch\nfrom memgov import _threads, _adapters\n"
+        "print(_threads.preloaded(), _adapters.any_cuda_initialized(), torch.get_num_threads())"
+    )
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["[]", "False", "1"]
+    assert "FAILED" not in result.stderr
