@@ -70,8 +70,9 @@ REPEAT = 20
 work()
 report("-", after_import)
 """,
-    # numpy's OpenBLAS pool is sized when numpy loads; memgov claims at the first torch/tf/jax
-    # import, so the order matters: numpy first (its pool already made), or torch first.
+    # numpy's OpenBLAS pool is sized when numpy loads; memgov claims as the first torch/tf/jax
+    # import begins, so the order matters: numpy first (its pool already made), or torch first
+    # (torch loads numpy after the claim).
     "numpy (torch first)": """
 import torch, numpy as np
 after_import = len(os.listdir("/proc/self/task"))
