@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import threading
 from importlib.metadata import entry_points
 
@@ -67,9 +68,8 @@ def load_failures() -> list[str]:
 
 
 def any_cuda_initialized() -> bool:
-    """Whether any imported framework has already initialised CUDA in this process (one whose
-    import has begun but not ended, as when auto-enable claims, has not)."""
-    return any(_importhook.imported(a.module) and a.cuda_initialized() for a in available())
+    """Whether any imported framework has already initialised CUDA in this process."""
+    return any(a.module in sys.modules and a.cuda_initialized() for a in available())
 
 
 def govern(budget: Budget, reports: dict[str, str]) -> None:
@@ -114,7 +114,7 @@ def lower(budget: Budget, reports: dict[str, str]) -> str | None:
     if budget.simulated:
         return None
     for adapter in available():
-        if not _importhook.imported(adapter.module):
+        if adapter.module not in sys.modules:
             continue
         lowering = getattr(adapter, "lower", None)
         line = (

@@ -4,10 +4,11 @@
 interpreter start-up only when MEMGOV_CLAIM or a GPU scheduler's budget variable is set. start()
 registers import hooks and nothing else: pip and every Python program that imports no GPU
 framework are left alone. When the first ``import torch`` / ``tensorflow`` / ``jax`` begins, before
-the framework's code runs, the budget is claimed and the CPU share decided, so the thread variables
-are set before the libraries that read them load (numpy's OpenBLAS starts one thread per core at
-load otherwise: docs/threads.md); the adapters apply when that import ends, before the framework
-initialises the GPU.
+the framework's code runs, the CPU share is decided, so the thread variables are set before the
+libraries that read them load (numpy's OpenBLAS starts one thread per core at load otherwise:
+docs/threads.md). When that import has succeeded, the budget is claimed and the adapters applied,
+before the framework initialises the GPU: an import that fails (an optional framework probed
+with ``try: import jax``) claims nothing.
 
 Auto mode never crashes the program: any failure prints one warning line and the program runs on
 (with the no-greedy-preallocation defaults ``import memgov`` sets). MEMGOV_STRICT=1 turns the
@@ -71,7 +72,8 @@ def start() -> None:
         from memgov import _importhook
 
         for name in FRAMEWORKS:
-            _importhook.when_importing(name, _on_import)
+            _importhook.when_importing(name, _threads_first)
+            _importhook.when_imported(name, _on_import)
     except Exception as exc:  # a start-up hook must never stop the interpreter
         _warn(f"auto-enable could not start: {type(exc).__name__}: {exc}")
 
@@ -88,7 +90,8 @@ def start_preloaded(preloaded: list[ModuleType]) -> None:
     names = {module.__name__ for module in preloaded}
     for name in FRAMEWORKS:
         if name not in names:
-            _importhook.when_importing(name, _on_import)
+            _importhook.when_importing(name, _threads_first)
+            _importhook.when_imported(name, _on_import)
     for module in preloaded:
         _on_import(module)
 
@@ -160,6 +163,33 @@ def auto_size(device: Device) -> tuple[int, str] | None:
     return None if chosen is None else (chosen.bytes, chosen.source)
 
 
+def _threads_first(module: ModuleType) -> None:
+    """As a framework's import begins: this process's CPU share, decided as the claim at the
+    import's end would decide it (it reuses this decision), so that the thread variables are set
+    before the libraries the import loads read them. Never raises: whatever is wrong with the
+    settings, the claim at the import's end says (or, strict, raises)."""
+    with _lock:
+        if _state["fired"]:
+            return
+    try:
+        with _CollectorPaused():
+            _decide_threads()
+    except Exception as exc:  # the claim at the import's end meets it again and says so
+        outcome.setdefault("threads_first", f"{type(exc).__name__}: {exc}")
+
+
+def _decide_threads() -> None:
+    from memgov import _claim, _settings, _threads
+
+    if _claim.current() is not None:
+        return  # the program claimed itself: its claim decided the share
+    values, problems = _settings.read_all(skip=("MEMGOV_STRICT",))
+    if problems or values["MEMGOV_CLAIM"] == "off":
+        return
+    holder = os.environ.get(_claim.HOLDER_ENV, "")
+    _threads.govern(values["MEMGOV_THREADS"], inherited=bool(holder) and holder_alive(holder))
+
+
 def _on_import(module: ModuleType) -> None:
     with _lock:
         if _state["fired"]:
@@ -167,15 +197,9 @@ def _on_import(module: ModuleType) -> None:
         _state["fired"] = True
     strict = strict_mode()
     outcome["strict"] = strict
-    paused = gc.isenabled()
-    # The collector paused while memgov governs: its ~5,600 new objects otherwise bring one more
-    # full collection of the framework's heap into `import torch` than the same import
-    # ungoverned has (3 against 2: 105-137 ms of CPU in them against 39-65 with the pause, on
-    # the CPU machine; results/cpu-2core/2026-11-28-governed-import-gc.txt). Resumed only if
-    # it ran before.
-    gc.disable()
     try:
-        _govern(module.__name__, strict)
+        with _CollectorPaused():
+            _govern(module.__name__, strict)
     except Exception as exc:
         from memgov._errors import MemgovError
 
@@ -188,8 +212,21 @@ def _on_import(module: ModuleType) -> None:
         _warn_once_per_job(
             f"{detail}; continuing without a memgov budget (MEMGOV_STRICT=1 makes this an error)"
         )
-    finally:
-        if paused:
+
+
+class _CollectorPaused:  # a class, not contextlib: this module is imported at start-up
+    """The collector paused while memgov governs, resumed only if it ran before: memgov's new
+    objects (its modules, the share's and the claim's: ~5,600) otherwise bring one more full
+    collection of the framework's heap into ``import torch`` than the same import ungoverned has
+    (3 against 2: 132-157 ms of CPU in them against 62-73 with the pause, on the CPU machine;
+    results/cpu-2core/2026-11-28-governed-import-gc.txt)."""
+
+    def __enter__(self) -> None:
+        self.paused = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.paused:
             gc.enable()
 
 

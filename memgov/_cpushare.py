@@ -21,6 +21,7 @@ import contextlib
 import os
 import socket
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,9 @@ class Registration:
         self.payload = payload
         self.root = root
         """The ledger folder it was made in (MEMGOV_DIR may change later in this process)."""
+        self._writing = threading.Lock()
+        """One update at a time: the follower thread and the main thread (the claim naming its
+        holder, the user taking over the threads) both update, each from the last payload."""
 
     @property
     def name(self) -> str:
@@ -65,11 +69,12 @@ class Registration:
 
     def update(self, **changes: Any) -> None:
         """Swap the record's content (e.g. its current thread count); the lock never drops."""
-        payload = {**self.payload, **changes}
-        with _records.open_dir(self.root, PARTS, create=False) as fd:
-            _records.replace(fd, self.held, payload)
-        _flock.held_for_life(self.held.file)  # replace() swapped in a new locked file
-        self.payload = payload
+        with self._writing:
+            payload = {**self.payload, **changes}
+            with _records.open_dir(self.root, PARTS, create=False) as fd:
+                _records.replace(fd, self.held, payload)
+            _flock.held_for_life(self.held.file)  # replace() swapped in a new locked file
+            self.payload = payload
 
     def close(self) -> None:
         with contextlib.suppress(OSError, LedgerError):

@@ -259,10 +259,8 @@ def _torch_reserved() -> tuple[int, int]:
     """(bytes torch's CUDA allocator holds now, the most it ever held); zeros without CUDA.
     One read of the allocator's counters (memory_reserved() and max_memory_reserved() would
     each build the whole statistics table)."""
-    from memgov import _importhook
-
     torch = sys.modules.get("torch")
-    if torch is None or not _importhook.imported("torch"):  # not yet, or its import still runs
+    if torch is None:
         return 0, 0
     try:
         if not torch.cuda.is_initialized():

@@ -120,10 +120,13 @@ def current() -> Budget | None:
 def govern(chosen: Setting, holder: str = "", inherited: bool = False) -> Budget:
     """Decide this process's threads (``chosen``: MEMGOV_THREADS, parsed by the caller before
     admission), register it among the governed, set the thread variables and start following
-    the share. Idempotent: a second claim in one process reuses the first decision."""
+    the share. Idempotent: a second claim in one process reuses the first decision, made
+    before it by auto-enable as the framework's import began (memgov/_autoenable.py); the
+    record then names the claim (``holder``), which ``memgov status`` shows."""
     with _lock:
         done = current()
         if done is not None:
+            _name_holder(holder)
             return done
         _state["preloaded"] = frameworks_loaded()
         budget = _decide(chosen, holder, inherited)
@@ -205,6 +208,15 @@ def _register(
         return None
     _state["registration"] = reg
     return reg
+
+
+def _name_holder(holder: str) -> None:
+    """The claim ``holder`` into this process's record, where it names none yet."""
+    reg = _state.get("registration")
+    if not holder or not isinstance(reg, _cpushare.Registration) or reg.payload.get("holder"):
+        return
+    with contextlib.suppress(OSError, LedgerError):  # a detail of `memgov status`: never fail
+        reg.update(holder=holder)
 
 
 def _set_env(threads: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -168,6 +169,7 @@ def main() -> None:
     finally:
         neighbour.kill()
         neighbour.wait()
+        shutil.rmtree(ledger, ignore_errors=True)
     print(f"load average at end: {os.getloadavg()}; {time.strftime('%Y-%m-%dT%H:%M:%SZ')}")
     if args.json:
         with open(args.json, "w") as out:

@@ -292,16 +292,21 @@ def test_a_slow_admission_says_where_its_time_went(env: dict[str, str]) -> None:
 GC_SEEN = """
 import gc
 from memgov import _autoenable
-governed = _autoenable._govern
 seen = []
 
 
-def watched(*args):
-    seen.append(gc.isenabled())
-    return governed(*args)
+def watch(name):
+    inner = getattr(_autoenable, name)
+
+    def watched(*args):
+        seen.append(gc.isenabled())
+        return inner(*args)
+
+    setattr(_autoenable, name, watched)
 
 
-_autoenable._govern = watched
+watch("_decide_threads")  # as the import begins
+watch("_govern")  # when it has ended
 {before}
 import torch
 print(seen, gc.isenabled())
@@ -316,14 +321,14 @@ def test_the_collector_pauses_while_memgov_governs_and_resumes_after(env, py):
     env["MEMGOV_CLAIM"] = "1GiB"
     result = py(GC_SEEN.format(before=""), env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["[False]", "True"]
+    assert result.stdout.split() == ["[False,", "False]", "True"]
 
 
 def test_a_collector_the_program_turned_off_stays_off(env, py):
     env["MEMGOV_CLAIM"] = "1GiB"
     result = py(GC_SEEN.format(before="gc.disable()"), env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["[False]", "False"]
+    assert result.stdout.split() == ["[False,", "False]", "False"]
 
 
 def test_the_collector_resumes_after_a_claim_that_fails(env, py):
@@ -331,7 +336,7 @@ def test_the_collector_resumes_after_a_claim_that_fails(env, py):
     env["MEMGOV_CLAIM"] = "999GiB"
     result = py(GC_SEEN.format(before=""), env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["[False]", "True"]
+    assert result.stdout.split() == ["[False,", "False]", "True"]
 
 
 # Records the thread variable when numpy's code begins: `import torch` imports numpy, whose
@@ -367,16 +372,61 @@ def test_the_thread_variables_are_set_before_the_frameworks_libraries_load(env, 
     assert result.stdout.split()[-1] == "1"
 
 
-def test_a_framework_imported_after_the_claim_is_not_taken_as_imported_before_it(env, py):
-    """`import torch` claims before torch's code runs: torch, mid-import then, is not one the
-    user imported (and set threads in) before the claim, and no adapter asks it whether CUDA
-    started before its import ends."""
+def test_a_framework_whose_import_began_before_the_share_is_not_one_imported_before_it(env, py):
+    """The share is decided as `import torch` begins: torch, mid-import then, is not one the
+    user imported (and set threads in) before it, so the torch adapter applies the share; the
+    claim at the import's end reuses that decision and names itself in its record."""
     env.update(MEMGOV_CLAIM="1GiB", MEMGOV_THREADS="1")
     code = (
-        "import torch\nfrom memgov import _threads, _adapters\n"
-        "print(_threads.preloaded(), _adapters.any_cuda_initialized(), torch.get_num_threads())"
+        "import torch, memgov\nfrom memgov import _threads, _cpushare\n"
+        "held = memgov.current()\n"
+        "holders = [p.holder for p in _cpushare.peers(clean=False)]\n"
+        "print(_threads.preloaded(), torch.get_num_threads(),\n"
+        "      holders == [f'{held.device}/{held.record}'])"
     )
     result = py(code, env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["[]", "False", "1"]
+    assert result.stdout.split() == ["[]", "1", "True"]
     assert "FAILED" not in result.stderr
+
+
+# A jax that fails to import (a broken install), probed the way optional frameworks are.
+BROKEN_JAX = "raise ImportError('this jax is broken')\n"
+PROBE_THEN_TORCH = """
+import memgov
+try:
+    import jax
+except ImportError as exc:
+    print("probe:", exc, memgov.current())
+{then}
+"""
+
+
+def test_a_framework_import_that_fails_claims_nothing_and_the_next_one_claims(
+    env, py, tmp_path: Path
+):
+    """Only the share is decided before the framework's code runs; the claim waits for the
+    import to succeed, so an optional framework probed with `try: import jax` holds no budget
+    when it fails, and the framework the program does use claims."""
+    broken = tmp_path / "broken"
+    (broken / "jax").mkdir(parents=True)
+    (broken / "jax" / "__init__.py").write_text(BROKEN_JAX)
+    env.update(MEMGOV_CLAIM="1GiB", PYTHONPATH=str(broken))
+    then = "import torch\nprint('then:', memgov.current().bytes)"
+    result = py(PROBE_THEN_TORCH.format(then=then), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["probe: this jax is broken None", f"then: {GIB}"]
+    lines = memgov_lines(result.stderr)
+    assert sum("[MEMGOV_CLAIM=1GiB; at import torch]" in line for line in lines) == 1, lines
+
+
+def test_a_failing_optional_import_under_strict_raises_only_its_own_error(env, py, tmp_path: Path):
+    """MEMGOV_STRICT=1 and a claim that cannot fit: the probe of a broken jax still meets only
+    its ImportError (no claim was tried), and the program goes on."""
+    broken = tmp_path / "broken"
+    (broken / "jax").mkdir(parents=True)
+    (broken / "jax" / "__init__.py").write_text(BROKEN_JAX)
+    env.update(MEMGOV_CLAIM="32GiB", MEMGOV_STRICT="1", PYTHONPATH=str(broken))
+    result = py(PROBE_THEN_TORCH.format(then="print('went on')"), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["probe: this jax is broken None", "went on"]
