@@ -211,9 +211,11 @@ def _register(
 
 
 def _name_holder(holder: str) -> None:
-    """The claim ``holder`` into this process's record, where it names none yet."""
+    """The claim ``holder`` into this process's record, where it names another or none."""
     reg = _state.get("registration")
-    if not holder or not isinstance(reg, _cpushare.Registration) or reg.payload.get("holder"):
+    if not holder or not isinstance(reg, _cpushare.Registration):
+        return
+    if reg.payload.get("holder") == holder:
         return
     with contextlib.suppress(OSError, LedgerError):  # a detail of `memgov status`: never fail
         reg.update(holder=holder)

@@ -430,3 +430,18 @@ def test_a_failing_optional_import_under_strict_raises_only_its_own_error(env, p
     result = py(PROBE_THEN_TORCH.format(then="print('went on')"), env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["probe: this jax is broken None", "went on"]
+
+
+def test_a_later_claim_names_itself_in_the_cpu_share_record(env, py):
+    """The share is decided once per process; each claim after it names itself in the share's
+    record (`memgov status` shows a claim's threads by it), not the first, released one."""
+    env.update(MEMGOV_CLAIM="1GiB")
+    code = (
+        "import torch, memgov\nfrom memgov import _cpushare\n"
+        "memgov.current().release()\nsecond = memgov.claim('512MiB')\n"
+        "holders = [p.holder for p in _cpushare.peers(clean=False)]\n"
+        "print(holders == [f'{second.device}/{second.record}'])"
+    )
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True"]
