@@ -2,8 +2,8 @@
 # A fresh clone as a throwaway plain user: the README's set-up and test commands, the host's
 # state before and after, the user removed (results/cpu-2core/*-fresh-clone-user*.txt).
 #   sudo tools/fresh_clone_user.sh USER OUTFILE [REPO]
-# REPO (default: this checkout) gives its main branch, cloned from a bundle; ../shared beside it
-# is copied beside the user's clone, as CI lays it out. Run it where users may be added.
+# REPO (default: this checkout) gives its main branch, cloned from a bundle. Run it where
+# users may be added.
 set -u
 user=$1; out=$2
 repo=${3:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -19,7 +19,6 @@ echo "## making the throwaway user: useradd --create-home --shell /bin/bash $use
 ls -A /tmp | sort > /tmp/fresh-$user.before
 echo "## host before: $(state)"
 useradd --create-home --shell /bin/bash "$user"; id "$user"
-mkdir -p /home/$user/shared && cp -r "$repo/../shared/." /home/$user/shared/ && chown -R $user: /home/$user/shared
 t0=$SECONDS
 su - "$user" -c "git clone -q /tmp/fresh-$user.bundle memgov && cd memgov && git checkout -q main && python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e '.[all,dev]'" > /tmp/fresh-$user.setup 2>&1
 echo "## set-up (README), as $user: exit $? in $((SECONDS - t0)) s"; tail -3 /tmp/fresh-$user.setup | grep -v "^WARNING: Location" 
