@@ -372,17 +372,23 @@ def test_the_thread_variables_are_set_before_the_frameworks_libraries_load(env, 
     assert result.stdout.split()[-1] == "1"
 
 
+def holder_is(claim: str) -> str:
+    """Program lines: print whether the CPU-share records name exactly the claim ``claim``."""
+    return (
+        "from memgov import _cpushare\n"
+        "holders = [p.holder for p in _cpushare.peers(clean=False)]\n"
+        f"print(holders == [f'{{{claim}.device}}/{{{claim}.record}}'])\n"
+    )
+
+
 def test_a_framework_whose_import_began_before_the_share_is_not_one_imported_before_it(env, py):
     """The share is decided as `import torch` begins: torch, mid-import then, is not one the
     user imported (and set threads in) before it, so the torch adapter applies the share; the
     claim at the import's end reuses that decision and names itself in its record."""
     env.update(MEMGOV_CLAIM="1GiB", MEMGOV_THREADS="1")
     code = (
-        "import torch, memgov\nfrom memgov import _threads, _cpushare\n"
-        "held = memgov.current()\n"
-        "holders = [p.holder for p in _cpushare.peers(clean=False)]\n"
-        "print(_threads.preloaded(), torch.get_num_threads(),\n"
-        "      holders == [f'{held.device}/{held.record}'])"
+        "import torch, memgov\nfrom memgov import _threads\nheld = memgov.current()\n"
+        "print(_threads.preloaded(), torch.get_num_threads())\n" + holder_is("held")
     )
     result = py(code, env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -390,8 +396,15 @@ def test_a_framework_whose_import_began_before_the_share_is_not_one_imported_bef
     assert "FAILED" not in result.stderr
 
 
-# A jax that fails to import (a broken install), probed the way optional frameworks are.
-BROKEN_JAX = "raise ImportError('this jax is broken')\n"
+def broken_jax(tmp_path: Path) -> str:
+    """A folder with a jax that fails to import (a broken install), for PYTHONPATH."""
+    folder = tmp_path / "broken"
+    (folder / "jax").mkdir(parents=True)
+    (folder / "jax" / "__init__.py").write_text("raise ImportError('this jax is broken')\n")
+    return str(folder)
+
+
+# An optional framework probed the way programs do, then what the program does next.
 PROBE_THEN_TORCH = """
 import memgov
 try:
@@ -408,10 +421,7 @@ def test_a_framework_import_that_fails_claims_nothing_and_the_next_one_claims(
     """Only the share is decided before the framework's code runs; the claim waits for the
     import to succeed, so an optional framework probed with `try: import jax` holds no budget
     when it fails, and the framework the program does use claims."""
-    broken = tmp_path / "broken"
-    (broken / "jax").mkdir(parents=True)
-    (broken / "jax" / "__init__.py").write_text(BROKEN_JAX)
-    env.update(MEMGOV_CLAIM="1GiB", PYTHONPATH=str(broken))
+    env.update(MEMGOV_CLAIM="1GiB", PYTHONPATH=broken_jax(tmp_path))
     then = "import torch\nprint('then:', memgov.current().bytes)"
     result = py(PROBE_THEN_TORCH.format(then=then), env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -423,10 +433,7 @@ def test_a_framework_import_that_fails_claims_nothing_and_the_next_one_claims(
 def test_a_failing_optional_import_under_strict_raises_only_its_own_error(env, py, tmp_path: Path):
     """MEMGOV_STRICT=1 and a claim that cannot fit: the probe of a broken jax still meets only
     its ImportError (no claim was tried), and the program goes on."""
-    broken = tmp_path / "broken"
-    (broken / "jax").mkdir(parents=True)
-    (broken / "jax" / "__init__.py").write_text(BROKEN_JAX)
-    env.update(MEMGOV_CLAIM="32GiB", MEMGOV_STRICT="1", PYTHONPATH=str(broken))
+    env.update(MEMGOV_CLAIM="32GiB", MEMGOV_STRICT="1", PYTHONPATH=broken_jax(tmp_path))
     result = py(PROBE_THEN_TORCH.format(then="print('went on')"), env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["probe: this jax is broken None", "went on"]
@@ -437,10 +444,8 @@ def test_a_later_claim_names_itself_in_the_cpu_share_record(env, py):
     record (`memgov status` shows a claim's threads by it), not the first, released one."""
     env.update(MEMGOV_CLAIM="1GiB")
     code = (
-        "import torch, memgov\nfrom memgov import _cpushare\n"
-        "memgov.current().release()\nsecond = memgov.claim('512MiB')\n"
-        "holders = [p.holder for p in _cpushare.peers(clean=False)]\n"
-        "print(holders == [f'{second.device}/{second.record}'])"
+        "import torch, memgov\nmemgov.current().release()\nsecond = memgov.claim('512MiB')\n"
+        + holder_is("second")
     )
     result = py(code, env)
     assert result.returncode == 0, result.stderr[-3000:]
