@@ -186,8 +186,7 @@ def _decide_threads() -> None:
     values, problems = _settings.read_all(skip=("MEMGOV_STRICT",))
     if problems or values["MEMGOV_CLAIM"] == "off":
         return
-    holder = os.environ.get(_claim.HOLDER_ENV, "")
-    _threads.govern(values["MEMGOV_THREADS"], inherited=bool(holder) and holder_alive(holder))
+    _threads.govern(values["MEMGOV_THREADS"], inherited=parent_holder() is not None)
 
 
 def _on_import(module: ModuleType) -> None:
@@ -238,8 +237,8 @@ def _govern(framework: str, strict: bool) -> None:
         return
     settings = read_settings(strict)
     outcome["settings"] = settings
-    holder = os.environ.get(_claim.HOLDER_ENV, "")
-    if holder and holder_alive(holder):
+    holder = parent_holder()
+    if holder is not None:
         # A child of a governed process (DataLoader worker, multiprocessing, subprocess): the
         # parent's claim covers the job; a second claim would count it twice.
         outcome.update(mode="child", parent=holder)
@@ -335,6 +334,15 @@ def _print_reports(reports: dict[str, str]) -> None:
 
         # Registered after govern()'s own hook for the module, so it runs after the adapter.
         _importhook.when_imported(adapter.module, show)
+
+
+def parent_holder() -> str | None:
+    """MEMGOV_HOLDER where it names a live claim (a governed parent's: this process is its child,
+    covered by that claim), else None."""
+    from memgov._claim import HOLDER_ENV
+
+    holder = os.environ.get(HOLDER_ENV, "")
+    return holder if holder and holder_alive(holder) else None
 
 
 def holder_alive(value: str) -> bool:
