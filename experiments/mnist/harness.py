@@ -51,6 +51,14 @@ class Trainer(Protocol):
 #   and a packer's compilation cache is warm once a job has reported "start".
 
 
+def _claim_held() -> dict[str, object] | None:
+    """The memgov claim this process holds, when memgov governs it: a job too short for a
+    packer's ledger sampling still reports what it claimed. memgov is looked up, never imported."""
+    memgov = sys.modules.get("memgov")
+    held = memgov.current() if memgov is not None else None
+    return {"bytes": held.bytes, "mode": held.mode} if held is not None else None
+
+
 def parse_args(framework: str, argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=f"Keras-example MNIST CNN in {framework}; reports JSON lines on stdout."
@@ -195,6 +203,7 @@ def _train(framework: str, args: argparse.Namespace, build: Callable[..., Traine
             "framework": round(time.perf_counter() - loaded, 3),
         },
         **({"prepared": prepared} if prepared else {}),
+        **({"claim": held} if (held := _claim_held()) else {}),
     )
     if args.barrier:
         seen, waited = _barrier(args.barrier, args.barrier_n, args.barrier_timeout)

@@ -65,6 +65,8 @@ class JobRecord(TypedDict):
     uss_mib: float | None
     claim_mib: float | None
     claim_mode: str | None
+    claim_seen: str | None
+    """Where pack learnt the claim: "ledger" (sampled while it was held) or "job" (reported)."""
     mps_daemon: Any
     started_s: float | None
     ready_s: float | None
@@ -171,6 +173,12 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> JobRecord:
     samples = [int(e.get("samples") or 0) for e in epochs]
     start = job.first("start") or {}
     done = job.first("done") or {}
+    # The ledger as pack sampled it; else what the job reported holding (a claim that lived
+    # between two samples: a short job on a loaded host).
+    given = start.get("claim")
+    reported: dict[str, Any] = given if isinstance(given, dict) else {}
+    claim_bytes = sample.claim_bytes or _int_or_none(reported.get("bytes"))
+    claim_mode = sample.claim_mode or (str(reported["mode"]) if "mode" in reported else None)
     steady = seconds[1:] or seconds
     steady_samples = samples[1:] or samples
     spans = [
@@ -207,8 +215,9 @@ def job_record(job: Job, sample: JobSample, runner: Runner) -> JobRecord:
         "footprint_mib": mib(sample.footprint),
         "rss_mib": mib(sample.rss),
         "uss_mib": mib(sample.uss),
-        "claim_mib": mib(sample.claim_bytes),
-        "claim_mode": sample.claim_mode,
+        "claim_mib": mib(claim_bytes),
+        "claim_mode": claim_mode,
+        "claim_seen": "ledger" if sample.claim_bytes else ("job" if claim_bytes else None),
         "mps_daemon": sample.mps_daemon,
         "started_s": _round(job.started),
         # Launch to the trainer's "start" report (framework imported, CUDA up, model built):
@@ -374,6 +383,11 @@ def capacity(
 
 def _median(values: list[float]) -> float | None:
     return _round(statistics.median(values)) if values else None
+
+
+def _int_or_none(value: object) -> int | None:
+    """A byte count a job reported, if it is one (a job's report may be anything)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _round(value: float | None) -> float | None:

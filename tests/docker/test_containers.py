@@ -104,8 +104,11 @@ def test_docker_pack_runs_governed_containers(
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert report["runner"] == "docker" and report["ok"] == 3 and report["failed"] == 0
     for job in report["jobs"]:
-        # claimed through the bind-mounted ledger, seen by pack on the host
+        # claimed through the bind-mounted ledger: seen there by pack on the host, or (a job
+        # too short for pack's sampling) as the job reported it; the next test shows the host's
+        # claims reach the containers' ledger
         assert job["claim_mib"] == 1024.0 and job["claim_mode"] == "soft"
+        assert job["claim_seen"] in ("ledger", "job")
         assert job["container"].startswith("memgov-pack-") and job["exit_code"] == 0
         # host USS of the container's own processes (its cgroup), not of the docker client
         assert job["uss_mib"] and job["uss_mib"] > 50

@@ -77,6 +77,7 @@ def test_trainer_reports(framework: str, env: dict[str, str]) -> None:
     assert start["device"] == "cpu"
     assert isinstance(start["pid"], int)
     assert (start["batch"], start["epochs"], start["train_samples"]) == (32, 1, 512)
+    assert "claim" not in start  # not governed: nothing to report
     assert epoch["epoch"] == 1
     assert epoch["seconds"] > 0
     assert epoch["samples"] == 512
@@ -88,6 +89,26 @@ def test_trainer_reports(framework: str, env: dict[str, str]) -> None:
     assert done["total_s"] > 0
     assert done["peak_allocator_mib"] is None  # CPU
     assert "nothing to hog" in proc.stderr
+
+
+def test_a_governed_trainer_reports_the_claim_it_holds(
+    env: dict[str, str], private_ledger: Path
+) -> None:
+    """A packer that samples the ledger can miss a short job's claim; the job's report has it."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    governed = {
+        **env,
+        "MEMGOV_DIR": str(private_ledger),
+        "MEMGOV_DEVICES": "sim0:8GiB",
+        "MEMGOV_CLAIM": "512MiB",
+    }
+    cmd = [sys.executable, "train_torch.py", "--epochs", "1", "--limit", "64", "--device", "cpu"]
+    cmd += ["--eval-limit", "32"]
+    proc = subprocess.run(cmd, cwd=MNIST, env=governed, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (start,) = [e for e in _events(proc.stdout) if e["event"] == "start"]
+    assert start["claim"] == {"bytes": 512 * 2**20, "mode": "soft"}
 
 
 def test_sha_mismatch_is_a_clear_error(tmp_path: Path, env: dict[str, str]) -> None:

@@ -15,7 +15,9 @@ import pytest
 from memgov import _autoenable, _settings
 from memgov._errors import LedgerError
 from memgov.pack import config, history, jobenv, manifest, stats
-from memgov.pack.jobs import classify
+from memgov.pack.jobs import Job, JobSpec, classify
+from memgov.pack.monitor import JobSample
+from memgov.pack.runners import Runner
 
 from ._util import MNIST, TINY, report, run_pack
 
@@ -208,6 +210,22 @@ def test_claim_auto_uses_recorded_peaks(tmp_path: Path) -> None:
     assert data["claim"]["bytes"] == expected and "of mnist-torch-b32" in data["claim"]["source"]
     assert data["jobs"][0]["claim_mib"] == expected / MiB  # the job claimed exactly that
     assert data["history"] is None  # a CPU pack measures no GPU peak, so records none
+
+
+def test_a_claim_the_sampler_missed_is_taken_from_the_jobs_own_report() -> None:
+    """A short job on a loaded host can claim and exit between two ledger samples."""
+
+    def record(sample: JobSample, claim: object) -> tuple[object, object, object]:
+        job = Job(JobSpec(0, "job-00", ["t"], {}), events=[{"event": "start", "claim": claim}])
+        got = stats.job_record(job, sample, Runner())
+        return got["claim_mib"], got["claim_mode"], got["claim_seen"]
+
+    reported = {"bytes": 1024 * MiB, "mode": "soft"}
+    assert record(JobSample(), reported) == (1024.0, "soft", "job")
+    seen = JobSample(claim_bytes=2048 * MiB, claim_mode="hard")
+    assert record(seen, reported) == (2048.0, "hard", "ledger")  # the ledger's view first
+    for malformed in (None, "1GiB", {"bytes": "1GiB"}, {"bytes": True}, {"bytes": -5}, [1]):
+        assert record(JobSample(), malformed)[::2] == (None, None), malformed
 
 
 # -- job environments --------------------------------------------------------------------------
