@@ -1,10 +1,17 @@
-"""SIGTERM and SIGHUP as exceptions, so the ``finally`` blocks of a long-running command run."""
+"""SIGTERM and SIGHUP as exceptions, so the ``finally`` blocks of a long-running command run;
+and blocks that such an exception must not cut in two."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def raise_on_signals() -> Callable[[], None]:
@@ -26,3 +33,36 @@ def raise_on_signals() -> Callable[[], None]:
             signal.signal(s, handler)
 
     return restore
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Run the block whole: Ctrl-C, SIGTERM or SIGHUP arriving inside it takes effect (its
+    handler runs, raising where it raises) once the block is done.
+
+    For a child process started and recorded in one step: an interrupt inside
+    ``subprocess.Popen(...)`` after the fork (it waits for the exec) would leave the child
+    running with no one holding its ``Popen``, so nothing would ever stop it. In threads other
+    than the main one (where Python runs no handler) the block just runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[tuple[int, FrameType | None]] = []
+
+    def later(signum: int, frame: FrameType | None) -> None:
+        arrived.append((signum, frame))
+
+    previous: dict[int, Any] = {s: signal.signal(s, later) for s in STOPPING}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if arrived:
+            signum, frame = arrived[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)  # what it would have done: its default action

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from memgov import _signals
 from memgov.pack.runners import Runner
 
 REASONS = (
@@ -101,28 +102,32 @@ class Job:
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=pin if cpus else None,
-            )
-        except OSError:
-            err.close()
-            raise
-        self.started = time.monotonic() - t0
-        label = self.spec.label
-        threading.Thread(
-            target=self._pump_err, args=(err,), daemon=True, name=f"{label}-stderr"
-        ).start()
-        threading.Thread(
-            target=self._pump_out, args=(inbox, t0), daemon=True, name=f"{label}-stdout"
-        ).start()
+        # Started, recorded and read in one step: Ctrl-C inside Popen, after its fork, would
+        # leave a job running that pack does not know it started (so never stops), and one
+        # between the start and its readers a job whose end pack never sees.
+        with _signals.deferred():
+            try:
+                self.proc = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=pin if cpus else None,
+                )
+            except OSError:
+                err.close()
+                raise
+            self.started = time.monotonic() - t0
+            label = self.spec.label
+            threading.Thread(
+                target=self._pump_err, args=(err,), daemon=True, name=f"{label}-stderr"
+            ).start()
+            threading.Thread(
+                target=self._pump_out, args=(inbox, t0), daemon=True, name=f"{label}-stdout"
+            ).start()
 
     def _pump_out(self, inbox: queue.Queue[tuple[str, str, dict[str, Any]]], t0: float) -> None:
         assert self.proc is not None and self.proc.stdout is not None

@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from memgov import _settings
+from memgov import _settings, _signals
 from memgov.pack.runners import Runner, RunnerRequest
 
 ZYGOTE_START_S = 60.0
@@ -117,26 +117,20 @@ class PreloadRunner(Runner):
         (self._dir / "pids").mkdir()
         env = {k: v for k, v in base_env.items() if not k.startswith(AUTOENABLE_PREFIXES)}
         log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 (the zygote holds it)
+        argv = [python, "-m", "memgov.pack._zygote", "--framework", self.module]
+        argv += ["--socket", str(self._dir / "zygote.sock")]
+        argv += ["--status", str(self._dir / "zygote.json")]
         try:
-            self._zygote = subprocess.Popen(
-                [
-                    python,
-                    "-m",
-                    "memgov.pack._zygote",
-                    "--framework",
-                    self.module,
-                    "--socket",
-                    str(self._dir / "zygote.sock"),
-                    "--status",
-                    str(self._dir / "zygote.json"),
-                ],
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-            )  # Ctrl-C reaches pack alone, which stops it
+            with _signals.deferred():  # started and recorded in one step (pack/jobs.py)
+                self._zygote = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                )  # Ctrl-C reaches pack alone, which stops it
         except OSError as exc:
             self._failed = f"the zygote could not start: {exc.strerror or exc}"
             return self._failed

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _autosize, _devices, _run
+from memgov import _autosize, _devices, _run, _signals
 from memgov._devices import Device
 from memgov._errors import MemgovError, QueueError
 from memgov._ledger import DeviceLedger, new_record_name
@@ -338,17 +338,21 @@ class Runner:
             self.changed = True
             return
         attempt = job.last
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "memgov.queue.shepherd"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C on the terminal reaches the runner, which stops it
-            env={**os.environ, "PYTHONPATH": _python_path()},
-        )
+        orders = json.dumps(self._orders(job, attempt, device)).encode()
+        # Started and tracked in one step: Ctrl-C inside Popen, after its fork, would leave a
+        # shepherd running that this runner never stops.
+        with _signals.deferred():
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "memgov.queue.shepherd"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C on the terminal reaches the runner: it stops it
+                env={**os.environ, "PYTHONPATH": _python_path()},
+            )
+            self.tracked[job.id] = Tracked(job, attempt, proc, proc.pid, time.monotonic())
         assert proc.stdin is not None
-        proc.stdin.write(json.dumps(self._orders(job, attempt, device)).encode())
+        proc.stdin.write(orders)
         proc.stdin.close()
-        self.tracked[job.id] = Tracked(job, attempt, proc, proc.pid, time.monotonic())
         self.touched.add(job.id)
         self.timeline.append((job.id, job.kind, device.index, attempt.start, None))
         self.sizes.pop(job.id, None)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -162,9 +164,59 @@ def test_ctrl_c_stops_every_job_and_leaves_no_process(tmp_path: Path, runner: st
     assert proc.returncode == 130, stderr
     assert "interrupted; partial report in" in stderr
     left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert left == []
+    assert left == [], [(p.pid, p.ppid(), p.cmdline(), p.status()) for p in left]
     data = report(out)
     assert data["interrupted"] is True
+    assert [j["reason"] for j in data["jobs"]] == ["interrupted", "interrupted"]
+
+
+CTRL_C_AS_A_JOB_STARTS = """
+import os, runpy, signal, subprocess, sys
+pids, real = sys.argv[1], subprocess.Popen
+started = []
+
+
+class Started(real):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "train_torch.py" in " ".join(map(str, args[0] if args else kwargs["args"])):
+            started.append(self.pid)
+            with open(pids, "a") as out:
+                out.write(f"{self.pid}\\n")
+            if len(started) == 2:  # Ctrl-C lands as the second job's Popen returns
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+subprocess.Popen = Started
+sys.argv = ["memgov", *sys.argv[2:]]
+runpy.run_module("memgov", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_as_a_job_starts_still_stops_that_job(tmp_path: Path) -> None:
+    """Ctrl-C inside Popen, after its fork: the job runs, and pack must know it to stop it."""
+    pids = tmp_path / "pids"
+    argv = pack_cmd("--n", "2", "--device", "cpu", "--no-solo", str(MNIST), "--epochs", "50")
+    argv += ["--out", str(tmp_path / "out"), "--", "--limit", "4096"]
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_AS_A_JOB_STARTS, str(pids), *argv[3:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    started = [int(line) for line in pids.read_text().split()]
+    left = []
+    for pid in started:
+        with contextlib.suppress(psutil.Error):
+            job = psutil.Process(pid)
+            if job.status() != psutil.STATUS_ZOMBIE:
+                left.append(job)
+                job.kill()  # an orphan: what the test found, not left on the host
+    assert len(started) == 2, proc.stderr
+    assert proc.returncode == 130, proc.stderr
+    assert left == [], "a job pack started kept running after pack stopped"
+    data = report(tmp_path / "out")
     assert [j["reason"] for j in data["jobs"]] == ["interrupted", "interrupted"]
 
 
