@@ -203,7 +203,7 @@ def _train(framework: str, args: argparse.Namespace, build: Callable[..., Traine
             "framework": round(time.perf_counter() - loaded, 3),
         },
         **({"prepared": prepared} if prepared else {}),
-        **({"claim": held} if (held := _claim_held()) else {}),
+        **({"claim": claimed} if (claimed := _claim_held()) else {}),
     )
     if args.barrier:
         seen, waited = _barrier(args.barrier, args.barrier_n, args.barrier_timeout)
