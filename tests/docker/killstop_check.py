@@ -2,12 +2,12 @@
 
     python tests/docker/killstop_check.py OUT_DIR [IMAGE]
 
-Starts a docker pack of 3 long jobs (50 tiny epochs each) on a private ledger, waits until all
-3 claims are in the ledger, then: `docker kill` of the first container (how long until its claim
-is gone), `docker stop` of the second (the same), SIGINT to pack (as Ctrl-C at its terminal
-sends) and, once pack has exited: pack's containers left (`docker ps -a`), claim records left,
-and the report's exit reasons. Prints one JSON object; tests/docker/test_containers.py asserts on
-it.
+Starts a docker pack of 3 long jobs (1,000 tiny epochs each: the test ends them all) on a
+private ledger, waits until all 3 claims are in the ledger, then: `docker kill` of the first
+container (how long until its claim is gone), `docker stop` of the second (the same), SIGINT to
+pack (as Ctrl-C at its terminal sends) and, once pack has exited: pack's containers left
+(`docker ps -a`), claim records left, and the report's exit reasons. Prints one JSON object;
+tests/docker/test_containers.py asserts on it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def run(out: Path, image: str = "memgov-mnist") -> dict[str, Any]:
         "--n",
         "3",
         "--epochs",
-        "50",
+        "1000",  # whatever the machine's speed, still training when their turn comes
         "--no-solo",
         "--no-progress",
         "--host-per-job",
@@ -95,9 +95,9 @@ def run(out: Path, image: str = "memgov-mnist") -> dict[str, Any]:
         pack = subprocess.Popen(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+    claims: dict[str, str] = {}
     try:
         deadline = time.monotonic() + 300
-        claims: dict[str, str] = {}
         while len(claims) < 3:
             if time.monotonic() > deadline or pack.poll() is not None:
                 raise RuntimeError(
@@ -127,6 +127,9 @@ def run(out: Path, image: str = "memgov-mnist") -> dict[str, Any]:
         if pack.poll() is None:
             pack.kill()
             pack.wait()
+            # pack could not stop its containers: they would train on for their 1,000 epochs
+            for name in claims:
+                _docker("rm", "-f", name)
     listed = _docker("ps", "-a", "--filter", "name=^memgov-pack-", "--format", "{{.Names}}")
     result["containers_left"] = [
         n for n in listed.stdout.split() if n in result.get("claims_before", {})

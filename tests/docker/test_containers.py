@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from ..pack._util import held
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MNIST = ROOT / "experiments" / "mnist"
@@ -29,7 +31,11 @@ TINY = ["--", "--limit", "64", "--eval-limit", "32"]
 
 
 def _pack(
-    image: str, out: Path, *args: str, env: dict[str, str] | None = None
+    image: str,
+    out: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    trainer: list[str] = TINY,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     argv = [
         sys.executable,
@@ -49,7 +55,7 @@ def _pack(
         str(out),
         *args,
         str(MNIST),
-        *TINY,
+        *trainer,
     ]
     done = subprocess.run(
         argv,
@@ -99,7 +105,10 @@ def test_docker_pack_runs_governed_containers(
 ) -> None:
     before = set(_pack_containers())
     done, report = _pack(
-        docker_image, tmp_path / "out", "--n", "3", "--no-solo", "--host-per-job", "off"
+        docker_image,
+        tmp_path / "out",
+        *("--n", "3", "--no-solo", "--host-per-job", "off"),
+        trainer=[*TINY, *held(Path("/tmp/memgov-test-hold"))],  # a folder in each container
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert report["runner"] == "docker" and report["ok"] == 3 and report["failed"] == 0

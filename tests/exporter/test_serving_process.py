@@ -117,8 +117,8 @@ def test_release_nvml_shuts_nvml_down_after_each_refresh_and_reads_it_again(
         fake_nvml.set({holder.proc.pid: GIB // 4})
         server = exporter(args=("--release-nvml", "--refresh", "0.2"))
         assert used(server.scrape()) == GIB // 4
-        moment = time.time()
         fake_nvml.set({holder.proc.pid: GIB // 2})
+        moment = time.time()  # after the new figure is in place: a refresh begun later reads it
         assert used(server.scrape_after(moment)) == GIB // 2
     finally:
         holder.close()

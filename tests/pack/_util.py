@@ -15,6 +15,13 @@ TINY = ["--", "--limit", "256", "--eval-limit", "64"]
 """Trainer arguments: 8 steps of batch 32, evaluation on 64 images."""
 
 
+def held(folder: Path, seconds: float = 3) -> list[str]:
+    """Trainer arguments (after TINY's) that hold each job ``seconds`` after its start report
+    (a barrier in ``folder`` that no count reaches): long enough for pack's sampling (a second
+    apart on a loaded host) to see the job's processes, which a job of a few steps can outrun."""
+    return ["--barrier", str(folder), "--barrier-n", "999", "--barrier-timeout", f"{seconds:g}"]
+
+
 def pack_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "memgov", "pack", *args]
 

@@ -24,7 +24,7 @@ import pytest
 
 from memgov.pack.preload import PreloadRunner
 
-from ._util import MNIST, TINY, pack_cmd, report, run_pack
+from ._util import MNIST, TINY, held, pack_cmd, report, run_pack
 
 PROBE = """\
 import json, os, sys, time
@@ -172,7 +172,7 @@ def jobs(tmp_path: Path, short_tmp: Path) -> Iterator[Jobs]:
 # JAX in an earlier test: JAX warns about that fork (the launcher execs at once).
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) -> None:
-    proc, forked = jobs.start("job-00", 30, cpus={0})
+    proc, forked = jobs.start("job-00", 600, cpus={0})  # held until close() kills it
     spawned_run = subprocess.run(
         [sys.executable, "probe.py", "0"],
         cwd=jobs.cwd,
@@ -186,7 +186,7 @@ def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) 
     # The child is the job: its own PID (not the launcher's), its argv, governed by MEMGOV_CLAIM
     # with a claim record on the ledger under its PID, exactly as the spawned job.
     assert forked["pid"] != proc.pid
-    assert forked["argv"] == ["probe.py", "30"]
+    assert forked["argv"] == ["probe.py", "600"]
     assert forked["cpus"] == [0]  # --pin: the launcher's affinity
     assert forked["mode"] == spawned["mode"] == "claim"
     assert forked["pid"] in forked["claim_pids"]
@@ -211,7 +211,7 @@ def test_forked_job_shares_the_import_and_claims_like_a_spawned_one(jobs: Jobs) 
 
 def test_a_refused_claim_is_raised_from_the_jobs_import_as_when_spawned(jobs: Jobs) -> None:
     small = {**jobs.env, "MEMGOV_DEVICES": "sim0:1536MiB"}  # one 1 GiB claim fits, not two
-    _holder, held = jobs.start("job-00", 30, env=small)
+    _holder, held = jobs.start("job-00", 600, env=small)  # held until close() kills it
     assert held["mode"] == "claim"
     proc, forked = jobs.start("job-01", 0, script="refused.py", env=small)
     spawned = subprocess.run(
@@ -344,7 +344,10 @@ def _fields(run: dict[str, Any]) -> set[str]:
 
 def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path, short_tmp: Path) -> None:
     common = ["--device", "cpu", "--no-solo", "--epochs", "1", "--no-progress", str(MNIST)]
-    done = run_pack("--n", "3", "--runner", "preload", "--out", str(tmp_path / "p"), *common, *TINY)
+    trainer = [*TINY, *held(tmp_path / "hold")]
+    done = run_pack(
+        "--n", "3", "--runner", "preload", "--out", str(tmp_path / "p"), *common, *trainer
+    )
     assert done.returncode == 0, done.stderr
     assert _ours(short_tmp) == [], "zygote, launcher or job left running after pack"
     plain = run_pack("--n", "1", "--out", str(tmp_path / "s"), *common, *TINY)
