@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _deadnames, _nvml, _records
+from memgov import _compact, _config, _deadnames, _nvml, _records
 from memgov._attribution import Attribution, Holder, attribute, pidns_of
 from memgov._devices import Device, refresh
 from memgov._errors import LedgerError
@@ -122,6 +122,8 @@ class Snapshot:
     reclaimed: int = 0
     """Dead files this scan removed, or (under the admission lock) found and removes once the
     lock is released (``removed`` then fills in: :meth:`DeviceLedger.locked`)."""
+    rebuilt: list[str] = field(default_factory=list)
+    """Folders gc rebuilt because a flood had left them large (:meth:`DeviceLedger.compact`)."""
 
     @property
     def claimed(self) -> int:
@@ -335,6 +337,22 @@ class DeviceLedger:
         finally:
             _deadnames.flush()
         return None
+
+    def compact(self) -> tuple[list[str], list[str]]:
+        """Rebuild ``claims/`` where a flood left it large, and remove the folders earlier
+        rebuilds left (memgov/_compact.py): gc's, under the admission lock, as the folder's
+        owner or root. (What was rebuilt, what was removed), in words."""
+        with _records.open_dir(self.root, self.parts, create=False) as fd:
+            size = os.stat("claims", dir_fd=fd, follow_symlinks=False).st_size
+            carried = _compact.compact(fd, self.path, "claims")
+            old = _compact.remove_old(fd, self.path)
+        rebuilt = []
+        if carried is not None:
+            rebuilt.append(
+                f"{self.path / 'claims'}: a flood had left the folder {format_size(size)} large, "
+                f"which every listing reads; a new one holds its {carried} record(s)"
+            )
+        return rebuilt, [f"{self.path / name} (left by an earlier rebuild)" for name in old]
 
     def snapshot(self) -> Snapshot:
         """A consistent view under the admission lock; a flood is judged before it

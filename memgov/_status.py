@@ -66,6 +66,9 @@ def snapshot(
             with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
                 pass
         snap = ledger.scan(clean=clean, memo=None if clean else "use")
+        if clean:
+            snap.rebuilt, old = ledger.compact()
+            snap.removed.extend(old)
         # In place: the files found dead under the lock join snap.removed once it is released.
         snap.removed[:0] = swept.removed
         snap.problems[:] = list(dict.fromkeys([*swept.problems, *snap.problems]))

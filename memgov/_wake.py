@@ -33,8 +33,12 @@ from memgov._flock import adopt
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
-_MASK = 0x00000200
-"""IN_DELETE: a record or ticket was removed (released, admitted, gave up, or cleaned)."""
+_IN_DELETE = 0x00000200
+"""A record or ticket was removed (released, admitted, gave up, or cleaned)."""
+_IN_MOVE_SELF = 0x00000800
+"""The watched folder itself was moved: gc rebuilt it (memgov/_compact.py), and the folder at
+its path is a new one, watched from then on."""
+_MASK = _IN_DELETE | _IN_MOVE_SELF
 _IN_Q_OVERFLOW = 0x00004000
 _IN_IGNORED = 0x00008000
 """The watch is gone (its folder was removed or swapped): look, then sleep on the timeout."""
@@ -44,8 +48,9 @@ UNWANTED_NAP_S = 0.005
 """After a wake-up by removals that matter to no one here, how long a waiter lets the next ones
 pile up: gc removing another user's flood deletes thousands of files a second, and a waiter
 woken by each would spend a core among them. A removal that matters waits at most this long."""
-_QUIET_MASK = 0x00000400
-"""IN_DELETE_SELF: a folder out of focus wakes a waiter only if it is itself removed."""
+_QUIET_MASK = 0x00000400 | _IN_MOVE_SELF
+"""IN_DELETE_SELF: a folder out of focus wakes a waiter only if it is itself removed (or
+moved)."""
 _IN_ONLYDIR = 0x01000000
 _IN_DONT_FOLLOW = 0x02000000
 
@@ -72,6 +77,9 @@ class Waker:
         """Watch descriptor -> the folder it watches."""
         self._quiet: set[Path] = set()
         """Folders out of focus: still watched, for their own removal only (``focus``)."""
+        self._moved: set[int] = set()
+        """Watch descriptors of folders moved away from their path: their events are not the
+        folder's any more (the new folder at the path has its own watch)."""
         libc = _load()
         if libc is None:
             return
@@ -138,12 +146,24 @@ class Waker:
             wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
             name = data[offset + _EVENT.size : offset + _EVENT.size + size].rstrip(b"\0")
             offset += _EVENT.size + size
+            if wd in self._moved:
+                continue  # the old folder's, after it was moved away
             folder = self._folders.get(wd)
+            if mask & _IN_MOVE_SELF and folder is not None:
+                self._rewatch(wd, folder)
+                return True  # what was in the old folder is in the new one: look again
             if mask & (_IN_Q_OVERFLOW | _IN_IGNORED) or folder is None:
                 return True  # events were lost (or a watch we do not know): look
             if wanted is None or wanted(folder, os.fsdecode(name)):
                 return True
         return False
+
+    def _rewatch(self, wd: int, folder: Path) -> None:
+        """Watch the folder now at ``folder``'s path, with the mask the moved one had."""
+        self._moved.add(wd)
+        del self._folders[wd]
+        if _libc is not None:
+            self._watch(_libc, folder, _QUIET_MASK if folder in self._quiet else _MASK)
 
     def close(self) -> None:
         if self._file is not None:

@@ -72,11 +72,15 @@ def gc(as_json: JsonFlag = False) -> None:
         raise fail(exc) from None
     removed = [r for s in snaps for r in s.removed]
     problems = [p for s in snaps for p in s.problems]
+    rebuilt = [r for s in snaps for r in s.rebuilt]
     if as_json:
-        print_json({"removed": removed, "skipped": problems, "cpu_removed": cpu_removed})
+        found = {"removed": removed, "skipped": problems, "cpu_removed": cpu_removed}
+        print_json({**found, "rebuilt": rebuilt})
         return
     if cpu_removed:
         typer.echo(f"removed {cpu_removed} file(s) no process holds from the CPU-share folder")
+    for line in rebuilt:
+        typer.echo(f"rebuilt {line}")
     for line in removed:
         typer.echo(f"removed {line}")
     for line in problems:
