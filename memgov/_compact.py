@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from memgov import _records
+from memgov import _deadnames, _records
 
 COMPACT_AT_BYTES = 1 << 20
 """A claims folder whose own size reaches this (about 14,000 names' worth of blocks) is rebuilt
@@ -58,21 +58,27 @@ def bloated(folder: os.stat_result, names: int) -> bool:
 def compact(device_fd: int, device: Path, section: str) -> int | None:
     """Rebuild ``section`` (a folder in the open device folder ``device``) if it is bloated:
     call under the device's admission lock, as the folder's owner or root. The number of records
-    carried over, or None when nothing changed (not bloated, not ours, or the filesystem cannot
-    exchange folders)."""
+    carried over, or None when nothing changed (not bloated, not ours, the filesystem cannot
+    exchange folders, or any step failed: a rebuild only saves time, it never fails gc)."""
     exchange = _renameat2()
     if exchange is None:
         return None
-    info = os.stat(section, dir_fd=device_fd, follow_symlinks=False)
-    if not stat.S_ISDIR(info.st_mode) or not _may_rebuild(info):
+    try:
+        info = os.stat(section, dir_fd=device_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(info.st_mode) or not _may_rebuild(info):
+            return None
+        old_fd = os.open(section, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=device_fd)
+    except OSError:
         return None
-    old_fd = os.open(section, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=device_fd)
     try:
         names = os.listdir(old_fd)
         if not bloated(os.fstat(old_fd), len(names)):
             return None
+        # What this process's scans just found dead for good (gc's sweep: the flood) is no
+        # one's record: not looked at again, under the lock.
+        dead = _deadnames.known((info.st_dev, info.st_ino), store=False)
         fresh = f"{OLD_PREFIX}{section}-{time.time_ns()}"
-        carried = _fill(device_fd, device / fresh, fresh, old_fd, names, info)
+        carried = _fill(device_fd, device / fresh, fresh, old_fd, set(names) - dead, info)
         if carried is None:
             return None
         if exchange(device_fd, fresh.encode(), device_fd, section.encode(), _RENAME_EXCHANGE):
@@ -82,6 +88,8 @@ def compact(device_fd: int, device: Path, section: str) -> int | None:
         with contextlib.suppress(OSError):
             os.fchmod(old_fd, 0o700)
         return carried
+    except OSError:
+        return None
     finally:
         os.close(old_fd)
 
@@ -89,8 +97,12 @@ def compact(device_fd: int, device: Path, section: str) -> int | None:
 def remove_old(device_fd: int, device: Path) -> list[str]:
     """Remove the old folders earlier rebuilds left in the open device folder ``device`` (made
     STALE_S ago or more, by the time in their names); their names."""
-    removed = []
-    for name in os.listdir(device_fd):
+    removed: list[str] = []
+    try:
+        listed = os.listdir(device_fd)
+    except OSError:
+        return removed
+    for name in listed:
         made_ns = name.rsplit("-", 1)[-1]
         if not name.startswith(OLD_PREFIX) or not made_ns.isdigit():
             continue
@@ -98,7 +110,7 @@ def remove_old(device_fd: int, device: Path) -> list[str]:
             continue
         try:
             info = os.stat(name, dir_fd=device_fd, follow_symlinks=False)
-        except FileNotFoundError:
+        except OSError:
             continue
         if stat.S_ISDIR(info.st_mode) and _may_rebuild(info):
             _remove(device / name)
@@ -107,12 +119,16 @@ def remove_old(device_fd: int, device: Path) -> list[str]:
 
 
 def _fill(
-    device_fd: int, path: Path, fresh: str, old_fd: int, names: list[str], like: os.stat_result
+    device_fd: int, path: Path, fresh: str, old_fd: int, names: set[str], like: os.stat_result
 ) -> int | None:
     """Make folder ``fresh`` as ``like`` (owner, mode) with a hard link to every possible live
-    record of the old folder; None (and no folder left) when a link fails."""
-    os.mkdir(fresh, 0o700, dir_fd=device_fd)
-    new_fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=device_fd)
+    record among ``names`` of the old folder; None (and no folder left) when a step fails."""
+    try:
+        os.mkdir(fresh, 0o700, dir_fd=device_fd)
+        new_fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=device_fd)
+    except OSError:
+        _remove(path)
+        return None
     try:
         carried = 0
         for name in names:

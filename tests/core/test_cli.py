@@ -120,7 +120,8 @@ def test_gc_json(debris: dict[str, Path]) -> None:
     result = runner.invoke(app, ["gc", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert sorted(data) == ["cpu_removed", "removed", "skipped"]
+    assert sorted(data) == ["cpu_removed", "rebuilt", "removed", "skipped"]
+    assert data["rebuilt"] == []  # no flood: nothing to rebuild
     assert len(data["removed"]) == 3 and data["skipped"] == []
 
 
