@@ -378,6 +378,7 @@ def phase(
     subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True, capture_output=True)
     flood = None
     first_gc_s = None
+    first_gc_rebuilt = None
     if floods:
         flood = subprocess.Popen(
             [*me, "--flooder", str(ledger)], env=env, stdout=subprocess.PIPE, text=True
@@ -386,10 +387,16 @@ def phase(
         # The admin's remedy for the backlog: root's gc once (timed), then the churn starts
         # with the flooder still planting waves and holding its flocks.
         started = time.monotonic()
-        subprocess.run(
-            [sys.executable, "-m", "memgov", "gc"], env=env, check=True, capture_output=True
+        first = subprocess.run(
+            [sys.executable, "-m", "memgov", "gc", "--json"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
         )
         first_gc_s = time.monotonic() - started
+        # Whether it rebuilt claims/ (memgov/_compact.py; absent from a gc before that code)
+        first_gc_rebuilt = json.loads(first.stdout).get("rebuilt")
     done = threading.Event()
     gc_runs = [0]
 
@@ -493,6 +500,7 @@ def phase(
         "sigkills": kills,
         "gc_runs": gc_runs[0],
         "first_gc_s": first_gc_s,
+        "first_gc_rebuilt": first_gc_rebuilt,
         "admitted": len(claim_ns),
         "errors": len(errors),
         "error_examples": errors[:3],
