@@ -10,27 +10,26 @@ times, so the flood's cost would stay after the flood.
 Only a new folder is small again, so root's gc (or the ledger's owner's) rebuilds a bloated
 ``claims/`` under the device's admission lock: a new folder, a hard link in it to every file
 there that can be a live record (a regular, non-empty file with a record's name: the same inode,
-so the same flock, the holder's lock never drops), then one atomic exchange of the two
-(renameat2 RENAME_EXCHANGE). Why that is safe: records are added and rewritten in ``claims/``
-only under the admission lock (so none arrives while the links are made); a release takes no
-lock, and one that resolved the old folder unlinks its name there: the link in the new folder
-is then a file no one locks, dead like any released record. A reader that opened the old folder
-before the exchange still sees every record in it (the links are left there), and the old folder
-is closed to other users (0700) and removed by a later gc, once no scan can still be reading it
-(``STALE_S``). Where the filesystem cannot exchange two folders, nothing changes.
+so the same flock, the holder's lock never drops), every folder a user planted moved into it as
+it is, then one atomic exchange of the two (renameat2 RENAME_EXCHANGE), and the carried
+records' old names unlinked. Why that is safe: records are added and rewritten in ``claims/``
+only under the admission lock (so none arrives while the links are made, and none is rewritten
+before the old names are gone); a release takes no lock, and one that resolved the old folder
+unlinks its name there (or finds it gone): the link in the new folder is then a file no one
+locks, dead like any released record. The old folder is left readable but closed to writes
+(0755) and emptied by a later gc, outside the lock, one level deep (no folder entered, no link
+followed), once no scan can still be reading it (``STALE_S``). Where the filesystem cannot
+exchange two folders, or any step fails, everything is put back as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from memgov import _deadnames, _records
 
@@ -55,8 +54,8 @@ def bloated(folder: os.stat_result, names: int) -> bool:
     return size >= COMPACT_AT_BYTES and size >= SPARSE_FACTOR * NAME_BYTES * max(names, 1)
 
 
-def compact(device_fd: int, device: Path, section: str) -> int | None:
-    """Rebuild ``section`` (a folder in the open device folder ``device``) if it is bloated:
+def compact(device_fd: int, section: str) -> int | None:
+    """Rebuild ``section`` (a folder in the open device folder) if it is bloated:
     call under the device's admission lock, as the folder's owner or root. The number of records
     carried over, or None when nothing changed (not bloated, not ours, the filesystem cannot
     exchange folders, or any step failed: a rebuild only saves time, it never fails gc)."""
@@ -71,32 +70,100 @@ def compact(device_fd: int, device: Path, section: str) -> int | None:
     except OSError:
         return None
     try:
-        names = os.listdir(old_fd)
-        if not bloated(os.fstat(old_fd), len(names)):
+        if not bloated(os.fstat(old_fd), len(os.listdir(old_fd))):
             return None
+        fresh = f"{OLD_PREFIX}{section}-{time.time_ns()}"
+        os.mkdir(fresh, 0o700, dir_fd=device_fd)
+    except OSError:
+        os.close(old_fd)
+        return None
+    try:
+        new_fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=device_fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(fresh, dir_fd=device_fd)
+        os.close(old_fd)
+        return None
+    moves = _Moves(old_fd, new_fd)
+    try:
         # What this process's scans just found dead for good (gc's sweep: the flood) is no
         # one's record: not looked at again, under the lock.
-        dead = _deadnames.known((info.st_dev, info.st_ino), store=False)
-        fresh = f"{OLD_PREFIX}{section}-{time.time_ns()}"
-        carried = _fill(device_fd, device / fresh, fresh, old_fd, set(names) - dead, info)
-        if carried is None:
-            return None
+        moves.fill(_deadnames.known((info.st_dev, info.st_ino), store=False))
+        if os.geteuid() == 0:
+            os.fchown(new_fd, info.st_uid, info.st_gid)
+        os.fchmod(new_fd, stat.S_IMODE(info.st_mode))
         if exchange(device_fd, fresh.encode(), device_fd, section.encode(), _RENAME_EXCHANGE):
-            _remove(device / fresh)  # not exchanged (the filesystem cannot): as it was
-            return None
-        # ``fresh`` now names the old folder: closed to every other user, removed later.
-        with contextlib.suppress(OSError):
-            os.fchmod(old_fd, 0o700)
-        return carried
+            raise OSError("the filesystem cannot exchange two folders")
     except OSError:
+        moves.undo()  # the old folder as it was, the new one gone
+        with contextlib.suppress(OSError):
+            os.rmdir(fresh, dir_fd=device_fd)
         return None
+    else:
+        # ``fresh`` names the old folder now. Each carried record's old name goes (no name there
+        # may outlive its record's updates, which land in the new folder); others may still
+        # read what is left, no one may add to it; a later gc removes it (``remove_old``).
+        moves.forget_carried()
+        with contextlib.suppress(OSError):
+            os.fchmod(old_fd, 0o755)
+        return len(moves.linked)
     finally:
+        os.close(new_fd)
         os.close(old_fd)
 
 
-def remove_old(device_fd: int, device: Path) -> list[str]:
-    """Remove the old folders earlier rebuilds left in the open device folder ``device`` (made
-    STALE_S ago or more, by the time in their names); their names."""
+class _Moves:
+    """What a rebuild put in the new folder: links to records, other users' folders moved."""
+
+    def __init__(self, old_fd: int, new_fd: int) -> None:
+        self.old_fd, self.new_fd = old_fd, new_fd
+        self.linked: list[str] = []
+        self.moved: list[str] = []
+
+    def fill(self, dead: set[str]) -> None:
+        """A hard link to every possible live record (a regular, non-empty file with a record's
+        name: never one of ``dead``), and every folder moved as it is (a user's folder stays in
+        the folder the user made it in; the old one then holds files alone). Raises OSError
+        when one cannot be carried (what was done is undone by :meth:`undo`)."""
+        with os.scandir(self.old_fd) as entries:
+            for entry in entries:
+                name = entry.name
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        os.rename(name, name, src_dir_fd=self.old_fd, dst_dir_fd=self.new_fd)
+                        self.moved.append(name)
+                    elif name not in dead and _records.RECORD_NAME.match(name):
+                        file = entry.stat(follow_symlinks=False)
+                        if stat.S_ISREG(file.st_mode) and file.st_size:
+                            os.link(
+                                name,
+                                name,
+                                src_dir_fd=self.old_fd,
+                                dst_dir_fd=self.new_fd,
+                                follow_symlinks=False,
+                            )
+                            self.linked.append(name)
+                except FileNotFoundError:
+                    continue  # released (or removed) meanwhile
+
+    def undo(self) -> None:
+        for name in self.moved:
+            with contextlib.suppress(OSError):
+                os.rename(name, name, src_dir_fd=self.new_fd, dst_dir_fd=self.old_fd)
+        for name in self.linked:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self.new_fd)
+
+    def forget_carried(self) -> None:
+        for name in self.linked:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self.old_fd)
+
+
+def remove_old(device_fd: int) -> list[str]:
+    """Remove the old folders earlier rebuilds left in the open device folder (made STALE_S ago
+    or more, by the time in their names): call without the admission lock. Their names, those
+    that went; one still holding a folder (planted after the rebuild had looked) stays."""
     removed: list[str] = []
     try:
         listed = os.listdir(device_fd)
@@ -108,59 +175,26 @@ def remove_old(device_fd: int, device: Path) -> list[str]:
             continue
         if time.time() - int(made_ns) / 1e9 < STALE_S:
             continue
-        try:
+        with contextlib.suppress(OSError):
             info = os.stat(name, dir_fd=device_fd, follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISDIR(info.st_mode) and _may_rebuild(info):
-            _remove(device / name)
-            removed.append(name)
+            if stat.S_ISDIR(info.st_mode) and _may_rebuild(info):
+                _empty_out(device_fd, name)
+                os.rmdir(name, dir_fd=device_fd)
+                removed.append(name)
     return removed
 
 
-def _fill(
-    device_fd: int, path: Path, fresh: str, old_fd: int, names: set[str], like: os.stat_result
-) -> int | None:
-    """Make folder ``fresh`` as ``like`` (owner, mode) with a hard link to every possible live
-    record among ``names`` of the old folder; None (and no folder left) when a step fails."""
+def _empty_out(device_fd: int, name: str) -> None:
+    """Unlink every file in folder ``name``: one level, no link followed, no folder entered."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=device_fd)
     try:
-        os.mkdir(fresh, 0o700, dir_fd=device_fd)
-        new_fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=device_fd)
-    except OSError:
-        _remove(path)
-        return None
-    try:
-        carried = 0
-        for name in names:
-            if not _records.RECORD_NAME.match(name):
-                continue
-            try:
-                file = os.stat(name, dir_fd=old_fd, follow_symlinks=False)
-                if not stat.S_ISREG(file.st_mode) or not file.st_size:
-                    continue  # never anyone's record (empty) or not a file: left behind
-                os.link(name, name, src_dir_fd=old_fd, dst_dir_fd=new_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # released meanwhile
-            except OSError:
-                _remove(path)  # a record that cannot be carried: the old folder stays
-                return None
-            carried += 1
-        if os.geteuid() == 0:
-            os.fchown(new_fd, like.st_uid, like.st_gid)
-        os.fchmod(new_fd, stat.S_IMODE(like.st_mode))
-        return carried
-    except OSError:
-        _remove(path)
-        return None
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.name, dir_fd=fd)
     finally:
-        os.close(new_fd)
-
-
-def _remove(folder: Path) -> None:
-    """Remove ``folder`` (in a device folder only its owner writes) and what is in it, never
-    following a link (shutil's descriptor-based walk, which other users' folders planted inside
-    cannot redirect); whatever cannot be removed stays, for a later try."""
-    shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)
 
 
 def _may_rebuild(info: os.stat_result) -> bool:
@@ -175,8 +209,7 @@ def _renameat2() -> Callable[..., int] | None:
     """libc's renameat2, or None where there is none (an old C library, not Linux)."""
     if not _exchange:
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            function = libc.renameat2
+            function = ctypes.CDLL(None, use_errno=True).renameat2  # the C library loaded
         except (OSError, AttributeError):
             _exchange.append(None)
         else:

@@ -338,21 +338,24 @@ class DeviceLedger:
             _deadnames.flush()
         return None
 
-    def compact(self) -> tuple[list[str], list[str]]:
-        """Rebuild ``claims/`` where a flood left it large, and remove the folders earlier
-        rebuilds left (memgov/_compact.py): gc's, under the admission lock, as the folder's
-        owner or root. (What was rebuilt, what was removed), in words."""
+    def compact(self) -> list[str]:
+        """Rebuild ``claims/`` where a flood left it large (memgov/_compact.py): gc's, under the
+        admission lock, as the folder's owner or root. What was rebuilt, in words."""
         with _records.open_dir(self.root, self.parts, create=False) as fd:
             size = os.stat("claims", dir_fd=fd, follow_symlinks=False).st_size
-            carried = _compact.compact(fd, self.path, "claims")
-            old = _compact.remove_old(fd, self.path)
-        rebuilt = []
-        if carried is not None:
-            rebuilt.append(
-                f"{self.path / 'claims'}: a flood had left the folder {format_size(size)} large, "
-                f"which every listing reads; a new one holds its {carried} record(s)"
-            )
-        return rebuilt, [f"{self.path / name} (left by an earlier rebuild)" for name in old]
+            carried = _compact.compact(fd, "claims")
+        if carried is None:
+            return []
+        return [
+            f"{self.path / 'claims'}: a flood had left the folder {format_size(size)} large, "
+            f"which every listing reads; a new one holds its {carried} record(s)"
+        ]
+
+    def remove_rebuilt(self) -> list[str]:
+        """Remove what earlier rebuilds left (gc's, without the admission lock), in words."""
+        with _records.open_dir(self.root, self.parts, create=False) as fd:
+            old = _compact.remove_old(fd)
+        return [f"{self.path / name} (left by an earlier rebuild)" for name in old]
 
     def snapshot(self) -> Snapshot:
         """A consistent view under the admission lock; a flood is judged before it

@@ -67,12 +67,13 @@ def snapshot(
                 pass
         snap = ledger.scan(clean=clean, memo=None if clean else "use")
         if clean:
-            snap.rebuilt, old = ledger.compact()
-            snap.removed.extend(old)
+            snap.rebuilt = ledger.compact()
         # In place: the files found dead under the lock join snap.removed once it is released.
         snap.removed[:0] = swept.removed
         snap.problems[:] = list(dict.fromkeys([*swept.problems, *snap.problems]))
         _stats.add(ledger, reclaimed=len(swept.removed) + snap.reclaimed)
+    if clean:
+        snap.removed.extend(ledger.remove_rebuilt())  # nothing is removed under the lock
     return snap
 
 

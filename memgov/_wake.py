@@ -142,6 +142,7 @@ class Waker:
             pass  # drained
         data = b"".join(chunks)
         offset = 0
+        wake = False
         while offset + _EVENT.size <= len(data):
             wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
             name = data[offset + _EVENT.size : offset + _EVENT.size + size].rstrip(b"\0")
@@ -150,13 +151,15 @@ class Waker:
                 continue  # the old folder's, after it was moved away
             folder = self._folders.get(wd)
             if mask & _IN_MOVE_SELF and folder is not None:
+                # What was in the old folder is in the new one: look again, once every moved
+                # folder of this batch (several devices' at one gc) is watched anew.
                 self._rewatch(wd, folder)
-                return True  # what was in the old folder is in the new one: look again
-            if mask & (_IN_Q_OVERFLOW | _IN_IGNORED) or folder is None:
-                return True  # events were lost (or a watch we do not know): look
-            if wanted is None or wanted(folder, os.fsdecode(name)):
-                return True
-        return False
+                wake = True
+            elif mask & (_IN_Q_OVERFLOW | _IN_IGNORED) or folder is None:
+                wake = True  # events were lost (or a watch we do not know): look
+            elif wanted is None or wanted(folder, os.fsdecode(name)):
+                wake = True
+        return wake
 
     def _rewatch(self, wd: int, folder: Path) -> None:
         """Watch the folder now at ``folder``'s path, with the mask the moved one had."""

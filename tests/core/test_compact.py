@@ -79,7 +79,9 @@ def test_a_bloated_claims_folder_is_rebuilt_with_its_live_claims(
     after = os.stat(claims)
     assert after.st_ino != before and not _compact.bloated(after, 0)
     (old,) = [p for p in claims.parent.iterdir() if p.name.startswith(_compact.OLD_PREFIX)]
-    assert stat.S_IMODE(old.stat().st_mode) == 0o700  # closed to every other user
+    assert stat.S_IMODE(old.stat().st_mode) == 0o755  # readable, closed to writes
+    # The carried record's old name is gone: no name there outlives the record's updates.
+    assert set(os.listdir(old)).isdisjoint(os.listdir(claims))
     # The holder's claim counts on (its lock carried over with the file) and still blocks.
     assert [c.name for c in book.snapshot().claims] == ["held"]
     with pytest.raises(memgov.BudgetExceeded):
@@ -108,6 +110,31 @@ def test_the_old_folder_goes_at_a_later_gc_and_a_small_folder_is_left_alone(
     assert any("left by an earlier rebuild" in line for line in snap.removed), snap.removed
     assert not any(p.name.startswith(_compact.OLD_PREFIX) for p in device.iterdir())
     assert snap.rebuilt == [] and os.stat(claims).st_ino == rebuilt  # small now: left alone
+
+
+def test_a_users_folder_moves_with_the_rebuild_and_removal_enters_no_folder_nor_link(
+    claims: Path, monkeypatch: pytest.MonkeyPatch, small_bound: int, tmp_path: Path
+) -> None:
+    planted = claims / "someones-folder"
+    (planted / "deep").mkdir(parents=True)
+    (planted / "deep" / "kept").write_text("theirs")
+    plant(claims, small_bound)
+    _flood_gone(claims)
+    assert len(_status.snapshots(clean=True)[0].rebuilt) == 1
+    assert (planted / "deep" / "kept").read_text() == "theirs"  # where its owner put it
+    (old,) = [p for p in claims.parent.iterdir() if p.name.startswith(_compact.OLD_PREFIX)]
+    outside = tmp_path / "outside"
+    outside.write_text("not gc's")
+    (old / "a-link").symlink_to(outside)
+    (old / "a-late-folder").mkdir()
+    (old / "a-late-folder" / "inside").write_text("x")
+    monkeypatch.setattr(_compact, "STALE_S", 0.0)
+    snap = _status.snapshots(clean=True)[0]
+    # One level, no link followed: the link went, its target did not; a folder planted in the
+    # old folder after the rebuild is not entered, so that folder stays (and is not reported).
+    assert outside.read_text() == "not gc's" and not (old / "a-link").is_symlink()
+    assert (old / "a-late-folder" / "inside").exists()
+    assert not any("left by an earlier rebuild" in line for line in snap.removed)
 
 
 def test_a_rebuild_that_cannot_be_done_whole_changes_nothing(
@@ -156,5 +183,27 @@ def test_a_waiter_watching_a_folder_that_is_exchanged_watches_the_new_one(
         (fresh / "x.json").write_text("x")
         (fresh / "x.json").unlink()  # the old folder's events are not the claims' any more
         assert waker.sleep(0.2) is False
+    finally:
+        waker.close()
+
+
+def test_every_folder_moved_in_one_batch_is_watched_anew(tmp_path: Path) -> None:
+    """One gc rebuilds the claims folders of several devices a waiter waits on."""
+    exchange = _compact._renameat2()
+    pairs = [(tmp_path / f"claims{i}", tmp_path / f"fresh{i}") for i in range(2)]
+    for claims, fresh in pairs:
+        claims.mkdir()
+        fresh.mkdir()
+        (fresh / "held.json").write_text("x")
+    waker = Waker([claims for claims, _ in pairs])
+    if waker._file is None or exchange is None:
+        pytest.skip("no inotify or no renameat2 here")
+    try:
+        for claims, fresh in pairs:
+            assert exchange(-100, str(fresh).encode(), -100, str(claims).encode(), 2) == 0
+        assert waker.sleep(5.0) is True  # both moves read in one batch
+        for claims, _ in pairs:
+            (claims / "held.json").unlink()  # a release in each new folder wakes it
+            assert waker.sleep(5.0, lambda folder, name: name == "held.json") is True
     finally:
         waker.close()
