@@ -54,7 +54,9 @@ def become(uid: int) -> None:
     from memgov import _adapters, _claim, _status, _threads  # noqa: F401
 
     _adapters.available()
-    with tempfile.NamedTemporaryFile() as scratch, filelock.FileLock(scratch.name + ".lock"):
+    # In the run's folder (removed at its end): a claimer SIGKILLed here leaves nothing behind.
+    run = Path(os.environ["MEMGOV_DIR"]).parent
+    with tempfile.TemporaryDirectory(dir=run) as scratch, filelock.FileLock(f"{scratch}/x.lock"):
         pass
     os.setgroups([])
     os.setgid(uid)
@@ -309,7 +311,7 @@ def flooder(ledger: str) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     become(FLOODER)
     claims = Path(ledger, "v1", "sim0", "claims")
-    own = Path(tempfile.mkdtemp(prefix="flocks-"))
+    own = Path(tempfile.mkdtemp(prefix="flocks-", dir=Path(ledger).parent / "flooder"))
     fds = []
     for i in range(min(20_000, hard - 100)):
         fd = os.open(own / str(i), os.O_CREAT | os.O_RDWR, 0o600)
@@ -380,6 +382,9 @@ def phase(
     first_gc_s = None
     first_gc_rebuilt = None
     if floods:
+        own = base / "flooder"  # the flooder's own files, removed with the run's folder
+        own.mkdir()
+        os.chown(own, FLOODER, FLOODER)
         flood = subprocess.Popen(
             [*me, "--flooder", str(ledger)], env=env, stdout=subprocess.PIPE, text=True
         )
