@@ -310,9 +310,12 @@ def _die_once(markers: str) -> dict[str, Any]:
 
 
 def _exited(pid: int) -> bool:
-    """Gone, or a zombie: its descriptors (the claim's lock) are closed either way."""
+    """Every thread of the process has exited: it is gone, or only its main thread is left, a
+    zombie. (A main thread can be a zombie while the others still run their exit with the
+    descriptors, the claim's lock among them, open.)"""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        zombie = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        return zombie and os.listdir(f"/proc/{pid}/task") == [str(pid)]
     except (FileNotFoundError, ProcessLookupError):
         return True
 
