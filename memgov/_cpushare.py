@@ -72,8 +72,7 @@ class Registration:
         with self._writing:
             payload = {**self.payload, **changes}
             with _records.open_dir(self.root, PARTS, create=False) as fd:
-                _records.replace(fd, self.held, payload)
-            _flock.held_for_life(self.held.file)  # replace() swapped in a new locked file
+                _records.replace(fd, self.held, payload)  # held for life still (_flock)
             self.payload = payload
 
     def close(self) -> None:
@@ -105,7 +104,7 @@ def register(
     root = _config.ledger_dir()
     with _records.open_dir(root, PARTS, create=True) as fd:
         held = _records.create(fd, root.joinpath(*PARTS), _records.new_record_name(), payload)
-    _flock.held_for_life(held.file)  # the process's CPU record, by design (not a leaked lock)
+    _flock.held_for_life(held)  # the process's CPU record, by design (not a leaked lock)
     return Registration(held, payload, root)
 
 

@@ -33,6 +33,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from memgov import _trust
 from memgov._errors import LedgerError, LockTimeout
@@ -101,7 +102,6 @@ def _register(file: io.FileIO) -> None:
 def _forget(key: int, ref: weakref.ref[io.FileIO]) -> None:
     if _live.get(key) is ref:  # not a newer file that got the same id
         _live.pop(key, None)
-        _lifetime.discard(key)
 
 
 def _close_all_in_child() -> None:
@@ -115,20 +115,25 @@ def _close_all_in_child() -> None:
 os.register_at_fork(after_in_child=_close_all_in_child)
 
 
-_lifetime: set[int] = set()
-"""Ids of files held for the whole process on purpose (its CPU-share record: _cpushare)."""
+_lifetime: list[weakref.ref[Any]] = []
+"""Holders of a file held for the whole process on purpose (its CPU-share record: _cpushare)."""
 
 
-def held_for_life(file: io.FileIO) -> None:
-    """Mark ``file`` as held until the process exits by design: open_count leaves it out."""
-    _lifetime.add(id(file))
+def held_for_life(holder: Any) -> None:
+    """Mark the file ``holder.file`` holds, whichever it is at the time (an update swaps in a
+    new one), as held until the process exits by design: open_count leaves it out. By holder,
+    not by file: an interrupt between a swap and a new marking would leave the new file
+    counted as a stray."""
+    _lifetime[:] = [ref for ref in _lifetime if ref() is not None]
+    _lifetime.append(weakref.ref(holder))
 
 
 def open_count() -> int:
     """Ledger descriptors open in this process (tests: nothing may stay open after a claim),
     besides those held for the process's life on purpose."""
+    kept = {id(holder.file) for ref in list(_lifetime) if (holder := ref()) is not None}
     files = [(key, ref()) for key, ref in list(_live.items())]
-    return sum(1 for key, f in files if f is not None and not f.closed and key not in _lifetime)
+    return sum(1 for key, f in files if f is not None and not f.closed and key not in kept)
 
 
 NO_FLOCK = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
