@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgov import _compact, _config, _deadnames, _nvml, _records
+from memgov import _config, _deadnames, _nvml, _records
 from memgov._attribution import Attribution, Holder, attribute, pidns_of
 from memgov._devices import Device, refresh
 from memgov._errors import LedgerError
@@ -341,6 +341,8 @@ class DeviceLedger:
     def compact(self) -> list[str]:
         """Rebuild ``claims/`` where a flood left it large (memgov/_compact.py): gc's, under the
         admission lock, as the folder's owner or root. What was rebuilt, in words."""
+        from memgov import _compact  # gc's alone: no claim imports it
+
         with _records.open_dir(self.root, self.parts, create=False) as fd:
             size = os.stat("claims", dir_fd=fd, follow_symlinks=False).st_size
             carried = _compact.compact(fd, "claims")
@@ -353,6 +355,8 @@ class DeviceLedger:
 
     def remove_rebuilt(self) -> list[str]:
         """Remove what earlier rebuilds left (gc's, without the admission lock), in words."""
+        from memgov import _compact
+
         with _records.open_dir(self.root, self.parts, create=False) as fd:
             old = _compact.remove_old(fd)
         return [f"{self.path / name} (left by an earlier rebuild)" for name in old]
