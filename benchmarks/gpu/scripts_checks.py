@@ -895,7 +895,8 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per kind and round: a hand-tuned condition's span / each other condition's span (>= 1: as
     fast or faster than hand-tuned), and the median over rounds; beside it where the difference
     is: each condition's median steady rate over hand's (>= 1: trains as fast), and its median
-    start-up, after-training and CPU seconds minus hand's (<= 0: no slower, no costlier). Keys
+    start-up, after-training and CPU seconds minus hand's (<= 0: no slower, no costlier); and
+    all rounds' spans summed, hand's over the other's (``x_hand_span_summed``). Keys
     "kind:condition" against hand_mps, "kind:condition/hand_mps_cap" against the capped one
     (memgov's conditions only)."""
     out: dict[str, Any] = {}
@@ -918,6 +919,11 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 found: dict[str, Any] = {
                     "x_hand_span_each_round": each,
                     "median": round(statistics.median(each), 3),
+                    # Every round's spans summed on each side: a round the machine slowed for
+                    # both counts as much as any other, whichever condition came first in it.
+                    "x_hand_span_summed": round(
+                        sum(h["span_s"] for h, _ in pairs) / sum(t["span_s"] for _, t in pairs), 3
+                    ),
                 }
                 found.update(_where_ratios(pairs))
                 key = f"{kind}:{cond}" if base == "hand_mps" else f"{kind}:{cond}/{base}"
@@ -1025,9 +1031,12 @@ def summary(report: dict[str, Any]) -> list[str]:
                 f"{g.get('after_s_median')} {g.get('cpu_s_median')} "
                 f"{g.get('children_cpu_s_median')}"
             )
-    lines.append("hand-tuned span / condition span, each round (hand_mps, or the one named): ")
+    lines.append("hand-tuned span / condition span, each round (hand_mps, or the one named):")
     # From the runs, not the report's own ratios: a report older than a baseline lacks them.
-    lines += [f"  {k}: {v['x_hand_span_each_round']}" for k, v in ratios(report["runs"]).items()]
+    lines += [
+        f"  {k}: {v['x_hand_span_each_round']}, all rounds summed {v['x_hand_span_summed']}"
+        for k, v in ratios(report["runs"]).items()
+    ]
     return lines
 
 
