@@ -75,6 +75,11 @@
 #                               24 neighbours (benchmarks/gpu/auto_checks.sh; needs AUTO_SCRIPTS)
 #   queue_smoke                 the job queue's GPU paths: 12 torch jobs of 3 kinds, sjf-exclusive,
 #                               memgov (--solo) and fifo (benchmarks/gpu/queue_smoke.sh; docs/queue.md)
+#   floods                      no GPU: the ledger's churn beside another user's floods on this
+#                               machine's 16 cores, this tree against FLOODS_BEFORE (a copy of an
+#                               earlier tree's memgov/ and adapters/; default .carry/floods-before,
+#                               carried), alternated (about 8 minutes;
+#                               benchmarks/cpu/floods_ab.sh; docs/ledger.md, "Floods")
 #   queue_ray                   the queue on Ray (one node: this host's GPUs): each torch job runs
 #                               on the GPU its policy chose (benchmarks/gpu/queue_ray.py; needs Ray
 #                               installed; meaningful on 2+ GPUs, e.g. nvidia-h200-x2)
@@ -103,7 +108,8 @@ DRY=${VERIFY_DRY:-0}
 # numpy and PIL carry no bytecode either, so every process compiled torch from source (3.5 s of
 # a start-up's CPU, 25 at once on 16 cores; results/h200/2026-11-25-startup-burst-profile.txt),
 # which no pip install leaves a user to do. Counted and timed in install.log.
-if [ "$DRY" != 1 ]; then
+# (Not for `floods` alone: it starts no framework.)
+if [ "$DRY" != 1 ] && [ "$checks" != floods ]; then
   t0=$SECONDS
   for pkg in torch torchvision numpy PIL; do
     dir=$(python3 -c "import importlib.util as u; s = u.find_spec('$pkg'); print(s.submodule_search_locations[0] if s else '')" 2>/dev/null)
@@ -249,6 +255,9 @@ python3 -m memgov devices' ;;
     nvml_lists)  # NVML's process list beside 1 and 25 MPS clients, and a client's own use
       # under MPS's memory limit read without it (benchmarks/gpu/nvml_lists.py)
       run nvml_lists 150 python3 benchmarks/gpu/nvml_lists.py --out "$OUT" ;;
+    floods)  # the ledger's churn beside floods, this tree against FLOODS_BEFORE, alternated
+      run floods 560 bash benchmarks/cpu/floods_ab.sh "${FLOODS_BEFORE:-.carry/floods-before}" \
+        "$OUT/floods" "${FLOODS_BUDGET:-500}" ;;
     startup_burst)  # where memgov's start-up goes when 25 jobs start at once
       # BURST_BEFORE=DIR: a third condition, memgov from DIR (a copy of an earlier tree's
       # memgov/ and adapters/, first on PYTHONPATH), alternated with the other two
