@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import itertools
 import os
 import sys
 import weakref
@@ -37,8 +39,13 @@ class _Attempt:
     attempt's frame even when an exception cuts short the code that would clear it."""
 
 
-_claiming: dict[str, weakref.ref[_Attempt]] = {}
-""""now" -> the claim() in progress; dict.setdefault is the atomic test-and-set."""
+_claiming: dict[int, weakref.ref[_Attempt]] = {}
+"""The claim() calls in progress in this process, by arrival; only the first goes on. Each
+entry goes when its attempt ends: the weak reference's callback is ``dict.pop`` bound to its own
+key, C calls only. A Python callback can be entered by Ctrl-C, which Python then prints as
+"Exception ignored" and drops: the user's interrupt lost (1% of random interrupts did)."""
+_arrivals = itertools.count()
+"""Keys of _claiming: next() on it is one C call, so two threads never get the same one."""
 
 
 @dataclass
@@ -185,17 +192,18 @@ def _start_attempt() -> _Attempt:
             f"this process already holds {_current}; release it before claiming again"
         )
     attempt = _Attempt()
-    mark = weakref.ref(attempt, _unmark)
-    found = _claiming.setdefault("now", mark)
-    if found is not mark:
-        if found() is not None:
-            # Not waited for: this thread's own wait (None: fail at once) must not be spent
-            # behind another thread's.
-            raise MemgovError(
-                "another thread of this process is claiming right now; a process holds at "
-                "most one claim, so claim in one thread (or in separate processes)"
-            )
-        _claiming["now"] = mark  # a mark whose attempt ended without clearing it
+    key = next(_arrivals)
+    _claiming[key] = weakref.ref(attempt, functools.partial(_claiming.pop, key))
+    # An earlier attempt still going wins; of two that arrive together, the first to take its
+    # key (each sees the other's entry, and only the later one steps back).
+    if any(k < key and mark() is not None for k, mark in list(_claiming.items())):
+        _claiming.pop(key, None)
+        # Not waited for: this thread's own wait (None: fail at once) must not be spent behind
+        # another thread's.
+        raise MemgovError(
+            "another thread of this process is claiming right now; a process holds at "
+            "most one claim, so claim in one thread (or in separate processes)"
+        )
     return attempt
 
 
@@ -253,12 +261,6 @@ def _end_run(claim: Claim) -> None:
     if run is not None and run.claim is claim:
         with contextlib.suppress(Exception):  # a sizing aid: never fail a release for it
             runs.finish("released")  # type: ignore[union-attr]
-
-
-def _unmark(mark: weakref.ref[_Attempt]) -> None:
-    # The attempt ended (however): clear the mark if it is still this one.
-    if _claiming.get("now") is mark:
-        _claiming.pop("now", None)
 
 
 class _Sizing(NamedTuple):

@@ -53,8 +53,7 @@ def own(fd: int, writable: bool = False) -> io.FileIO:
     except IsADirectoryError:
         os.close(fd)  # FileIO refuses a folder and leaves the descriptor open
         raise
-    key = id(file)
-    _live[key] = weakref.ref(file, functools.partial(_forget, key))
+    _register(file)
     return file
 
 
@@ -96,12 +95,11 @@ def adopt(make: Callable[[], int], writable: bool = False, register: bool = True
 
 def _register(file: io.FileIO) -> None:
     key = id(file)
-    _live[key] = weakref.ref(file, functools.partial(_forget, key))
-
-
-def _forget(key: int, ref: weakref.ref[io.FileIO]) -> None:
-    if _live.get(key) is ref:  # not a newer file that got the same id
-        _live.pop(key, None)
+    # The entry goes when the file is freed: dict.pop bound to its key, C calls only. A Python
+    # callback can be entered by Ctrl-C, which Python prints as "Exception ignored" and drops
+    # (the user's interrupt lost). No newer file can have taken the id by then: CPython calls
+    # the callback while freeing the file, before its memory can be reused.
+    _live[key] = weakref.ref(file, functools.partial(_live.pop, key))
 
 
 def _close_all_in_child() -> None:

@@ -84,7 +84,8 @@ def test_interrupt_storm_leaves_nothing_behind(device: str) -> None:
 def test_no_descriptor_outlives_an_interrupted_claim(device: str) -> None:
     # Ctrl-C at random moments of many claim/release cycles: the process's descriptors (all of
     # them, /proc/self/fd) are as many afterwards as before (the code before left 75 and 10:
-    # results/cpu-2core/2026-11-24-interrupted-claims.txt).
+    # results/cpu-2core/2026-11-24-interrupted-claims.txt), and every interrupt reached the
+    # program.
     worker = Path(__file__).resolve().parent / "interrupted_claims.py"
     for seed, most in ((1, 0.004), (2, 0.03)):
         done = subprocess.run(
@@ -100,3 +101,7 @@ def test_no_descriptor_outlives_an_interrupted_claim(device: str) -> None:
         # below the 300 this asked before): not memgov's behaviour, which the line below checks.
         assert got["interrupted"] > 100, got
         assert got["after"] == got["before"] and got["ledger_files"] == 0, got
+        # No interrupt was swallowed: one landing in a Python weakref callback of memgov's is
+        # printed as "Exception ignored" and dropped (23 and 11 times in these two runs, when
+        # the callbacks that clear a closed file's entry and a claim's mark were Python code).
+        assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
