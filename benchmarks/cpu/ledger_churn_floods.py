@@ -342,6 +342,19 @@ def plant(folder: Path, count: int, tag: str) -> None:
         os.close(fd)
 
 
+def filesystem(folder: Path) -> str:
+    """The type of the filesystem ``folder`` is on (the longest mount point above it)."""
+    best, kind = "", "?"
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1]
+            inside = str(folder) == point or str(folder).startswith(point.rstrip("/") + "/")
+            if len(fields) > 2 and inside and len(point) >= len(best):
+                best, kind = point, fields[2]
+    return kind
+
+
 def cpu_seconds(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -363,8 +376,9 @@ def phase(
     kill_every: float,
     profile: Path | None = None,
     breakdown: Path | None = None,
+    under: Path = Path("/tmp"),
 ) -> dict[str, Any]:
-    base = Path(tempfile.mkdtemp(prefix="memgov-churn-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="memgov-churn-", dir=under))
     base.chmod(0o755)
     ledger = base / "ledger"
     env = {**os.environ, "MEMGOV_DIR": str(ledger), "MEMGOV_DEVICES": "sim0:16GiB"}
@@ -377,7 +391,19 @@ def phase(
     if breakdown is not None:
         env[BREAKDOWN_ENV] = "1"
     me = [sys.executable, __file__]
-    subprocess.run([sys.executable, "-m", "memgov", "gc"], env=env, check=True, capture_output=True)
+    # `python -m` puts its working folder first on sys.path: run from the run's folder, so a
+    # memgov/ in the caller's folder never shadows the one PYTHONPATH names (an A/B's "before").
+    where = subprocess.run(
+        [sys.executable, "-c", "import memgov; print(memgov.__file__)"],
+        env=env,
+        cwd=base,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    subprocess.run(
+        [sys.executable, "-m", "memgov", "gc"], env=env, cwd=base, check=True, capture_output=True
+    )
     flood = None
     first_gc_s = None
     first_gc_rebuilt = None
@@ -395,6 +421,7 @@ def phase(
         first = subprocess.run(
             [sys.executable, "-m", "memgov", "gc", "--json"],
             env=env,
+            cwd=base,
             check=True,
             capture_output=True,
             text=True,
@@ -418,6 +445,7 @@ def phase(
             run = subprocess.Popen(
                 gc_command,
                 env=env,
+                cwd=base,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE if breakdown is not None else subprocess.DEVNULL,
                 text=True,
@@ -506,6 +534,9 @@ def phase(
         "gc_runs": gc_runs[0],
         "first_gc_s": first_gc_s,
         "first_gc_rebuilt": first_gc_rebuilt,
+        "memgov": where,
+        "folder": str(under),
+        "filesystem": filesystem(under),
         "admitted": len(claim_ns),
         "errors": len(errors),
         "error_examples": errors[:3],
@@ -633,7 +664,8 @@ def summarize(paths: list[Path]) -> None:
                 f"{release.get('p99', '-')} over_commits {ph['monitor']['over_commits']} "
                 f"errors {ph['errors']} left {ph['left_at_end']}"
             )
-        print(f"{path.name} floods/clean p99 {report['p99_ratio']:.2f}x")
+        if report.get("p99_ratio") is not None:  # both phases ran
+            print(f"{path.name} floods/clean p99 {report['p99_ratio']:.2f}x")
 
 
 def main() -> None:
@@ -660,6 +692,13 @@ def main() -> None:
         type=Path,
         help="folder: every claim's parts timed (PHASE.json raw); the means in the report",
     )
+    parser.add_argument(
+        "--under",
+        type=Path,
+        default=Path("/tmp"),
+        help="the folder each phase's ledger is made in (default /tmp, memgov's default "
+        "ledger's; e.g. a tmpfs such as /dev/shm or /run)",
+    )
     parser.add_argument("--claimer")
     parser.add_argument("--gc", action="store_true")
     parser.add_argument("--monitor", type=float)
@@ -682,11 +721,23 @@ def main() -> None:
     clean = flooded = None
     if "clean" in phases:
         clean = phase(
-            False, args.seconds, args.claimers, args.kill_every, args.profile, args.breakdown
+            False,
+            args.seconds,
+            args.claimers,
+            args.kill_every,
+            args.profile,
+            args.breakdown,
+            args.under,
         )
     if "floods" in phases:
         flooded = phase(
-            True, args.seconds, args.claimers, args.kill_every, args.profile, args.breakdown
+            True,
+            args.seconds,
+            args.claimers,
+            args.kill_every,
+            args.profile,
+            args.breakdown,
+            args.under,
         )
     report = {
         "machine": {

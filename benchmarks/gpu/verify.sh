@@ -76,9 +76,10 @@
 #   queue_smoke                 the job queue's GPU paths: 12 torch jobs of 3 kinds, sjf-exclusive,
 #                               memgov (--solo) and fifo (benchmarks/gpu/queue_smoke.sh; docs/queue.md)
 #   floods                      no GPU: the ledger's churn beside another user's floods on this
-#                               machine's 16 cores, this tree against FLOODS_BEFORE (a copy of an
-#                               earlier tree's memgov/ and adapters/; default .carry/floods-before,
-#                               carried), alternated (about 8 minutes;
+#                               machine's 16 cores, alternated between FLOODS_CONDITIONS (default:
+#                               this tree with its ledgers under /tmp and under /dev/shm, a tmpfs;
+#                               NAME=CODE@FOLDER, CODE `tree` or an earlier tree's memgov/ and
+#                               adapters/, carried) for FLOODS_BUDGET s (about 8 minutes;
 #                               benchmarks/cpu/floods_ab.sh; docs/ledger.md, "Floods")
 #   queue_ray                   the queue on Ray (one node: this host's GPUs): each torch job runs
 #                               on the GPU its policy chose (benchmarks/gpu/queue_ray.py; needs Ray
@@ -255,9 +256,11 @@ python3 -m memgov devices' ;;
     nvml_lists)  # NVML's process list beside 1 and 25 MPS clients, and a client's own use
       # under MPS's memory limit read without it (benchmarks/gpu/nvml_lists.py)
       run nvml_lists 150 python3 benchmarks/gpu/nvml_lists.py --out "$OUT" ;;
-    floods)  # the ledger's churn beside floods, this tree against FLOODS_BEFORE, alternated
-      run floods 560 bash benchmarks/cpu/floods_ab.sh "${FLOODS_BEFORE:-.carry/floods-before}" \
-        "$OUT/floods" "${FLOODS_BUDGET:-500}" ;;
+    floods)  # the ledger's churn beside floods under FLOODS_CONDITIONS, alternated
+      # shellcheck disable=SC2086  # FLOODS_CONDITIONS: several words
+      run floods 560 bash -c 'df -T /tmp /dev/shm /run; bash benchmarks/cpu/floods_ab.sh "$@"' _ \
+        "$OUT/floods" "${FLOODS_BUDGET:-500}" \
+        ${FLOODS_CONDITIONS:-tmp=tree@/tmp tmpfs=tree@/dev/shm} ;;
     startup_burst)  # where memgov's start-up goes when 25 jobs start at once
       # BURST_BEFORE=DIR: a third condition, memgov from DIR (a copy of an earlier tree's
       # memgov/ and adapters/, first on PYTHONPATH), alternated with the other two
