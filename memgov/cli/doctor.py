@@ -76,6 +76,8 @@ def render(report: dict[str, Any]) -> list[str]:
     lines.append(f"budget: {budget['decision']}")
     ledger = report["ledger"]
     lines.append(f"ledger: {ledger['path']}: {ledger['note']}")
+    if ledger.get("flood_note"):
+        lines.append(f"ledger: {ledger['flood_note']}")
     if report.get("ledger_problem"):
         lines.append(f"ledger PROBLEM: {report['ledger_problem']}")
     threads = report["threads"]

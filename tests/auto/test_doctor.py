@@ -50,8 +50,39 @@ def test_ledger_verdicts(monkeypatch, tmp_path: Path):
     assert "WARNING" in _doctor.ledger_sharing(tmp_path)["note"]
     monkeypatch.setattr(_doctor, "_mount_of", mount("/tmp/memgov", "ext4", "/tmp/memgov"))
     assert _doctor.ledger_sharing(tmp_path)["verdict"] == "shared"
+    # A container's own tmpfs (the whole file system mounted) against a host folder on a
+    # tmpfs bound into it (the mount's root is that folder), as docs/ledger.md sets one up.
+    monkeypatch.setattr(_doctor, "_mount_of", mount("/tmp", "tmpfs"))
+    assert _doctor.ledger_sharing(tmp_path)["verdict"] == "private"
+    monkeypatch.setattr(
+        _doctor, "_mount_of", mount("/run/memgov-ledger", "tmpfs", "/memgov-ledger")
+    )
+    assert _doctor.ledger_sharing(tmp_path)["verdict"] == "shared"
     monkeypatch.setattr(_doctor, "in_container", lambda: False)
     assert _doctor.ledger_sharing(tmp_path)["verdict"] == "host"
+
+
+def test_a_shared_ledger_on_a_disk_file_system_is_flagged(monkeypatch, tmp_path: Path):
+    """Another user's flood slows claims on a disk file system, not on a tmpfs (docs/ledger.md,
+    "Floods"): doctor says so for a ledger every user writes (its v1/cpu/ open to all)."""
+    cpu = tmp_path / "v1" / "cpu"
+    cpu.mkdir(parents=True)
+    monkeypatch.setattr(_doctor, "in_container", lambda: False)
+
+    def on(fstype):
+        monkeypatch.setattr(
+            _doctor,
+            "_mount_of",
+            lambda path: {"point": "/", "root": "/", "fstype": fstype, "source": "x"},
+        )
+        return _doctor.ledger_sharing(tmp_path)
+
+    cpu.chmod(0o755)  # one user's ledger: no one else writes it
+    assert on("ext4")["flood_note"] is None
+    cpu.chmod(0o1777)  # the shared set-up
+    assert "tmpfs such as /run" in on("ext4")["flood_note"]
+    assert on("ext4")["filesystem"] == "ext4"
+    assert on("tmpfs")["flood_note"] is None
 
 
 def test_mount_lookup_finds_the_longest_mount_point():
