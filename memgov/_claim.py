@@ -8,6 +8,7 @@ import functools
 import itertools
 import os
 import sys
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -39,12 +40,13 @@ class _Attempt:
     attempt's frame even when an exception cuts short the code that would clear it."""
 
 
-_claiming: dict[int, weakref.ref[_Attempt]] = {}
-"""The claim() calls in progress in this process, by arrival; only the first goes on. Each
-entry goes when its attempt ends: the weak reference's callback is ``dict.pop`` bound to its own
-key, C calls only. A Python callback can be entered by Ctrl-C, which Python then prints as
-"Exception ignored" and drops: the user's interrupt lost (1% of random interrupts did)."""
-_arrivals = itertools.count()
+_claiming: dict[int, tuple[weakref.ref[_Attempt], int]] = {}
+"""The claim() calls in progress in this process: a weak reference to each attempt and its
+thread, by a number of its own. Each entry goes when its attempt ends: the weak reference's
+callback is ``dict.pop`` bound to its key, C calls only. A Python callback can be entered by
+Ctrl-C, which Python then prints as "Exception ignored" and drops: the user's interrupt lost
+(1% of random interrupts did)."""
+_keys = itertools.count()
 """Keys of _claiming: next() on it is one C call, so two threads never get the same one."""
 
 
@@ -192,18 +194,26 @@ def _start_attempt() -> _Attempt:
             f"this process already holds {_current}; release it before claiming again"
         )
     attempt = _Attempt()
-    key = next(_arrivals)
-    _claiming[key] = weakref.ref(attempt, functools.partial(_claiming.pop, key))
-    # An earlier attempt still going wins; of two that arrive together, the first to take its
-    # key (each sees the other's entry, and only the later one steps back).
-    if any(k < key and mark() is not None for k, mark in list(_claiming.items())):
+    key, me = next(_keys), threading.get_ident()
+    try:
+        _claiming[key] = (weakref.ref(attempt, functools.partial(_claiming.pop, key)), me)
+        # Entered first, then looked: of two threads that overlap here, the later to enter
+        # sees the other (both may step back; neither goes on beside the other). This thread's
+        # own earlier entries are over whatever keeps them alive (a traceback an interrupt
+        # left, which a notebook keeps in sys.last_traceback): this thread is here now.
+        if any(
+            k != key and thread != me and mark() is not None
+            for k, (mark, thread) in list(_claiming.items())
+        ):
+            # Not waited for: this thread's own wait (None: fail at once) must not be spent
+            # behind another thread's.
+            raise MemgovError(
+                "another thread of this process is claiming right now; a process holds at "
+                "most one claim, so claim in one thread (or in separate processes)"
+            )
+    except BaseException:
         _claiming.pop(key, None)
-        # Not waited for: this thread's own wait (None: fail at once) must not be spent behind
-        # another thread's.
-        raise MemgovError(
-            "another thread of this process is claiming right now; a process holds at "
-            "most one claim, so claim in one thread (or in separate processes)"
-        )
+        raise
     return attempt
 
 
