@@ -3,16 +3,19 @@ memgov/_settings.py's: every error names its variable)."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from memgov import _settings
-from memgov._settings import DEFAULT_CONTEXTS, DEFAULT_DIR, DEFAULT_RESERVE_REAL
+from memgov._settings import DEFAULT_CONTEXTS, DEFAULT_DIR, DEFAULT_RESERVE_REAL, SHARED_DIR
 
 __all__ = [
     "DEFAULT_CONTEXTS",
     "DEFAULT_DIR",
     "DEFAULT_RESERVE_REAL",
     "LOCK_TIMEOUT_S",
+    "SHARED_DIR",
     "context_limit",
     "ledger_dir",
     "reserve",
@@ -23,9 +26,22 @@ LOCK_TIMEOUT_S = 30.0
 
 
 def ledger_dir() -> Path:
-    """MEMGOV_DIR, or the host's default ledger folder."""
+    """MEMGOV_DIR; unset, the shared set-up's folder where root made it, else the default."""
     folder: Path = _settings.get("MEMGOV_DIR")
+    if not _settings.is_set("MEMGOV_DIR") and root_made(Path(SHARED_DIR)):
+        return Path(SHARED_DIR)
     return folder
+
+
+def root_made(folder: Path) -> bool:
+    """A folder root owns that no one else may write (the shared set-up's, docs/ledger.md):
+    never one another user made first, or a link. Everything on its path is checked again when
+    it is used (memgov/_trust.py)."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022
 
 
 def reserve(total: int, simulated: bool) -> int:

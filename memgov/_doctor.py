@@ -27,8 +27,8 @@ PRIVATE_FS = ("overlay", "tmpfs", "aufs", "fuse-overlayfs")
 """File systems of a container's own root or scratch space: a ledger there is the container's,
 unless the mount is a folder bound from elsewhere (its root is not the file system's own)."""
 MEMORY_FS = ("tmpfs", "ramfs")
-"""File systems with no journal or write-back: another user's flood of files there costs claims
-1.4-1.5x, against 3.0-3.2x on ext4 (docs/ledger.md, "Floods")."""
+"""File systems with no journal or write-back: beside another user's flood of files there, claim
+p99 1.4-1.5x its clean figure, against 3.0-3.2x on ext4 (docs/ledger.md, "Floods")."""
 
 
 def diagnose() -> dict[str, Any]:
@@ -284,7 +284,12 @@ def ledger_sharing(path: Path | None = None) -> dict[str, Any]:
     elif (
         mount is None
         or mount["point"] == "/"
-        or (mount["fstype"] in PRIVATE_FS and mount["root"] == "/")
+        # A container's own scratch file system, mounted whole somewhere above the ledger. A
+        # host folder bound in shows its own root; a file system mounted whole at the ledger's
+        # own path was put there for it (the host's tmpfs ledger, docs/ledger.md).
+        or (
+            mount["fstype"] in PRIVATE_FS and mount["root"] == "/" and mount["point"] != str(folder)
+        )
     ):
         where = (
             "the container's own file system"
@@ -304,14 +309,15 @@ def ledger_sharing(path: Path | None = None) -> dict[str, Any]:
             "every container that mounts the same host folder"
         )
     info["filesystem"] = mount["fstype"] if mount else None
-    info["flood_note"] = _flood_note(folder, info["filesystem"])
+    private = info["verdict"] == "private"
+    info["flood_note"] = None if private else _flood_note(folder, info["filesystem"])
     return info
 
 
 def _flood_note(folder: Path, filesystem: str | None) -> str | None:
-    """Advice for a ledger other users write (its v1/cpu/ open to all) on a disk file system:
-    a flood of files there leaves the file system slow for minutes (its journal and the freed
-    inodes), and every claim writes and removes records in it. None where none applies."""
+    """Advice for a ledger every user may write (its v1/cpu/ open to all, as root makes it) on
+    a disk file system: every claim writes and removes records there, which another user's
+    flood of files slows (docs/ledger.md, "Floods"). None where none applies."""
     try:
         shared = bool(os.stat(folder / "v1" / "cpu").st_mode & 0o002)
     except OSError:
@@ -319,8 +325,8 @@ def _flood_note(folder: Path, filesystem: str | None) -> str | None:
     if not shared or filesystem is None or filesystem in MEMORY_FS:
         return None
     return (
-        f"NOTE: this ledger is shared by every user but lies on {filesystem}: one who floods "
-        "it with files slows every claim for minutes (claim p99 3.0-3.2x on 16 cores, against "
-        "1.4-1.5x on a tmpfs). Make the shared ledger on a tmpfs such as /run "
+        f"NOTE: this ledger is open to every user but lies on {filesystem}: one who floods "
+        "it with files slows every claim while it lasts (claim p99 3.0-3.2x on 16 cores, "
+        "against 1.4-1.5x on a tmpfs). Make the shared ledger on a tmpfs of its own "
         '(docs/ledger.md, "Many users on a host")'
     )

@@ -29,6 +29,9 @@ from memgov._errors import ConfigError
 from memgov._sizes import Size
 
 DEFAULT_DIR = "/tmp/memgov-ledger"
+SHARED_DIR = "/run/memgov-ledger"
+"""The ledger of a host many users share (docs/ledger.md, "Many users on a host"): the default
+wherever root has made it, so no user's process falls back to a second ledger of its own."""
 """Ledger folder when MEMGOV_DIR is unset. One per host: bind-mount it into containers. Not
 "/tmp/memgov": Python started in /tmp would import that folder as the memgov package."""
 DEFAULT_RESERVE_REAL = 256 * 2**20
@@ -329,7 +332,7 @@ TABLE: tuple[Row, ...] = (
         "always soft", _choice("accepted auto (default: hard mode when an MPS daemon is "
                                "reachable) or off (always soft)", "auto", "off"),
         "auto", job=True),
-    Row("MEMGOV_DIR", "absolute path", f"`{DEFAULT_DIR}`",
+    Row("MEMGOV_DIR", "absolute path", f"`{SHARED_DIR}` where root made it, else `{DEFAULT_DIR}`",
         "the host's ledger folder (bind-mount it into containers)", _folder, Path(DEFAULT_DIR)),
     Row("MEMGOV_DEVICES", "`NAME:TOTAL[:USED],...`", "real GPUs (NVML)",
         "simulated GPUs instead of NVML's, for machines without a GPU (CI, laptops)", simulated),

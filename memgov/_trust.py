@@ -43,9 +43,9 @@ def set_up_advice(ledger: Path | str) -> str:
     return (
         "a ledger shared by several users is made by root once (docs/ledger.md, 'Set-ups'): "
         f"`sudo install -d -m 0755 -o root -g root {ledger}` (at boot: the systemd-tmpfiles "
-        f"line `d {ledger} 0755 root root -`) then `sudo memgov gc`, best on a tmpfs such as "
-        "/run/memgov-ledger, named in every user's MEMGOV_DIR; or set MEMGOV_DIR to a folder "
-        "of your own"
+        f"line `d {ledger} 0755 root root -`) then `sudo memgov gc`, best on a tmpfs of its "
+        "own mounted at /run/memgov-ledger (every user's default once root made it); or set "
+        "MEMGOV_DIR to a folder of your own"
     )
 
 

@@ -694,7 +694,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--under",
-        type=Path,
+        type=lambda text: Path(text).resolve(),
         default=Path("/tmp"),
         help="the folder each phase's ledger is made in (default /tmp, memgov's default "
         "ledger's; e.g. a tmpfs such as /dev/shm or /run)",

@@ -58,6 +58,9 @@ def test_ledger_verdicts(monkeypatch, tmp_path: Path):
         _doctor, "_mount_of", mount("/run/memgov-ledger", "tmpfs", "/memgov-ledger")
     )
     assert _doctor.ledger_sharing(tmp_path)["verdict"] == "shared"
+    # A tmpfs of its own mounted whole at the ledger's own path (docs/ledger.md), bound in.
+    monkeypatch.setattr(_doctor, "_mount_of", mount(str(tmp_path), "tmpfs"))
+    assert _doctor.ledger_sharing(tmp_path)["verdict"] == "shared"
     monkeypatch.setattr(_doctor, "in_container", lambda: False)
     assert _doctor.ledger_sharing(tmp_path)["verdict"] == "host"
 
@@ -80,7 +83,10 @@ def test_a_shared_ledger_on_a_disk_file_system_is_flagged(monkeypatch, tmp_path:
     cpu.chmod(0o755)  # one user's ledger: no one else writes it
     assert on("ext4")["flood_note"] is None
     cpu.chmod(0o1777)  # the shared set-up
-    assert "tmpfs such as /run" in on("ext4")["flood_note"]
+    monkeypatch.setattr(_doctor, "in_container", lambda: True)
+    assert on("overlay")["flood_note"] is None  # a container's own ledger: WARNING enough
+    monkeypatch.setattr(_doctor, "in_container", lambda: False)
+    assert "on a tmpfs of its own" in on("ext4")["flood_note"]
     assert on("ext4")["filesystem"] == "ext4"
     assert on("tmpfs")["flood_note"] is None
 

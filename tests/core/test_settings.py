@@ -145,3 +145,31 @@ def test_doctor_lists_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(
         line.startswith("settings at their defaults: ") and "MEMGOV_WAIT" in line for line in lines
     )
+
+
+def test_the_shared_ledger_is_the_default_where_root_made_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """docs/ledger.md, "Many users on a host": with MEMGOV_DIR unset, the shared folder is the
+    ledger once root has made it (no process falls back to a second ledger of its own); a
+    folder anyone else made or may write, or a link, is not taken."""
+    import os
+
+    from memgov import _config
+
+    shared = tmp_path / "memgov-ledger"
+    monkeypatch.setattr(_config, "SHARED_DIR", str(shared))
+    monkeypatch.delenv("MEMGOV_DIR", raising=False)
+    default = Path(_settings.DEFAULT_DIR)
+    assert _config.ledger_dir() == default  # not made
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    assert _config.ledger_dir() == (shared if os.geteuid() == 0 else default)
+    shared.chmod(0o777)  # writable by others: anyone could have put things in it
+    assert _config.ledger_dir() == default
+    shared.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o755)
+    shared.symlink_to(tmp_path / "elsewhere")
+    assert _config.ledger_dir() == default
+    monkeypatch.setenv("MEMGOV_DIR", str(tmp_path / "mine"))
+    assert _config.ledger_dir() == tmp_path / "mine"

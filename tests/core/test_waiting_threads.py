@@ -4,6 +4,7 @@ can never fit (fairness)."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_two_threads_entering_together_never_both_claim(monkeypatch: pytest.Monk
 
     class Held:  # weakref.ref for thread A only: it waits there until B has looked
         @staticmethod
-        def ref(obj: object, callback: object = None) -> object:
+        def ref(obj: object, callback: Any = None) -> object:
             if threading.current_thread().name == "A":
                 a_numbered.set()
                 b_done.wait(10)
