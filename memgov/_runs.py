@@ -62,6 +62,9 @@ RISE = 16 * 2**20
 
 _run: Run | None = None
 
+ORPHAN_SAMPLES = 2
+"""Samples in a row that see the run's claim released before the sampler ends the run itself."""
+
 
 @dataclasses.dataclass
 class Run:
@@ -78,9 +81,10 @@ class Run:
     started: float = dataclasses.field(default_factory=time.monotonic)
     last_rise: float = dataclasses.field(default_factory=time.monotonic)
     given_back: bool = False
-    flags: dict[str, bool] = dataclasses.field(default_factory=lambda: {"stop": False})
-    """"stop": set by finish(). Plain assignments, no threading.Event: an interrupt landing
-    inside Event.set() leaves its lock held, and the next set() or wait() hangs for good."""
+    flags: dict[str, Any] = dataclasses.field(default_factory=lambda: {"stop": False})
+    """"stop": set by finish(); "finisher": the thread that ends the run. Plain assignments, no
+    threading.Event: an interrupt landing inside Event.set() leaves its lock held, and the next
+    set() or wait() hangs for good."""
     ended: Any = dataclasses.field(default_factory=lambda: _held_lock())
     """Held while the sampler thread runs; it releases it as it ends (it never writes the live
     file after that), and finish() waits for that with one timed acquire: no polling."""
@@ -180,22 +184,50 @@ def current() -> Run | None:
 def finish(end: str) -> None:
     """End this process's run (``exit``, ``released``...): sample once more, fold it into the
     profile, remove the live file. A profile that cannot be written keeps the live file."""
-    global _run
-    # Single assignments, no lock: an exception landing between a lock's acquire and its block
-    # (Ctrl-C, a handler that raises) would leave it held.
     run = _run
-    if run is None:
-        return
-    _run = None
+    if run is not None:
+        _finish(run, end)
+
+
+def _finish(run: Run, end: str) -> None:
+    """End ``run``, folded by the one thread that takes it first (``dict.setdefault``: one C
+    call; no lock, which an exception landing between its acquire and its block would leave
+    held). Another thread finding it taken leaves it alone."""
+    global _run
+    me = threading.get_ident()
+    mine = False
     try:
+        mine = run.flags.setdefault("finisher", me) == me
+        if not mine:
+            return
+        if _run is run:
+            _run = None
         run.flags["stop"] = True
         _wake(run)
         _fold(run, end)
     finally:
-        # Whatever was raised above (Ctrl-C included), the live file's descriptor ends here
-        # (closing is idempotent: never a second close of a reused number).
+        if mine:
+            # Whatever was raised above (Ctrl-C included), the live file's descriptor ends
+            # here (closing is idempotent: never a second close of a reused number).
+            run.flags["stop"] = True
+            _wake(run)
+            run.held.file.close()
+
+
+def _end_orphan(run: Run) -> None:
+    """The sampler's end of a run whose claim was released but never ended it (an interrupt
+    landed in the release before the run's end began, or between taking it and the cleanup):
+    folded if no one has taken it, its live file closed whatever, the sampler stopping."""
+    global _run
+    me = threading.get_ident()
+    mine = run.flags.setdefault("finisher", me) == me
+    if _run is run:
+        _run = None
+    try:
+        if mine:
+            _fold(run, "released")
+    finally:
         run.flags["stop"] = True
-        _wake(run)
         run.held.file.close()
 
 
@@ -329,14 +361,27 @@ def _working(run: Run) -> bool:
     return capped and _torch_reserved()[1] > 0
 
 
-def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool], wake: Any, ended: Any) -> None:
+def _sample_loop(ref: weakref.ref[Run], flags: dict[str, Any], wake: Any, ended: Any) -> None:
     from memgov import _profiles
 
+    released_seen = 0
     try:
         while not _stopped(flags, wake, SAMPLE_S):
             run = ref()
-            if run is None or _run is not run:
-                return  # finish() was cut short: the run is no longer this process's
+            if run is None:
+                return  # finish() was cut short and the run freed, its file with it
+            if run.claim.released:
+                # A release ends its run at once (finish() stops this thread): a claim seen
+                # released at two samples in a row is one whose release an interrupt cut short
+                # before that. Nothing else would end the run until the next claim or exit.
+                released_seen += 1
+                if released_seen >= ORPHAN_SAMPLES:
+                    _end_orphan(run)
+                    return
+                del run
+                continue
+            if _run is not run:
+                return  # a newer run replaced this one, which goes when freed
             try:
                 if _sample(run, time.monotonic()):
                     _profiles.update_live(run.held, run.payload())
@@ -348,7 +393,7 @@ def _sample_loop(ref: weakref.ref[Run], flags: dict[str, bool], wake: Any, ended
         ended.release()
 
 
-def _stopped(flags: dict[str, bool], wake: Any, seconds: float) -> bool:
+def _stopped(flags: dict[str, Any], wake: Any, seconds: float) -> bool:
     """Sleep up to ``seconds``, one blocking wait that finish() cuts short (it sets "stop", then
     releases ``wake``); whether finish() asked the sampler to stop. A training loop's main
     thread meets this thread once a second, not fifty times."""

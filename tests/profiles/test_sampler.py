@@ -84,6 +84,52 @@ def test_the_sampler_sleeps_in_one_wait_that_finish_cuts_short(env: dict[str, st
     assert seen["first"]["sleeps_in_release"] == 0  # it waited for the sampler's end in one wait
 
 
+CUT_SHORT = """
+import json, time
+from memgov import _claim, _flock, _runs
+import memgov
+
+_runs.SAMPLE_S = 0.05
+claim = memgov.claim("1GiB")
+run = _runs.current()
+# An interrupt that lands in release() after the budget is back and before the run's end began
+# (as Ctrl-C did in tests/hostile's interrupted claims): the run's end is skipped.
+_claim._end_run = lambda claim: None
+claim.release()
+deadline = time.monotonic() + 30
+while (run.ended.locked() or not run.held.file.closed) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(json.dumps({
+    "sampler_ended": not run.ended.locked(),
+    "file_closed": run.held.file.closed,
+    "current": _runs.current() is not None,
+    "ledger_files": _flock.open_count(),
+    "folded": run.flags.get("finisher") == run.sampler,
+}))
+"""
+
+
+def test_a_run_whose_release_was_cut_short_is_ended_by_its_sampler(env: dict[str, str]) -> None:
+    """Without it the run's sampler thread and live file lived on until the next claim or the
+    process's exit (tests/hostile/test_interrupts.py's descriptor check met it under load)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CUT_SHORT],
+        env={**env, "MEMGOV_QUIET": "1", "MEMGOV_THREADS": "off"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen == {
+        "sampler_ended": True,
+        "file_closed": True,
+        "current": False,
+        "ledger_files": 0,
+        "folded": True,
+    }
+
+
 # -- NVML pacing, on a fake clock ---------------------------------------------------------------
 
 
