@@ -197,11 +197,11 @@ def _finish(run: Run, end: str) -> None:
     me = threading.get_ident()
     mine = False
     try:
+        if _run is run:
+            _run = None
         mine = run.flags.setdefault("finisher", me) == me
         if not mine:
             return
-        if _run is run:
-            _run = None
         run.flags["stop"] = True
         _wake(run)
         _fold(run, end)
@@ -218,16 +218,10 @@ def _end_orphan(run: Run) -> None:
     """The sampler's end of a run whose claim was released but never ended it (an interrupt
     landed in the release before the run's end began, or between taking it and the cleanup):
     folded if no one has taken it, its live file closed whatever, the sampler stopping."""
-    global _run
-    me = threading.get_ident()
-    mine = run.flags.setdefault("finisher", me) == me
-    if _run is run:
-        _run = None
     try:
-        if mine:
-            _fold(run, "released")
+        _finish(run, "released")
     finally:
-        run.flags["stop"] = True
+        run.flags["stop"] = True  # a finisher cut short closed nothing: closed here
         run.held.file.close()
 
 

@@ -718,10 +718,9 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("run as root: the processes drop to uids of their own")
     phases = args.phases.split(",")
-    clean = flooded = None
-    if "clean" in phases:
-        clean = phase(
-            False,
+    clean, flooded = (
+        phase(
+            floods,
             args.seconds,
             args.claimers,
             args.kill_every,
@@ -729,16 +728,10 @@ def main() -> None:
             args.breakdown,
             args.under,
         )
-    if "floods" in phases:
-        flooded = phase(
-            True,
-            args.seconds,
-            args.claimers,
-            args.kill_every,
-            args.profile,
-            args.breakdown,
-            args.under,
-        )
+        if name in phases
+        else None
+        for floods, name in ((False, "clean"), (True, "floods"))
+    )
     report = {
         "machine": {
             "cpus": os.cpu_count(),

@@ -65,19 +65,25 @@ print(json.dumps({"first": first, "long_sleep_ended": not ended.locked()}))
 """
 
 
-def test_the_sampler_sleeps_in_one_wait_that_finish_cuts_short(env: dict[str, str]) -> None:
-    """Ten samples at 50 ms: the sampler thread never polls (the old loop slept 20 ms at a time:
-    fifty wake-ups a second against the training loop's main thread); a release ends a sleep of
-    an hour at once."""
+def _governed(script: str, env: dict[str, str]) -> dict[str, Any]:
+    """Run ``script`` in a governed process of its own; the JSON line it prints last."""
     done = subprocess.run(
-        [sys.executable, "-c", WAITING],
+        [sys.executable, "-c", script],
         env={**env, "MEMGOV_QUIET": "1", "MEMGOV_THREADS": "off"},
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return seen
+
+
+def test_the_sampler_sleeps_in_one_wait_that_finish_cuts_short(env: dict[str, str]) -> None:
+    """Ten samples at 50 ms: the sampler thread never polls (the old loop slept 20 ms at a time:
+    fifty wake-ups a second against the training loop's main thread); a release ends a sleep of
+    an hour at once."""
+    seen = _governed(WAITING, env)
     assert seen["first"]["samples"] >= 10
     assert seen["first"]["sleeps"] == 0
     assert seen["first"]["ended"] and seen["long_sleep_ended"]
@@ -112,15 +118,7 @@ print(json.dumps({
 def test_a_run_whose_release_was_cut_short_is_ended_by_its_sampler(env: dict[str, str]) -> None:
     """Without it the run's sampler thread and live file lived on until the next claim or the
     process's exit (tests/hostile/test_interrupts.py's descriptor check met it under load)."""
-    done = subprocess.run(
-        [sys.executable, "-c", CUT_SHORT],
-        env={**env, "MEMGOV_QUIET": "1", "MEMGOV_THREADS": "off"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = _governed(CUT_SHORT, env)
     assert seen == {
         "sampler_ended": True,
         "file_closed": True,
