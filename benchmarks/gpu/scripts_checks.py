@@ -502,6 +502,86 @@ def _cuda_sched():
     threading.Thread(target=watch, name="probe-sched", daemon=True).start()
 
 
+def _startup_samples():
+    """SCRIPTS_STARTUP_SAMPLES=MS: until the first optimizer step, every MS milliseconds, the
+    main thread's CPU seconds since the last look are put on what its stack shows now: the
+    script's own line (the frame of the file run as __main__), the innermost frame, and
+    memgov's innermost frame where one is on the stack. Plus the collector's collections and
+    the main thread's CPU in them. Where a start-up's CPU goes, by Python frame, in every
+    condition alike."""
+    every = os.environ.get("SCRIPTS_STARTUP_SAMPLES")
+    if not every:
+        return
+    import gc, threading, time
+    period = float(every) / 1000
+    main = threading.main_thread()
+    clock = time.pthread_getcpuclockid(main.ident)
+    script, leaf, ours = {}, {}, {}
+    collected = {"n": 0, "full": 0, "cpu_s": 0.0}
+    began = [0.0]
+
+    def on_gc(phase, info):
+        if threading.current_thread() is not main:
+            return
+        if phase == "start":
+            began[0] = time.thread_time()
+            return
+        collected["n"] += 1
+        collected["full"] += info.get("generation") == 2
+        collected["cpu_s"] += time.thread_time() - began[0]
+
+    gc.callbacks.append(on_gc)
+
+    def where(frame):
+        inner = "%s:%s" % (os.path.basename(frame.f_code.co_filename), frame.f_code.co_name)
+        line, memgov = None, None
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if frame.f_globals.get("__name__") == "__main__" and line is None:
+                line = "%s:%d" % (os.path.basename(name), frame.f_lineno)
+            # memgov's innermost frame; its import hook's loader runs the whole of `import
+            # torch` inside it, so it names memgov's part only where nothing else of it does
+            module = str(frame.f_globals.get("__name__", ""))
+            if memgov is None and module.startswith("memgov") and module != "memgov._importhook":
+                memgov = "%s:%s" % (os.path.basename(name), frame.f_code.co_name)
+            frame = frame.f_back
+        return inner, line or "(before the script)", memgov
+
+    def add(table, key, seconds):
+        table[key] = table.get(key, 0.0) + seconds
+
+    def watch():
+        last = time.clock_gettime(clock)
+        deadline = time.monotonic() + 120
+        while "first_step" not in _snapshot.get("timeline", {}) and time.monotonic() < deadline:
+            time.sleep(period)
+            try:
+                now = time.clock_gettime(clock)
+                frame = sys._current_frames().get(main.ident)
+            except Exception:
+                break
+            spent, last = now - last, now
+            if frame is None or spent <= 0:
+                continue
+            inner, line, memgov = where(frame)
+            add(leaf, inner, spent)
+            add(script, line, spent)
+            if memgov:
+                add(ours, memgov, spent)
+        gc.callbacks.remove(on_gc)
+
+        def top(table):
+            ranked = sorted(table.items(), key=lambda kv: -kv[1])[:60]
+            return {k: round(v, 4) for k, v in ranked}
+
+        collected["cpu_s"] = round(collected["cpu_s"], 4)
+        _snapshot["startup_samples"] = {"every_ms": float(every), "by_script_line": top(script),
+                                        "by_inner_frame": top(leaf), "in_memgov": top(ours),
+                                        "gc": collected}
+
+    threading.Thread(target=watch, name="probe-samples", daemon=True).start()
+
+
 # Diagnostic conditions: a variable set to 1 replaces one piece of memgov in this process, to
 # see whether that piece costs the job anything (memgov module, attribute, replacement):
 # SCRIPTS_NO_NVML: the run sampler never asks NVML for this process's footprint (it falls back
@@ -594,6 +674,7 @@ atexit.register(_dump_all)
 _register_shutdown()
 _timeline()
 _cuda_sched()
+_startup_samples()
 _patch()
 try:
     _chain()
@@ -614,6 +695,11 @@ def probe_env(work: Path, env: dict[str, str]) -> dict[str, str]:
         **env,
         "PYTHONPATH": os.pathsep.join(path),
         "SCRIPTS_PROBE_DIR": str(work / "probe-out"),
+        **(
+            {"SCRIPTS_STARTUP_SAMPLES": os.environ["SCRIPTS_STARTUP_SAMPLES"]}
+            if os.environ.get("SCRIPTS_STARTUP_SAMPLES")
+            else {}
+        ),
         # Stamps are when a line reaches the pipe: block-buffered stdout would stamp a script's
         # lines when its buffer fills (memgov's lines, on stderr, are never buffered).
         "PYTHONUNBUFFERED": "1",
@@ -1076,6 +1162,13 @@ def main() -> int:
         "call met a cold page cache: 46.5 s against 38.6-39.9 s for the four runs after it, "
         "results/h200/2026-11-25-scripts-diag-mnist.json)",
     )
+    p.add_argument(
+        "--startup-samples",
+        type=float,
+        metavar="MS",
+        help="in every job, put the main thread's CPU until its first step on the Python frames "
+        "it is in, looked at every MS milliseconds (the probe's startup_samples)",
+    )
     p.add_argument("--tag", default="public")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = p.parse_args()
@@ -1093,6 +1186,8 @@ def main() -> int:
             p.error(f"--kinds: {k!r}; accepted {', '.join(KINDS)}")
     for c in conds:
         condition(c, "1GiB", 2**40)  # refuses an unknown name before anything starts
+    if args.startup_samples:  # probe_env passes it to every job, whatever the condition
+        os.environ["SCRIPTS_STARTUP_SAMPLES"] = f"{args.startup_samples:g}"
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="memgov-scripts-"))
     write_mnist_raw(args.mnist, work / "data")

@@ -197,11 +197,13 @@ python3 -m memgov devices' ;;
     public_scripts_capped)  # MNIST and VAE: memgov against hand-tuned with the same memory cap
       # (torch's allocator capped at the claim, as an expert keeps jobs apart), two rounds each;
       # SCRIPTS_KINDS, SCRIPTS_ROUNDS and SCRIPTS_BUDGET (seconds) choose others
-      # (e.g. SCRIPTS_KINDS=dcgan; a smaller budget beside another check in the call)
+      # (e.g. SCRIPTS_KINDS=dcgan; a smaller budget beside another check in the call);
+      # SCRIPTS_STARTUP_SAMPLES=MS: where each job's start-up CPU goes, by Python frame
       kinds=${SCRIPTS_KINDS:-mnist,vae}
       run public_scripts_capped 575 python3 benchmarks/gpu/scripts_checks.py --kinds "$kinds" \
         --conditions hand_mps_cap,memgov_mps --rounds "${SCRIPTS_ROUNDS:-2}" \
         --budget "${SCRIPTS_BUDGET:-555}" \
+        ${SCRIPTS_STARTUP_SAMPLES:+--startup-samples "$SCRIPTS_STARTUP_SAMPLES"} \
         --tag "capped-${kinds//,/-}" --out "$OUT" ;;
     public_scripts_threads)  # MNIST and VAE: the capped hand-tuned, memgov, memgov with
       # MEMGOV_THREADS=1 (no follower: whether growing into idle cores costs these scripts)
