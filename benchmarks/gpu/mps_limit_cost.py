@@ -2,17 +2,19 @@
 
     python3 benchmarks/gpu/mps_limit_cost.py [--alone 6] [--together 3] [--n 9] [--out DIR]
 
-The same small torch loop (the PyTorch examples' MNIST network, batches of 64 copied each step
-from pinned host memory, Adadelta) under one MPS daemon started by hand, in three conditions:
-``plain`` (OMP_NUM_THREADS=1), ``limit`` (plus CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, the limit
-memgov's hard claims set; 1,600 MiB, above what the loop needs; no memgov) and ``memgov``
-(MEMGOV_CLAIM=1600MiB alone: memgov sets that limit itself, caps torch's allocator and shares
-the threads). ``alone``: one process at a time, the conditions in turn (the order rotated each
-round), ALONE rounds; ``together``: N processes at once, the conditions dealt out in turn
-(rotated each run), TOGETHER runs: each condition's processes meet the same machine at the same
-moment, so drift between runs cancels. Per process: steps/s over the steps after the first
-WARM, CPU seconds, and the seconds from launch to the first step (context included). Raw JSON
-to OUT/mps_limit_cost.json, a summary on stdout.
+The same small torch loop (the PyTorch examples' MNIST network, batches of 64 copied each step from
+pinned host memory, Adadelta) under one MPS daemon started by hand, in five conditions: ``plain``
+(OMP_NUM_THREADS=1), ``limit`` (plus CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, the limit memgov's hard
+claims set; 1,600 MiB, above what the loop needs; no memgov) and ``memgov`` (MEMGOV_CLAIM=1600MiB
+alone: memgov sets that limit itself, caps torch's allocator and shares the threads),
+``memgov_threads1`` (plus MEMGOV_THREADS=1: one fixed thread, no follower) and ``memgov_noruns`` (a
+claim that starts no run: no sampler thread). Each process reports its threads' CPU seconds.
+``alone``: one process at a time, the conditions in turn (the order rotated each round), ALONE
+rounds; ``together``: N processes at once, the conditions dealt out in turn (rotated each run),
+TOGETHER runs: each condition's processes meet the same machine at the same moment, so drift
+between runs cancels. Per process: steps/s over the steps after the first WARM, CPU seconds, and
+the seconds from launch to the first step (context included). Raw JSON to OUT/mps_limit_cost.json,
+a summary on stdout.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ LIMIT = "0=1600M"
 JOB = r"""
 import json, os, sys, time
 launched = float(sys.argv[1]); steps = int(sys.argv[2]); warm = int(sys.argv[3])
+if os.environ.get("MLC_NO_RUNS") == "1":  # the claim starts no run: no sampler thread
+    import memgov._runs
+    memgov._runs.start = lambda *args, **kwargs: None
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -73,21 +78,41 @@ for step in range(steps):
         first = time.time() - launched
 torch.cuda.synchronize()
 rate = (steps - warm) / (time.perf_counter() - t0)
+import threading
+names = {t.ident: t.name for t in threading.enumerate()}
+threads = {}
+for ident in sys._current_frames():
+    name = names.get(ident, "python-unnamed")
+    seconds = time.clock_gettime(time.pthread_getcpuclockid(ident))
+    threads[name] = round(threads.get(name, 0.0) + seconds, 3)
+tasks = {}
+for tid in os.listdir("/proc/self/task"):
+    with open("/proc/self/task/%s/stat" % tid) as f:
+        text = f.read()
+    comm = text[text.index("(") + 1:text.rindex(")")]
+    fields = text[text.rindex(")") + 2:].split()
+    tasks[comm] = round(tasks.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / 100, 2)
 print(json.dumps({"steps_per_s": rate, "cpu_s": sum(os.times()[:2]), "first_step_s": first,
-                  "limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")}))
+                  "limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+                  "torch_threads": torch.get_num_threads(), "python_threads_cpu_s": threads,
+                  "tasks_cpu_s": tasks}))
 """
 
 
-CONDITIONS = ("plain", "limit", "memgov")
+CONDITIONS = ("plain", "limit", "memgov", "memgov_threads1", "memgov_noruns")
 
 
 def launch(program: Path, env: dict[str, str], condition: str, steps: int, warm: int):
     child = dict(env)
     if condition == "limit":
         child["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = LIMIT
-    elif condition == "memgov":
+    elif condition.startswith("memgov"):
         child.pop("OMP_NUM_THREADS")
         child["MEMGOV_CLAIM"] = "1600MiB"
+        if condition == "memgov_threads1":
+            child["MEMGOV_THREADS"] = "1"
+        if condition == "memgov_noruns":
+            child["MLC_NO_RUNS"] = "1"
     argv = [sys.executable, str(program), repr(time.time()), str(steps), str(warm)]
     return subprocess.Popen(argv, env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -109,7 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--alone", type=int, default=6, help="pairs of single processes")
     parser.add_argument("--together", type=int, default=3, help="runs of N processes at once")
-    parser.add_argument("--n", type=int, default=9)
+    parser.add_argument("--n", type=int, default=10)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--warm", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))

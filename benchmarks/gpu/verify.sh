@@ -47,7 +47,7 @@
 #                               started at once, hand-tuned vs governed, where start-up goes
 #                               (benchmarks/gpu/startup_burst.py, about 2 minutes);
 #                               mps_limit_cost: a small training loop with and without
-#                               MPS's memory limit and governed, alone and nine at once;
+#                               MPS's memory limit and governed, alone and ten at once;
 #                               nvml_lists: NVML's process list beside 1 and 25 MPS clients
 #                               (its CPU), and a client's own use read from its limit;
 #                               public_scripts_timeline: 25 MNIST copies, the capped hand-tuned
@@ -261,8 +261,8 @@ python3 -m memgov devices' ;;
       # under MPS's memory limit read without it (benchmarks/gpu/nvml_lists.py)
       run nvml_lists 150 python3 benchmarks/gpu/nvml_lists.py --out "$OUT" ;;
     mps_limit_cost)  # a small training loop with and without MPS's memory limit, and governed:
-      # one process at a time and nine at once (benchmarks/gpu/mps_limit_cost.py)
-      run mps_limit_cost 400 python3 benchmarks/gpu/mps_limit_cost.py --alone 4 --together 3 \
+      # one process at a time and ten at once (benchmarks/gpu/mps_limit_cost.py)
+      run mps_limit_cost 400 python3 benchmarks/gpu/mps_limit_cost.py --alone 3 --together 3 \
         --out "$OUT" ;;
     floods)  # the ledger's churn beside floods under FLOODS_CONDITIONS, alternated
       # shellcheck disable=SC2086  # FLOODS_CONDITIONS: several words
