@@ -1,11 +1,11 @@
 """What MPS's per-client memory limit costs a training step, apart from everything else memgov does.
 
-    python3 benchmarks/gpu/mps_limit_cost.py [--alone 6] [--together 3] [--n 9] [--out DIR]
+    python3 benchmarks/gpu/mps_limit_cost.py [--alone 6] [--together 3] [--n 10] [--out DIR]
 
 The same small torch loop (the PyTorch examples' MNIST network, batches of 64 copied each step from
 pinned host memory, Adadelta) under one MPS daemon started by hand, in five conditions: ``plain``
 (OMP_NUM_THREADS=1), ``limit`` (plus CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, the limit memgov's hard
-claims set; 1,600 MiB, above what the loop needs; no memgov) and ``memgov`` (MEMGOV_CLAIM=1600MiB
+claims set; 1,600 MiB, above what the loop needs; no memgov), ``memgov`` (MEMGOV_CLAIM=1600MiB
 alone: memgov sets that limit itself, caps torch's allocator and shares the threads),
 ``memgov_threads1`` (plus MEMGOV_THREADS=1: one fixed thread, no follower) and ``memgov_noruns`` (a
 claim that starts no run: no sampler thread). Each process reports its threads' CPU seconds.
