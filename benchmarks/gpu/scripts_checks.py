@@ -1065,6 +1065,60 @@ def progress_line(r: dict[str, Any]) -> str:
     )
 
 
+def startup_samples(runs: list[dict[str, Any]], top: int = 12) -> list[str]:
+    """The probe's start-up samples (--startup-samples), per condition: the main thread's CPU
+    seconds until the first step, per job (the mean over every job of every run), by the
+    script's line and by innermost frame, the frames where the conditions differ most first;
+    memgov's own frames; the collector's collections and CPU."""
+    tables: dict[str, dict[str, dict[str, float]]] = {}
+    jobs: dict[str, int] = {}
+    collector: dict[str, list[float]] = {}
+    for r in runs:
+        for job in r["jobs"]:
+            got = (job.get("probe") or {}).get("startup_samples")
+            if not got:
+                continue
+            cond = r["condition"]
+            jobs[cond] = jobs.get(cond, 0) + 1
+            for table in ("by_script_line", "by_inner_frame", "in_memgov"):
+                mine = tables.setdefault(cond, {}).setdefault(table, {})
+                for key, seconds in got[table].items():
+                    mine[key] = mine.get(key, 0.0) + seconds
+            collector.setdefault(cond, []).append(got["gc"]["cpu_s"])
+    if not jobs:
+        return []
+    conds = sorted(jobs)
+    lines = [f"start-up samples, main-thread CPU s per job until its first step ({jobs}):"]
+    for cond in conds:
+        lines.append(
+            f"  {cond}: the collector {statistics.mean(collector[cond]):.3f} s a job, "
+            f"memgov's frames {sum(tables[cond]['in_memgov'].values()) / jobs[cond]:.3f} s"
+        )
+    for table in ("by_script_line", "by_inner_frame"):
+        keys = {k for cond in conds for k in tables[cond][table]}
+
+        def per_job(cond: str, key: str, table: str = table) -> float:
+            return tables[cond][table].get(key, 0.0) / jobs[cond]
+
+        spread = sorted(
+            keys,
+            key=lambda k: -(max(per_job(c, k) for c in conds) - min(per_job(c, k) for c in conds)),
+        )
+        lines.append(f"  {table} ({' / '.join(conds)}), where they differ most:")
+        lines += [
+            f"    {key}: " + " / ".join(f"{per_job(c, key):.3f}" for c in conds)
+            for key in spread[:top]
+        ]
+    for cond in conds:
+        ours = sorted(tables[cond]["in_memgov"].items(), key=lambda kv: -kv[1])[:top]
+        if ours:
+            lines.append(
+                f"  memgov's frames in {cond}: "
+                + ", ".join(f"{k} {v / jobs[cond]:.4f}" for k, v in ours)
+            )
+    return lines
+
+
 def summary(report: dict[str, Any]) -> list[str]:
     """One line a run: span, start-up, CPU per job and where it went (medians over the jobs),
     then the ratios against hand-tuned."""
@@ -1117,6 +1171,7 @@ def summary(report: dict[str, Any]) -> list[str]:
                 f"{g.get('after_s_median')} {g.get('cpu_s_median')} "
                 f"{g.get('children_cpu_s_median')}"
             )
+    lines += startup_samples(report["runs"])
     lines.append("hand-tuned span / condition span, each round (hand_mps, or the one named):")
     # From the runs, not the report's own ratios: a report older than a baseline lacks them.
     lines += [
