@@ -156,10 +156,18 @@ def create(folder_fd: int, folder: Path, name: str, payload: dict[str, Any]) -> 
 
 
 def replace(folder_fd: int, held: Held, payload: dict[str, Any]) -> None:
-    """Swap the content of a held record atomically; the lock is never dropped in between."""
-    new = _write_locked(folder_fd, held.folder, held.name, payload)
+    """Swap the content of a held record atomically; the lock is never dropped in between.
+
+    ``held`` takes the new file as soon as it is visible, also when an interrupt lands right
+    after the rename (_write_locked): otherwise the visible record would be the new file, closed
+    (unlocked: dead to every reader, and gc's), while this process went on holding the old one,
+    unlinked, as if its claim were still counted."""
+    _write_locked(folder_fd, held.folder, held.name, payload, into=held)
+
+
+def _swap(held: Held, new: io.FileIO) -> None:
     old, held.file = held.file, new
-    old.close()
+    old.close()  # an interrupt before this leaves the old, unlinked file open: it guards nothing
 
 
 def release(folder_fd: int, held: Held) -> None:
@@ -178,7 +186,11 @@ LOCK_TRIES_S = 2.0
 """How long a new record's writer retries its lock while a scanner probes the file."""
 
 
-def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, Any]) -> io.FileIO:
+def _write_locked(
+    folder_fd: int, folder: Path, name: str, payload: dict[str, Any], into: Held | None = None
+) -> io.FileIO:
+    """Write ``payload`` to a temporary name, lock it, rename it to ``name``; ``into``: the
+    held record it replaces, which takes the new file the moment it is visible."""
     data = json.dumps(payload, sort_keys=True).encode()
     tmp = TMP_PREFIX + name
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -207,12 +219,34 @@ def _write_locked(folder_fd: int, folder: Path, name: str, payload: dict[str, An
             os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
         except OSError as exc:
             raise LedgerError(f"cannot write {folder / name}: {exc.strerror or exc}") from None
+        if into is not None:
+            _swap(into, file)
     except BaseException:
+        # Python raises a signal handler's exception (Ctrl-C's KeyboardInterrupt) as soon as
+        # os.replace returns: the file may be the visible record already, whatever was raised.
+        if _visible(folder_fd, name, file):
+            if into is not None:
+                if into.file is not file:
+                    _swap(into, file)
+                raise
+            # A new record whose creator never learns of it: removed, as if never written.
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=folder_fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder_fd)
         file.close()
         raise
     return file
+
+
+def _visible(folder_fd: int, name: str, file: io.FileIO) -> bool:
+    """Whether ``name`` in the folder is ``file`` (its rename into place happened)."""
+    try:
+        there = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        mine = os.fstat(file.fileno())
+    except (OSError, ValueError):  # gone, or the file closed already
+        return False
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 @dataclass(frozen=True)

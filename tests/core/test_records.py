@@ -395,3 +395,62 @@ def test_record_replaced_after_it_was_read_dead_is_not_removed(claims_dir: Path)
     finally:
         book.remove("claims", held)
     assert book.snapshot().claims == []
+
+
+def _interrupt_after_rename(monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.replace in memgov's records renames, then raises as Ctrl-C would as it returns."""
+    real = os.replace
+
+    def rename_then_interrupt(*args: object, **kwargs: object) -> None:
+        real(*args, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_records.os, "replace", rename_then_interrupt)
+
+
+def _locked_by_someone(path: Path) -> bool:
+    """Whether another open of ``path`` cannot take its lock (flock locks belong to each
+    open file, so this process's own held record counts as someone's)."""
+    with open(path, "rb") as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(probe, fcntl.LOCK_UN)
+        return False
+
+
+def test_an_interrupt_right_after_an_updates_rename_still_swaps_the_held_file(
+    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = new_record_name()
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
+        _interrupt_after_rename(monkeypatch)
+        with pytest.raises(KeyboardInterrupt):
+            _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
+        monkeypatch.undo()
+        visible = claims_dir / name
+        # The visible record is the new one, and the process holds it: still alive to readers.
+        assert json.loads(visible.read_bytes())["name"] == "updated"
+        assert os.fstat(held.file.fileno()).st_ino == visible.stat().st_ino
+        assert _locked_by_someone(visible)
+        assert [p.name for p in claims_dir.iterdir()] == [name]  # no temporary file left
+        _records.release(fd, held)
+        assert not visible.exists()
+    finally:
+        os.close(fd)
+
+
+def test_an_interrupt_right_after_a_new_records_rename_leaves_no_record(
+    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _interrupt_after_rename(monkeypatch)
+        with pytest.raises(KeyboardInterrupt):
+            _records.create(fd, claims_dir, new_record_name(), record(pid=os.getpid()))
+        assert list(claims_dir.iterdir()) == []  # its creator never held it: nothing to count
+    finally:
+        os.close(fd)

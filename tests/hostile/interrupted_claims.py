@@ -44,6 +44,22 @@ def targets() -> dict[str, str]:
     return found
 
 
+def share_record_held() -> bool | None:
+    """Whether this process's CPU-share record, as the folder shows it, is the file the process
+    holds (None: it has none): an update cut short after its rename once left the process
+    holding the old, unlinked file, the visible one unlocked and counted out by every reader."""
+    registration = _threads._state.get("registration")
+    held = getattr(registration, "held", None)
+    if held is None:
+        return None
+    try:
+        there = os.stat(held.path, follow_symlinks=False)
+        mine = os.fstat(held.file.fileno())
+    except (OSError, ValueError):
+        return False
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
@@ -91,6 +107,7 @@ def main() -> None:
                 "after": descriptors(),
                 "ledger_files": _flock.open_count(),
                 "threads": threads(),
+                "share_record_held": share_record_held(),
                 "new": {fd: what for fd, what in targets().items() if opened.get(fd) != what},
             }
         )

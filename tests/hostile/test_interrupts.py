@@ -101,6 +101,7 @@ def test_no_descriptor_outlives_an_interrupted_claim(device: str) -> None:
         # below the 300 this asked before): not memgov's behaviour, which the line below checks.
         assert got["interrupted"] > 100, got
         assert got["after"] == got["before"] and got["ledger_files"] == 0, got
+        assert got["share_record_held"] is True, got  # the process's CPU-share record alive
         # No interrupt was swallowed: one landing in a Python weakref callback of memgov's is
         # printed as "Exception ignored" and dropped (23 and 11 times in these two runs, when
         # the callbacks that clear a closed file's entry and a claim's mark were Python code).
