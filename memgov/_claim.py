@@ -92,9 +92,13 @@ class Claim:
         if held is None or ledger is None or size >= self.bytes:
             return
         payload = {**self._payload, "bytes": size, "given_back": self.bytes - size}
-        with ledger.locked():
-            ledger.update("claims", held, payload)
-        self._payload, self.bytes = payload, size
+        before = held.file
+        try:
+            with ledger.locked():
+                ledger.update("claims", held, payload)
+        finally:
+            if held.file is not before:  # the record is the new one, interrupted or not
+                self._payload, self.bytes = payload, size
 
     def release(self) -> None:
         """Give the budget back. Frameworks cannot lift a cap once set, so release at the end."""

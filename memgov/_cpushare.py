@@ -71,9 +71,13 @@ class Registration:
         """Swap the record's content (e.g. its current thread count); the lock never drops."""
         with self._writing:
             payload = {**self.payload, **changes}
-            with _records.open_dir(self.root, PARTS, create=False) as fd:
-                _records.replace(fd, self.held, payload)  # held for life still (_flock)
-            self.payload = payload
+            before = self.held.file
+            try:
+                with _records.open_dir(self.root, PARTS, create=False) as fd:
+                    _records.replace(fd, self.held, payload)  # held for life still (_flock)
+            finally:
+                if self.held.file is not before:  # the record is the new one, interrupted or not
+                    self.payload = payload
 
     def close(self) -> None:
         with contextlib.suppress(OSError, LedgerError):

@@ -221,22 +221,65 @@ def _write_locked(
             raise LedgerError(f"cannot write {folder / name}: {exc.strerror or exc}") from None
         if into is not None:
             _swap(into, file)
-    except BaseException:
-        # Python raises a signal handler's exception (Ctrl-C's KeyboardInterrupt) as soon as
-        # os.replace returns: the file may be the visible record already, whatever was raised.
+    except BaseException as exc:
+        # exc itself, or an interrupt that landed in the clean-up (its context is exc)
+        raise _settled(folder_fd, tmp, name, file, into, exc)  # noqa: B904
+    return file
+
+
+SETTLE_TRIES = 100
+"""How often an interrupted write's clean-up is begun again when it is itself interrupted."""
+
+
+def _settled(
+    folder_fd: int, tmp: str, name: str, file: io.FileIO, into: Held | None, raised: BaseException
+) -> BaseException:
+    """After an exception in a write, the folder and ``into`` made consistent; the exception to
+    raise (the last one that landed: a second Ctrl-C during the clean-up restarts it rather
+    than cutting it short, which would leave the state the clean-up is there to prevent)."""
+    for _ in range(SETTLE_TRIES):
+        try:
+            _settle(folder_fd, tmp, name, file, into)
+            return raised
+        except BaseException as again:
+            raised = again
+    return raised
+
+
+def _settle(folder_fd: int, tmp: str, name: str, file: io.FileIO, into: Held | None) -> None:
+    """Python raises a signal handler's exception (Ctrl-C's KeyboardInterrupt) as soon as
+    os.replace returns, so the written file may be the visible record already: then a replaced
+    record's holder takes it (closing it would leave the visible record unlocked, dead to every
+    reader, while the holder kept the old, unlinked file), and a new record, whose creator never
+    learns of it, is removed. Otherwise the temporary file goes. Each step may run again."""
+    if _renamed(folder_fd, tmp, name, file):
+        if into is not None:
+            if into.file is not file:
+                _swap(into, file)
+            return
         if _visible(folder_fd, name, file):
-            if into is not None:
-                if into.file is not file:
-                    _swap(into, file)
-                raise
-            # A new record whose creator never learns of it: removed, as if never written.
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=folder_fd)
+    else:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder_fd)
-        file.close()
-        raise
-    return file
+    file.close()
+
+
+def _renamed(folder_fd: int, tmp: str, name: str, file: io.FileIO) -> bool:
+    """Whether ``file`` has left its temporary name (only its writer renames it): told by the
+    temporary name, and by ``name`` only where that cannot be read."""
+    try:
+        mine = os.fstat(file.fileno())
+    except (OSError, ValueError):  # closed by an earlier pass of the clean-up: nothing left
+        return False
+    try:
+        there = os.stat(tmp, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return _visible(folder_fd, name, file)
+    return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
 
 
 def _visible(folder_fd: int, name: str, file: io.FileIO) -> bool:

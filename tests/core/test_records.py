@@ -3,6 +3,7 @@ followed or deleted; other users' records are never lost or altered."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -397,15 +398,19 @@ def test_record_replaced_after_it_was_read_dead_is_not_removed(claims_dir: Path)
     assert book.snapshot().claims == []
 
 
-def _interrupt_after_rename(monkeypatch: pytest.MonkeyPatch) -> None:
-    """os.replace in memgov's records renames, then raises as Ctrl-C would as it returns."""
+@contextlib.contextmanager
+def _interrupt_after_rename() -> Iterator[pytest.MonkeyPatch]:
+    """Within: os.replace in memgov's records renames, then raises as Ctrl-C would as it
+    returns (the tests' own environment, set by their fixtures, stays as it is)."""
     real = os.replace
 
     def rename_then_interrupt(*args: object, **kwargs: object) -> None:
         real(*args, **kwargs)  # type: ignore[arg-type]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_records.os, "replace", rename_then_interrupt)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_records.os, "replace", rename_then_interrupt)
+        yield patch
 
 
 def _locked_by_someone(path: Path) -> bool:
@@ -421,16 +426,14 @@ def _locked_by_someone(path: Path) -> bool:
 
 
 def test_an_interrupt_right_after_an_updates_rename_still_swaps_the_held_file(
-    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+    claims_dir: Path,
 ) -> None:
     name = new_record_name()
     fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
-        _interrupt_after_rename(monkeypatch)
-        with pytest.raises(KeyboardInterrupt):
+        with _interrupt_after_rename(), pytest.raises(KeyboardInterrupt):
             _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
-        monkeypatch.undo()
         visible = claims_dir / name
         # The visible record is the new one, and the process holds it: still alive to readers.
         assert json.loads(visible.read_bytes())["name"] == "updated"
@@ -444,13 +447,73 @@ def test_an_interrupt_right_after_an_updates_rename_still_swaps_the_held_file(
 
 
 def test_an_interrupt_right_after_a_new_records_rename_leaves_no_record(
-    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+    claims_dir: Path,
 ) -> None:
     fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        _interrupt_after_rename(monkeypatch)
-        with pytest.raises(KeyboardInterrupt):
+        with _interrupt_after_rename(), pytest.raises(KeyboardInterrupt):
             _records.create(fd, claims_dir, new_record_name(), record(pid=os.getpid()))
         assert list(claims_dir.iterdir()) == []  # its creator never held it: nothing to count
     finally:
         os.close(fd)
+
+
+def test_a_second_interrupt_in_the_clean_up_still_leaves_the_holder_the_visible_file(
+    claims_dir: Path,
+) -> None:
+    name = new_record_name()
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
+        real_stat = os.stat
+        landed: list[str] = []
+
+        def interrupted_once(*args: object, **kwargs: object) -> os.stat_result:
+            if not landed:  # the clean-up's first look: a second Ctrl-C lands there
+                landed.append("second")
+                raise KeyboardInterrupt
+            return real_stat(*args, **kwargs)  # type: ignore[arg-type]
+
+        with _interrupt_after_rename() as patch, pytest.raises(KeyboardInterrupt):
+            patch.setattr(_records.os, "stat", interrupted_once)
+            _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
+        assert landed == ["second"]
+        visible = claims_dir / name
+        assert json.loads(visible.read_bytes())["name"] == "updated"
+        assert os.fstat(held.file.fileno()).st_ino == visible.stat().st_ino
+        assert _locked_by_someone(visible)
+        _records.release(fd, held)
+    finally:
+        os.close(fd)
+
+
+def test_a_share_record_update_cut_short_after_its_rename_keeps_what_it_wrote(
+    private_ledger: Path,
+) -> None:
+    from memgov import _cpus, _cpushare
+
+    registration = _cpushare.register(_cpus.usable(), 2, "test", "holder")
+    try:
+        with _interrupt_after_rename(), pytest.raises(KeyboardInterrupt):
+            registration.update(threads=1, source="user")
+        # What the record says is what the process remembers: the next update builds on it.
+        assert registration.payload["source"] == "user"
+        registration.update(why="later")
+        on_disk = json.loads(registration.held.path.read_bytes())
+        assert (on_disk["threads"], on_disk["source"], on_disk["why"]) == (1, "user", "later")
+    finally:
+        registration.close()
+
+
+def test_a_shrink_cut_short_after_its_rename_keeps_the_size_it_wrote(
+    private_ledger: Path,
+) -> None:
+    claim = memgov.claim("2GiB")
+    try:
+        with _interrupt_after_rename(), pytest.raises(KeyboardInterrupt):
+            claim.shrink(GIB)
+        assert claim.bytes == GIB  # what its record says now, not the 2 GiB it had
+        snap = _status.snapshots(clean=False)[0]
+        assert snap.free == 63 * GIB  # the record is alive, counting the 1 GiB it says
+    finally:
+        claim.release()
