@@ -267,19 +267,26 @@ def _settle(folder_fd: int, tmp: str, name: str, file: io.FileIO, into: Held | N
 
 
 def _renamed(folder_fd: int, tmp: str, name: str, file: io.FileIO) -> bool:
-    """Whether ``file`` has left its temporary name (only its writer renames it): told by the
-    temporary name, and by ``name`` only where that cannot be read."""
+    """Whether ``file`` is the record at ``name`` now (its rename happened): told by ``name``,
+    and by the temporary name only where ``name`` cannot be read (not the other way round: a
+    scan removes a temporary file a minute old, as a writer stopped that long would leave it)."""
     try:
         mine = os.fstat(file.fileno())
     except (OSError, ValueError):  # closed by an earlier pass of the clean-up: nothing left
         return False
     try:
-        there = os.stat(tmp, dir_fd=folder_fd, follow_symlinks=False)
+        there = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except FileNotFoundError:
-        return True
+        return False
     except OSError:
-        return _visible(folder_fd, name, file)
-    return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
+        try:
+            there = os.stat(tmp, dir_fd=folder_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _visible(folder_fd: int, name: str, file: io.FileIO) -> bool:

@@ -517,3 +517,31 @@ def test_a_shrink_cut_short_after_its_rename_keeps_the_size_it_wrote(
         assert snap.free == 63 * GIB  # the record is alive, counting the 1 GiB it says
     finally:
         claim.release()
+
+
+def test_an_update_whose_temporary_file_a_scan_removed_fails_and_keeps_the_record(
+    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writer stopped for a minute between its write and its rename finds its temporary file
+    # removed by a scan (they go once a minute old): the update fails, the record it held stays.
+    name = new_record_name()
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
+        kept = held.file
+        real = os.replace
+
+        def removed_first(src: str, dst: str, **kwargs: int) -> None:
+            os.unlink(src, dir_fd=kwargs["src_dir_fd"])
+            real(src, dst, **kwargs)
+
+        monkeypatch.setattr(_records.os, "replace", removed_first)
+        with pytest.raises(memgov.LedgerError, match="cannot write"):
+            _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
+        assert held.file is kept and not kept.closed
+        visible = claims_dir / name
+        assert json.loads(visible.read_bytes())["name"] == "planted"
+        assert _locked_by_someone(visible)
+        _records.release(fd, held)
+    finally:
+        os.close(fd)
