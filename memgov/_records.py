@@ -194,6 +194,7 @@ def _write_locked(
     data = json.dumps(payload, sort_keys=True).encode()
     tmp = TMP_PREFIX + name
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    old: io.FileIO | None = None  # the file ``into`` held before, once it holds the new one
     try:
         # 0600 until locked: no other user can open it, so none can hold a lock on it first.
         file = open_owned(tmp, flags, folder_fd, mode=0o600, writable=True)
@@ -212,18 +213,28 @@ def _write_locked(
             view = memoryview(data)
             while view:
                 view = view[os.write(file.fileno(), view) :]
+        except OSError as exc:
+            raise LedgerError(f"cannot write {folder / tmp}: {exc.strerror or exc}") from None
+        if into is not None:
+            # The holder takes the new file before the rename: Python runs a signal handler
+            # (Ctrl-C's KeyboardInterrupt) only as os.replace returns, never between this line
+            # and that call, so whatever it raises finds the holder holding the visible file.
+            old, into.file = into.file, file
+        try:
             # No fsync: a record means something only while its holder keeps the lock, and no
             # holder outlives a crash of the host; a torn record after one is dead (unlocked),
             # and scans remove it. A claim then never waits for the disk under the admission
             # lock (an fsync commits everyone's pending metadata, a flood's included).
             os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
         except OSError as exc:
+            if into is not None and old is not None:
+                into.file = old  # not renamed: the old file is the record still
             raise LedgerError(f"cannot write {folder / name}: {exc.strerror or exc}") from None
-        if into is not None:
-            _swap(into, file)
+        if old is not None:
+            old.close()  # an interrupt before this leaves it open, unlinked: it guards nothing
     except BaseException as exc:
         # exc itself, or an interrupt that landed in the clean-up (its context is exc)
-        raise _settled(folder_fd, tmp, name, file, into, exc)  # noqa: B904
+        raise _settled(folder_fd, tmp, name, file, (into, old), exc)  # noqa: B904
     return file
 
 
@@ -232,26 +243,35 @@ SETTLE_TRIES = 100
 
 
 def _settled(
-    folder_fd: int, tmp: str, name: str, file: io.FileIO, into: Held | None, raised: BaseException
+    folder_fd: int,
+    tmp: str,
+    name: str,
+    file: io.FileIO,
+    into: tuple[Held | None, io.FileIO | None],
+    raised: BaseException,
 ) -> BaseException:
     """After an exception in a write, the folder and ``into`` made consistent; the exception to
-    raise (the last one that landed: a second Ctrl-C during the clean-up restarts it rather
-    than cutting it short, which would leave the state the clean-up is there to prevent)."""
+    raise: the first, or the last interrupt that landed in the clean-up (a second Ctrl-C there
+    restarts it rather than cutting it short; an error there never hides an interrupt)."""
     for _ in range(SETTLE_TRIES):
         try:
-            _settle(folder_fd, tmp, name, file, into)
+            _settle(folder_fd, tmp, name, file, *into)
             return raised
         except BaseException as again:
-            raised = again
+            if not isinstance(again, Exception):  # an interrupt wins over any error
+                raised = again
     return raised
 
 
-def _settle(folder_fd: int, tmp: str, name: str, file: io.FileIO, into: Held | None) -> None:
+def _settle(
+    folder_fd: int, tmp: str, name: str, file: io.FileIO, into: Held | None, old: io.FileIO | None
+) -> None:
     """Python raises a signal handler's exception (Ctrl-C's KeyboardInterrupt) as soon as
     os.replace returns, so the written file may be the visible record already: then a replaced
-    record's holder takes it (closing it would leave the visible record unlocked, dead to every
+    record's holder keeps it (closing it would leave the visible record unlocked, dead to every
     reader, while the holder kept the old, unlinked file), and a new record, whose creator never
-    learns of it, is removed. Otherwise the temporary file goes. Each step may run again."""
+    learns of it, is removed. Otherwise the holder keeps (or gets back) ``old`` and the temporary
+    file goes. Each step may run again."""
     if _renamed(folder_fd, tmp, name, file):
         if into is not None:
             if into.file is not file:
@@ -261,6 +281,8 @@ def _settle(folder_fd: int, tmp: str, name: str, file: io.FileIO, into: Held | N
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=folder_fd)
     else:
+        if into is not None and old is not None and into.file is file:
+            into.file = old
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder_fd)
     file.close()

@@ -545,3 +545,30 @@ def test_an_update_whose_temporary_file_a_scan_removed_fails_and_keeps_the_recor
         _records.release(fd, held)
     finally:
         os.close(fd)
+
+
+def test_an_interrupt_before_the_rename_leaves_the_holder_its_old_file(
+    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The holder takes the new file just before the rename; an interrupt that lands there
+    # (before os.replace ran) must give it back its old file, still the visible record.
+    name = new_record_name()
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
+        kept = held.file
+
+        def interrupted(*args: object, **kwargs: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(_records.os, "replace", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
+        assert held.file is kept and not kept.closed
+        visible = claims_dir / name
+        assert json.loads(visible.read_bytes())["name"] == "planted"
+        assert _locked_by_someone(visible)
+        assert [p.name for p in claims_dir.iterdir()] == [name]  # the temporary file gone
+        _records.release(fd, held)
+    finally:
+        os.close(fd)
