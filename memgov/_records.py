@@ -192,7 +192,11 @@ def _write_locked(
     """Write ``payload`` to a temporary name, lock it, rename it to ``name``; ``into``: the
     held record it replaces, which takes the new file the moment it is visible."""
     data = json.dumps(payload, sort_keys=True).encode()
-    tmp = TMP_PREFIX + name
+    # A name of its own for each write: one an interrupt left behind (inside the open, before
+    # memgov held the file) then blocks no later write of the record, and no other user of a
+    # shared folder can make and lock it first to block them all (scans remove it, unlocked,
+    # once it is a minute old).
+    tmp = f"{TMP_PREFIX}{name}-{os.urandom(4).hex()}"
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     old: io.FileIO | None = None  # the file ``into`` held before, once it holds the new one
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import os
 import socket
@@ -13,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -569,6 +571,38 @@ def test_an_interrupt_before_the_rename_leaves_the_holder_its_old_file(
         assert json.loads(visible.read_bytes())["name"] == "planted"
         assert _locked_by_someone(visible)
         assert [p.name for p in claims_dir.iterdir()] == [name]  # the temporary file gone
+        _records.release(fd, held)
+    finally:
+        os.close(fd)
+
+
+def test_a_temporary_file_left_by_an_interrupted_write_blocks_no_later_update(
+    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = new_record_name()
+    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
+        real = _records.open_owned
+        left: list[io.FileIO] = []
+
+        def opened_then_interrupted(*args: Any, **kwargs: Any) -> io.FileIO:
+            left.append(real(*args, **kwargs))  # the file exists; memgov never gets it
+            raise KeyboardInterrupt
+
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+            patch.setattr(_records, "open_owned", opened_then_interrupted)
+            _records.replace(fd, held, record(pid=os.getpid(), name="first"))
+        left[0].close()
+        # The old fixed name planted and locked by someone else blocks nothing either.
+        planted = open(claims_dir / f"{_records.TMP_PREFIX}{name}", "wb")  # noqa: SIM115
+        fcntl.flock(planted, fcntl.LOCK_EX)
+        try:
+            _records.replace(fd, held, record(pid=os.getpid(), name="second"))
+        finally:
+            planted.close()
+        assert json.loads((claims_dir / name).read_bytes())["name"] == "second"
+        assert _locked_by_someone(claims_dir / name)
         _records.release(fd, held)
     finally:
         os.close(fd)
