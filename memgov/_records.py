@@ -300,28 +300,28 @@ def _renamed(folder_fd: int, tmp: str, name: str, file: io.FileIO) -> bool:
         mine = os.fstat(file.fileno())
     except (OSError, ValueError):  # closed by an earlier pass of the clean-up: nothing left
         return False
-    try:
-        there = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            there = os.stat(tmp, dir_fd=folder_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
-    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+    at_name = _is(folder_fd, name, mine)
+    return at_name if at_name is not None else _is(folder_fd, tmp, mine) is False
 
 
 def _visible(folder_fd: int, name: str, file: io.FileIO) -> bool:
     """Whether ``name`` in the folder is ``file`` (its rename into place happened)."""
     try:
-        there = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
         mine = os.fstat(file.fileno())
-    except (OSError, ValueError):  # gone, or the file closed already
+    except (OSError, ValueError):  # the file closed already
         return False
+    return _is(folder_fd, name, mine) is True
+
+
+def _is(folder_fd: int, name: str, mine: os.stat_result) -> bool | None:
+    """Whether ``name`` in the folder is the file ``mine`` describes: False if it is another
+    or there is none, None if it cannot be read."""
+    try:
+        there = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
     return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
 
