@@ -427,66 +427,63 @@ def _locked_by_someone(path: Path) -> bool:
         return False
 
 
-def test_an_interrupt_right_after_an_updates_rename_still_swaps_the_held_file(
-    claims_dir: Path,
-) -> None:
-    name = new_record_name()
+@pytest.fixture
+def folder_fd(claims_dir: Path) -> Iterator[int]:
+    """The claims folder, open as memgov's records code takes it."""
     fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
-        with _interrupt_after_rename(), pytest.raises(KeyboardInterrupt):
-            _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
-        visible = claims_dir / name
-        # The visible record is the new one, and the process holds it: still alive to readers.
-        assert json.loads(visible.read_bytes())["name"] == "updated"
-        assert os.fstat(held.file.fileno()).st_ino == visible.stat().st_ino
-        assert _locked_by_someone(visible)
-        assert [p.name for p in claims_dir.iterdir()] == [name]  # no temporary file left
-        _records.release(fd, held)
-        assert not visible.exists()
-    finally:
-        os.close(fd)
+    yield fd
+    os.close(fd)
+
+
+@pytest.fixture
+def held(claims_dir: Path, folder_fd: int) -> Iterator[_records.Held]:
+    """A record this process holds (its name field "planted"), released at the end."""
+    mine = _records.create(folder_fd, claims_dir, new_record_name(), record(pid=os.getpid()))
+    yield mine
+    _records.release(folder_fd, mine)
+
+
+def _holds(held: _records.Held, says: str) -> None:
+    """The visible record says ``says``, is the file ``held`` holds, and is locked: alive."""
+    assert json.loads(held.path.read_bytes())["name"] == says
+    assert os.fstat(held.file.fileno()).st_ino == held.path.stat().st_ino
+    assert not held.file.closed and _locked_by_someone(held.path)
+
+
+def test_an_interrupt_right_after_an_updates_rename_still_swaps_the_held_file(
+    folder_fd: int, held: _records.Held
+) -> None:
+    with _interrupt_after_rename(), pytest.raises(KeyboardInterrupt):
+        _records.replace(folder_fd, held, record(pid=os.getpid(), name="updated"))
+    _holds(held, "updated")  # the new record, and the process holds it: alive to readers
+    assert [p.name for p in held.folder.iterdir()] == [held.name]  # no temporary file left
 
 
 def test_an_interrupt_right_after_a_new_records_rename_leaves_no_record(
-    claims_dir: Path,
+    claims_dir: Path, folder_fd: int
 ) -> None:
-    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with _interrupt_after_rename(), pytest.raises(KeyboardInterrupt):
-            _records.create(fd, claims_dir, new_record_name(), record(pid=os.getpid()))
-        assert list(claims_dir.iterdir()) == []  # its creator never held it: nothing to count
-    finally:
-        os.close(fd)
+    with _interrupt_after_rename(), pytest.raises(KeyboardInterrupt):
+        _records.create(folder_fd, claims_dir, new_record_name(), record(pid=os.getpid()))
+    assert list(claims_dir.iterdir()) == []  # its creator never held it: nothing to count
 
 
 def test_a_second_interrupt_in_the_clean_up_still_leaves_the_holder_the_visible_file(
-    claims_dir: Path,
+    folder_fd: int, held: _records.Held
 ) -> None:
-    name = new_record_name()
-    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
-        real_stat = os.stat
-        landed: list[str] = []
+    real_stat = os.stat
+    landed: list[str] = []
 
-        def interrupted_once(*args: object, **kwargs: object) -> os.stat_result:
-            if not landed:  # the clean-up's first look: a second Ctrl-C lands there
-                landed.append("second")
-                raise KeyboardInterrupt
-            return real_stat(*args, **kwargs)  # type: ignore[arg-type]
+    def interrupted_once(*args: object, **kwargs: object) -> os.stat_result:
+        if not landed:  # the clean-up's first look: a second Ctrl-C lands there
+            landed.append("second")
+            raise KeyboardInterrupt
+        return real_stat(*args, **kwargs)  # type: ignore[arg-type]
 
-        with _interrupt_after_rename() as patch, pytest.raises(KeyboardInterrupt):
-            patch.setattr(_records.os, "stat", interrupted_once)
-            _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
-        assert landed == ["second"]
-        visible = claims_dir / name
-        assert json.loads(visible.read_bytes())["name"] == "updated"
-        assert os.fstat(held.file.fileno()).st_ino == visible.stat().st_ino
-        assert _locked_by_someone(visible)
-        _records.release(fd, held)
-    finally:
-        os.close(fd)
+    with _interrupt_after_rename() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(_records.os, "stat", interrupted_once)
+        _records.replace(folder_fd, held, record(pid=os.getpid(), name="updated"))
+    assert landed == ["second"]
+    _holds(held, "updated")
 
 
 def test_a_share_record_update_cut_short_after_its_rename_keeps_what_it_wrote(
@@ -522,87 +519,58 @@ def test_a_shrink_cut_short_after_its_rename_keeps_the_size_it_wrote(
 
 
 def test_an_update_whose_temporary_file_a_scan_removed_fails_and_keeps_the_record(
-    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+    folder_fd: int, held: _records.Held, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A writer stopped for a minute between its write and its rename finds its temporary file
     # removed by a scan (they go once a minute old): the update fails, the record it held stays.
-    name = new_record_name()
-    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
-        kept = held.file
-        real = os.replace
+    kept, real = held.file, os.replace
 
-        def removed_first(src: str, dst: str, **kwargs: int) -> None:
-            os.unlink(src, dir_fd=kwargs["src_dir_fd"])
-            real(src, dst, **kwargs)
+    def removed_first(src: str, dst: str, **kwargs: int) -> None:
+        os.unlink(src, dir_fd=kwargs["src_dir_fd"])
+        real(src, dst, **kwargs)
 
-        monkeypatch.setattr(_records.os, "replace", removed_first)
-        with pytest.raises(memgov.LedgerError, match="cannot write"):
-            _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
-        assert held.file is kept and not kept.closed
-        visible = claims_dir / name
-        assert json.loads(visible.read_bytes())["name"] == "planted"
-        assert _locked_by_someone(visible)
-        _records.release(fd, held)
-    finally:
-        os.close(fd)
+    monkeypatch.setattr(_records.os, "replace", removed_first)
+    with pytest.raises(memgov.LedgerError, match="cannot write"):
+        _records.replace(folder_fd, held, record(pid=os.getpid(), name="updated"))
+    monkeypatch.setattr(_records.os, "replace", real)
+    assert held.file is kept
+    _holds(held, "planted")
 
 
 def test_an_interrupt_before_the_rename_leaves_the_holder_its_old_file(
-    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+    folder_fd: int, held: _records.Held, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The holder takes the new file just before the rename; an interrupt that lands there
     # (before os.replace ran) must give it back its old file, still the visible record.
-    name = new_record_name()
-    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
-        kept = held.file
+    kept = held.file
 
-        def interrupted(*args: object, **kwargs: object) -> None:
-            raise KeyboardInterrupt
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
 
-        monkeypatch.setattr(_records.os, "replace", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            _records.replace(fd, held, record(pid=os.getpid(), name="updated"))
-        assert held.file is kept and not kept.closed
-        visible = claims_dir / name
-        assert json.loads(visible.read_bytes())["name"] == "planted"
-        assert _locked_by_someone(visible)
-        assert [p.name for p in claims_dir.iterdir()] == [name]  # the temporary file gone
-        _records.release(fd, held)
-    finally:
-        os.close(fd)
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(_records.os, "replace", interrupted)
+        _records.replace(folder_fd, held, record(pid=os.getpid(), name="updated"))
+    assert held.file is kept
+    _holds(held, "planted")
+    assert [p.name for p in held.folder.iterdir()] == [held.name]  # the temporary file gone
 
 
 def test_a_temporary_file_left_by_an_interrupted_write_blocks_no_later_update(
-    claims_dir: Path, monkeypatch: pytest.MonkeyPatch
+    folder_fd: int, held: _records.Held
 ) -> None:
-    name = new_record_name()
-    fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        held = _records.create(fd, claims_dir, name, record(pid=os.getpid()))
-        real = _records.open_owned
-        left: list[io.FileIO] = []
+    real = _records.open_owned
+    left: list[io.FileIO] = []
 
-        def opened_then_interrupted(*args: Any, **kwargs: Any) -> io.FileIO:
-            left.append(real(*args, **kwargs))  # the file exists; memgov never gets it
-            raise KeyboardInterrupt
+    def opened_then_interrupted(*args: Any, **kwargs: Any) -> io.FileIO:
+        left.append(real(*args, **kwargs))  # the file exists; memgov never gets it
+        raise KeyboardInterrupt
 
-        with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
-            patch.setattr(_records, "open_owned", opened_then_interrupted)
-            _records.replace(fd, held, record(pid=os.getpid(), name="first"))
-        left[0].close()
-        # The old fixed name planted and locked by someone else blocks nothing either.
-        planted = open(claims_dir / f"{_records.TMP_PREFIX}{name}", "wb")  # noqa: SIM115
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(_records, "open_owned", opened_then_interrupted)
+        _records.replace(folder_fd, held, record(pid=os.getpid(), name="first"))
+    left[0].close()
+    # The old fixed name planted and locked by someone else blocks nothing either.
+    with open(held.folder / f"{_records.TMP_PREFIX}{held.name}", "wb") as planted:
         fcntl.flock(planted, fcntl.LOCK_EX)
-        try:
-            _records.replace(fd, held, record(pid=os.getpid(), name="second"))
-        finally:
-            planted.close()
-        assert json.loads((claims_dir / name).read_bytes())["name"] == "second"
-        assert _locked_by_someone(claims_dir / name)
-        _records.release(fd, held)
-    finally:
-        os.close(fd)
+        _records.replace(folder_fd, held, record(pid=os.getpid(), name="second"))
+    _holds(held, "second")
