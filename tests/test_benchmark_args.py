@@ -19,6 +19,10 @@ GPU = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
         ("threads_checks.py", ["torch", "--variant", "a b=--x"], "accepted NAME=TRAINER_ARGS"),
         ("threads_checks.py", ["torch", "--variant", "q=--x 'open"], "trainer arguments"),
         ("threads_checks.py", ["torch", "--repeat", "0"], "--repeat 0: accepted a whole number"),
+        ("scripts_checks.py", ["--startup-samples", "0"], "accepted milliseconds above 0"),
+        ("scripts_checks.py", ["--startup-samples", "-5"], "accepted milliseconds above 0"),
+        ("mps_limit_cost.py", ["--n", "0"], "--n 0: accepted a whole number >= 1"),
+        ("mps_limit_cost.py", ["--steps", "100", "--warm", "300"], "above --warm (300)"),
         (
             "torch_step_profile.py",
             ["--out", "/dev/null", "--variant", "=--x"],
@@ -31,7 +35,7 @@ def test_bad_options_are_refused_with_what_is_accepted(
 ) -> None:
     done = subprocess.run(
         [sys.executable, str(GPU / script), *args, "--out", str(tmp_path)]
-        if script == "threads_checks.py"
+        if script != "torch_step_profile.py"
         else [sys.executable, str(GPU / script), *args],
         capture_output=True,
         text=True,

@@ -139,6 +139,16 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = parser.parse_args()
+    for option, value, least in (
+        ("--alone", args.alone, 0),
+        ("--together", args.together, 0),
+        ("--n", args.n, 1),
+        ("--warm", args.warm, 0),
+    ):
+        if value < least:
+            parser.error(f"{option} {value}: accepted a whole number >= {least}")
+    if args.steps <= args.warm:
+        parser.error(f"--steps {args.steps}: accepted a whole number above --warm ({args.warm})")
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"argv": sys.argv, "limit": LIMIT, "alone": [], "together": []}
     with tempfile.TemporaryDirectory(prefix="mps-limit-") as tmp:

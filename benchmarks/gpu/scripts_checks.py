@@ -1227,6 +1227,8 @@ def main() -> int:
     p.add_argument("--tag", default="public")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = p.parse_args()
+    if args.startup_samples is not None and not args.startup_samples > 0:
+        p.error(f"--startup-samples {args.startup_samples:g}: accepted milliseconds above 0")
     if args.summarize:
         for path in args.summarize:
             print(f"== {path.name}")
