@@ -695,11 +695,6 @@ def probe_env(work: Path, env: dict[str, str]) -> dict[str, str]:
         **env,
         "PYTHONPATH": os.pathsep.join(path),
         "SCRIPTS_PROBE_DIR": str(work / "probe-out"),
-        **(
-            {"SCRIPTS_STARTUP_SAMPLES": os.environ["SCRIPTS_STARTUP_SAMPLES"]}
-            if os.environ.get("SCRIPTS_STARTUP_SAMPLES")
-            else {}
-        ),
         # Stamps are when a line reaches the pipe: block-buffered stdout would stamp a script's
         # lines when its buffer fills (memgov's lines, on stderr, are never buffered).
         "PYTHONUNBUFFERED": "1",
@@ -833,6 +828,8 @@ def run(
     if kind["data"]:
         (folder / "data").symlink_to(work / "data")
     base = tc.base_env(work, False)
+    if args.startup_samples:  # the probe's start-up samples, in every condition alike
+        base["SCRIPTS_STARTUP_SAMPLES"] = f"{args.startup_samples:g}"
     with tc.mps_for(cond, base, work, hand_daemon):
         extra = {**cond.get("env_extra", {}), **_as_governed(cond, base)}
         env = probe_env(work, {**base, **cond["env"], **extra})
@@ -1243,8 +1240,6 @@ def main() -> int:
             p.error(f"--kinds: {k!r}; accepted {', '.join(KINDS)}")
     for c in conds:
         condition(c, "1GiB", 2**40)  # refuses an unknown name before anything starts
-    if args.startup_samples:  # probe_env passes it to every job, whatever the condition
-        os.environ["SCRIPTS_STARTUP_SAMPLES"] = f"{args.startup_samples:g}"
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="memgov-scripts-"))
     write_mnist_raw(args.mnist, work / "data")
