@@ -8,7 +8,8 @@ pinned host memory, Adadelta) under one MPS daemon started by hand, in five cond
 claims set; 1,600 MiB, above what the loop needs; no memgov), ``memgov`` (MEMGOV_CLAIM=1600MiB
 alone: memgov sets that limit itself, caps torch's allocator and shares the threads),
 ``memgov_threads1`` (plus MEMGOV_THREADS=1: one fixed thread, no follower) and ``memgov_noruns`` (a
-claim that starts no run: no sampler thread). Each process reports its threads' CPU seconds.
+claim that starts no run: no sampler thread). Each process's CPU by thread comes from
+scripts_checks' exit probe.
 ``alone``: one process at a time, the conditions in turn (the order rotated each round), ALONE
 rounds; ``together``: N processes at once, the conditions dealt out in turn (rotated each run),
 TOGETHER runs: each condition's processes meet the same machine at the same moment, so drift
@@ -30,13 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import scripts_checks as sc
+
 LIMIT = "0=1600M"
 JOB = r"""
 import json, os, sys, time
 launched = float(sys.argv[1]); steps = int(sys.argv[2]); warm = int(sys.argv[3])
-if os.environ.get("MLC_NO_RUNS") == "1":  # the claim starts no run: no sampler thread
-    import memgov._runs
-    memgov._runs.start = lambda *args, **kwargs: None
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -78,25 +78,19 @@ for step in range(steps):
         first = time.time() - launched
 torch.cuda.synchronize()
 rate = (steps - warm) / (time.perf_counter() - t0)
-import threading
-names = {t.ident: t.name for t in threading.enumerate()}
-threads = {}
-for ident in sys._current_frames():
-    name = names.get(ident, "python-unnamed")
-    seconds = time.clock_gettime(time.pthread_getcpuclockid(ident))
-    threads[name] = round(threads.get(name, 0.0) + seconds, 3)
-tasks = {}
-for tid in os.listdir("/proc/self/task"):
-    with open("/proc/self/task/%s/stat" % tid) as f:
-        text = f.read()
-    comm = text[text.index("(") + 1:text.rindex(")")]
-    fields = text[text.rindex(")") + 2:].split()
-    tasks[comm] = round(tasks.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / 100, 2)
-print(json.dumps({"steps_per_s": rate, "cpu_s": sum(os.times()[:2]), "first_step_s": first,
-                  "limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
-                  "torch_threads": torch.get_num_threads(), "python_threads_cpu_s": threads,
-                  "tasks_cpu_s": tasks}))
+print(json.dumps({"pid": os.getpid(), "steps_per_s": rate, "first_step_s": first,
+                  "limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")}))
 """
+"""The loop; scripts_checks' exit probe (on PYTHONPATH) adds its CPU by thread and its torch
+threads, and leaves out the run sampler where SCRIPTS_NO_RUNS=1."""
+
+PROBED = {
+    "cpu_s": "self_cpu_s",
+    "torch_threads": "threads",
+    "python_threads_cpu_s": "python_threads_cpu_s",
+    "tasks_cpu_s": "tasks_cpu_s_by_comm",
+}
+"""This report's name for each figure of the probe's (scripts_checks.PROBE)."""
 
 
 CONDITIONS = ("plain", "limit", "memgov", "memgov_threads1", "memgov_noruns")
@@ -112,17 +106,19 @@ def launch(program: Path, env: dict[str, str], condition: str, steps: int, warm:
         if condition == "memgov_threads1":
             child["MEMGOV_THREADS"] = "1"
         if condition == "memgov_noruns":
-            child["MLC_NO_RUNS"] = "1"
+            child["SCRIPTS_NO_RUNS"] = "1"
     argv = [sys.executable, str(program), repr(time.time()), str(steps), str(warm)]
     return subprocess.Popen(argv, env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def collect(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+def collect(proc: subprocess.Popen[bytes], probed: Path) -> dict[str, Any]:
     out, err = proc.communicate(timeout=300)
     lines = out.decode().strip().splitlines()
     if proc.returncode != 0 or not lines:
         return {"rc": proc.returncode, "err": err.decode()[-800:]}
-    return {"rc": 0, **json.loads(lines[-1])}
+    got = json.loads(lines[-1])
+    probe = json.loads((probed / f"{got['pid']}.json").read_text())
+    return {"rc": 0, **got, **{mine: probe.get(theirs) for mine, theirs in PROBED.items()}}
 
 
 def median(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -138,7 +134,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--warm", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    parser.add_argument("--summarize", type=Path, nargs="+", help="print reports, run nothing")
     args = parser.parse_args()
+    if args.summarize:
+        for path in args.summarize:
+            print(f"== {path}")
+            print("\n".join(summarize(json.loads(path.read_text()))))
+        return
     for option, value, least in (
         ("--alone", args.alone, 0),
         ("--together", args.together, 0),
@@ -166,18 +168,20 @@ def main() -> None:
             "OMP_NUM_THREADS": "1",
         }
         env.pop("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", None)
+        env = sc.probe_env(work, env)
+        probed = Path(env["SCRIPTS_PROBE_DIR"])
         subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30)
         try:
             for round_ in range(args.alone):
                 for k in range(len(CONDITIONS)):
                     cond = CONDITIONS[(k + round_) % len(CONDITIONS)]
-                    got = collect(launch(program, env, cond, args.steps, args.warm))
+                    got = collect(launch(program, env, cond, args.steps, args.warm), probed)
                     report["alone"].append({"round": round_ + 1, "condition": cond, **got})
                     print("alone", round_ + 1, cond, got, flush=True)
             for run in range(args.together):
                 conds = [CONDITIONS[(i + run) % len(CONDITIONS)] for i in range(args.n)]
                 procs = [(c, launch(program, env, c, args.steps, args.warm)) for c in conds]
-                rows = [{"condition": c, **collect(proc)} for c, proc in procs]
+                rows = [{"condition": c, **collect(proc, probed)} for c, proc in procs]
                 report["together"].append({"run": run + 1, "jobs": rows})
                 print("together", run + 1, summary(rows), flush=True)
         finally:
@@ -203,6 +207,41 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         got = out[cond]["steps_per_s"]
         out[f"{cond}_x_plain"] = round(got / base, 4) if got and base else None
     return out
+
+
+def summarize(report: dict[str, Any]) -> list[str]:
+    """A report's summaries (steps/s, CPU and first step, medians per condition, each against
+    plain), then, per process where the report has them, the CPU of its threads: the main
+    thread's, all threads named python3 (the main thread, the OpenBLAS and OpenMP pools,
+    Python's threads) and memgov's own."""
+    lines = [f"alone: {json.dumps(report['summary']['alone'])}"]
+    lines += [
+        f"together {i}: {json.dumps(t)}" for i, t in enumerate(report["summary"]["together"], 1)
+    ]
+    rows = {
+        "alone": report["alone"],
+        "together": [job for run in report["together"] for job in run["jobs"]],
+    }
+    for name, jobs in rows.items():
+        jobs = [j for j in jobs if j.get("rc") == 0 and j.get("python_threads_cpu_s")]
+        if not jobs:
+            continue
+        lines.append(f"{name}, per process (medians): cpu_s main_thread_s python3_s memgov_s")
+        for cond in CONDITIONS:
+            mine = [j for j in jobs if j["condition"] == cond]
+            if not mine:
+                continue
+            figures = [
+                [j["cpu_s"] for j in mine],
+                [j["python_threads_cpu_s"].get("MainThread", 0.0) for j in mine],
+                [(j.get("tasks_cpu_s") or {}).get("python3", 0.0) for j in mine],
+                [
+                    sum(v for k, v in j["python_threads_cpu_s"].items() if k.startswith("memgov"))
+                    for j in mine
+                ],
+            ]
+            lines.append(f"  {cond} " + " ".join(f"{statistics.median(f):.3f}" for f in figures))
+    return lines
 
 
 if __name__ == "__main__":
