@@ -1069,7 +1069,7 @@ def startup_samples(runs: list[dict[str, Any]], top: int = 12) -> list[str]:
     memgov's own frames; the collector's collections and CPU."""
     tables: dict[str, dict[str, dict[str, float]]] = {}
     jobs: dict[str, int] = {}
-    collector: dict[str, list[float]] = {}
+    collector: dict[str, list[tuple[float, int]]] = {}
     for r in runs:
         for job in r["jobs"]:
             got = (job.get("probe") or {}).get("startup_samples")
@@ -1081,14 +1081,15 @@ def startup_samples(runs: list[dict[str, Any]], top: int = 12) -> list[str]:
                 mine = tables.setdefault(cond, {}).setdefault(table, {})
                 for key, seconds in got[table].items():
                     mine[key] = mine.get(key, 0.0) + seconds
-            collector.setdefault(cond, []).append(got["gc"]["cpu_s"])
+            collector.setdefault(cond, []).append((got["gc"]["cpu_s"], got["gc"]["full"]))
     if not jobs:
         return []
     conds = sorted(jobs)
     lines = [f"start-up samples, main-thread CPU s per job until its first step ({jobs}):"]
     for cond in conds:
         lines.append(
-            f"  {cond}: the collector {statistics.mean(collector[cond]):.3f} s a job, "
+            f"  {cond}: the collector {statistics.mean(c for c, _ in collector[cond]):.3f} s "
+            f"a job ({statistics.median(f for _, f in collector[cond]):g} full collections), "
             f"memgov's frames {sum(tables[cond]['in_memgov'].values()) / jobs[cond]:.3f} s"
         )
     for table in ("by_script_line", "by_inner_frame"):
