@@ -9,7 +9,8 @@ claims set; 1,600 MiB, above what the loop needs; no memgov), ``memgov`` (MEMGOV
 alone: memgov sets that limit itself, caps torch's allocator and shares the threads),
 ``memgov_threads1`` (plus MEMGOV_THREADS=1: one fixed thread, no follower) and ``memgov_noruns`` (a
 claim that starts no run: no sampler thread). Each process's CPU by thread comes from
-scripts_checks' exit probe.
+scripts_checks' exit probe. The ledger is a folder of the call's own, empty when it starts: no
+claim is sized from an earlier run.
 ``alone``: one process at a time, the conditions in turn (the order rotated each round), ALONE
 rounds; ``together``: N processes at once, the conditions dealt out in turn (rotated each run),
 TOGETHER runs: each condition's processes meet the same machine at the same moment, so drift
