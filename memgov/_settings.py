@@ -359,11 +359,6 @@ TABLE: tuple[Row, ...] = (
     Row("MEMGOV_TORCH_MARGIN", "a size (`160MiB`, bytes)", "160 MiB",
         "torch adapter: room kept below the budget for what CUDA libraries take after start-up",
         _bytes),
-    Row("MEMGOV_TORCH_WARM", "`1`/`true`/`yes`/`on`, `0`/`false`/`no`/`off`", "on",
-        "torch adapter: make the claimed GPU's CUDA context in a background thread at the claim, "
-        "while the script sets itself up; off: at torch's first CUDA call. On, a child forked "
-        "after the claim cannot use CUDA (as after any CUDA use: torch needs spawn there)",
-        flag, True, job=True),
     Row("MEMGOV_HOLDER", "set by memgov, not by users", "unset",
         "`<gpu uuid>/<record>` of the claim a governed parent holds: its children claim nothing",
         _text, job=True, internal=True),

@@ -4,9 +4,8 @@ The budget counts what NVML counts for the process: CUDA context, library module
 and the caching allocator. Only the allocator can be capped
 (``torch.cuda.set_per_process_memory_fraction``), so its cap is the budget minus the process's
 measured non-allocator overhead, taken when CUDA initialises, plus a margin for libraries loaded
-later (cuDNN, cuBLAS kernels). The cap is deferred with ``torch.cuda._lazy_call`` (private API,
-covered by tests) until torch initialises CUDA itself; meanwhile the device's context is made in
-the background through the driver alone (``_context``), so the script's first CUDA call finds it.
+later (cuDNN, cuBLAS kernels). Nothing here initialises CUDA: the cap is deferred with
+``torch.cuda._lazy_call`` (private API, covered by tests) until torch initialises CUDA itself.
 """
 
 from __future__ import annotations
@@ -64,8 +63,6 @@ class TorchAdapter:
         # Reads the budget when CUDA initialises: a claim that gave memory back by then
         # (lower() below) is capped at its smaller size.
         torch.cuda._lazy_call(lambda: _cap(_state["budget"]))
-        if setting("MEMGOV_TORCH_WARM") and _background_context(budget.device_uuid):
-            notes.append("CUDA context being made in the background")
         return "torch: " + ", ".join(
             [*notes, f"allocator cap from {format_size(budget.bytes)} when CUDA initialises"]
         )
@@ -93,12 +90,6 @@ class TorchAdapter:
             f"torch: allocator cap lowered to {format_size(_state['cap'])} on cuda:{index} "
             f"(budget {format_size(budget.bytes)})"
         )
-
-
-def _background_context(device_uuid: str) -> bool:
-    from memgov_torch import _context  # ctypes and its fork hooks: only for a capped claim
-
-    return _context.start(device_uuid)
 
 
 def _threads(torch: Any, threads: int) -> list[str]:

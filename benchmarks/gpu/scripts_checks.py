@@ -22,10 +22,8 @@ slow drift of the machine falls on both sides. Conditions:
   job ends up with after its claim, set by hand with memgov off: the thread variables at 1, the
   allocator cap, MPS's memory limit, CUDA_VISIBLE_DEVICES=<the GPU's UUID>, memgov's daemon),
   memgov_mps_noruns (memgov's claim starts no run: no sampler thread, live file or fold into the
-  profile at exit), memgov_mps_nowarm (+ MEMGOV_TORCH_WARM=off: the CUDA context made at
-  torch's first CUDA call, as in a hand-tuned job, not in the background from the claim),
-  mixed (one run, both sides at once: every other job governed as memgov_mps, the rest
-  hand-tuned as hand_mps_cap, all clients of the one
+  profile at exit), mixed (one run, both sides at once: every
+  other job governed as memgov_mps, the rest hand-tuned as hand_mps_cap, all clients of the one
   `memgov mps start` daemon; which half is governed alternates run by run. The two halves meet
   the same machine at the same moment, so a cost memgov adds to each job shows in the halves'
   medians however the machine drifts between runs; ``groups`` holds each half's medians)
@@ -149,7 +147,6 @@ CONDITIONS = (
     "hand_mps_cap_limit",
     "hand_mps_env",
     "memgov_mps_noruns",
-    "memgov_mps_nowarm",
 )
 
 
@@ -224,9 +221,6 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "memgov_mps_noruns":  # memgov's run sampler, live file and fold never start
         env = {**memgov, "SCRIPTS_NO_RUNS": "1"}
-        return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
-    if name == "memgov_mps_nowarm":  # the context made at torch's first CUDA call, not before
-        env = {**memgov, "MEMGOV_TORCH_WARM": "off"}
         return {"what": f"{env}, `memgov mps start`", "env": env, "mps": "memgov"}
     if name == "memgov_mps_nonvml":  # memgov's sampler without its NVML looks
         env = {**memgov, "SCRIPTS_NO_NVML": "1"}

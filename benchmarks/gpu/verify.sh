@@ -57,11 +57,6 @@
 #                               the plain loop with Adam and a pinned-memory gather; each run
 #                               says where its time went (start-up, steady rate, after training,
 #                               CPU seconds, torch's allocator retries at exit)
-#   torch_warm                  the torch adapter's background CUDA context: what 1 and 25
-#                               processes with a set-up save, and what stays right (the cap, a
-#                               forked child, fork DataLoader workers, a quick exit; about 2
-#                               minutes; benchmarks/gpu/torch_warm.py); public_scripts_warm:
-#                               the capped hand-tuned, memgov with MEMGOV_TORCH_WARM=off, memgov
 #   probes                      the JAX trainer's upload probe and the bare-context wall with and
 #                               without CUDA_DEVICE_MAX_CONNECTIONS=1 (about 2 minutes)
 #   queue_light, queue_random   the job queue (docs/queue.md) on a 30-job mix: sjf-exclusive (the
@@ -154,15 +149,6 @@ print(torch.__version__, jax.__version__, filelock.__version__, typer.__version_
 which nvidia-cuda-mps-control; nproc; free -g; uname -r; stat -L -c "pidns inode %i" /proc/self/ns/pid;
 python3 -m memgov devices' ;;
     torch) run torch_claim 150 python3 benchmarks/gpu/torch_claim.py --out "$OUT/torch_claim.json" ;;
-    torch_warm)  # the background CUDA context: 1 and 25 processes with a set-up, on and off; the
-      # cap, a forked child's CUDA, fork DataLoader workers before the first CUDA call, a quick exit
-      run torch_warm 200 python3 benchmarks/gpu/torch_warm.py --out "$OUT/torch_warm.json" ;;
-    public_scripts_warm)  # the capped hand-tuned, memgov with MEMGOV_TORCH_WARM=off, memgov;
-      # SCRIPTS_KINDS (default mnist,vae), SCRIPTS_ROUNDS (2) and SCRIPTS_BUDGET choose others
-      kinds=${SCRIPTS_KINDS:-mnist,vae}
-      run public_scripts_warm 575 python3 benchmarks/gpu/scripts_checks.py --kinds "$kinds" \
-        --conditions hand_mps_cap,memgov_mps_nowarm,memgov_mps --rounds "${SCRIPTS_ROUNDS:-2}" \
-        --budget "${SCRIPTS_BUDGET:-555}" --tag "warm-${kinds//,/-}" --out "$OUT" ;;
     mps) [ -f benchmarks/gpu/mps_checks.py ] && run mps 270 python3 benchmarks/gpu/mps_checks.py --out "$OUT/mps_checks.json" ;;
     jax) [ -f benchmarks/gpu/jax_auto.py ] && run jax 200 python3 benchmarks/gpu/jax_auto.py "$OUT/jax_auto.json" ;;
     threads_torch) run threads_torch 560 python3 benchmarks/gpu/threads_checks.py torch \

@@ -31,7 +31,6 @@ GARBAGE = {
     "MEMGOV_RESERVE": "plenty",
     "MEMGOV_CONTEXTS": "0",
     "MEMGOV_MPS_CLIENTS": "-3",
-    "MEMGOV_TORCH_WARM": "maybe",
     "MEMGOV_MPS_POLICY": "random",
     "MEMGOV_SHARD_SIZE": "big",
     "MEMGOV_TORCH_MARGIN": "10%",
