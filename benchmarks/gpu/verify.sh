@@ -242,10 +242,13 @@ python3 -m memgov devices' ;;
         --conditions hand_mps_cap,memgov_mps_noruns,memgov_mps --rounds 3 --budget 555 \
         --tag noruns --out "$OUT" ;;
     public_scripts_env)  # 25 MNIST copies: the capped hand-tuned, the same with every variable
-      # a governed job ends up with (memgov off), memgov; three rounds
-      run public_scripts_env 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
-        --conditions hand_mps_cap,hand_mps_env,memgov_mps --rounds 3 --budget 555 \
-        --tag env --out "$OUT" ;;
+      # a governed job ends up with (memgov off), memgov; three rounds (SCRIPTS_KINDS,
+      # SCRIPTS_ROUNDS and SCRIPTS_BUDGET choose others)
+      kinds=${SCRIPTS_KINDS:-mnist}
+      run public_scripts_env 575 python3 benchmarks/gpu/scripts_checks.py --kinds "$kinds" \
+        --conditions hand_mps_cap,hand_mps_env,memgov_mps --rounds "${SCRIPTS_ROUNDS:-3}" \
+        --budget "${SCRIPTS_BUDGET:-555}" --tag "env${SCRIPTS_KINDS:+-${kinds//,/-}}" \
+        --out "$OUT" ;;
     public_scripts_growth)  # 25 MNIST copies: whether the share's growth is what costs memgov
       run public_scripts_growth 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps_cap,memgov_mps,memgov_mps_nogrow,memgov_mps_fixed --rounds 2 \
