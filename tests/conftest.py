@@ -122,14 +122,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[EXIT_KEY] = int(exitstatus)
 
 
+KEEP_VAR = "MEMGOV_TEST_KEEP"
+"""Set to 1: the session's temporary folder is kept (and named) instead of removed."""
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     folder = config.stash.get(SESSION_KEY, None)
     if folder is None:
         return
-    if config.stash.get(EXIT_KEY, 0) in (pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.INTERRUPTED):
+    failed = config.stash.get(EXIT_KEY, 0) in (
+        pytest.ExitCode.TESTS_FAILED,
+        pytest.ExitCode.INTERRUPTED,
+    )
+    # The test command leaves the machine as it found it, failed or not, unless asked to keep
+    # what a failure left for a look.
+    if os.environ.get(KEEP_VAR) == "1":
         sys.stderr.write(f"memgov tests: temporary files kept for inspection in {folder}\n")
-    else:
-        shutil.rmtree(folder, ignore_errors=True)
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    if failed:
+        sys.stderr.write(f"memgov tests: temporary files removed; {KEEP_VAR}=1 keeps them\n")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

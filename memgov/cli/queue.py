@@ -1,8 +1,8 @@
 """`memgov queue ...`: a job queue that places jobs on the host's GPUs by a policy (docs/queue.md),
 and the cluster simulator (docs/placement.md).
 
-- ``memgov queue [--json]``: this user's jobs; ``add [--claim SIZE|auto] [--name N] [--gpu G] --
-  CMD ...`` (its folder and environment kept); ``cancel ID``; ``log ID``;
+- ``memgov queue [list] [--json]``: this user's jobs; ``add [--claim SIZE|auto] [--name N]
+  [--gpu G] -- CMD ...`` (its folder and environment kept); ``cancel ID``; ``log ID``;
 - ``memgov queue run [--policy P] [--out REPORT.json] [--solo REPORT.json] [--plot FILE] [FILE]``:
   a queue file (or every queued job) to the end, then the report; ``--ray ADDRESS`` runs the
   jobs as Ray tasks; ``memgov queue serve``: runs what is submitted until Ctrl-C;
@@ -43,9 +43,25 @@ ADD_SETTINGS = {"allow_interspersed_args": False}
 
 @queue_app.callback()
 def jobs(ctx: typer.Context, as_json: JsonFlag = False) -> None:
-    """This user's queued, running and finished jobs."""
+    """This user's queued, running and finished jobs (as `memgov queue list`)."""
     if ctx.invoked_subcommand is not None:
+        ctx.obj = {"json": as_json}  # `memgov queue --json CMD`: CMD's output is JSON too
         return
+    _list(as_json)
+
+
+@queue_app.command("list")
+def list_jobs(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """This user's queued, running and finished jobs."""
+    _list(_json(ctx, as_json))
+
+
+def _json(ctx: typer.Context, as_json: bool) -> bool:
+    """--json after the command, or before it (the group's)."""
+    return as_json or bool((ctx.obj or {}).get("json"))
+
+
+def _list(as_json: bool) -> None:
     import memgov.queue as q
 
     try:
@@ -80,6 +96,7 @@ def _job_line(job: Any) -> str:
 
 @queue_app.command("add", context_settings=ADD_SETTINGS)
 def add(
+    ctx: typer.Context,
     command: Annotated[list[str], typer.Argument(help="The command, after --.")],
     claim: Annotated[str, typer.Option("--claim", help="SIZE (2GiB, 25%) or auto.")] = "auto",
     name: Annotated[str | None, typer.Option("--name", help="The job's name.")] = None,
@@ -91,10 +108,12 @@ def add(
     as_json: JsonFlag = False,
 ) -> None:
     """Queue CMD (its folder and environment kept): memgov queue add -- python train.py"""
+    as_json = _json(ctx, as_json)
     import os
 
     import memgov.queue as q
     from memgov.queue.queuefile import job_spec
+    from memgov.queue.submit import check
 
     table: dict[str, Any] = {"cmd": command, "claim": claim}
     for key, value in (("name", name), ("gpu", gpu), ("duration", duration)):
@@ -104,6 +123,7 @@ def add(
         table["kind"] = kind
     try:
         spec = job_spec(table, "memgov queue add", Path(os.getcwd()))
+        check([spec], dict(os.environ))
         (job,) = q.add([spec])
     except MemgovError as exc:
         raise fail(exc) from None
@@ -114,8 +134,9 @@ def add(
 
 
 @queue_app.command("cancel")
-def cancel(job_id: JobId, as_json: JsonFlag = False) -> None:
+def cancel(ctx: typer.Context, job_id: JobId, as_json: JsonFlag = False) -> None:
     """Cancel a queued job or stop a running one."""
+    as_json = _json(ctx, as_json)
     import memgov.queue as q
 
     try:
@@ -130,11 +151,13 @@ def cancel(job_id: JobId, as_json: JsonFlag = False) -> None:
 
 @queue_app.command("log")
 def log(
+    ctx: typer.Context,
     job_id: JobId,
     tail: Annotated[int, typer.Option("--tail", help="Bytes from the end.")] = 64 * 1024,
     as_json: JsonFlag = False,
 ) -> None:
     """A job's output (every attempt)."""
+    as_json = _json(ctx, as_json)
     from memgov.queue.store import Store
 
     try:
@@ -152,6 +175,7 @@ def log(
 
 @queue_app.command("run")
 def run(
+    ctx: typer.Context,
     file: Annotated[
         Path | None, typer.Argument(help="A queue file (TOML); none: every queued job.")
     ] = None,
@@ -168,34 +192,70 @@ def run(
     as_json: JsonFlag = False,
 ) -> None:
     """Run a queue file (or every queued job) to the end; print the report."""
+    as_json = _json(ctx, as_json)
     import memgov.queue as q
 
     try:
+        for option, path in (("--out", out), ("--plot", plot)):
+            if path is not None:
+                _writable(option, path)
         if ray is not None:
             from memgov.queue.onray import run_on_ray
 
             report = run_on_ray(file, ray, policy=policy, solo=solo)
         else:
             report = q.run(file, policy, solo=solo, grace_s=grace)
-        data = report.to_json()
+    except MemgovError as exc:
+        raise fail(exc) from None
+    except KeyboardInterrupt:  # Ctrl-C before the runner's own handlers (e.g. joining Ray)
+        raise typer.Exit(130) from None
+    data = report.to_json()
+    try:
         if out is not None:
             report.write(out)
         if plot is not None:
             from memgov.queue.report import plot as draw
 
             draw(data, plot)
-    except MemgovError as exc:
-        raise fail(exc) from None
-    except KeyboardInterrupt:  # Ctrl-C before the runner's own handlers (e.g. joining Ray)
-        raise typer.Exit(130) from None
+    except (OSError, MemgovError) as exc:  # the folder went away during the run: show it all
+        _show(data, as_json, exit_after=False)
+        typer.echo(f"memgov: the report was not written: {exc}", err=True)
+        raise typer.Exit(1) from None
     _show(data, as_json)
+
+
+def _writable(option: str, path: Path) -> None:
+    """An output file can be written where it is asked for: said before any job runs."""
+    from memgov._errors import ConfigError
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(
+            f"{option} {path}: a folder; accepted a file path in a folder you can write"
+        )
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{option} {path}: no folder {folder}; accepted a file path in a folder "
+            "that exists and you can write"
+        )
+    import os
+
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{option} {path}: folder {folder} is not writable; accepted a file "
+            "path in a folder you can write"
+        )
 
 
 @queue_app.command("serve")
 def serve(
-    policy: PolicyOption = None, grace: GraceOption = 10.0, as_json: JsonFlag = False
+    ctx: typer.Context,
+    policy: PolicyOption = None,
+    grace: GraceOption = 10.0,
+    as_json: JsonFlag = False,
 ) -> None:
     """Run what is submitted (`memgov queue add`) until Ctrl-C or SIGTERM."""
+    as_json = _json(ctx, as_json)
     import memgov.queue as q
 
     try:
@@ -205,13 +265,15 @@ def serve(
     _show(report.to_json(), as_json)
 
 
-def _show(data: dict[str, Any], as_json: bool) -> None:
+def _show(data: dict[str, Any], as_json: bool, exit_after: bool = True) -> None:
     from memgov.queue.report import table
 
     if as_json:
         print_json(data)
     else:
         typer.echo(table(data))
+    if not exit_after:
+        return
     if data.get("interrupted"):
         raise typer.Exit(128 + int(data["interrupted"]))  # its unfinished jobs queued again
     if any(j["end"] != "ok" for j in data["jobs"]):
@@ -220,15 +282,19 @@ def _show(data: dict[str, Any], as_json: bool) -> None:
 
 @queue_app.command("simulate")
 def simulate(
+    ctx: typer.Context,
     trace: Annotated[Path, typer.Option(help="Jobs CSV (Alibaba cluster-trace-gpu-v2023 layout).")],
     nodes: Annotated[Path, typer.Option(help="Nodes CSV (sn,cpu_milli,memory_mib,gpu,model).")],
     policy: Annotated[
         str, typer.Option(help="random, dotprod (tetris), gpupacking, bestfit, fgd, memgov.")
     ] = "memgov",
-    seed: Annotated[int, typer.Option(help="Seed of the arrival order and inflation.")] = 42,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Seed of the arrival order and inflation (>= 0).")
+    ] = 42,
     as_json: JsonFlag = False,
 ) -> None:
     """Replay a trace on a simulated cluster; print the allocation curve and final GPU share."""
+    as_json = _json(ctx, as_json)
     try:
         from memgov.placement import get_policy, load_nodes, load_trace
         from memgov.placement import simulate as run_simulation

@@ -77,3 +77,44 @@ def add(
     start = time.time() if start is None else start
     base = dict(os.environ if environ is None else environ)
     return store.add([to_job(s, base, batch, start) for s in specs])
+
+
+def check(specs: list[JobSpec], environ: dict[str, str]) -> None:
+    """For a job queued on this host (`memgov queue add`, as `memgov run` checks its command),
+    what can be known before it is queued, said then (a ConfigError) rather than when it would
+    run: its program is found, and this host's GPUs can hold its claim and have its ``gpu``.
+    Without any GPU here the runner says so itself. (A queue file's job that no GPU can hold
+    fails at once when its run reaches it, saying why, while the others run; a Ray cluster's
+    GPUs are not this host's.)"""
+    from memgov import _devices
+    from memgov._errors import ConfigError, MemgovError
+
+    try:
+        found = _devices.candidates("auto")
+    except MemgovError:
+        found = []
+    for spec in specs:
+        what = f"job {spec.name!r}"
+        _program(spec, {**environ, **spec.env}.get("PATH", os.defpath), what)
+        if found and spec.gpu is not None and spec.gpu >= len(found):
+            raise ConfigError(
+                f"{what}: gpu {spec.gpu}: accepted a GPU index of this host, 0..{len(found) - 1}"
+            )
+        if found and isinstance(spec.claim, Size):
+            among = found if spec.gpu is None else [found[spec.gpu]]
+            _devices.sizes_on(spec.claim, among)  # names the claim and the device's size
+
+
+def _program(spec: JobSpec, path: str, what: str) -> None:
+    import shutil
+
+    from memgov._errors import ConfigError
+
+    program = spec.cmd[0]
+    with _in_folder(spec.cwd):
+        where = shutil.which(program, path=None if "/" in program else path)
+    if where is None:
+        raise ConfigError(
+            f"{what}: command not found: {program!r} (in {spec.cwd}, on its PATH); accepted a "
+            "program on PATH or a path to an executable file"
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -131,3 +132,66 @@ def test_no_gpu_is_said_before_anything_is_queued(
         q.run(path)
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:16GiB")
     assert q.jobs()[0] == []
+
+
+def test_queue_add_refuses_what_could_never_run_here(tmp_path: Path) -> None:
+    # As `memgov run` does: said before the job is queued, not when it would run.
+    cases = [
+        (["--claim", "999TiB", "--", "true"], "is larger than the largest device"),
+        (["--gpu", "2", "--", "true"], "gpu 2: accepted a GPU index of this host, 0..1"),
+        (["--gpu", "1", "--claim", "20GiB", "--", "true"], "is larger than the device sim1"),
+        (["--", str(tmp_path / "no-such-program")], "command not found"),
+        (["--", "no-such-program-on-path"], "command not found"),
+    ]
+    for args, message in cases:
+        result = memgov_cli("queue", "add", *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert q.jobs()[0] == []
+    fine = memgov_cli("queue", "add", "--gpu", "1", "--claim", "2GiB", "--", "true")
+    assert fine.returncode == 0, fine.stderr
+
+
+def test_queue_run_refuses_outputs_it_could_not_write_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "q.toml"
+    path.write_text("[[job]]\ncmd = 'true'\nclaim = '1GiB'\n")
+    for option, target, message in (
+        ("--out", tmp_path / "missing" / "r.json", "no folder"),
+        ("--plot", tmp_path, "a folder; accepted a file path"),
+    ):
+        result = memgov_cli("queue", "run", option, str(target), str(path))
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert q.jobs()[0] == []  # nothing queued, nothing ran
+    out = tmp_path / "r.json"
+    ran = memgov_cli("queue", "run", "--out", str(out), str(path))
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(out.read_text())["jobs"][0]["end"] == "ok"
+
+
+def test_queue_list_and_the_groups_json_flag(tmp_path: Path) -> None:
+    added = memgov_cli("queue", "--json", "add", "--name", "x", "--", "true")
+    assert added.returncode == 0 and json.loads(added.stdout)["name"] == "x"
+    listed = memgov_cli("queue", "list")
+    bare = memgov_cli("queue")
+    assert listed.returncode == 0 and " x " in listed.stdout
+    assert listed.stdout.split("added")[0] == bare.stdout.split("added")[0]
+    for args in (("queue", "--json", "list"), ("queue", "list", "--json"), ("queue", "--json")):
+        shown = memgov_cli(*args)
+        assert [j["name"] for j in json.loads(shown.stdout)["jobs"]] == ["x"], args
+
+
+def test_simulate_refuses_a_negative_seed_in_one_message(tmp_path: Path) -> None:
+    result = memgov_cli(
+        "queue",
+        "simulate",
+        "--trace",
+        str(tmp_path / "t.csv"),
+        "--nodes",
+        str(tmp_path / "n.csv"),
+        "--seed",
+        "-1",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--seed" in result.stderr
