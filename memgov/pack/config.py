@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -480,6 +481,25 @@ class PackConfig:
             raise ConfigError("--baseline-args needs --baseline naive")
         if self.runner != "docker":  # docker jobs run the image's python
             check_python(self.python)
+
+
+def check_framework(python: str, framework: str) -> None:
+    """Refuse an interpreter without the framework memgov knows by that name (torch,
+    tensorflow, jax), before any job starts: each would fail at its import otherwise."""
+    from memgov._autoenable import FRAMEWORKS
+
+    if framework not in FRAMEWORKS:
+        return  # an experiment's own framework name: its jobs say what they miss
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({framework!r}) is None)"
+    try:
+        found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"--python {python!r}: cannot run it ({exc})") from None
+    if found.returncode != 0:
+        raise ConfigError(
+            f"--framework {framework}: {python} cannot import {framework}; accepted an "
+            f"interpreter that has it (--python), or install it there (docs/pack.md)"
+        )
 
 
 EXPERIMENT_DOC = (

@@ -25,6 +25,7 @@ from memgov.pack.config import (
     DEFAULT_CLAIM_OTHER,
     GiB,
     PackConfig,
+    check_framework,
     cores,
     report_folder,
     threads_for,
@@ -288,6 +289,8 @@ def _workload(cfg: PackConfig, cpu: bool) -> tuple[manifest.Manifest, int, int]:
     """The experiment's manifest, and the epochs and batch its jobs run (0: the trainer's)."""
     man = manifest.load(cfg.experiment)
     man.framework(cfg.framework)
+    if cfg.runner != "docker":  # docker jobs run the image's python
+        check_framework(cfg.python, cfg.framework)
     epochs = cfg.epochs or (man.cpu_epochs if cpu else None) or man.epochs
     batch = cfg.batch or man.batch
     for name, value in (("epochs", epochs), ("batch", batch)):

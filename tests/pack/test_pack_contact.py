@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -106,6 +107,27 @@ def test_bad_python_is_refused_before_anything_is_written(tmp_path: Path, args, 
     assert done.returncode == 2
     assert text in done.stderr and "[Errno" not in done.stderr
     assert not out.exists()  # no report for a run that never started
+
+
+def test_an_interpreter_without_the_framework_is_refused_before_any_job(tmp_path: Path) -> None:
+    bare = tmp_path / "bare"  # a venv with no torch in it (and nothing else)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    out = tmp_path / "out"
+    done = run_pack(
+        "--n",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--python",
+        str(bare / "bin" / "python"),
+        str(MNIST),
+        *TINY,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--framework torch:" in done.stderr and "cannot import torch" in done.stderr
+    assert not out.exists()  # no job started, no report
 
 
 def test_bad_out_is_a_clean_error(tmp_path: Path) -> None:
