@@ -21,6 +21,9 @@ class ConfigError(MemgovError, ValueError):
     that catches ValueError for a bad argument keeps working)."""
 
     __module__ = "memgov"
+    problem = ""
+    """What is wrong with the value, without the setting's name or what is accepted (a size's
+    error sets it), for a caller that says both in its own words."""
 
 
 class LedgerError(MemgovError):

@@ -108,8 +108,8 @@ def claim_setting(value: str, what: str = "MEMGOV_CLAIM") -> str | Size:
         return text.lower()
     try:
         return Size(text, what)
-    except ConfigError:  # said with every form MEMGOV_CLAIM takes, not a size's alone
-        raise ConfigError(f"{named(what, value)}: {CLAIM_ACCEPTED}") from None
+    except ConfigError as exc:  # said with every form MEMGOV_CLAIM takes, not a size's alone
+        raise ConfigError(f"{named(what, value)}: {CLAIM_ACCEPTED} ({exc.problem})") from None
 
 
 def wait_seconds(value: object, what: str = "wait") -> float | None:

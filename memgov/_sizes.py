@@ -83,7 +83,9 @@ class Size:
     def error(self, problem: str, accepted: str = ACCEPTED) -> ConfigError:
         """The one form of a size's error: the setting, the problem, what is accepted."""
         also = f"; or {self.also}" if self.also else ""
-        return ConfigError(f"{self.what}: {problem}; {accepted}{also}")
+        error = ConfigError(f"{self.what}: {problem}; {accepted}{also}")
+        error.problem = problem
+        return error
 
     def on(self, total: int | None, where: str = "the device") -> int:
         """Bytes on a device of ``total`` bytes (None: no device known, percentages refused).

@@ -131,17 +131,18 @@ def job_spec(table: Any, what: str, base: Path) -> JobSpec:
     """A JobSpec from one [[job]] table; ``what`` names it in errors, ``base`` anchors ``cwd``."""
     if not isinstance(table, dict):
         raise ConfigError(f"{what}: not a table; write it as [[job]] with cmd = [...]")
+    cmd = _cmd(table.get("cmd"), what)
+    name = table.get("name", default_name(cmd))
+    if not isinstance(name, str) or not name.strip() or len(name) > 128 or not name.isprintable():
+        shown = name if not isinstance(name, str) else name[:40] + ("..." if len(name) > 40 else "")
+        raise ConfigError(f"{what}: name {shown!r}: accepted 1-128 printable characters")
+    what = f"{what} ({name!r})"
     unknown = sorted(set(table) - set(JOB_KEYS))
     if unknown:
         raise ConfigError(
             f"{what}: unknown key(s) {', '.join(map(repr, unknown))}; accepted: "
             f"{', '.join(JOB_KEYS)}"
         )
-    cmd = _cmd(table.get("cmd"), what)
-    name = table.get("name", default_name(cmd))
-    if not isinstance(name, str) or not name.strip() or len(name) > 128 or not name.isprintable():
-        raise ConfigError(f"{what}: name {name!r}: accepted 1-128 printable characters")
-    what = f"{what} ({name!r})"
     cwd = table.get("cwd", ".")
     if not isinstance(cwd, str):
         raise ConfigError(f"{what}: cwd must be a string (a folder, relative to the file's)")
@@ -175,8 +176,8 @@ def claim_value(value: Any, what: str) -> str | Size:
         return "auto"
     try:
         return Size(value, what)
-    except ValueError as exc:
-        raise ConfigError(f"{what} {value!r}: {CLAIM_ACCEPTED} ({exc})") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{what} {value!r}: {CLAIM_ACCEPTED} ({exc.problem})") from None
 
 
 def _cmd(value: Any, what: str) -> list[str]:

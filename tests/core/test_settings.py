@@ -173,3 +173,18 @@ def test_the_shared_ledger_is_the_default_where_root_made_it(
     assert _config.ledger_dir() == default
     monkeypatch.setenv("MEMGOV_DIR", str(tmp_path / "mine"))
     assert _config.ledger_dir() == tmp_path / "mine"
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("150%", "('150%' must be a percentage in (0, 100])"),
+        ("0", "('0' must be more than 0 bytes)"),
+        ("lots", "(cannot read 'lots' as a size)"),
+    ],
+)
+def test_a_refused_claim_says_why_beside_what_is_accepted(value: str, reason: str) -> None:
+    with pytest.raises(memgov.ConfigError) as info:
+        _settings.claim_setting(value, "--claim")
+    message = str(info.value)
+    assert message.startswith(f"--claim {value!r}: accepted a size") and message.endswith(reason)

@@ -195,3 +195,15 @@ def test_simulate_refuses_a_negative_seed_in_one_message(tmp_path: Path) -> None
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "--seed" in result.stderr
+
+
+def test_a_jobs_errors_name_it_once_and_say_why(tmp_path: Path) -> None:
+    path = tmp_path / "q.toml"
+    path.write_text("[[job]]\nname = 'gan'\ncmd = 'true'\nclam = 1\n")
+    with pytest.raises(ConfigError, match=r"job 1 \('gan'\): unknown key\(s\) 'clam'"):
+        q.run(path)
+    path.write_text("[[job]]\nname = 'gan'\ncmd = 'true'\nclaim = 'abc'\n")
+    with pytest.raises(ConfigError) as info:
+        q.run(path)
+    assert str(info.value).count("job 1 ('gan')") == 1
+    assert str(info.value).endswith("(cannot read 'abc' as a size)")
