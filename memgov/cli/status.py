@@ -40,15 +40,24 @@ def status(
 
 
 def _watch(seconds: float, as_json: bool) -> None:
+    import sys
+
     from rich.live import Live
 
     from memgov import _status
-    from memgov.cli.render import status_table
+    from memgov.cli.render import console, status_table
 
     try:
-        if as_json:
+        if as_json or not sys.stdout.isatty():
+            # A pipe or a file: one snapshot after another, each written out as it is taken
+            # (a redirected --watch stopped by a signal keeps every snapshot it took).
             while True:
-                typer.echo(json.dumps(_status.status(), sort_keys=True))
+                data = _status.status()
+                if as_json:
+                    typer.echo(json.dumps(data, sort_keys=True))
+                else:
+                    console().print(status_table(data))
+                sys.stdout.flush()
                 time.sleep(seconds)
         with Live(status_table(_status.status()), auto_refresh=False) as live:
             while True:

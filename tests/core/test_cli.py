@@ -160,3 +160,33 @@ def test_bad_settings_exit_2_with_the_reason(
     assert result.stdout == ""
     assert result.stderr.startswith("memgov: ") and says in result.stderr
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_status_watch_into_a_pipe_writes_each_snapshot_as_it_is_taken(
+    env: dict[str, str], as_json: bool
+) -> None:
+    # Stopped by a signal, as `timeout` stops it: what it wrote before is there, read as it came.
+    import threading
+
+    args = [sys.executable, "-m", "memgov.cli", "status", "--watch", "0.3"]
+    proc = subprocess.Popen(
+        [*args, *(["--json"] if as_json else [])], env=env, stdout=subprocess.PIPE, text=True
+    )
+    guard = threading.Timer(60, proc.kill)  # a snapshot that never comes fails, never hangs
+    guard.start()
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # returns once the first snapshot is written out
+        proc.terminate()
+        rest = proc.stdout.read()  # through the reader's own buffer, not around it
+    finally:
+        guard.cancel()
+        proc.kill()
+        proc.wait(timeout=30)
+    assert first.strip(), "nothing written before the process was stopped"
+    if as_json:
+        snapshots = [json.loads(line) for line in [first, *rest.splitlines()] if line.strip()]
+        assert snapshots and all("devices" in s for s in snapshots)
+    else:
+        assert "sim0" in first + rest
