@@ -84,12 +84,13 @@ def _job_line(job: Any) -> str:
     from memgov._sizes import format_size
 
     claim = format_size(job.claim) if isinstance(job.claim, int) else str(job.claim)
-    where = f" gpu {last.gpu}" if last else ""
-    size = f" {last.claim_bytes / 2**20:,.0f} MiB" if last else ""
-    end = f" ({last.result})" if last and last.result and job.state != "running" else ""
+    ran = f", last run {last.claim_bytes / 2**20:,.0f} MiB on gpu {last.gpu}" if last else ""
+    result = last.result if last and job.state != "running" else None
+    end = f" ({result})" if result and result != job.state else ""
+    state = f"{job.state}{end}"
     ago = time.time() - job.created
     return (
-        f"{job.id:>5} {job.state:<9}{end} {job.name[:40]:<40} claim {claim}{size}{where}; "
+        f"{job.id:>5} {state:<16} {job.name[:40]:<40} claim {claim}{ran}; "
         f"added {ago:,.0f} s ago"
     )
 

@@ -207,3 +207,17 @@ def test_a_jobs_errors_name_it_once_and_say_why(tmp_path: Path) -> None:
         q.run(path)
     assert str(info.value).count("job 1 ('gan')") == 1
     assert str(info.value).endswith("(cannot read 'abc' as a size)")
+
+
+def test_the_list_says_each_jobs_end_once_and_what_its_last_run_had(tmp_path: Path) -> None:
+    path = tmp_path / "q.toml"
+    path.write_text(
+        "[[job]]\nname = 'bad'\ncmd = 'false'\nclaim = '1GiB'\n"
+        "[[job]]\nname = 'good'\ncmd = 'true'\nclaim = '1GiB'\n"
+    )
+    assert memgov_cli("queue", "run", str(path)).returncode == 1
+    listed = memgov_cli("queue", "list").stdout.splitlines()
+    lines = {name: next(ln for ln in listed if f" {name} " in ln) for name in ("bad", "good")}
+    assert " failed " in lines["bad"] and "(failed)" not in lines["bad"]
+    assert " done (ok) " in lines["good"]
+    assert "claim 1.00 GiB, last run 1,024 MiB on gpu " in lines["good"]
