@@ -445,7 +445,7 @@ def _refusal(refusals: list[Refusal], request: Request, never: bool) -> BudgetEx
     elif request.wait_s:
         parts.append(f"waited {request.wait_s:g} s")
     else:
-        parts.append("pass wait=SECONDS to queue for it")
+        parts.append("pass wait=SECONDS to queue for it (MEMGOV_WAIT=SECONDS, memgov run --wait)")
     return BudgetExceeded(
         "; ".join(parts),
         device=uuid,

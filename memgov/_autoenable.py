@@ -209,7 +209,8 @@ def _on_import(module: ModuleType) -> None:
             raise MemgovError(f"auto-enable failed: {type(exc).__name__}: {exc}") from exc
         detail = str(exc) if isinstance(exc, MemgovError) else f"{type(exc).__name__}: {exc}"
         _warn_once_per_job(
-            f"{detail}; continuing without a memgov budget (MEMGOV_STRICT=1 makes this an error)"
+            f"{detail}; continuing without a memgov budget (MEMGOV_STRICT=1 or memgov run "
+            "--strict makes this an error)"
         )
 
 

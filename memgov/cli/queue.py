@@ -89,10 +89,7 @@ def _job_line(job: Any) -> str:
     end = f" ({result})" if result and result != job.state else ""
     state = f"{job.state}{end}"
     ago = time.time() - job.created
-    return (
-        f"{job.id:>5} {state:<16} {job.name[:40]:<40} claim {claim}{ran}; "
-        f"added {ago:,.0f} s ago"
-    )
+    return f"{job.id:>5} {state:<16} {job.name[:40]:<40} claim {claim}{ran}; added {ago:,.0f} s ago"
 
 
 @queue_app.command("add", context_settings=ADD_SETTINGS)

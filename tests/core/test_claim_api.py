@@ -121,7 +121,7 @@ def test_budget_exceeded_says_why(planted: list[tuple[DeviceLedger, Held]]) -> N
     assert "free budget 4.00 GiB of 64.00 GiB" in message
     holders = f"big job 40.00 GiB (uid {UID}), small job 20.00 GiB (uid {UID})"
     assert f"largest holders: {holders}" in message
-    assert "pass wait=SECONDS to queue for it" in message
+    assert "pass wait=SECONDS to queue for it (MEMGOV_WAIT=SECONDS, memgov run --wait)" in message
     with memgov.claim("4GiB"):  # exactly what is free still fits
         pass
 
