@@ -493,5 +493,11 @@ def test_a_refused_claim_is_retried_by_ray_until_it_fits(
         time.sleep(1.0)  # Ray's attempts meanwhile end in BudgetExceeded, which it retries
         assert list(tmp_path.iterdir()) == []
     finally:
+        freeing = time.time_ns()
         holder.close()  # the outside memory is freed: the next attempt's claim fits
-    assert ray.get(ref, timeout=60) == 1  # the body ran once, after the claim was admitted
+    assert ray.get(ref, timeout=60) >= 1
+    # The body ran only once the claim was admitted, once the memory was being freed. (Ray runs
+    # a task again when its worker dies after the body, which a loaded machine has seen once:
+    # that second run is Ray's, and also comes after.)
+    ran = [int(p.name.split("-")[1]) for p in tmp_path.iterdir()]
+    assert ran and all(at > freeing for at in ran)
