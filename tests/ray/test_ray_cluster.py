@@ -496,8 +496,8 @@ def test_a_refused_claim_is_retried_by_ray_until_it_fits(
         freeing = time.time_ns()
         holder.close()  # the outside memory is freed: the next attempt's claim fits
     assert ray.get(ref, timeout=60) >= 1
-    # The body ran only once the claim was admitted, once the memory was being freed. (Ray runs
-    # a task again when its worker dies after the body, which a loaded machine has seen once:
-    # that second run is Ray's, and also comes after.)
+    # The body ran only once the claim was admitted, once the memory was being freed. (It ran
+    # twice once on a loaded machine, not looked into further; Ray runs a task again when its
+    # worker dies after the body, and a second run must come after too.)
     ran = [int(p.name.split("-")[1]) for p in tmp_path.iterdir()]
     assert ran and all(at > freeing for at in ran)
