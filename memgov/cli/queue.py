@@ -15,6 +15,7 @@ imported in `simulate` only.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -107,8 +108,6 @@ def add(
 ) -> None:
     """Queue CMD (its folder and environment kept): memgov queue add -- python train.py"""
     as_json = _json(ctx, as_json)
-    import os
-
     import memgov.queue as q
     from memgov.queue.queuefile import job_spec
     from memgov.queue.submit import check
@@ -226,23 +225,13 @@ def _writable(option: str, path: Path) -> None:
     """An output file can be written where it is asked for: said before any job runs."""
     from memgov._errors import ConfigError
 
-    folder = path.parent if str(path.parent) else Path(".")
+    accepted = "accepted a file path in a folder that exists and you can write"
     if path.is_dir():
-        raise ConfigError(
-            f"{option} {path}: a folder; accepted a file path in a folder you can write"
-        )
-    if not folder.is_dir():
-        raise ConfigError(
-            f"{option} {path}: no folder {folder}; accepted a file path in a folder "
-            "that exists and you can write"
-        )
-    import os
-
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"{option} {path}: folder {folder} is not writable; accepted a file "
-            "path in a folder you can write"
-        )
+        raise ConfigError(f"{option} {path}: a folder; {accepted}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{option} {path}: no folder {path.parent}; {accepted}")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: folder {path.parent} is not writable; {accepted}")
 
 
 @queue_app.command("serve")

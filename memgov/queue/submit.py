@@ -4,11 +4,13 @@ from a queue file (a run of jobs with arrival times)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from memgov import _jobid
+from memgov._errors import ConfigError, MemgovError
 from memgov._sizes import Size
 from memgov.queue.model import Job
 from memgov.queue.queuefile import JobSpec
@@ -87,7 +89,6 @@ def check(specs: list[JobSpec], environ: dict[str, str]) -> None:
     fails at once when its run reaches it, saying why, while the others run; a Ray cluster's
     GPUs are not this host's.)"""
     from memgov import _devices
-    from memgov._errors import ConfigError, MemgovError
 
     try:
         found = _devices.candidates("auto")
@@ -106,10 +107,6 @@ def check(specs: list[JobSpec], environ: dict[str, str]) -> None:
 
 
 def _program(spec: JobSpec, path: str, what: str) -> None:
-    import shutil
-
-    from memgov._errors import ConfigError
-
     program = spec.cmd[0]
     with _in_folder(spec.cwd):
         where = shutil.which(program, path=None if "/" in program else path)
