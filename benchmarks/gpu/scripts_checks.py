@@ -22,7 +22,9 @@ slow drift of the machine falls on both sides. Conditions:
   job ends up with after its claim, set by hand with memgov off: the thread variables at 1, the
   allocator cap, MPS's memory limit, CUDA_VISIBLE_DEVICES=<the GPU's UUID>, memgov's daemon),
   memgov_mps_noruns (memgov's claim starts no run: no sampler thread, live file or fold into the
-  profile at exit), mixed (one run, both sides at once: every
+  profile at exit), hand_mps_cap_batch and memgov_mps_batch (hand_mps_cap and memgov_mps with
+  every thread SCHED_BATCH from the interpreter's start: a woken thread does not preempt the
+  running one), mixed (one run, both sides at once: every
   other job governed as memgov_mps, the rest hand-tuned as hand_mps_cap, all clients of the one
   `memgov mps start` daemon; which half is governed alternates run by run. The two halves meet
   the same machine at the same moment, so a cost memgov adds to each job shows in the halves'
@@ -44,7 +46,11 @@ training line to the exit (test pass, teardown, exit handlers); the job's CPU se
 context switches (its rusage, DataLoader workers included); and, from a probe that runs at the
 job's exit (a ``sitecustomize`` on PYTHONPATH in every condition), torch's allocator counters
 (``num_alloc_retries``: the allocator hit its cap or the device limit and freed its cache to
-retry; ``num_device_alloc``/``free``) and torch's thread counts.
+retry; ``num_device_alloc``/``free``) and torch's thread counts. The probe also stamps the
+start-up (TIMELINE: wall and process CPU at each point, the same in every condition): ``import
+torch`` begun and done, the model's first ``.to`` begun and done (where a script's first CUDA
+use makes the context; a governed job's allocator cap runs inside it, its own points within),
+the DataLoader's first iterator and batch, the first optimizer step.
 
     python3 benchmarks/gpu/scripts_checks.py --examples .public/examples \
         --kinds mnist,dcgan,vae --rounds 2 --budget 555 --out "$OUT"
@@ -147,6 +153,8 @@ CONDITIONS = (
     "hand_mps_cap_limit",
     "hand_mps_env",
     "memgov_mps_noruns",
+    "hand_mps_cap_batch",
+    "memgov_mps_batch",
 )
 
 
@@ -228,6 +236,12 @@ def condition(name: str, claim: str, total: int) -> dict[str, Any]:
     if name in ("hand_mps_yield", "hand_mps_blocking"):  # CUDA's waits yield / block
         env = {**hand, "SCRIPTS_CUDA_SCHED": name.rsplit("_", 1)[1]}
         return {"what": f"{env}, MPS by hand", "env": env, "mps": "hand"}
+    if name in ("hand_mps_cap_batch", "memgov_mps_batch"):  # every thread SCHED_BATCH
+        env = {**(hand if name.startswith("hand") else memgov), "SCRIPTS_SCHED_BATCH": "1"}
+        if name.startswith("hand"):
+            env.update(_cap(claim, total))
+        mps = "hand" if name.startswith("hand") else "memgov"
+        return {"what": f"{env}, SCHED_BATCH from the interpreter's start", "env": env, "mps": mps}
     if name == "mixed":  # the hand-tuned half joins memgov's daemon: see run()
         hand_cap = {**hand, **_cap(claim, total)}
         return {
@@ -502,6 +516,20 @@ def _cuda_sched():
     threading.Thread(target=watch, name="probe-sched", daemon=True).start()
 
 
+def _sched_batch():
+    """SCRIPTS_SCHED_BATCH=1: the interpreter's first thread SCHED_BATCH (as `chrt --batch 0`
+    would launch it); every thread and child made after inherits it. A batch task woken does
+    not preempt the running one: fewer forced switches on a host with more runnable threads
+    than cores."""
+    if os.environ.get("SCRIPTS_SCHED_BATCH") != "1":
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        _snapshot["sched"] = os.sched_getscheduler(0)
+    except OSError as exc:
+        _snapshot["sched"] = repr(exc)
+
+
 def _startup_samples():
     """SCRIPTS_STARTUP_SAMPLES=MS: until the first optimizer step, every MS milliseconds, the
     main thread's CPU seconds since the last look are put on what its stack shows now: the
@@ -666,12 +694,46 @@ def _timed_exec(inner, module):
 
         from torch.optim.optimizer import register_optimizer_step_post_hook
         handle.append(register_optimizer_step_post_hook(first_step))
+        _between(module)
     except Exception as exc:
         _snapshot["timeline_error"] = repr(exc)
 
 
+def _wrap_first(owner, attribute, begun, done):
+    """Stamp ``begun`` and ``done`` around the first call of owner.attribute (later calls pass
+    straight through)."""
+    inner = getattr(owner, attribute)
+
+    def wrapper(*args, **kwargs):
+        if done in _snapshot.get("timeline", {}):
+            return inner(*args, **kwargs)
+        if begun:
+            _stamp(begun)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            _stamp(done)
+
+    setattr(owner, attribute, wrapper)
+
+
+def _between(torch):
+    """The steps between CUDA's first use and the first optimizer step, alike in every
+    condition: the model's first ``.to`` (where a script's first CUDA use makes the context; a
+    governed job's allocator cap runs inside it), in it memgov's cap's context and its
+    fraction set (governed only), the DataLoader's first iterator (its workers started) and
+    first batch."""
+    _wrap_first(torch.nn.Module, "to", "to_begun", "to_done")
+    _wrap_first(torch.cuda, "mem_get_info", "", "cap_context_done")
+    _wrap_first(torch.cuda, "set_per_process_memory_fraction", "cap_fraction_begun", "cap_done")
+    import torch.utils.data.dataloader as loader
+    _wrap_first(loader.DataLoader, "__iter__", "", "loader_iter_done")
+    _wrap_first(loader._BaseDataLoaderIter, "__next__", "", "first_batch")
+
+
 atexit.register(_dump_all)
 _register_shutdown()
+_sched_batch()
 _timeline()
 _cuda_sched()
 _startup_samples()
@@ -948,7 +1010,20 @@ def where(jobs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-TIMELINE = ("site", "torch_begun", "torch_done", "cuda_ready", "first_step")
+TIMELINE = (
+    "site",
+    "torch_begun",
+    "torch_done",
+    "to_begun",
+    "cap_context_done",
+    "cap_fraction_begun",
+    "cap_done",
+    "cuda_ready",
+    "to_done",
+    "loader_iter_done",
+    "first_batch",
+    "first_step",
+)
 
 
 def timeline(jobs: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -981,7 +1056,7 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
     start-up, after-training and CPU seconds minus hand's (<= 0: no slower, no costlier); and
     all rounds' spans summed, hand's over the other's (``x_hand_span_summed``). Keys
     "kind:condition" against hand_mps, "kind:condition/hand_mps_cap" against the capped one
-    (memgov's conditions only)."""
+    (memgov's conditions and the capped one's variants, hand_mps_cap_*, only)."""
     out: dict[str, Any] = {}
     for kind in sorted({r["kind"] for r in runs}):
         mine = [r for r in runs if r["kind"] == kind]
@@ -989,7 +1064,7 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
             hands = {r["round"]: r for r in mine if r["condition"] == base}
             others = sorted({r["condition"] for r in mine} - {base})
             if base != "hand_mps":
-                others = [c for c in others if c.startswith("memgov")]
+                others = [c for c in others if c.startswith(("memgov", f"{base}_"))]
             for cond in others:
                 pairs = [
                     (hands[r["round"]], r)

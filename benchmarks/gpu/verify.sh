@@ -50,6 +50,8 @@
 #                               MPS's memory limit and governed, alone and ten at once;
 #                               nvml_lists: NVML's process list beside 1 and 25 MPS clients
 #                               (its CPU), and a client's own use read from its limit;
+#                               public_scripts_sched: the capped hand-tuned with and
+#                               without SCHED_BATCH, and memgov with it;
 #                               public_scripts_timeline: 25 MNIST copies, the capped hand-tuned
 #                               and memgov, two rounds, each run's start-up timeline;
 #                               public_scripts_diag: MNIST
@@ -221,10 +223,13 @@ python3 -m memgov devices' ;;
       done ;;
     public_scripts_mixed)  # 25 MNIST copies: the capped hand-tuned, memgov, and both halves in
       # one run (every other job governed: what memgov costs each job, the machine's drift
-      # shared); three rounds
-      run public_scripts_mixed 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
-        --conditions hand_mps_cap,memgov_mps,mixed --rounds 3 --budget 555 --tag mixed \
-        --out "$OUT" ;;
+      # shared); three rounds. SCRIPTS_KINDS, SCRIPTS_ROUNDS, SCRIPTS_BUDGET choose others, and
+      # MIXED_CONDITIONS the conditions (e.g. mixed alone)
+      kinds=${SCRIPTS_KINDS:-mnist}
+      run public_scripts_mixed 575 python3 benchmarks/gpu/scripts_checks.py --kinds "$kinds" \
+        --conditions "${MIXED_CONDITIONS:-hand_mps_cap,memgov_mps,mixed}" \
+        --rounds "${SCRIPTS_ROUNDS:-3}" --budget "${SCRIPTS_BUDGET:-555}" \
+        --tag "mixed${SCRIPTS_KINDS:+-${kinds//,/-}}" --out "$OUT" ;;
     public_scripts_suspects)  # 25 MNIST copies, all governed or none: the capped hand-tuned,
       # memgov, memgov without its NVML process lists, memgov with MEMGOV_THREADS=1 (no follower);
       # two rounds: what costs when every job is governed (the mixed runs found no cost per job)
@@ -249,6 +254,15 @@ python3 -m memgov devices' ;;
         --conditions hand_mps_cap,hand_mps_env,memgov_mps --rounds "${SCRIPTS_ROUNDS:-3}" \
         --budget "${SCRIPTS_BUDGET:-555}" --tag "env${SCRIPTS_KINDS:+-${kinds//,/-}}" \
         --out "$OUT" ;;
+    public_scripts_sched)  # the capped hand-tuned with and without every thread SCHED_BATCH,
+      # and memgov with it: whether fewer forced switches speed a host with more runnable
+      # threads than cores (SCRIPTS_KINDS, SCRIPTS_ROUNDS, SCRIPTS_BUDGET choose others)
+      kinds=${SCRIPTS_KINDS:-mnist,vae}
+      uname -r; cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || true
+      run public_scripts_sched 575 python3 benchmarks/gpu/scripts_checks.py --kinds "$kinds" \
+        --conditions hand_mps_cap,hand_mps_cap_batch,memgov_mps_batch \
+        --rounds "${SCRIPTS_ROUNDS:-2}" --budget "${SCRIPTS_BUDGET:-555}" \
+        --tag "sched-${kinds//,/-}" --out "$OUT" ;;
     public_scripts_growth)  # 25 MNIST copies: whether the share's growth is what costs memgov
       run public_scripts_growth 575 python3 benchmarks/gpu/scripts_checks.py --kinds mnist \
         --conditions hand_mps_cap,memgov_mps,memgov_mps_nogrow,memgov_mps_fixed --rounds 2 \
