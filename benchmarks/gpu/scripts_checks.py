@@ -48,9 +48,11 @@ job's exit (a ``sitecustomize`` on PYTHONPATH in every condition), torch's alloc
 (``num_alloc_retries``: the allocator hit its cap or the device limit and freed its cache to
 retry; ``num_device_alloc``/``free``) and torch's thread counts. The probe also stamps the
 start-up (TIMELINE: wall and process CPU at each point, the same in every condition): ``import
-torch`` begun and done, the model's first ``.to`` begun and done (where a script's first CUDA
-use makes the context; a governed job's allocator cap runs inside it, its own points within),
-the DataLoader's first iterator and batch, the first optimizer step.
+torch`` begun and done (a governed job's share and claim within it), the script's
+``torch.accelerator.is_available()`` (CUDA's driver initialised there), the model's first
+``.to`` begun and done (where a script's first CUDA use makes the context; a governed job's
+allocator cap runs inside it, its own points within), the DataLoader's first iterator and
+batch, the first optimizer step.
 
     python3 benchmarks/gpu/scripts_checks.py --examples .public/examples \
         --kinds mnist,dcgan,vae --rounds 2 --budget 555 --out "$OUT"
@@ -678,6 +680,10 @@ def _timeline():
             return spec
 
     _sys.meta_path.insert(0, _After())
+    auto = _sys.modules.get("memgov._autoenable")  # imported at start-up when governed
+    if auto is not None:
+        _wrap_first(auto, "_decide_threads", "share_begun", "share_done")
+        _wrap_first(auto, "_govern", "claim_begun", "claim_done")
 
 
 def _timed_exec(inner, module):
@@ -723,6 +729,7 @@ def _between(torch):
     governed job's allocator cap runs inside it), in it memgov's cap's context and its
     fraction set (governed only), the DataLoader's first iterator (its workers started) and
     first batch."""
+    _wrap_first(torch.accelerator, "is_available", "accel_begun", "accel_done")
     _wrap_first(torch.nn.Module, "to", "to_begun", "to_done")
     _wrap_first(torch.cuda, "mem_get_info", "", "cap_context_done")
     _wrap_first(torch.cuda, "set_per_process_memory_fraction", "cap_fraction_begun", "cap_done")
@@ -1013,7 +1020,13 @@ def where(jobs: list[dict[str, Any]]) -> dict[str, Any]:
 TIMELINE = (
     "site",
     "torch_begun",
+    "share_begun",
+    "share_done",
+    "claim_begun",
+    "claim_done",
     "torch_done",
+    "accel_begun",
+    "accel_done",
     "to_begun",
     "cap_context_done",
     "cap_fraction_begun",
@@ -1244,6 +1257,13 @@ def summary(report: dict[str, Any]) -> list[str]:
                 f"{g.get('after_s_median')} {g.get('cpu_s_median')} "
                 f"{g.get('children_cpu_s_median')}"
             )
+    if mixed:
+        lines.append("mixed runs' start-up timeline, per half (point seconds/process_cpu_s):")
+    for r in mixed:
+        for name, g in r["groups"].items():
+            points = g.get("timeline") or {}
+            stamps = " ".join(f"{p} {at}/{cpu}" for p, (at, cpu) in points.items())
+            lines.append(f"  {r['kind']} round {r['round']} {name}: {stamps}")
     lines += startup_samples(report["runs"])
     lines.append("hand-tuned span / condition span, each round (hand_mps, or the one named):")
     # From the runs, not the report's own ratios: a report older than a baseline lacks them.
