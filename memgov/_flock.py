@@ -9,8 +9,10 @@ its lock: an interrupted claim leaves at most a dead, unlocked file, which the n
 
 Forks. A flock belongs to the open file, which fork() shares with the child. A forked child closes
 every ledger descriptor at once (an at-fork hook), so it never holds its parent's claim, ticket or
-admission lock. Every open is O_CLOEXEC, so exec'd programs inherit none. A child forked from C
-skips the hook; scanners catch that case through /proc/locks (see ``lock_holders``).
+admission lock; the descriptors other threads held in the ledger without a registered FileIO (a
+scan's folders, a listing's copy, a file between its open and its registration) it replaces with
+/dev/null. Every open is O_CLOEXEC, so exec'd programs inherit none. A child forked from C skips
+the hook; scanners catch that case through /proc/locks (see ``lock_holders``).
 
 Bounds. Every file another user can create is opened with O_NOFOLLOW | O_NONBLOCK (a planted FIFO
 or device never blocks the open) and checked with fstat before use. Locks are only ever tried with
@@ -102,12 +104,61 @@ def _register(file: io.FileIO) -> None:
     _live[key] = weakref.ref(file, functools.partial(_live.pop, key))
 
 
+_roots: dict[str, str] = {}
+"""Every ledger folder this process opened, as given -> as the kernel names it (realpath)."""
+
+
+def note_root(root: str | Path) -> None:
+    """Remember a ledger folder this process opens (memgov/_records.py open_dir), so that a
+    forked child can find the descriptors other threads held in it at the fork."""
+    key = str(root)
+    if key not in _roots:
+        _roots[key] = os.path.realpath(key)
+
+
 def _close_all_in_child() -> None:
     # A forked child: only this thread exists; close its copy of every ledger descriptor.
     for ref in list(_live.values()):
         target = ref()
         if target is not None:
             target.close()
+    _blank_strays_in_child()
+
+
+def _blank_strays_in_child() -> None:
+    """Descriptors in the ledger that no registered FileIO owns, left by the threads the fork
+    did not copy: a folder on a scan's path (select.epoll owns those), the copy os.listdir
+    makes of a folder's, a file a thread had opened and not yet registered, one read without
+    registering. Such a descriptor would keep the folder or file, and any flock its parent's
+    thread takes on the shared open file afterwards, for as long as the child lives. Each is
+    replaced by /dev/null rather than closed: the object in the thread the fork left behind
+    still names the number, and if it is ever freed it closes /dev/null, never a descriptor
+    reused since. Costs a forked child one listing of /proc/self/fd, only in a process that
+    opened a ledger."""
+    if not _roots:
+        return
+    folders = set(_roots.values())
+    inside = tuple(folder.rstrip("/") + "/" for folder in folders)
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return  # no /proc: nothing to find them by
+    null = -1
+    try:
+        for name in names:
+            try:
+                target = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                continue  # the listing's own descriptor, closed by now
+            if target in folders or target.startswith(inside):
+                if null < 0:
+                    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                os.dup2(null, int(name), inheritable=False)
+    except OSError:
+        pass  # best effort: the child runs on either way
+    finally:
+        if null >= 0:
+            os.close(null)
 
 
 os.register_at_fork(after_in_child=_close_all_in_child)

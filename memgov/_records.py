@@ -33,6 +33,7 @@ from memgov._errors import LedgerError
 from memgov._flock import (
     flock_error,
     lock_table,
+    note_root,
     open_owned,
     pid_running,
     process_alive,
@@ -73,6 +74,7 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
     # The open folders, each owned by an object that closes it when freed (_trust.Stack): an
     # exception anywhere leaks no folder descriptor and never closes a number twice.
     stack: _trust.Stack = []
+    note_root(root)  # a forked child finds what other threads hold here (_flock)
     try:
         info = _trust.walk(root, stack, create)
         path = root

@@ -99,3 +99,127 @@ def test_child_forked_during_a_record_probe_keeps_no_lock(record: str, sim: str)
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0", "the child holds the probe's descriptor (and its lock)"
+
+
+LEDGER_FDS = """
+def ledger_fds(root):
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(root):
+                found += 1
+        except OSError:
+            pass  # the listing's own descriptor, closed by now
+    return found
+"""
+
+STRAYS_HELD_AT_FORK = (
+    """
+import fcntl, os, threading
+from memgov import _config, _records
+
+"""
+    + LEDGER_FDS
+    + """
+root = str(_config.ledger_dir())
+real = os.path.realpath(root)
+held, forked, closed = threading.Event(), threading.Event(), threading.Event()
+
+def hold():
+    # A scan's folder (select.epoll owns it, no FileIO) and a file another thread opened and
+    # locked without registering it: what a fork can find in the middle of memgov's work.
+    with _records.open_dir(_config.ledger_dir(), ("v1", "cpu"), create=True) as folder:
+        record = os.path.join(real, "v1", "cpu", "probe")
+        open(record, "w").close()
+        fd = os.open(record, os.O_RDONLY | os.O_CLOEXEC)
+        held.set()
+        forked.wait()
+        fcntl.flock(fd, fcntl.LOCK_SH)  # taken after the fork, on the open file both share
+        os.close(fd)  # the parent lets go: the lock must go with it
+    closed.set()
+
+threading.Thread(target=hold).start()
+held.wait()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    os.write(w, bytes([ledger_fds(real)]))
+    os.read(os.open(os.devnull, os.O_RDONLY), 1)  # stays alive while the parent probes
+    import time
+    time.sleep(30)
+    os._exit(0)
+os.close(w)
+forked.set()
+strays = os.read(r, 1)[0]
+closed.wait()
+probe = os.open(os.path.join(real, "v1", "cpu", "probe"), os.O_RDONLY)
+try:
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    kept = 0
+except BlockingIOError:
+    kept = 1
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+print(strays, kept)
+"""
+)
+
+
+def test_child_forked_while_threads_hold_unregistered_ledger_descriptors_keeps_none() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", STRAYS_HELD_AT_FORK], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    strays, kept = result.stdout.split()
+    assert strays == "0", "the child holds ledger descriptors other threads had open"
+    assert kept == "0", "the child keeps the lock its parent's thread took after the fork"
+
+
+FORKS_DURING_SCANS = (
+    """
+import os, sys, threading
+import memgov
+from memgov import _config, _cpushare
+
+"""
+    + LEDGER_FDS
+    + """
+claim = memgov.claim("1GiB")
+real = os.path.realpath(_config.ledger_dir())
+stop = threading.Event()
+
+def scan():  # the thread follower's work, without its pauses
+    while not stop.is_set():
+        _cpushare.peers(clean=False)
+
+threading.Thread(target=scan, daemon=True).start()
+holding = 0
+for _ in range(int(sys.argv[1])):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, bytes([min(ledger_fds(real), 255)]))
+        os._exit(0)
+    os.close(w)
+    holding += os.read(r, 1)[0] > 0
+    os.close(r)
+    os.waitpid(pid, 0)
+stop.set()
+claim.release()
+print(holding)
+"""
+)
+
+
+def test_children_forked_while_a_thread_scans_the_ledger_hold_none_of_it(sim: str) -> None:
+    """200 forks while another thread scans the CPU shares back to back (listings, folders,
+    records probed): before each child cleared what it found, about nine in ten held one."""
+    result = subprocess.run(
+        [sys.executable, "-c", FORKS_DURING_SCANS, "200"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0", f"{result.stdout.strip()} of 200 children held some"
