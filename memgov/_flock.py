@@ -104,6 +104,10 @@ def _register(file: io.FileIO) -> None:
     _live[key] = weakref.ref(file, functools.partial(_live.pop, key))
 
 
+LAYOUT_DIR = "v1"
+"""The folder under a ledger's root that holds everything memgov writes (memgov/_records.py
+VERSION_DIR; defined here, below it, for the fork hook)."""
+
 _roots: dict[str, str] = {}
 """Every ledger folder this process opened, as given -> as the kernel names it (realpath)."""
 
@@ -137,8 +141,11 @@ def _blank_strays_in_child() -> None:
     opened a ledger."""
     if not _roots:
         return
-    folders = set(_roots.values())
-    inside = tuple(folder.rstrip("/") + "/" for folder in folders)
+    # The ledger folder itself (a scan's walk holds it) and memgov's layout under it; a file of
+    # the user's own elsewhere in that folder is left alone.
+    layouts = [os.path.join(root, LAYOUT_DIR) for root in _roots.values()]
+    folders = {*_roots.values(), *layouts}
+    inside = tuple(layout + "/" for layout in layouts)
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:

@@ -31,6 +31,7 @@ from memgov import _deadnames, _trust
 from memgov._attribution import pidns_of
 from memgov._errors import LedgerError
 from memgov._flock import (
+    LAYOUT_DIR,
     flock_error,
     lock_table,
     note_root,
@@ -41,7 +42,7 @@ from memgov._flock import (
 )
 from memgov._parse import CLAIM_FIELDS, CPU_FIELDS, Fields, _parse
 
-VERSION_DIR = "v1"
+VERSION_DIR = LAYOUT_DIR
 """The ledger's layout version: every folder memgov uses lies under MEMGOV_DIR/v1."""
 VERSION = 1
 """The version field of every record (claims, queue tickets, CPU-share records, runs)."""

@@ -140,11 +140,13 @@ def hold():
 
 threading.Thread(target=hold).start()
 held.wait()
+mine = os.open(os.path.join(real, "mine.log"), os.O_WRONLY | os.O_CREAT)  # the user's own file
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
     os.close(r)
-    os.write(w, bytes([ledger_fds(real)]))
+    os.write(mine, b"child")
+    os.write(w, bytes([ledger_fds(real) - 1]))  # all but the user's file
     os.read(os.open(os.devnull, os.O_RDONLY), 1)  # stays alive while the parent probes
     import time
     time.sleep(30)
@@ -161,7 +163,7 @@ except BlockingIOError:
     kept = 1
 os.kill(pid, 9)
 os.waitpid(pid, 0)
-print(strays, kept)
+print(strays, kept, open(os.path.join(real, "mine.log")).read())
 """
 )
 
@@ -171,9 +173,10 @@ def test_child_forked_while_threads_hold_unregistered_ledger_descriptors_keeps_n
         [sys.executable, "-c", STRAYS_HELD_AT_FORK], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    strays, kept = result.stdout.split()
+    strays, kept, written = result.stdout.split()
     assert strays == "0", "the child holds ledger descriptors other threads had open"
     assert kept == "0", "the child keeps the lock its parent's thread took after the fork"
+    assert written == "child", "a file of the user's own in the ledger folder was taken away"
 
 
 FORKS_DURING_SCANS = (
