@@ -81,9 +81,14 @@ claim.release()
 
 
 def run(program: str, arg: int, tree: Path | None) -> str:
+    with tempfile.TemporaryDirectory(prefix="memgov-forks-") as ledger:
+        return _run(program, arg, tree, ledger)
+
+
+def _run(program: str, arg: int, tree: Path | None, ledger: str) -> str:
     env = {
         **os.environ,
-        "MEMGOV_DIR": tempfile.mkdtemp(prefix="memgov-forks-"),
+        "MEMGOV_DIR": ledger,
         "MEMGOV_DEVICES": "sim0:16GiB",
         "MEMGOV_QUIET": "1",
         "PYTHONPATH": os.pathsep.join(str(p) for p in (tree, ROOT) if p is not None),
