@@ -9,10 +9,11 @@ its lock: an interrupted claim leaves at most a dead, unlocked file, which the n
 
 Forks. A flock belongs to the open file, which fork() shares with the child. A forked child closes
 every ledger descriptor at once (an at-fork hook), so it never holds its parent's claim, ticket or
-admission lock; the descriptors other threads held in the ledger without a registered FileIO (a
-scan's folders, a listing's copy, a file between its open and its registration) it replaces with
-/dev/null. Every open is O_CLOEXEC, so exec'd programs inherit none. A child forked from C skips
-the hook; scanners catch that case through /proc/locks (see ``lock_holders``).
+admission lock; forked during a ledger operation, it also replaces with /dev/null the descriptors
+other threads held in the ledger without a registered FileIO (a scan's folders, a listing's copy,
+a file between its open and its registration). Every open is O_CLOEXEC, so exec'd programs
+inherit none. A child forked from C skips the hook; scanners catch that case through /proc/locks
+(see ``lock_holders``).
 
 Bounds. Every file another user can create is opened with O_NOFOLLOW | O_NONBLOCK (a planted FIFO
 or device never blocks the open) and checked with fstat before use. Locks are only ever tried with
@@ -30,6 +31,7 @@ import functools
 import io
 import itertools
 import os
+import signal
 import stat
 import time
 import weakref
@@ -105,70 +107,112 @@ def _register(file: io.FileIO) -> None:
 
 
 LAYOUT_DIR = "v1"
-"""The folder under a ledger's root that holds everything memgov writes (memgov/_records.py
+"""The folder under a ledger's root that holds the records memgov writes (memgov/_records.py
 VERSION_DIR; defined here, below it, for the fork hook)."""
+OWNED_DIRS = (LAYOUT_DIR, "mps")
+"""memgov's folders under a ledger's root (memgov/_trust.py): the fork hook's reach there."""
 
-_roots: dict[str, str] = {}
-"""Every ledger folder this process opened, as given -> as the kernel names it (realpath)."""
+_roots: dict[str, tuple[str, ...]] = {}
+"""Every ledger folder this process opened, as given -> the names the kernel gives it."""
+_inside: list[None] = []
+"""One entry per ledger operation in progress in any thread (memgov/_records.py open_dir), by
+list append and pop (single C calls): a descriptor no registered FileIO owns exists only while
+one is. An interrupt that skips a pop leaves an entry: every fork then searches, as if one were
+in progress (the safe side)."""
+_null: list[int] = []
+"""/dev/null, opened once (O_CLOEXEC) by the first ledger operation: a forked child needs no
+new descriptor to blank a stray, even with none left to open."""
+_held_signals: list[set[int | signal.Signals]] = []
+"""The signal mask before a fork that met a ledger operation (restored after it)."""
 
 
-def note_root(root: str | Path) -> None:
-    """Remember a ledger folder this process opens (memgov/_records.py open_dir), so that a
-    forked child can find the descriptors other threads held in it at the fork."""
+def entering() -> None:
+    """A ledger operation begins in this thread (pair with :func:`left`, in a finally)."""
+    _inside.append(None)
+    if not _null:
+        _null.extend(map(os.open, (os.devnull,), (os.O_RDONLY | os.O_CLOEXEC,)))
+
+
+def left() -> None:
+    with contextlib.suppress(IndexError):
+        _inside.pop()
+
+
+def note_root(root: Path, fd: int) -> None:
+    """Remember a ledger folder this process opened (``fd``: its descriptor, just walked), by
+    the names the kernel gives it: a forked child finds the descriptors other threads held in
+    it at the fork by those names."""
     key = str(root)
-    if key not in _roots:
-        _roots[key] = os.path.realpath(key)
+    if key in _roots:
+        return
+    names = {os.path.realpath(key)}
+    with contextlib.suppress(OSError):
+        names.add(os.readlink(f"/proc/self/fd/{fd}"))
+    _roots[key] = tuple(names)
+
+
+def _before_fork() -> None:
+    # A fork during a ledger operation: the child will search /proc (below), so hold signals
+    # until it is done; a Ctrl-C to the process group would otherwise cut the search short in
+    # the child and be dropped there ("Exception ignored").
+    if _inside and hasattr(signal, "pthread_sigmask"):
+        _held_signals.append(signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals()))
+
+
+def _restore_signals() -> None:
+    while _held_signals:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _held_signals.pop())
 
 
 def _close_all_in_child() -> None:
     # A forked child: only this thread exists; close its copy of every ledger descriptor.
-    for ref in list(_live.values()):
-        target = ref()
-        if target is not None:
-            target.close()
-    _blank_strays_in_child()
+    try:
+        for ref in list(_live.values()):
+            target = ref()
+            if target is not None:
+                with contextlib.suppress(OSError):
+                    target.close()
+    finally:
+        try:
+            if _inside:
+                _blank_strays_in_child()
+                _inside.clear()  # the operations were other threads', which the child lacks
+        finally:
+            _restore_signals()
 
 
 def _blank_strays_in_child() -> None:
     """Descriptors in the ledger that no registered FileIO owns, left by the threads the fork
-    did not copy: a folder on a scan's path (select.epoll owns those), the copy os.listdir
-    makes of a folder's, a file a thread had opened and not yet registered, one read without
+    did not copy: a folder on a scan's path (select.epoll owns those), the copy os.listdir makes
+    of a folder's, a file a thread had opened and not yet registered, one read without
     registering. Such a descriptor would keep the folder or file, and any flock its parent's
     thread takes on the shared open file afterwards, for as long as the child lives. Each is
-    replaced by /dev/null rather than closed: the object in the thread the fork left behind
-    still names the number, and if it is ever freed it closes /dev/null, never a descriptor
-    reused since. Costs a forked child one listing of /proc/self/fd, only in a process that
-    opened a ledger."""
-    if not _roots:
-        return
-    # The ledger folder itself (a scan's walk holds it) and memgov's layout under it; a file of
-    # the user's own elsewhere in that folder is left alone.
-    layouts = [os.path.join(root, LAYOUT_DIR) for root in _roots.values()]
-    folders = {*_roots.values(), *layouts}
-    inside = tuple(layout + "/" for layout in layouts)
+    replaced by /dev/null rather than closed: the object in the thread the fork left behind still
+    names the number, and if it is ever freed it closes /dev/null, never a descriptor reused
+    since. Searched: the ledger folder itself and memgov's folders in it (OWNED_DIRS; a file of
+    the user's own elsewhere in it is left alone). Runs only in a child forked while a ledger
+    operation was in progress (``_inside``), and costs it one listing of /proc/self/fd. Best
+    effort: without /proc, or with no descriptor left for the listing, nothing is found."""
+    folders = {name for names in _roots.values() for name in names}
+    owned = {os.path.join(folder, part) for folder in folders for part in OWNED_DIRS}
+    exact = folders | owned
+    inside = tuple(folder + "/" for folder in owned)
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
-        return  # no /proc: nothing to find them by
-    null = -1
-    try:
-        for name in names:
-            try:
-                target = os.readlink(f"/proc/self/fd/{name}")
-            except OSError:
-                continue  # the listing's own descriptor, closed by now
-            if target in folders or target.startswith(inside):
-                if null < 0:
-                    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-                os.dup2(null, int(name), inheritable=False)
-    except OSError:
-        pass  # best effort: the child runs on either way
-    finally:
-        if null >= 0:
-            os.close(null)
+        return
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}").removesuffix(" (deleted)")
+            if target in exact or target.startswith(inside):
+                os.dup2(_null[0], int(name), inheritable=False)
+        except (OSError, IndexError, ValueError):
+            continue  # the listing's own descriptor (closed by now), or one that would not go
 
 
-os.register_at_fork(after_in_child=_close_all_in_child)
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_restore_signals, after_in_child=_close_all_in_child
+)
 
 
 _lifetime: list[weakref.ref[Any]] = []

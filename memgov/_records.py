@@ -32,7 +32,9 @@ from memgov._attribution import pidns_of
 from memgov._errors import LedgerError
 from memgov._flock import (
     LAYOUT_DIR,
+    entering,
     flock_error,
+    left,
     lock_table,
     note_root,
     open_owned,
@@ -75,9 +77,10 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
     # The open folders, each owned by an object that closes it when freed (_trust.Stack): an
     # exception anywhere leaks no folder descriptor and never closes a number twice.
     stack: _trust.Stack = []
-    note_root(root)  # a forked child finds what other threads hold here (_flock)
+    entering()  # a fork meanwhile: the child looks for what this leaves it (_flock)
     try:
         info = _trust.walk(root, stack, create)
+        note_root(root, _trust.top(stack))
         path = root
         for part in parts:
             parent, path = path, path / part
@@ -98,7 +101,10 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
             info = _trust.check(_trust.top(stack), path, role, info, root)
         yield _trust.top(stack)
     finally:
-        _trust.close_all(stack)
+        try:
+            _trust.close_all(stack)
+        finally:
+            left()
 
 
 def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:
