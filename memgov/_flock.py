@@ -31,7 +31,6 @@ import functools
 import io
 import itertools
 import os
-import signal
 import stat
 import time
 import weakref
@@ -114,54 +113,44 @@ OWNED_DIRS = (LAYOUT_DIR, "mps")
 
 _roots: dict[str, tuple[str, ...]] = {}
 """Every ledger folder this process opened, as given -> the names the kernel gives it."""
-_inside: list[None] = []
-"""One entry per ledger operation in progress in any thread (memgov/_records.py open_dir), by
-list append and pop (single C calls): a descriptor no registered FileIO owns exists only while
-one is. An interrupt that skips a pop leaves an entry: every fork then searches, as if one were
-in progress (the safe side)."""
-_null: list[int] = []
-"""/dev/null, opened once (O_CLOEXEC) by the first ledger operation: a forked child needs no
-new descriptor to blank a stray, even with none left to open."""
-_held_signals: list[set[int | signal.Signals]] = []
-"""The signal mask before a fork that met a ledger operation (restored after it)."""
+_inside: list[object] = []
+"""One token per ledger operation in progress in any thread (memgov/_records.py open_dir), added
+and removed by single C calls (list append and remove): a descriptor no registered FileIO owns
+exists only while one is."""
+_null: list[tuple[int, int, int]] = []
+"""/dev/null, opened once (O_CLOEXEC) before the first ledger operation, with its (device,
+inode): a forked child needs no new descriptor to blank a stray, and checks that the number is
+still /dev/null (a program that closed it may have reused it)."""
 
 
-def entering() -> None:
-    """A ledger operation begins in this thread (pair with :func:`left`, in a finally)."""
-    _inside.append(None)
+def entering(token: object) -> None:
+    """A ledger operation begins in this thread. Called inside the operation's ``try``, whose
+    ``finally`` calls :func:`left` with the same token: an interrupt anywhere in between leaves
+    no token behind."""
     if not _null:
-        _null.extend(map(os.open, (os.devnull,), (os.O_RDONLY | os.O_CLOEXEC,)))
+        with contextlib.suppress(OSError):
+            fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            info = os.fstat(fd)
+            _null.append((fd, info.st_dev, info.st_ino))
+    _inside.append(token)
 
 
-def left() -> None:
-    with contextlib.suppress(IndexError):
-        _inside.pop()
+def left(token: object) -> None:
+    with contextlib.suppress(ValueError):
+        _inside.remove(token)
 
 
-def note_root(root: Path, fd: int) -> None:
-    """Remember a ledger folder this process opened (``fd``: its descriptor, just walked), by
-    the names the kernel gives it: a forked child finds the descriptors other threads held in
-    it at the fork by those names."""
+def note_root(root: Path, fd: int | None = None) -> None:
+    """Remember a ledger folder this process opens, by the names the kernel gives it (its
+    realpath before it is walked; with ``fd``, the walked folder's own name too): a forked child
+    finds the descriptors other threads held in it at the fork by those names."""
     key = str(root)
-    if key in _roots:
-        return
-    names = {os.path.realpath(key)}
-    with contextlib.suppress(OSError):
-        names.add(os.readlink(f"/proc/self/fd/{fd}"))
-    _roots[key] = tuple(names)
-
-
-def _before_fork() -> None:
-    # A fork during a ledger operation: the child will search /proc (below), so hold signals
-    # until it is done; a Ctrl-C to the process group would otherwise cut the search short in
-    # the child and be dropped there ("Exception ignored").
-    if _inside and hasattr(signal, "pthread_sigmask"):
-        _held_signals.append(signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals()))
-
-
-def _restore_signals() -> None:
-    while _held_signals:
-        signal.pthread_sigmask(signal.SIG_SETMASK, _held_signals.pop())
+    known = _roots.get(key)
+    if known is None:
+        known = _roots[key] = (os.path.realpath(key),)
+    if fd is not None and len(known) == 1:
+        with contextlib.suppress(OSError):
+            _roots[key] = (*known, os.readlink(f"/proc/self/fd/{fd}"))
 
 
 def _close_all_in_child() -> None:
@@ -173,12 +162,9 @@ def _close_all_in_child() -> None:
                 with contextlib.suppress(OSError):
                     target.close()
     finally:
-        try:
-            if _inside:
-                _blank_strays_in_child()
-                _inside.clear()  # the operations were other threads', which the child lacks
-        finally:
-            _restore_signals()
+        if _inside:
+            _inside.clear()  # the operations were other threads', which the child lacks
+            _blank_strays_in_child()
 
 
 def _blank_strays_in_child() -> None:
@@ -190,9 +176,18 @@ def _blank_strays_in_child() -> None:
     replaced by /dev/null rather than closed: the object in the thread the fork left behind still
     names the number, and if it is ever freed it closes /dev/null, never a descriptor reused
     since. Searched: the ledger folder itself and memgov's folders in it (OWNED_DIRS; a file of
-    the user's own elsewhere in it is left alone). Runs only in a child forked while a ledger
-    operation was in progress (``_inside``), and costs it one listing of /proc/self/fd. Best
-    effort: without /proc, or with no descriptor left for the listing, nothing is found."""
+    the user's own elsewhere in it is left alone), only in a child forked while a ledger
+    operation was in progress in some thread; the forking thread's own descriptors there go
+    too then. Costs such a child one listing of /proc/self/fd. Best effort: without /proc, with
+    no descriptor left for the listing, or cut short by an interrupt that lands in the child
+    meanwhile, what it has not reached stays."""
+    try:
+        null, device, inode = _null[0]
+        info = os.fstat(null)
+    except (IndexError, OSError):
+        return
+    if (info.st_dev, info.st_ino) != (device, inode):
+        return  # the program closed our /dev/null and the number is something else now
     folders = {name for names in _roots.values() for name in names}
     owned = {os.path.join(folder, part) for folder in folders for part in OWNED_DIRS}
     exact = folders | owned
@@ -204,15 +199,13 @@ def _blank_strays_in_child() -> None:
     for name in names:
         try:
             target = os.readlink(f"/proc/self/fd/{name}").removesuffix(" (deleted)")
-            if target in exact or target.startswith(inside):
-                os.dup2(_null[0], int(name), inheritable=False)
-        except (OSError, IndexError, ValueError):
+            if (target in exact or target.startswith(inside)) and int(name) != null:
+                os.dup2(null, int(name), inheritable=False)
+        except (OSError, ValueError):
             continue  # the listing's own descriptor (closed by now), or one that would not go
 
 
-os.register_at_fork(
-    before=_before_fork, after_in_parent=_restore_signals, after_in_child=_close_all_in_child
-)
+os.register_at_fork(after_in_child=_close_all_in_child)
 
 
 _lifetime: list[weakref.ref[Any]] = []

@@ -330,16 +330,16 @@ def daemon(timeout: float = 10.0, daemons: int = 1) -> Iterator[dict[str, Any]]:
 def read_state(k: int = 0) -> dict[str, Any] | None:
     p = paths(k)
     try:
-        with _open_dir(p.root, create=False) as folder:
+        with _open_dir(p.root, create=False) as folder:  # read inside it: forks find it
             fd = os.open(
                 p.state.name,
                 os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                 dir_fd=folder,
             )
-        with open(fd, "rb") as f:
-            if not _mine(os.fstat(f.fileno())):
-                return None  # not a state file memgov wrote: someone else's
-            data = json.loads(f.read(64 * 1024))
+            with open(fd, "rb") as f:
+                if not _mine(os.fstat(f.fileno())):
+                    return None  # not a state file memgov wrote: someone else's
+                data = json.loads(f.read(64 * 1024))
     except (OSError, ValueError, MemgovError):
         return None
     return data if isinstance(data, dict) else None

@@ -88,9 +88,11 @@ def folder(create: bool = True) -> Iterator[tuple[int, Path]]:
     # interrupt anywhere (Ctrl-C in a notebook) leaks none.
     stack: _trust.Stack = []
     try:
+        # The private folder is used inside the ledger operation: a fork meanwhile finds it
+        # (memgov/_flock.py, forked children).
         with _records.open_dir(root, PARTS, create=create) as parent:
             _open_private(stack, parent, uid, path, create)
-        yield _trust.top(stack), path
+            yield _trust.top(stack), path
     finally:
         _trust.close_all(stack)
 

@@ -77,8 +77,10 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
     # The open folders, each owned by an object that closes it when freed (_trust.Stack): an
     # exception anywhere leaks no folder descriptor and never closes a number twice.
     stack: _trust.Stack = []
-    entering()  # a fork meanwhile: the child looks for what this leaves it (_flock)
+    token = object()
     try:
+        note_root(root)
+        entering(token)  # a fork meanwhile: the child looks for what this leaves it (_flock)
         info = _trust.walk(root, stack, create)
         note_root(root, _trust.top(stack))
         path = root
@@ -104,7 +106,7 @@ def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
         try:
             _trust.close_all(stack)
         finally:
-            left()
+            left(token)
 
 
 def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:

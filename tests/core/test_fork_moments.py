@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from memgov._errors import LedgerError
 
 LOCKS_HELD_AT_FORK = """
 import os, signal, threading
@@ -266,3 +269,21 @@ def test_a_fork_outside_any_ledger_operation_leaves_the_programs_own_descriptors
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "child"]
+
+
+def test_a_ledger_operation_that_fails_or_is_interrupted_leaves_no_count_behind(
+    private_ledger: Path,
+) -> None:
+    """Forks search for strays only while a ledger operation is counted in progress; one that
+    ends by an exception (an interrupt is one) must take its count with it, or every later fork
+    would search and blank the program's own ledger files."""
+    from memgov import _flock, _records
+
+    for error in (RuntimeError, KeyboardInterrupt):
+        with pytest.raises(error), _records.open_dir(private_ledger, ("v1",), create=True):
+            assert _flock._inside, "the operation is not counted while it runs"
+            raise error
+        assert _flock._inside == []
+    with pytest.raises(LedgerError), _records.open_dir(Path("relative/ledger"), ("v1",), True):
+        pass  # refused before anything is opened
+    assert _flock._inside == []
