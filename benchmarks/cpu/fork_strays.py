@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# Also the program of tests/core/test_fork_moments.py's race test (200 forks).
 RACE = """
 import os, sys, threading
 import memgov
@@ -31,7 +32,7 @@ claim = memgov.claim("1GiB")
 real = os.path.realpath(_config.ledger_dir())
 stop = threading.Event()
 
-def scan():
+def scan():  # the thread follower's work, without its pauses
     while not stop.is_set():
         _cpushare.peers(clean=False)
 
@@ -39,9 +40,10 @@ def ledger_fds():
     found = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
-            found += os.readlink(f"/proc/self/fd/{fd}").startswith(real)
+            target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            pass
+            continue  # the listing's own descriptor, closed by now
+        found += target == real or target.startswith(real + "/")
     return found
 
 threading.Thread(target=scan, daemon=True).start()

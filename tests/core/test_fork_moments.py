@@ -5,6 +5,7 @@ forking program runs in its own interpreter, and the child reports through its e
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -186,47 +187,25 @@ def test_child_forked_while_threads_hold_unregistered_ledger_descriptors_keeps_n
     assert written == "child", "a file of the user's own in the ledger folder was taken away"
 
 
-FORKS_DURING_SCANS = (
-    """
-import os, sys, threading
-import memgov
-from memgov import _config, _cpushare
+FORK_STRAYS = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu" / "fork_strays.py"
 
-"""
-    + LEDGER_FDS
-    + """
-claim = memgov.claim("1GiB")
-real = os.path.realpath(_config.ledger_dir())
-stop = threading.Event()
 
-def scan():  # the thread follower's work, without its pauses
-    while not stop.is_set():
-        _cpushare.peers(clean=False)
-
-threading.Thread(target=scan, daemon=True).start()
-holding = 0
-for _ in range(int(sys.argv[1])):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.write(w, bytes([min(ledger_fds(real), 255)]))
-        os._exit(0)
-    os.close(w)
-    holding += os.read(r, 1)[0] > 0
-    os.close(r)
-    os.waitpid(pid, 0)
-stop.set()
-claim.release()
-print(holding)
-"""
-)
+def forks_during_scans() -> str:
+    """benchmarks/cpu/fork_strays.py's program: a claim, a thread scanning the CPU shares back to
+    back, forks that count their ledger descriptors; prints how many children held one."""
+    spec = importlib.util.spec_from_file_location("fork_strays", FORK_STRAYS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    program: str = module.RACE
+    return program
 
 
 def test_children_forked_while_a_thread_scans_the_ledger_hold_none_of_it(sim: str) -> None:
     """200 forks while another thread scans the CPU shares back to back (listings, folders,
     records probed): before each child cleared what it found, about 85 in 100 held one."""
     result = subprocess.run(
-        [sys.executable, "-c", FORKS_DURING_SCANS, "200"],
+        [sys.executable, "-c", forks_during_scans(), "200"],
         capture_output=True,
         text=True,
         timeout=120,
