@@ -113,6 +113,8 @@ def main() -> int:
     p.add_argument("--fds", type=int, default=60)
     p.add_argument("--tree", type=Path, help="another checkout whose memgov goes first")
     args = p.parse_args()
+    if args.forks < 1 or args.fds < 0:
+        p.error("--forks: accepted a whole number >= 1; --fds: a whole number >= 0")
     print(f"memgov from {run(WHERE, 0, args.tree)}")
     holding = run(RACE, args.forks, args.tree)
     print(f"children holding a ledger descriptor: {holding} of {args.forks}")
