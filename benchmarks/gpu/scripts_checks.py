@@ -478,6 +478,28 @@ def _dump_all():
     _dump()
 
 
+def _full_collections():
+    """The collector's full collections in this process, any thread, launch to exit, and the
+    CPU of the thread that ran each (a governed job freezes the framework's objects after its
+    import: memgov/_autoenable.py; a full collection then skips them)."""
+    import gc, time
+    full = {"n": 0, "cpu_s": 0.0}
+    began = [0.0]
+
+    def on_gc(phase, info):
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            began[0] = time.thread_time()
+            return
+        full["n"] += 1
+        full["cpu_s"] += time.thread_time() - began[0]
+        _snapshot["gc_full_n"] = full["n"]
+        _snapshot["gc_full_cpu_s"] = round(full["cpu_s"], 4)
+
+    gc.callbacks.append(on_gc)
+
+
 def _register_shutdown():
     import threading
     try:
@@ -740,6 +762,7 @@ def _between(torch):
 
 atexit.register(_dump_all)
 _register_shutdown()
+_full_collections()
 _sched_batch()
 _timeline()
 _cuda_sched()
@@ -998,10 +1021,11 @@ def where(jobs: list[dict[str, Any]]) -> dict[str, Any]:
     )
     # Where the job's CPU went, from the probe: the process and its reaped children (DataLoader
     # workers), and each thread alive when threading shut down (Python ones by name).
-    for key in ("self_cpu_s", "children_cpu_s", "self_cpu_s_at_shutdown", "tasks", "shutdown_s"):
+    for key in ("self_cpu_s", "children_cpu_s", "self_cpu_s_at_shutdown", "tasks", "shutdown_s",
+                "gc_full_n", "gc_full_cpu_s"):  # fmt: skip
         values = [p[key] for p in probes if p.get(key) is not None]
         if values:
-            out[f"{key}_median"] = round(statistics.median(values), 2)
+            out[f"{key}_median"] = round(statistics.median(values), 3)
     for group in ("python_threads_cpu_s", "tasks_cpu_s_by_comm"):
         names = sorted({n for p in probes for n in p.get(group) or {}})
         out[group] = {
@@ -1112,9 +1136,9 @@ def _where_ratios(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[st
     ]
     if rates:
         out["x_hand_rate_each_round"] = rates
-    for key in ("start_s", "after_s", "exit_s", "cpu_s"):
+    for key in ("start_s", "after_s", "exit_s", "cpu_s", "gc_full_cpu_s"):
         deltas = [
-            round(t[f"{key}_median"] - h[f"{key}_median"], 2)
+            round(t[f"{key}_median"] - h[f"{key}_median"], 3)
             for h, t in hw
             if f"{key}_median" in h and f"{key}_median" in t
         ]

@@ -344,6 +344,74 @@ def test_the_collector_resumes_after_a_claim_that_fails(env, py):
     assert result.stdout.split() == ["[False,", "False]", "True"]
 
 
+# What the collector holds after a governed `import torch`, and whether it still frees a cycle
+# made after the import (frozen objects are never collected; new ones must be).
+FROZEN = """
+import gc, json, weakref
+import torch
+import memgov._autoenable as auto
+
+
+class Node:
+    pass
+
+
+a, b = Node(), Node()
+a.other, b.other = b, a
+gone = weakref.ref(a)
+del a, b
+gc.collect()
+print(json.dumps({"frozen": gc.get_freeze_count(), "said": auto.outcome.get("gc_frozen", 0),
+                  "cycle_freed": gone() is None, "mode": auto.outcome.get("mode")}))
+"""
+
+
+def test_a_governed_framework_import_freezes_the_objects_it_left(env, py):
+    """``import torch``'s objects move to the permanent generation: later full collections skip
+    them (results/cpu-2core/2026-11-29-gc-freeze.txt); what the program makes after is collected
+    as before."""
+    env["MEMGOV_CLAIM"] = "1GiB"
+    seen = report(py(FROZEN, env))
+    assert seen["mode"] == "claim"
+    assert seen["frozen"] > 50_000  # torch leaves ~170,000 tracked objects
+    assert seen["said"] >= seen["frozen"] - 1000
+    assert seen["cycle_freed"] is True
+
+
+def test_the_freeze_follows_its_setting_and_who_governs(env, py):
+    """Off with MEMGOV_GC_FREEZE=off, with MEMGOV_CLAIM=off, and where the program claimed itself
+    before the import (the program decides); on in a governed parent's child too."""
+    env["MEMGOV_CLAIM"] = "1GiB"
+    frozen = {}
+    for name, extra, before in (
+        ("setting off", {"MEMGOV_GC_FREEZE": "off"}, ""),
+        ("claim off", {"MEMGOV_CLAIM": "off"}, ""),
+        ("explicit", {}, "import memgov\nmine = memgov.claim('1GiB')\n"),
+        ("growth", {"MEMGOV_CLAIM": "growth"}, ""),
+    ):
+        seen = report(py(before + FROZEN, {**env, **extra}))
+        frozen[name] = (seen["mode"], seen["frozen"] > 50_000, seen["cycle_freed"])
+    assert frozen == {
+        "setting off": ("claim", False, True),
+        "claim off": ("off", False, True),
+        "explicit": ("explicit", False, True),
+        "growth": ("growth", True, True),
+    }
+
+
+def test_garbage_in_the_freeze_setting_is_refused_like_any_other(env, py):
+    """As for every setting: one warning naming it and what it accepts, the program runs on
+    (ungoverned, collector untouched)."""
+    env.update(MEMGOV_CLAIM="1GiB", MEMGOV_GC_FREEZE="maybe")
+    result = py(FROZEN, env)
+    assert report(result) == {"frozen": 0, "said": 0, "cycle_freed": True, "mode": None}
+    assert memgov_lines(result.stderr) == [
+        "memgov: warning: MEMGOV_GC_FREEZE='maybe': accepted 1/true/yes/on or 0/false/no/off; "
+        "continuing without a memgov budget (MEMGOV_STRICT=1 or memgov run --strict makes this "
+        "an error)"
+    ]
+
+
 # Records the thread variable when numpy's code begins: `import torch` imports numpy, whose
 # OpenBLAS starts its thread pool, sized from these variables, as it loads.
 THREADS_AT_NUMPY = """

@@ -24,6 +24,7 @@ GARBAGE = {
     "MEMGOV_WAIT": "soon",
     "MEMGOV_STRICT": "maybe",
     "MEMGOV_QUIET": "maybe",
+    "MEMGOV_GC_FREEZE": "sometimes",
     "MEMGOV_THREADS": "many",
     "MEMGOV_MPS": "on",
     "MEMGOV_DIR": "relative/ledger",
