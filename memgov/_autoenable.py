@@ -40,6 +40,9 @@ interpreter start."""
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"started": False, "fired": False}
+_paused_imports: dict[str, tuple[int, bool]] = {}
+"""Framework imports running with the collector paused until their end (MEMGOV_GC_FREEZE):
+name -> (the importing thread, whether the collector was on before)."""
 outcome: dict[str, Any] = {}
 """What auto-enable did in this process (mode, source, claim, reports, warnings), for tests and
 ``memgov doctor``."""
@@ -50,6 +53,14 @@ def _fresh_lock_in_child() -> None:
     # child, where that thread does not exist: the child's first use would wait forever.
     global _lock
     _lock = threading.Lock()
+    # Likewise a framework import another thread was running, with the collector paused for
+    # it: that thread's import never ends in the child, so nothing would turn the collector on.
+    me = threading.get_ident()
+    for name, (thread, was_on) in list(_paused_imports.items()):
+        if thread != me:
+            del _paused_imports[name]
+            if was_on:
+                gc.enable()
 
 
 os.register_at_fork(after_in_child=_fresh_lock_in_child)
@@ -72,7 +83,7 @@ def start() -> None:
         from memgov import _importhook
 
         for name in FRAMEWORKS:
-            _importhook.when_importing(name, _threads_first)
+            _importhook.when_importing(name, _threads_first, _import_failed)
             _importhook.when_imported(name, _on_import)
     except Exception as exc:  # a start-up hook must never stop the interpreter
         _warn(f"auto-enable could not start: {type(exc).__name__}: {exc}")
@@ -90,7 +101,7 @@ def start_preloaded(preloaded: list[ModuleType]) -> None:
     names = {module.__name__ for module in preloaded}
     for name in FRAMEWORKS:
         if name not in names:
-            _importhook.when_importing(name, _threads_first)
+            _importhook.when_importing(name, _threads_first, _import_failed)
             _importhook.when_imported(name, _on_import)
     for module in preloaded:
         _on_import(module)
@@ -166,30 +177,80 @@ def auto_size(device: Device) -> tuple[int, str] | None:
 def _threads_first(module: ModuleType) -> None:
     """As a framework's import begins: this process's CPU share, decided as the claim at the
     import's end would decide it (it reuses this decision), so that the thread variables are set
-    before the libraries the import loads read them. Never raises: whatever is wrong with the
-    settings, the claim at the import's end says (or, strict, raises)."""
+    before the libraries the import loads read them; and, with MEMGOV_GC_FREEZE on, the
+    collector paused until the import's end (:func:`_end_pause`). Never raises: whatever is
+    wrong with the settings, the claim at the import's end says (or, strict, raises)."""
     with _lock:
         if _state["fired"]:
             return
+    was_on = gc.isenabled()
+    gc.disable()  # memgov's own new objects (~5,600) would otherwise bring a full collection
+    keep = False
     try:
-        with _CollectorPaused():
-            _decide_threads()
+        keep = _decide_threads()
     except Exception as exc:  # the claim at the import's end meets it again and says so
         outcome.setdefault("threads_first", f"{type(exc).__name__}: {exc}")
+    finally:
+        if keep:
+            with _lock:
+                _paused_imports[module.__name__] = (threading.get_ident(), was_on)
+        elif was_on:
+            gc.enable()
 
 
-def _decide_threads() -> None:
+def _decide_threads() -> bool:
+    """Decide the share; whether the collector stays paused through the import (auto-enable
+    governs it and MEMGOV_GC_FREEZE is on)."""
     from memgov import _claim, _settings, _threads
 
     if _claim.current() is not None:
-        return  # the program claimed itself: its claim decided the share
+        return False  # the program claimed itself: its claim decided the share
     values, problems = _settings.read_all(skip=("MEMGOV_STRICT",))
     if problems or values["MEMGOV_CLAIM"] == "off":
-        return
+        return False
     _threads.govern(values["MEMGOV_THREADS"], inherited=parent_holder() is not None)
+    return bool(values["MEMGOV_GC_FREEZE"])
+
+
+def _end_pause(name: str, freeze: bool) -> None:
+    """The end of a framework import the collector was paused for: its objects frozen (when the
+    import succeeded, whatever the claim's outcome), the collector on again if it was on.
+
+    Why: ``import torch`` leaves ~170,000 objects the collector tracks. Collected as usual,
+    the import runs its own full collections over its growing heap, and every full collection
+    after it walks them all again (60-80 ms of CPU each on the CPU machine); on the H200 the
+    public scripts' four full collections cost each job 0.31-0.34 s of CPU. Paused, the import
+    runs none; frozen (``gc.freeze()``: the permanent generation), later ones skip those
+    objects, and a forked DataLoader worker's collections never write to their headers (which
+    would copy the parent's pages: Python's documentation recommends freezing before fork()s;
+    pack's preload zygote does). Frozen objects are still freed when their count drops to zero;
+    only a reference cycle among them stays (``import torch`` leaves about 20).
+    results/cpu-2core/2026-11-29-gc-freeze.txt."""
+    with _lock:
+        paused = _paused_imports.pop(name, None)
+    if paused is None:
+        return
+    if freeze:
+        before = gc.get_freeze_count()
+        gc.freeze()
+        outcome["gc_frozen"] = outcome.get("gc_frozen", 0) + gc.get_freeze_count() - before
+    if paused[1]:
+        gc.enable()
+
+
+def _import_failed(module: ModuleType) -> None:
+    """A framework's import raised: nothing of it to freeze; the collector as it was."""
+    _end_pause(module.__name__, freeze=False)
 
 
 def _on_import(module: ModuleType) -> None:
+    try:
+        _govern_once(module)
+    finally:
+        _end_pause(module.__name__, freeze=True)
+
+
+def _govern_once(module: ModuleType) -> None:
     with _lock:
         if _state["fired"]:
             return
@@ -199,7 +260,6 @@ def _on_import(module: ModuleType) -> None:
     try:
         with _CollectorPaused():
             _govern(module.__name__, strict)
-            _freeze_collector()
     except Exception as exc:
         from memgov._errors import MemgovError
 
@@ -229,32 +289,6 @@ class _CollectorPaused:  # a class, not contextlib: this module is imported at s
     def __exit__(self, *exc: object) -> None:
         if self.paused:
             gc.enable()
-
-
-def _freeze_collector() -> None:
-    """``gc.freeze()`` once the framework's import is governed (MEMGOV_GC_FREEZE, on by default):
-    the ~170,000 objects ``import torch`` leaves (and the program's own until then) move to the
-    collector's permanent generation. Every later full collection would otherwise walk them all
-    (60-80 ms of CPU each on the CPU machine, two to three of them in a job's start-up after the
-    import: results/cpu-2core/2026-11-29-gc-freeze.txt), and a forked DataLoader worker's
-    collections would write to each one's header, copying the parent's pages. Objects frozen
-    are still freed when their count drops to zero; only a reference cycle among them would
-    stay (``import torch`` leaves about 20 such objects). Python's documentation recommends the
-    same before fork()s (``gc.freeze``); pack's preload zygote does it too."""
-    from memgov import _settings
-
-    if outcome.get("mode") not in ("claim", "child", "growth"):
-        return  # off, or the program's own claim came first: the program decides
-    try:
-        wanted = _settings.get("MEMGOV_GC_FREEZE")
-    except ValueError as exc:  # read_settings() checked it; this guards the case it did not
-        _warn(f"{exc}; the collector left alone")
-        return
-    if not wanted:
-        return
-    before = gc.get_freeze_count()
-    gc.freeze()
-    outcome["gc_frozen"] = gc.get_freeze_count() - before
 
 
 def _govern(framework: str, strict: bool) -> None:

@@ -9,6 +9,7 @@ per core at load, each spinning for a while: docs/threads.md).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
@@ -22,8 +23,9 @@ Callback = Callable[[ModuleType], None]
 
 _lock = threading.RLock()
 _callbacks: dict[str, list[Callback]] = {}
-_before: dict[str, list[Callback]] = {}
-"""Callbacks to run before a module's code: the module object exists, its code has not run."""
+_before: dict[str, list[tuple[Callback, Callback | None]]] = {}
+"""Callbacks to run before a module's code (the module object exists, its code has not run),
+each with the one to run if that code then raises."""
 _resolving: set[str] = set()
 _executing: set[str] = set()
 """Modules whose code is running under our loader: in sys.modules, but not imported yet."""
@@ -53,16 +55,18 @@ def when_imported(name: str, callback: Callback) -> None:
     callback(module)
 
 
-def when_importing(name: str, callback: Callback) -> None:
+def when_importing(name: str, callback: Callback, failed: Callback | None = None) -> None:
     """Call ``callback(module)`` right before ``name``'s code runs, when it is first imported:
     the module is in sys.modules, empty, and counts as being imported (:func:`imported` is
     False; a :func:`when_imported` callback registered then runs when its import ends). Where
     ``name`` is imported or being imported already, it is too late for that: the callback
     runs as :func:`when_imported` would run it. An exception from the callback fails the
-    import (importlib then removes the empty module)."""
+    import (importlib then removes the empty module). ``failed(module)``, if given, runs when
+    that import's code raises (the exception then goes on to the importer); an exception from
+    it is not raised, the import's own is."""
     with _lock:
         if name not in sys.modules:
-            _before.setdefault(name, []).append(callback)
+            _before.setdefault(name, []).append((callback, failed))
             _install()
             return
     when_imported(name, callback)
@@ -125,9 +129,15 @@ class _Loader:
             _executing.add(self._name)
             before = _before.pop(self._name, [])
         try:
-            for callback in before:
+            for callback, _failed in before:
                 callback(module)
             self._inner.exec_module(module)
+        except BaseException:
+            for _callback, failed in before:
+                if failed is not None:
+                    with contextlib.suppress(Exception):  # the import's own error is the one
+                        failed(module)
+            raise
         finally:
             with _lock:
                 _executing.discard(self._name)

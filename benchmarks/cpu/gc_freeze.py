@@ -4,8 +4,9 @@ Each run is a fresh interpreter with MEMGOV_CLAIM set (a simulated device, a led
 its own) running a training script's start-up and a few steps: ``import torch``, a small CNN,
 an optimizer, a DataLoader with one forked worker, STEPS steps, a second epoch (a second worker).
 Runs alternate MEMGOV_GC_FREEZE=on / off (and ungoverned, MEMGOV_CLAIM unset, as a third), so
-drift of the machine falls on all alike. Per run: the main process's full collections after the
-import and their CPU, its CPU from the import's end to the exit, and its DataLoader workers' CPU.
+drift of the machine falls on all alike. Per run, in the main process: the import's CPU, the
+collections in it and their CPU; the full collections after it and their CPU; the CPU from the
+import's end to the exit, and in all; and its DataLoader workers' CPU.
 
     python benchmarks/cpu/gc_freeze.py --runs 8 > results/cpu-2core/2026-11-29-gc-freeze.txt
 """
@@ -23,18 +24,20 @@ import time
 
 PROGRAM = r"""
 import gc, json, resource, sys, time
-full = {"n": 0, "cpu_s": 0.0}
-began = [0.0]
+spent = {"import": [0, 0, 0.0], "after": [0, 0, 0.0]}  # collections, full ones, their CPU
+phase_now, began = ["import"], [0.0]
 def on_gc(phase, info):
-    if info["generation"] != 2:
-        return
     if phase == "start":
         began[0] = time.thread_time()
-    else:
-        full["n"] += 1
-        full["cpu_s"] += time.thread_time() - began[0]
+        return
+    seen = spent[phase_now[0]]
+    seen[0] += 1
+    seen[1] += info["generation"] == 2
+    seen[2] += time.thread_time() - began[0]
+gc.callbacks.append(on_gc)
+start = time.process_time()
 import torch
-gc.callbacks.append(on_gc)  # from the import's end: what the freeze can change
+phase_now[0] = "after"
 after_import = time.process_time()
 import torch.nn as nn, torch.nn.functional as F
 torch.manual_seed(0)
@@ -49,11 +52,15 @@ for epoch in range(2):
         opt.step()
 import memgov._autoenable as auto
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+end = time.process_time()
 print(json.dumps({
     "mode": auto.outcome.get("mode"), "frozen": auto.outcome.get("gc_frozen", 0),
-    "full_after_import": full["n"], "full_cpu_s": round(full["cpu_s"], 4),
-    "cpu_after_import_s": round(time.process_time() - after_import, 4),
-    "workers_cpu_s": round(kids.ru_utime + kids.ru_stime, 4),
+    "import_cpu_s": round(after_import - start, 4),
+    "collections_in_import": spent["import"][0], "full_in_import": spent["import"][1],
+    "gc_cpu_in_import_s": round(spent["import"][2], 4),
+    "full_after_import": spent["after"][1], "gc_cpu_after_import_s": round(spent["after"][2], 4),
+    "cpu_after_import_s": round(end - after_import, 4),
+    "cpu_s": round(end - start, 4), "workers_cpu_s": round(kids.ru_utime + kids.ru_stime, 4),
 }))
 """
 
@@ -98,7 +105,8 @@ def main() -> None:
     for name, results in seen.items():
         medians = {
             key: round(statistics.median(r[key] for r in results), 4)
-            for key in ("full_after_import", "full_cpu_s", "cpu_after_import_s", "workers_cpu_s")
+            for key in results[0]
+            if key not in ("mode", "frozen")
         }
         print(f"{name:11s} {json.dumps(medians)}")
 

@@ -512,6 +512,89 @@ def test_a_failing_optional_import_under_strict_raises_only_its_own_error(env, p
     assert result.stdout.splitlines() == ["probe: this jax is broken None", "went on"]
 
 
+# Collections while `import torch` runs, and the collector after it.
+COLLECTIONS_IN_IMPORT = """
+import gc, json
+counted = [0]
+gc.callbacks.append(lambda phase, info: phase == "stop" and counted.__setitem__(0, counted[0] + 1))
+import torch
+during = counted[0]
+print(json.dumps({"during": during, "on": gc.isenabled(), "frozen": gc.get_freeze_count() > 0}))
+"""
+
+
+def test_a_governed_framework_import_runs_no_collection(env, py):
+    """The collector is paused from the import's start to its end (where its objects are
+    frozen): an ungoverned `import torch` runs hundreds of collections, two of them full."""
+    env["MEMGOV_CLAIM"] = "1GiB"
+    governed = report(py(COLLECTIONS_IN_IMPORT, env))
+    left_alone = report(py(COLLECTIONS_IN_IMPORT, {**env, "MEMGOV_GC_FREEZE": "off"}))
+    assert governed == {"during": 0, "on": True, "frozen": True}
+    assert left_alone["during"] > 50 and left_alone["on"] is True
+    assert left_alone["frozen"] is False
+
+
+def test_a_framework_import_that_fails_ends_the_pause_and_freezes_nothing(env, py, tmp_path: Path):
+    """A broken jax probed first: the collector is on again after its ImportError, nothing is
+    frozen; the torch import after it is paused and frozen as usual."""
+    env.update(MEMGOV_CLAIM="1GiB", PYTHONPATH=broken_jax(tmp_path))
+    then = (
+        "import gc\nprint('after jax:', gc.isenabled(), gc.get_freeze_count())\n"
+        "import torch\nprint('after torch:', gc.isenabled(), gc.get_freeze_count() > 50_000)"
+    )
+    result = py(PROBE_THEN_TORCH.format(then=then), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "probe: this jax is broken None",
+        "after jax: True 0",
+        "after torch: True True",
+    ]
+
+
+def test_a_child_forked_by_another_thread_mid_import_has_its_collector_on(env, py, tmp_path: Path):
+    """A thread forks while the main thread imports a framework (the collector paused for that
+    import): in the child that import never ends, so memgov's at-fork hook turns the collector
+    back on; the parent's import ends, frozen, with its collector on."""
+    folder = tmp_path / "slow"
+    (folder / "jax").mkdir(parents=True)
+    (folder / "jax" / "__init__.py").write_text(
+        "import os, time\n"
+        "open(os.environ['STARTED'], 'w').close()\n"
+        "while not os.path.exists(os.environ['FORKED']):\n"
+        "    time.sleep(0.01)\n"
+    )
+    env.update(
+        MEMGOV_CLAIM="1GiB",
+        PYTHONPATH=str(folder),
+        STARTED=str(tmp_path / "started"),
+        FORKED=str(tmp_path / "forked"),
+    )
+    code = """
+import gc, os, threading, time
+
+def fork_when_started():
+    while not os.path.exists(os.environ["STARTED"]):
+        time.sleep(0.01)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"child %s" % str(gc.isenabled()).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print(os.read(read, 100).decode())
+    open(os.environ["FORKED"], "w").close()
+
+forker = threading.Thread(target=fork_when_started)
+forker.start()
+import jax
+forker.join()
+print("parent", gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["child True", "parent True True"]
+
+
 def test_a_later_claim_names_itself_in_the_cpu_share_record(env, py):
     """The share is decided once per process; each claim after it names itself in the share's
     record (`memgov status` shows a claim's threads by it), not the first, released one."""
