@@ -1300,7 +1300,7 @@ def summary(report: dict[str, Any]) -> list[str]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--summarize", type=Path, nargs="+", help="print reports' summaries, run none")
+    p.add_argument("--summarize", type=Path, nargs="+", help="print reports' summaries (.json or .json.gz), run none")
     p.add_argument(
         "--examples",
         type=Path,
@@ -1349,7 +1349,8 @@ def main() -> int:
     if args.summarize:
         for path in args.summarize:
             print(f"== {path.name}")
-            print("\n".join(summary(json.loads(path.read_text()))))
+            text = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text()
+            print("\n".join(summary(json.loads(text))))
         return 0
     # A time limit's SIGTERM ends the call through the finally below: the report is written.
     signal.signal(signal.SIGTERM, _terminate)
