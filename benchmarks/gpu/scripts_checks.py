@@ -1300,7 +1300,12 @@ def summary(report: dict[str, Any]) -> list[str]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--summarize", type=Path, nargs="+", help="print reports' summaries (.json or .json.gz), run none")
+    p.add_argument(
+        "--summarize",
+        type=Path,
+        nargs="+",
+        help="print reports' summaries (.json or .json.gz), run none",
+    )
     p.add_argument(
         "--examples",
         type=Path,
