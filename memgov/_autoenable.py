@@ -8,7 +8,8 @@ the framework's code runs, the CPU share is decided, so the thread variables are
 libraries that read them load (numpy's OpenBLAS starts one thread per core at load otherwise:
 docs/threads.md). When that import has succeeded, the budget is claimed and the adapters applied,
 before the framework initialises the GPU: an import that fails (an optional framework probed
-with ``try: import jax``) claims nothing.
+with ``try: import jax``) claims nothing. From the import's start to its end the collector is
+paused, and the objects alive at its end are frozen (MEMGOV_GC_FREEZE: :func:`_end_pause`).
 
 Auto mode never crashes the program: any failure prints one warning line and the program runs on
 (with the no-greedy-preallocation defaults ``import memgov`` sets). MEMGOV_STRICT=1 turns the
