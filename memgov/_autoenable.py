@@ -9,7 +9,7 @@ libraries that read them load (numpy's OpenBLAS starts one thread per core at lo
 docs/threads.md). When that import has succeeded, the budget is claimed and the adapters applied,
 before the framework initialises the GPU: an import that fails (an optional framework probed
 with ``try: import jax``) claims nothing. From the import's start to its end the collector is
-paused, and the objects alive at its end are frozen (MEMGOV_GC_FREEZE: :func:`_end_pause`).
+paused, and the objects alive at its end are frozen (MEMGOV_GC_FREEZE: memgov/_collector.py).
 
 Auto mode never crashes the program: any failure prints one warning line and the program runs on
 (with the no-greedy-preallocation defaults ``import memgov`` sets). MEMGOV_STRICT=1 turns the
@@ -20,7 +20,6 @@ Module-level imports stay at os/sys: this module is imported at start-up.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import threading
@@ -41,9 +40,6 @@ interpreter start."""
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"started": False, "fired": False}
-_paused_imports: dict[str, tuple[int, bool]] = {}
-"""Framework imports running with the collector paused until their end (MEMGOV_GC_FREEZE):
-name -> (the importing thread, whether the collector was on before)."""
 outcome: dict[str, Any] = {}
 """What auto-enable did in this process (mode, source, claim, reports, warnings), for tests and
 ``memgov doctor``."""
@@ -54,14 +50,6 @@ def _fresh_lock_in_child() -> None:
     # child, where that thread does not exist: the child's first use would wait forever.
     global _lock
     _lock = threading.Lock()
-    # Likewise a framework import another thread was running, with the collector paused for
-    # it: that thread's import never ends in the child, so nothing would turn the collector on.
-    me = threading.get_ident()
-    for name, (thread, was_on) in list(_paused_imports.items()):
-        if thread != me:
-            del _paused_imports[name]
-            if was_on:
-                gc.enable()
 
 
 os.register_at_fork(after_in_child=_fresh_lock_in_child)
@@ -81,11 +69,8 @@ def start() -> None:
             if _state["started"]:
                 return
             _state["started"] = True
-        from memgov import _importhook
-
         for name in FRAMEWORKS:
-            _importhook.when_importing(name, _threads_first, _import_failed)
-            _importhook.when_imported(name, _on_import)
+            _hook(name)
     except Exception as exc:  # a start-up hook must never stop the interpreter
         _warn(f"auto-enable could not start: {type(exc).__name__}: {exc}")
 
@@ -95,17 +80,22 @@ def start_preloaded(preloaded: list[ModuleType]) -> None:
     forked by pack's preload zygote, memgov/pack/_forked.py): hooks for the other frameworks, and
     the preloaded ones governed now. Unlike start(), errors propagate (a refusal under
     MEMGOV_STRICT=1 is raised from the job's import statement that called this)."""
-    from memgov import _importhook
-
     with _lock:
         _state["started"] = True
     names = {module.__name__ for module in preloaded}
     for name in FRAMEWORKS:
         if name not in names:
-            _importhook.when_importing(name, _threads_first, _import_failed)
-            _importhook.when_imported(name, _on_import)
+            _hook(name)
     for module in preloaded:
         _on_import(module)
+
+
+def _hook(name: str) -> None:
+    """Govern the framework ``name`` when its first import begins and ends."""
+    from memgov import _importhook
+
+    _importhook.when_importing(name, _threads_first, _import_failed)
+    _importhook.when_imported(name, _on_import)
 
 
 class Settings:
@@ -179,24 +169,25 @@ def _threads_first(module: ModuleType) -> None:
     """As a framework's import begins: this process's CPU share, decided as the claim at the
     import's end would decide it (it reuses this decision), so that the thread variables are set
     before the libraries the import loads read them; and, with MEMGOV_GC_FREEZE on, the
-    collector paused until the import's end (:func:`_end_pause`). Never raises: whatever is
+    collector paused until the import's end (memgov/_collector.py). Never raises: whatever is
     wrong with the settings, the claim at the import's end says (or, strict, raises)."""
     with _lock:
         if _state["fired"]:
             return
-    was_on = gc.isenabled()
-    gc.disable()  # memgov's own new objects (~5,600) would otherwise bring a full collection
+    from memgov import _collector
+
+    name = module.__name__
+    # Paused while memgov decides (its own new objects would otherwise bring a full collection),
+    # then kept paused through the import if it is to be frozen at its end.
+    _collector.pause(name)
     keep = False
     try:
         keep = _decide_threads()
     except Exception as exc:  # the claim at the import's end meets it again and says so
         outcome.setdefault("threads_first", f"{type(exc).__name__}: {exc}")
     finally:
-        if keep:
-            with _lock:
-                _paused_imports[module.__name__] = (threading.get_ident(), was_on)
-        elif was_on:
-            gc.enable()
+        if not keep:
+            _collector.resume(name)
 
 
 def _decide_threads() -> bool:
@@ -213,53 +204,41 @@ def _decide_threads() -> bool:
     return bool(values["MEMGOV_GC_FREEZE"])
 
 
-def _end_pause(name: str, freeze: bool) -> None:
-    """The end of a framework import the collector was paused for: its objects frozen (when the
-    import succeeded, whatever the claim's outcome), the collector on again if it was on.
-
-    Why: ``import torch`` leaves ~170,000 objects the collector tracks. Collected as usual,
-    the import runs its own full collections over its growing heap, and every full collection
-    after it walks them all again (60-80 ms of CPU each on the CPU machine); on the H200 the
-    public scripts' four full collections cost each job 0.31-0.34 s of CPU. Paused, the import
-    runs none; frozen (``gc.freeze()``: the permanent generation), later ones skip those
-    objects, and a forked DataLoader worker's collections never write to their headers (which
-    would copy the parent's pages: Python's documentation recommends freezing before fork()s;
-    pack's preload zygote does). Frozen objects are still freed when their count drops to zero;
-    only a reference cycle among them stays (``import torch`` leaves about 20).
-    results/cpu-2core/2026-11-29-gc-freeze.txt."""
-    with _lock:
-        paused = _paused_imports.pop(name, None)
-    if paused is None:
-        return
-    if freeze:
-        before = gc.get_freeze_count()
-        gc.freeze()
-        outcome["gc_frozen"] = outcome.get("gc_frozen", 0) + gc.get_freeze_count() - before
-    if paused[1]:
-        gc.enable()
-
-
 def _import_failed(module: ModuleType) -> None:
     """A framework's import raised: nothing of it to freeze; the collector as it was."""
-    _end_pause(module.__name__, freeze=False)
+    from memgov import _collector
+
+    _collector.resume(module.__name__)
 
 
 def _on_import(module: ModuleType) -> None:
+    from memgov import _collector
+
+    governed = False
     try:
-        _govern_once(module)
+        governed = _govern_once(module)
     finally:
-        _end_pause(module.__name__, freeze=True)
+        # Frozen only at the end of the import that auto-enable governed, once it went through
+        # (a strict refusal fails the import): not at a later or overlapping framework import's
+        # end, which would freeze what the program made meanwhile.
+        _collector.resume(module.__name__, freeze=governed)
+        if _collector.frozen:
+            outcome["gc_frozen"] = _collector.frozen
 
 
-def _govern_once(module: ModuleType) -> None:
+def _govern_once(module: ModuleType) -> bool:
+    """Govern at the first framework import's end; whether this call did (False: fired
+    before). Raises only under MEMGOV_STRICT=1."""
+    from memgov import _collector
+
     with _lock:
         if _state["fired"]:
-            return
+            return False
         _state["fired"] = True
     strict = strict_mode()
     outcome["strict"] = strict
     try:
-        with _CollectorPaused():
+        with _collector.Paused():
             _govern(module.__name__, strict)
     except Exception as exc:
         from memgov._errors import MemgovError
@@ -274,22 +253,7 @@ def _govern_once(module: ModuleType) -> None:
             f"{detail}; continuing without a memgov budget (MEMGOV_STRICT=1 or memgov run "
             "--strict makes this an error)"
         )
-
-
-class _CollectorPaused:  # a class, not contextlib: this module is imported at start-up
-    """The collector paused while memgov governs, resumed only if it ran before: memgov's new
-    objects (its modules, the share's and the claim's: ~5,600) otherwise bring one more full
-    collection of the framework's heap into ``import torch`` than the same import ungoverned has
-    (3 against 2: 132-157 ms of CPU in them against 62-73 with the pause, on the CPU machine;
-    results/cpu-2core/2026-11-28-governed-import-gc.txt)."""
-
-    def __enter__(self) -> None:
-        self.paused = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.paused:
-            gc.enable()
+    return True
 
 
 def _govern(framework: str, strict: bool) -> None:
