@@ -3,7 +3,7 @@
 ``import torch`` leaves ~170,000 objects the collector tracks. Collected as usual, the import runs
 hundreds of collections over its own growing heap (two of them full), and every full collection
 after it walks all those objects again (60-80 ms of CPU each on the CPU machine; on the H200 the
-public scripts' four full collections cost each job 0.28-0.34 s). Auto-enable pauses the
+public scripts' four full collections cost each job 0.275-0.343 s). Auto-enable pauses the
 collector from the framework import's start to its end; at the end it collects once (the
 import's own garbage, ~7,000 objects, and any other thread's, is freed, not kept for good) and
 freezes what is alive (``gc.freeze()``: the permanent generation). Later full collections skip

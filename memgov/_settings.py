@@ -324,10 +324,10 @@ TABLE: tuple[Row, ...] = (
     Row("MEMGOV_QUIET", "`1`/`true`/`yes`/`on`, `0`/`false`/`no`/`off`", "off",
         "no info lines on stderr (warnings still print)", flag, False, job=True),
     Row("MEMGOV_GC_FREEZE", "`1`/`true`/`yes`/`on`, `0`/`false`/`no`/`off`", "on",
-        "auto-enable moves the objects alive when the framework's import has been governed into "
-        "the collector's permanent generation (`gc.freeze()`): later full collections skip them "
-        "and forked DataLoader workers never write to them (docs/auto-enable.md); off leaves "
-        "the collector alone", flag, True, job=True),
+        "the collector paused through the governed framework import, then one collection and "
+        "`gc.freeze()`: later full collections skip what was alive then (a cycle among those "
+        "objects dropped later is never freed; docs/auto-enable.md); off leaves the collector "
+        "alone", flag, True, job=True),
     Row("MEMGOV_THREADS", "`auto`, `once`, `off`, whole number >= 1", "`auto`",
         "CPU threads: this process's share of the usable cores among the governed processes on "
         "them, followed as they come and go (docs/threads.md); `once`: the share at start; `N` "
