@@ -18,9 +18,10 @@ cycle among frozen objects that the program drops later is never collected, and
 the framework's modules and what the program made before it. MEMGOV_GC_FREEZE=off leaves the
 collector alone.
 
-Every pause is recorded with the thread that made it, so a child forked by another thread (where
-that pause never ends) gets its collector back on at the fork. Imports stay at os/gc/threading:
-auto-enable imports this as the first framework import begins.
+A program that turned the collector off itself keeps it off and gets no collection from memgov.
+A child forked while a pause is in progress gets its collector back at the fork, with no freeze
+(the pause may never end there). Imports stay at os/gc/threading: auto-enable imports this as the
+first framework import begins.
 """
 
 from __future__ import annotations
@@ -29,31 +30,38 @@ import gc
 import os
 import threading
 
-_lock = threading.Lock()
-_pauses: dict[object, tuple[int, bool]] = {}
-"""The collector's pauses in progress: key (a framework's name, or a :class:`Paused`) -> (the
-thread that paused it, whether the collector was on before)."""
+_lock = threading.RLock()  # re-entrant: a finalizer run by a collection may pause again
+_pauses: dict[object, int] = {}
+"""The collector's pauses in progress: key (a framework's name, or a :class:`Paused`) -> the
+thread that made it. The collector is off while any is in progress."""
+_was_on = False
+"""Whether the collector was on when the first of the pauses in progress began."""
 frozen = 0
 """Objects this process froze (auto-enable's ``outcome["gc_frozen"]``)."""
 
 
 def pause(key: object) -> None:
-    """Turn the collector off until :func:`resume` (``key``); recorded before it is turned off,
-    so a fork at any moment in between finds it."""
-    entry = (threading.get_ident(), gc.isenabled())
+    """Turn the collector off until :func:`resume` (``key``). Recorded before the collector goes
+    off and dropped only after it is back on, under one lock: a fork by another thread at any
+    moment finds a pause in progress or the collector as it was."""
+    global _was_on
     with _lock:
-        _pauses[key] = entry
-    gc.disable()
+        if not _pauses:
+            _was_on = gc.isenabled()
+        _pauses[key] = threading.get_ident()
+        gc.disable()
 
 
 def resume(key: object, freeze: bool = False) -> None:
     """End the pause ``key`` (none: nothing to do): with ``freeze``, collect once and freeze
-    what is alive; the collector on again if it was on when the pause began."""
+    what is alive (not where the program had turned the collector off itself: it gets no
+    collection from memgov); the collector on again once no pause is in progress, if it was on
+    when they began."""
     global frozen
     with _lock:
-        entry = _pauses.pop(key, None)
-    if entry is None:
-        return
+        if key not in _pauses:
+            return
+        freeze = freeze and _was_on
     try:
         if freeze:
             gc.collect()
@@ -61,8 +69,10 @@ def resume(key: object, freeze: bool = False) -> None:
             gc.freeze()
             frozen += gc.get_freeze_count() - before
     finally:  # an interrupt in the collection must not leave the collector off
-        if entry[1]:
-            gc.enable()
+        with _lock:
+            if _pauses.keys() == {key} and _was_on:
+                gc.enable()  # before the record goes: a fork in between still finds it
+            _pauses.pop(key, None)
 
 
 def paused(key: object) -> bool:
@@ -82,17 +92,17 @@ class Paused:  # a class, not contextlib: imported as a framework's import begin
 
 
 def _forget_in_child() -> None:
-    # A pause another thread made never ends in the child (that thread does not exist there):
-    # without this, a child forked mid-import would run with its collector off for good. The
-    # forking thread's own pauses end as they would in the parent.
+    # The child of a fork made while pauses were in progress gets its collector back at once:
+    # a pause another thread made never ends there (that thread does not exist), and one the
+    # forking thread made ends only if the child goes back through that import's end, which a
+    # multiprocessing child (it runs its target, then exits) never does. No freeze in the child.
     global _lock
-    _lock = threading.Lock()
-    me = threading.get_ident()
-    for key, (thread, was_on) in list(_pauses.items()):
-        if thread != me:
-            del _pauses[key]
-            if was_on:
-                gc.enable()
+    _lock = threading.RLock()
+    if not _pauses:
+        return  # no pause in progress: the program's own setting stands
+    _pauses.clear()
+    if _was_on:
+        gc.enable()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

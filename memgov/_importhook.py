@@ -62,8 +62,9 @@ def when_importing(name: str, callback: Callback, failed: Callback | None = None
     ``name`` is imported or being imported already, it is too late for that: the callback
     runs as :func:`when_imported` would run it. An exception from the callback fails the
     import (importlib then removes the empty module). ``failed(module)``, if given, runs when
-    that import's code raises (the exception then goes on to the importer); an exception from
-    it is not raised, the import's own is."""
+    that import raises, in its code or in a :func:`when_imported` callback at its end (the
+    exception then goes on to the importer); an exception from it is not raised, the import's
+    own is."""
     with _lock:
         if name not in sys.modules:
             _before.setdefault(name, []).append((callback, failed))
@@ -129,19 +130,22 @@ class _Loader:
             _executing.add(self._name)
             before = _before.pop(self._name, [])
         try:
-            for callback, _failed in before:
-                callback(module)
-            self._inner.exec_module(module)
+            try:
+                for callback, _failed in before:
+                    callback(module)
+                self._inner.exec_module(module)
+            finally:
+                with _lock:
+                    _executing.discard(self._name)
+            _fire(self._name, module)
         except BaseException:
+            # The framework's code raised, or a callback did (or an interrupt landed between
+            # them): the "before" callbacks' partners undo what those set up.
             for _callback, failed in before:
                 if failed is not None:
                     with contextlib.suppress(Exception):  # the import's own error is the one
                         failed(module)
             raise
-        finally:
-            with _lock:
-                _executing.discard(self._name)
-        _fire(self._name, module)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._inner, attr)

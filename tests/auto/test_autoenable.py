@@ -651,9 +651,12 @@ def test_an_interrupted_framework_import_leaves_the_collector_on(env, py, tmp_pa
     assert result.stdout.splitlines() == ["interrupted", "True 0"]
 
 
-def test_a_fork_by_the_importing_thread_itself_ends_the_pause_in_both(env, py, tmp_path: Path):
-    """The framework's own code forks: the child goes on with the import, so its pause ends
-    (and freezes) at the import's end as the parent's does."""
+def test_a_fork_by_the_importing_thread_itself_gives_the_child_its_collector_back(
+    env, py, tmp_path: Path
+):
+    """The framework's own code forks: the child has its collector back at the fork, nothing
+    frozen there (whether it goes back through the import's end is the child's code's choice);
+    the parent's pause ends and freezes at the import's end."""
     env.update(
         MEMGOV_CLAIM="1GiB",
         PYTHONPATH=fake_jax(tmp_path, "import os\nCHILD = os.fork() == 0\n"),
@@ -670,7 +673,69 @@ print(line)
 """
     result = py(code, env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == ["child True True", "parent True True"]
+    assert result.stdout.splitlines() == ["child True False", "parent True True"]
+
+
+def test_a_multiprocessing_child_started_mid_import_has_its_collector_on(env, py, tmp_path: Path):
+    """A fork-context Process started by the framework's own code while it imports: the child
+    runs its target and exits, never back through the import's end."""
+    env.update(
+        MEMGOV_CLAIM="1GiB",
+        PYTHONPATH=fake_jax(
+            tmp_path,
+            "import gc, multiprocessing as mp\n"
+            "def report(queue):\n    queue.put(gc.isenabled())\n"
+            "ctx = mp.get_context('fork')\nqueue = ctx.Queue()\n"
+            "worker = ctx.Process(target=report, args=(queue,))\nworker.start()\n"
+            "CHILD_SAW = queue.get(timeout=60)\nworker.join()\n",
+        ),
+    )
+    result = py("import gc, jax\nprint(jax.CHILD_SAW, gc.isenabled())", env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "True"]
+
+
+def test_no_child_forked_around_the_import_has_its_collector_off(env, py):
+    """A thread forks whenever it sees the collector off with no pause recorded (the moments
+    around the pause's start and end): each child has its collector on."""
+    env["MEMGOV_CLAIM"] = "1GiB"
+    code = """
+import gc, os, threading
+from memgov import _collector
+done, seen = [], []
+
+
+def watch():
+    while not done and len(seen) < 20:
+        if not gc.isenabled() and not _collector._pauses:
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.write(write, b"1" if gc.isenabled() else b"0")
+                os._exit(0)
+            os.waitpid(pid, 0)
+            seen.append(os.read(read, 1).decode())
+            os.close(read)
+            os.close(write)
+
+
+thread = threading.Thread(target=watch)
+thread.start()
+import torch
+done.append(True)
+thread.join()
+print("children with the collector off:", seen.count("0"), gc.isenabled())
+"""
+    result = py(code, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["0", "True"]
+
+
+def test_a_collector_the_program_turned_off_gets_no_collection_or_freeze(env, py):
+    env["MEMGOV_CLAIM"] = "1GiB"
+    result = py("import gc\ngc.disable()\n" + COLLECTIONS_IN_IMPORT, env)
+    seen = report(result)
+    assert (seen["during"], seen["full"], seen["on"]) == (0, 0, False)
 
 
 def test_a_fork_while_the_share_is_decided_leaves_the_childs_collector_on(env, py):
