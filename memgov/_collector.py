@@ -75,11 +75,6 @@ def resume(key: object, freeze: bool = False) -> None:
             _pauses.pop(key, None)
 
 
-def paused(key: object) -> bool:
-    with _lock:
-        return key in _pauses
-
-
 class Paused:  # a class, not contextlib: imported as a framework's import begins
     """The collector paused for the block (memgov's own work at the import's end: its ~5,600
     new objects would otherwise bring a full collection of the framework's heap)."""

@@ -469,12 +469,17 @@ def test_a_framework_whose_import_began_before_the_share_is_not_one_imported_bef
     assert "FAILED" not in result.stderr
 
 
+def fake_jax(tmp_path: Path, body: str) -> str:
+    """A folder with a jax whose import runs ``body``, for PYTHONPATH."""
+    folder = tmp_path / "fake"
+    (folder / "jax").mkdir(parents=True)
+    (folder / "jax" / "__init__.py").write_text(body)
+    return str(folder)
+
+
 def broken_jax(tmp_path: Path) -> str:
     """A folder with a jax that fails to import (a broken install), for PYTHONPATH."""
-    folder = tmp_path / "broken"
-    (folder / "jax").mkdir(parents=True)
-    (folder / "jax" / "__init__.py").write_text("raise ImportError('this jax is broken')\n")
-    return str(folder)
+    return fake_jax(tmp_path, "raise ImportError('this jax is broken')\n")
 
 
 # An optional framework probed the way programs do, then what the program does next.
@@ -566,17 +571,13 @@ def test_a_child_forked_by_another_thread_mid_import_has_its_collector_on(env, p
     """A thread forks while the main thread imports a framework (the collector paused for that
     import): in the child that import never ends, so memgov's at-fork hook turns the collector
     back on; the parent's import ends, frozen, with its collector on."""
-    folder = tmp_path / "slow"
-    (folder / "jax").mkdir(parents=True)
-    (folder / "jax" / "__init__.py").write_text(
-        "import os, time\n"
-        "open(os.environ['STARTED'], 'w').close()\n"
-        "while not os.path.exists(os.environ['FORKED']):\n"
-        "    time.sleep(0.01)\n"
+    slow = (
+        "import os, time\nopen(os.environ['STARTED'], 'w').close()\n"
+        "while not os.path.exists(os.environ['FORKED']):\n    time.sleep(0.01)\n"
     )
     env.update(
         MEMGOV_CLAIM="1GiB",
-        PYTHONPATH=str(folder),
+        PYTHONPATH=fake_jax(tmp_path, slow),
         STARTED=str(tmp_path / "started"),
         FORKED=str(tmp_path / "forked"),
     )
@@ -606,14 +607,6 @@ print("parent", gc.isenabled(), gc.get_freeze_count() > 0)
     assert result.stdout.splitlines() == ["child True", "parent True True"]
 
 
-def fake_jax(tmp_path: Path, body: str) -> str:
-    """A folder with a jax whose import runs ``body``, for PYTHONPATH."""
-    folder = tmp_path / "fake"
-    (folder / "jax").mkdir(parents=True)
-    (folder / "jax" / "__init__.py").write_text(body)
-    return str(folder)
-
-
 def test_the_programs_garbage_from_before_the_import_is_freed_not_frozen(env, py):
     """The collection at the import's end frees the cycles the program had already dropped
     (frozen, they would never be)."""
@@ -628,27 +621,31 @@ def test_the_programs_garbage_from_before_the_import_is_freed_not_frozen(env, py
     assert result.stdout.split() == ["True", "True"]
 
 
+# A framework import that raises, then the collector's state.
+IMPORT_RAISES = """
+import gc
+from memgov._errors import MemgovError
+try:
+    import {module}
+except {error}:
+    print("raised")
+print(gc.isenabled(), gc.get_freeze_count())
+"""
+
+
 def test_a_strict_refusal_fails_the_import_and_freezes_nothing(env, py):
     env.update(MEMGOV_CLAIM="99GiB", MEMGOV_STRICT="1")
-    code = (
-        "import gc\nfrom memgov._errors import MemgovError\ntry:\n    import torch\n"
-        "except MemgovError:\n    print('refused')\nprint(gc.isenabled(), gc.get_freeze_count())"
-    )
-    result = py(code, env)
+    result = py(IMPORT_RAISES.format(module="torch", error="MemgovError"), env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == ["refused", "True 0"]
+    assert result.stdout.splitlines() == ["raised", "True 0"]
 
 
 def test_an_interrupted_framework_import_leaves_the_collector_on(env, py, tmp_path: Path):
     """Ctrl-C (KeyboardInterrupt, not an Exception) while the framework's code runs."""
     env.update(MEMGOV_CLAIM="1GiB", PYTHONPATH=fake_jax(tmp_path, "raise KeyboardInterrupt\n"))
-    code = (
-        "import gc\ntry:\n    import jax\nexcept KeyboardInterrupt:\n    print('interrupted')\n"
-        "print(gc.isenabled(), gc.get_freeze_count())"
-    )
-    result = py(code, env)
+    result = py(IMPORT_RAISES.format(module="jax", error="KeyboardInterrupt"), env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == ["interrupted", "True 0"]
+    assert result.stdout.splitlines() == ["raised", "True 0"]
 
 
 def test_a_fork_by_the_importing_thread_itself_gives_the_child_its_collector_back(
