@@ -7,7 +7,7 @@ hits both alike. memgov's dependencies are left out (--no-deps): none of them in
 file, so they cost an interpreter start-up nothing, and leaving them out isolates memgov's line.
 A third series times the memgov venv with MEMGOV_CLAIM set (auto-enable's hook install).
 
-    python benchmarks/cpu/startup.py --runs 400 --out results/cpu-2core/2026-11-21-startup.json
+    python benchmarks/cpu/startup.py --runs 400 --out results/cpu-2core/2026-11-21-startup.json.gz
 """
 
 from __future__ import annotations

@@ -1337,7 +1337,7 @@ def main() -> int:
         default=True,
         help="first one run of the first kind and condition, not compared (the first run of a "
         "call met a cold page cache: 46.5 s against 38.6-39.9 s for the four runs after it, "
-        "results/h200/2026-11-25-scripts-diag-mnist.json)",
+        "results/h200/2026-11-25-scripts-diag-mnist.json.gz)",
     )
     p.add_argument(
         "--startup-samples",

@@ -106,7 +106,7 @@ DRY=${VERIFY_DRY:-0}
 [ "$DRY" = 1 ] || python3 -m compileall -q memgov adapters >>"$OUT/install.log" 2>&1
 # The same for what a governed process imports and a hand-tuned one does not: the image's pynvml
 # (one 200 KB module, 82 ms of CPU to compile in every governed process on the H200 machine,
-# results/h200/2026-11-25-importtime-governed.txt); `pip install nvidia-ml-py` writes its bytecode.
+# results/h200/2026-11-25-importtime-governed.txt.gz); `pip install nvidia-ml-py` writes its bytecode.
 [ "$DRY" = 1 ] || python3 -m compileall -q "$(python3 -c 'import pynvml; print(pynvml.__file__)')" \
   >>"$OUT/install.log" 2>&1
 # And for the frameworks the jobs import, in both conditions: the image's torch, torchvision,

@@ -97,7 +97,7 @@ KINDS: dict[str, Kind] = {
             peak_mib=3338,
             sized="measured 4 epochs (19.3 s, 2.8 s each after 7.5 s of start-up); peak: torch's "
             "2,681 MiB + context (NVML's 50 ms samples missed cuDNN's benchmark; 3,338 MiB in "
-            "results/h200/2026-11-24-auto-checks.json)",
+            "results/h200/2026-11-24-auto-checks.json.gz)",
         ),
         Kind(
             "plain",

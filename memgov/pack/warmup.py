@@ -3,7 +3,7 @@
 N copies of a JAX job compile the same programs. Started together on a shared host they all
 compile at once: on an H200 host (16 cores) 25 JAX MNIST jobs spent 28-39 s in their first epoch
 (XLA compilation and GPU autotuning, 25 at a time) against ~1 s for each epoch after it
-(results/h200/2026-11-23-threads-jax.json). So for frameworks with a persistent compilation
+(results/h200/2026-11-23-threads-jax.json.gz). So for frameworks with a persistent compilation
 cache (:data:`CACHED`: JAX) pack gives the governed jobs of a pack one cache folder and, before a
 run's jobs start, runs a **warm-up job**: the run's first job (same command, arguments and
 environment) until its ``start`` report, then stops it. A trainer that compiles before it reports
