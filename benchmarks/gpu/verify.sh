@@ -77,6 +77,10 @@
 #   auto                        claims that size themselves (docs/profiles.md): first runs, 30 jobs
 #                               under MEMGOV_CLAIM=auto vs one hand-picked size, a first run beside
 #                               24 neighbours (benchmarks/gpu/auto_checks.sh; needs AUTO_SCRIPTS)
+#   fault_domain                one job's fatal CUDA fault (device-side assert; FAULT_KINDS=
+#                               assert,illegal adds a wild store) beside 24 governed neighbours:
+#                               same MPS daemon, another daemon, no MPS: what the neighbours see,
+#                               how long until the daemon accepts clients (fault_domain.py)
 #   queue_smoke                 the job queue's GPU paths: 12 torch jobs of 3 kinds, sjf-exclusive,
 #                               memgov (--solo) and fifo (benchmarks/gpu/queue_smoke.sh; docs/queue.md)
 #   floods                      no GPU: the ledger's churn beside another user's floods on this
@@ -304,6 +308,10 @@ python3 -m memgov devices' ;;
       run wall_one_connection 170 python3 benchmarks/gpu/context_wall.py \
         --out "$OUT/wall_one_connection.json" --env CUDA_DEVICE_MAX_CONNECTIONS=1 ;;
     auto) run auto 560 bash benchmarks/gpu/auto_checks.sh "$OUT" ;;
+    fault_domain)  # one job's fatal CUDA fault beside 24 governed neighbours: on their MPS
+      # daemon, on another, without MPS; FAULT_KINDS=assert,illegal (benchmarks/gpu/fault_domain.py)
+      run fault_domain 540 python3 benchmarks/gpu/fault_domain.py --fault "${FAULT_KINDS:-assert}" \
+        --out "$OUT" ;;
     queue_smoke) run queue_smoke 500 bash benchmarks/gpu/queue_smoke.sh "$OUT" ;;
     queue_ray) run queue_ray 300 python3 benchmarks/gpu/queue_ray.py "$OUT" 6 ;;
     queue_light|queue_random|queue_policies)  # what is left of TOTAL_S, in one device call
