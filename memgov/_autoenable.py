@@ -35,7 +35,7 @@ memgov._settings.TRIGGERS is set (MEMGOV_CLAIM or a GPU scheduler's budget varia
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 """Imports that trigger the claim: the adapters' ``module`` names. Fixed here rather than read
-from the entry points, whose discovery costs 27-29 ms (docs/RESULTS.md), too much for every
+from the entry points, whose discovery costs 27-29 ms (results/HISTORY.md), too much for every
 interpreter start."""
 
 _lock = threading.Lock()

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The figures of a consolidation pass (docs/RESULTS.md), for the checkout in the current folder: each
+# The figures of a consolidation pass (results/HISTORY.md), for the checkout in the current folder: each
 # command, then its raw output. Run it in a checkout of the tree to measure (an older one too:
 # function_lengths.py is taken from beside this script):
 #     bash /path/to/tools/consolidation_figures.sh "LABEL" > OUT.txt

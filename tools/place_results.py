@@ -147,7 +147,7 @@ def write_index() -> list[str]:
 
 INDEX_HEAD = """# Raw results, by machine
 
-Every figure in docs/ links to its raw file here; docs/RESULTS.md is the measurement history
+Every figure in docs/ links to its raw file here; results/HISTORY.md is the measurement history
 (which command, which machine, when). Files are `results/MACHINE/DATE-NAME.EXT`:
 MACHINE is `cpu-2core` (the 2-core CPU host, shared with other sessions), `h200` (one NVIDIA
 H200, 143,771 MiB, 16 cores) or `h100`; DATE is the day of the run. A benchmark writes a flat

@@ -26,7 +26,7 @@ from memgov.adapter import (
 
 DEFAULT_OVERHEAD = 700 * 2**20
 """Used when this process's own NVML figure cannot be read (inside a PID namespace); measured
-612-650 MiB on an H200 with torch 2.11 (docs/RESULTS.md)."""
+612-650 MiB on an H200 with torch 2.11 (results/HISTORY.md)."""
 DEFAULT_MARGIN = 160 * 2**20
 """Device memory libraries take after CUDA initialises (cuDNN, cuBLAS and lazily loaded kernels)."""
 

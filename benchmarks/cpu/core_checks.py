@@ -1,4 +1,4 @@
-"""The core ledger's checks (docs/RESULTS.md, "Core ledger"), as a script with a table and raw JSON.
+"""The core ledger's checks (results/HISTORY.md, "Core ledger"): a script with a table and JSON.
 
     python benchmarks/cpu/core_checks.py [--repeat 10] [--hold 0.5] [--json PATH]
 

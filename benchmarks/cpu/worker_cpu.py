@@ -10,7 +10,7 @@ BATCHES batches and sums each. Two conditions, alternated pair by pair, each a f
 fresh MEMGOV_DIR per pair). Per run: the main process's CPU seconds (self), its worker's
 (children, once the worker has been joined) and the wall time; then each condition's medians
 and memgov's minus hand's, per pair. On the GPU machine 25 governed copies of the public script
-used 1.5-2.5 s more CPU per job than hand-tuned ones, in the worker too (docs/RESULTS.md,
+used 1.5-2.5 s more CPU per job than hand-tuned ones, in the worker too (results/HISTORY.md,
 fourteenth session): this asks whether a governed process's worker costs more on its own.
 """
 

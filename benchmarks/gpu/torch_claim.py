@@ -1,4 +1,4 @@
-"""PyTorch under claim("2GiB") on a real GPU (docs/RESULTS.md).
+"""PyTorch under claim("2GiB") on a real GPU (results/HISTORY.md).
 
 A torch trainer with claim("2GiB") stays within 2 GiB in NVML's per-process figure; a process that
 allocates past its claim gets OutOfMemoryError (with memgov's budget in the message) while a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of docs/RESULTS.md, in one device call (< 9 minutes). Raw JSON goes to $OUT
+# Every GPU check of results/HISTORY.md, in one device call (< 9 minutes). Raw JSON goes to $OUT
 # (or ./out when run by hand); a short table is printed last.
 #   bash benchmarks/gpu/verify.sh [check ...]   checks: env torch mps pack (default), jax, gpu
 # `jax` (benchmarks/gpu/jax_auto.py) is left out of the default: pack's check 3 runs the same JAX

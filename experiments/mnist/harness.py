@@ -102,7 +102,7 @@ def parse_args(framework: str, argv: list[str] | None = None) -> argparse.Namesp
             "is skipped); cuts the CPU work per step, which packed jobs are short of",
         )
         # Both on by default: measured on an H200 with 25 jobs under MPS, they took the median
-        # epoch from 6.87 s to 5.47 s (benchmarks/gpu/pack_variants.sh, docs/RESULTS.md).
+        # epoch from 6.87 s to 5.47 s (benchmarks/gpu/pack_variants.sh, results/HISTORY.md).
         p.add_argument(
             "--channels-last",
             action=argparse.BooleanOptionalAction,

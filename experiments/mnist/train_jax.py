@@ -20,7 +20,7 @@ RHO, EPS, LR = 0.95, 1e-7, 1.0  # Keras' Adadelta defaults, lr as in the Keras e
 # Batches per upload. Handing each batch to the jitted step as a numpy array copies it to the
 # device synchronously, so host and GPU never overlap: on an H200 the per-step loop ran 42,141
 # samples/s and the same step on batches already on the device 82,189
-# (benchmarks/gpu/jax_trainer_probe.py, docs/RESULTS.md). So CHUNK host batches (shuffled per
+# (benchmarks/gpu/jax_trainer_probe.py, results/HISTORY.md). So CHUNK host batches (shuffled per
 # epoch, uint8) go to the device in one upload, and each step picks its batch there by an index
 # that lives on the device too: every step is one asynchronous dispatch, with no transfer and no
 # padding computed. (A lax.scan over the chunk, tried first, ran 6x slower per step than the

@@ -2,7 +2,7 @@
 
 Nothing else limits how many trainers start without MPS (whose client limit caps a run): with a
 large ``--n`` the host could run out of RAM before the GPU does (an H200 host, measured: ~145
-torch jobs by host memory, 161 by GPU footprint; docs/RESULTS.md), and the kernel's OOM
+torch jobs by host memory, 161 by GPU footprint; results/HISTORY.md), and the kernel's OOM
 killer then picks victims, which may be pack, a neighbour's job or the user's shell. So a job
 starts only when
 
