@@ -66,6 +66,13 @@ def arrivals(
 ) -> list[Demand]:
     """The arrival sequence for one seed (step 1 of the protocol)."""
     ordered = sorted(workload, key=lambda d: d.name)
+    if not any(d.total_gpu_milli for d in ordered):
+        # Inflation adds jobs until the GPU milli requested reaches the target: with no GPU job
+        # it would never end.
+        raise TraceError(
+            f"the trace's {len(ordered)} job(s) ask for no GPU (num_gpu 0 in every row); accepted "
+            "a trace with at least one GPU job"
+        )
     rng = np.random.default_rng([seed, 0])
     jobs = [ordered[i] for i in rng.permutation(len(ordered))]
     requested = sum(d.total_gpu_milli for d in jobs)

@@ -3,7 +3,9 @@
 A trace has one job a row: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli`` and optionally
 ``gpu_spec`` (accepted models joined by ``|``) and ``footprint_mib``; other columns are ignored.
 A node list: ``sn`` (or ``name``), ``cpu_milli``, ``memory_mib``, ``gpu``, ``model``, optionally
-``gpu_memory_mib``. A bad file is refused whole, saying the file, the row and what is accepted.
+``gpu_memory_mib``. A bad file is refused whole, saying the file, the row and what is accepted:
+a row with fewer or more fields than the header is refused (a file cut short is not half a
+trace). A UTF-8 byte-order mark before the header (as spreadsheets write it) is read as such.
 """
 
 from __future__ import annotations
@@ -22,17 +24,21 @@ TRACE_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 NODE_COLUMNS = ("cpu_milli", "memory_mib", "gpu", "model")
 
 
+_EXTRA = "\0extra"
+"""Where csv.DictReader files the fields of a row longer than its header."""
+
+
 class TraceError(MemgovError, ValueError):
     """A trace, node list or placement argument memgov cannot use; says what is accepted."""
 
 
 def _rows(path: Path, required: tuple[str, ...], what: str) -> Iterator[tuple[int, dict[str, str]]]:
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(f"{what} {str(path)!r}: cannot be read ({exc.strerror})") from None
     with handle:
-        reader = csv.DictReader(handle)
+        reader = csv.DictReader(handle, restkey=_EXTRA)
         try:
             header = reader.fieldnames or []
         except (UnicodeDecodeError, csv.Error) as exc:
@@ -44,7 +50,18 @@ def _rows(path: Path, required: tuple[str, ...], what: str) -> Iterator[tuple[in
                 f"with a header naming at least {', '.join(required)}"
             )
         try:
-            yield from enumerate(reader, start=2)
+            for line, row in enumerate(reader, start=2):
+                # DictReader fills a short row's missing fields with None and files a long
+                # row's extras under restkey: either way the row is not what the header says.
+                extra = row.pop(_EXTRA, None)
+                short = sum(value is None for value in row.values())
+                if extra or short:
+                    count = len(header) + len(extra) if extra else len(header) - short
+                    raise TraceError(
+                        f"{what} {str(path)!r} line {line}: {count} field(s) where the header "
+                        f"names {len(header)}; accepted rows of exactly as many"
+                    )
+                yield line, row
         except (UnicodeDecodeError, csv.Error) as exc:
             raise TraceError(f"{what} {str(path)!r}: not a CSV file ({exc})") from None
 

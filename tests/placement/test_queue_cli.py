@@ -71,3 +71,45 @@ def test_bad_input_exits_2_saying_what_is_accepted(tmp_path: Path) -> None:
     done = memgov("simulate", "--trace", str(bad), *args[2:])
     assert done.returncode == 2 and "cpu_milli='x'; accepted a whole number" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_trace_cut_short_is_refused_not_half_read(tmp_path: Path) -> None:
+    args = files(tmp_path)
+    cut = tmp_path / "cut.csv"  # the download stopped in a row's optional last column
+    cut.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
+        "p0,2000,1024,1,500,T4\np1,4000,2048,1,1000"
+    )
+    done = memgov("simulate", "--trace", str(cut), *args[2:])  # was read as a whole trace
+    assert done.returncode == 2, done.stdout
+    assert "line 3: 5 field(s) where the header names 6" in done.stderr, done.stderr
+    long = tmp_path / "long.csv"
+    long.write_text(
+        (tmp_path / "trace.csv").read_text().replace("p1,4000,2048,1,1000", "p1,4,2,1,1000,7")
+    )
+    done = memgov("simulate", "--trace", str(long), *args[2:])
+    assert done.returncode == 2 and "line 3: 6 field(s) where the header names 5" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_trace_with_no_gpu_job_is_refused_at_once(tmp_path: Path) -> None:
+    args = files(tmp_path)
+    cpu_only = tmp_path / "cpu.csv"
+    cpu_only.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,2000,1024,0,0\n")
+    done = memgov("simulate", "--trace", str(cpu_only), *args[2:])  # hung before (inflation)
+    assert done.returncode == 2, done.stdout
+    assert "ask for no GPU" in done.stderr and "at least one GPU job" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> None:
+    args = files(tmp_path)
+    plain = memgov("simulate", *args, "--json")
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "trace.csv").read_bytes())
+    marked = memgov("simulate", "--trace", str(bom), *args[2:], "--json")
+    assert plain.returncode == 0 and marked.returncode == 0, marked.stderr
+    keep = ("arrived", "placed", "failed", "final_percent")
+    assert [json.loads(marked.stdout)[k] for k in keep] == [
+        json.loads(plain.stdout)[k] for k in keep
+    ]

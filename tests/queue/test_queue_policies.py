@@ -177,3 +177,20 @@ def test_memgov_starts_no_more_beside_each_other_than_its_slowdown_bound_allows(
     shares_well = learn.Learned(alpha={"small|small": 0.02})
     assert len(get("memgov").decide(view(shares_well))) == 10
     assert len(get("fifo").decide(view(learn.Learned()))) == 10
+
+
+def test_bestfit_puts_a_job_on_the_fuller_gpu_by_its_real_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPU 0 holds a 10 GiB job, GPU 1 a 15 GiB one: a 5 GiB job belongs on GPU 1. The placement
+    library's node score tied 80 GiB GPUs up to ~13 GiB apart, and GPU 0 won."""
+    monkeypatch.setenv("MEMGOV_DEVICES", "sim0:80GiB,sim1:80GiB")
+    jobs = [
+        {"name": "ten", "cmd": sleeper(1.5), "claim": "10GiB", "gpu": 0},
+        {"name": "fifteen", "cmd": sleeper(1.5), "claim": "15GiB", "gpu": 1},
+        {"name": "next", "cmd": sleeper(0.2), "claim": "5GiB", "arrival": 0.3},
+    ]
+    report = q.run(write_queue(tmp_path / "q.toml", jobs), "bestfit").to_json()
+    where = {j["name"]: j["gpu"] for j in report["jobs"]}
+    assert [j["end"] for j in report["jobs"]] == ["ok"] * 3, report["jobs"]
+    assert where == {"ten": 0, "fifteen": 1, "next": 1}, report["jobs"]
