@@ -57,7 +57,7 @@ def text_files() -> list[Path]:
             found.append(path)
     for example in EXAMPLES:  # their flat names are examples, on purpose
         found.remove(ROOT / example)
-    return found
+    return [*found, RESULTS / "HISTORY.md"]  # the figures by date, the one text kept in results/
 
 
 def rewrite(text: str) -> str:
@@ -112,15 +112,21 @@ def named_by() -> dict[str, set[str]]:
                 for name in fnmatch.filter(files, pattern):
                     found[name].add(where)
     found.pop("results/README.md", None)
+    found.pop("results/HISTORY.md", None)
     return found
+
+
+def _stem(name: str) -> str:
+    """A name without its extension, a gzipped file's too (a.json.gz -> a)."""
+    return name.removesuffix(".gz").rsplit(".", 1)[0]
 
 
 def companion(name: str, found: dict[str, set[str]]) -> str | None:
     """The named file this one is raw data of: the same stem, or a stem this one extends
     (DATE-threads-ab.txt names DATE-threads-ab-mainA.json, its run's JSON)."""
-    stem = name.rsplit(".", 1)[0]
+    stem = _stem(name)
     for other, by in sorted(found.items(), key=lambda item: -len(item[0])):
-        other_stem = other.rsplit(".", 1)[0]
+        other_stem = _stem(other)
         if by and other != name and (stem == other_stem or stem.startswith(other_stem + "-")):
             return other
     return None
