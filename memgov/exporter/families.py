@@ -299,15 +299,22 @@ def _counter_families(reading: model.Reading) -> Iterator[Metric]:
         "request to admission (outcome=admitted) or to its refusal (outcome=timeout).",
         labels=[*labels, "outcome"],
     )
+    lock_timeouts = CounterMetricFamily(
+        "memgov_admission_lock_timeouts",
+        "Claims that failed with LockTimeout: the GPU's admission lock stayed held past its "
+        "bound (a stopped or hostile holder of the lock).",
+        labels=labels,
+    )
     for g in reading.gpus:
         for uid, counts in sorted(g.counts.items()):
             key = [label(v) for v in (*_gpu_key(reading, g), user_name(uid))]
             reclaimed.add_metric(key, counts.reclaimed)
+            lock_timeouts.add_metric(key, counts.lock_timeouts)
             for reason, n in counts.refused.items():
                 refused.add_metric([*key, reason], n)
             for outcome, hist in counts.waits.items():
                 waits.add_metric([*key, outcome], _cumulative(hist), sum_value=hist.sum)
-    yield from (reclaimed, refused, waits)
+    yield from (reclaimed, refused, waits, lock_timeouts)
 
 
 def _cumulative(hist: _stats.Waits) -> list[tuple[str, float]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -237,6 +238,49 @@ def test_counters_count_refusals_waits_and_reclaims(
     scrape = exporter().scrape()
     counts = {lb["outcome"]: v for lb, v in scrape["memgov_admission_wait_seconds_count"]}
     assert counts == {"admitted": 1, "timeout": 1}
+
+
+LOCK_HOLDER = (
+    "import time\nfrom memgov._devices import devices\nfrom memgov._ledger import DeviceLedger\n"
+    "lock = DeviceLedger(devices()[0]).locked(1).__enter__()\nprint('held', flush=True)\n"
+    "time.sleep(300)\n"
+)
+CLAIM_WITH_SHORT_LOCK_BOUND = (
+    "import sys\nfrom memgov import _config\n_config.LOCK_TIMEOUT_S = 0.5\nimport memgov\n"
+    "wait = float(sys.argv[1]) if sys.argv[1] != '-' else None\n"
+    "try:\n memgov.claim('1GiB', wait=wait)\nexcept memgov.LockTimeout:\n print('LockTimeout')\n"
+    "except memgov.BudgetExceeded:\n print('BudgetExceeded')\n"
+)
+
+
+def test_claims_failed_by_a_held_lock_are_counted(
+    sim: str, exporter: Callable[..., Exporter]
+) -> None:
+    """A real process holds the GPU's admission lock; claims that give up on it with LockTimeout
+    are counted (they cannot take that lock to count), a waiter refused at its wait's end is not
+    (it is a timeout refusal)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        ran = [
+            subprocess.run(
+                [sys.executable, "-c", CLAIM_WITH_SHORT_LOCK_BOUND, wait],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            for wait in ("-", "-", "0.3")
+        ]
+        said = [r.stdout.strip() for r in ran]
+        assert said == ["LockTimeout", "LockTimeout", "BudgetExceeded"], ran
+        scrape = exporter().scrape()
+    finally:
+        holder.kill()
+        holder.wait()
+    counted = scrape["memgov_admission_lock_timeouts_total"]
+    assert [(lb["user"], v) for lb, v in counted] == [(pwd.getpwuid(os.geteuid()).pw_name, 2)]
 
 
 def test_textfile_is_written_whole_and_never_through_a_link(
