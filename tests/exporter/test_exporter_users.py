@@ -179,3 +179,23 @@ with open(os.path.join({str(queues / str(c.uid) / "jobs")!r}, "1.json"), "w") as
     assert scrape["memgov_queue_problem_files"][0][1] == 3
     log = server.log.read_text()
     assert f"_queue/{c.uid}: not uid {c.uid}'s folder" in log, log
+
+
+def test_a_lock_timeout_count_planted_in_another_users_name_is_skipped(
+    users: dict[str, User],  # noqa: F811
+    shared: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    stats = next(shared.glob("v1/*/stats"))  # the GPU's counters folder (root's gc made it)
+    planted = b.run(
+        f"open({str(stats / f'u{a.uid}.locktimeouts')!r}, 'w').write('x' * 100); out('planted')"
+    )
+    assert planted == "planted"
+    server = start_exporter(tmp_path)
+    try:
+        scrape = server.scrape()
+    finally:
+        stop_exporter(server)
+    assert "memgov_admission_lock_timeouts_total" not in scrape  # nobody's count: none shown
+    assert scrape["memgov_ledger_readable"][0][1] == 1
