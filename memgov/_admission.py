@@ -202,7 +202,7 @@ def _look(
     reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
     removed_first = ledger.first_look(reading)
     asked = time.monotonic()
-    with ledger.locked(timeout):
+    with _stats.lock_timeouts(ledger, timeout), ledger.locked(timeout):
         got = time.monotonic()
         try:
             snap = ledger.scan(reading=reading)

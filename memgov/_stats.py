@@ -10,6 +10,12 @@ admission lock, so two processes of one user never lose each other's update. One
 because only root may write the device folder of a shared ledger, and a file in the sticky
 ``stats/`` folder can be replaced by its owner only: no user can change another user's counts.
 
+A claim that fails with LockTimeout (the admission lock held past its bound) cannot take that
+lock to count itself: it appends one byte to ``stats/u<uid>.locktimeouts`` instead, whose size is
+the count. An O_APPEND write of one byte needs no lock (the kernel orders appends), so no count
+of one user's processes that time out together is lost; and, like the counts file, only its
+owner can write it (the exporter skips one that is not its named owner's).
+
 Only the uncommon paths write: a claim admitted at once with nothing to reclaim writes nothing.
 Counting never fails a claim: whatever goes wrong (no permission, a full disk, another user's
 garbage), the count is skipped. The exporter sums the files (``read``); docs/metrics.md gives
@@ -23,10 +29,12 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memgov import _flock, _records
+from memgov._errors import LockTimeout
 from memgov._parse import _bounded_float, _bounded_int, _depth, _no_constant
 
 if TYPE_CHECKING:
@@ -37,6 +45,7 @@ MAX_FILES = 100_000
 """More counter files than this are not read (a display bound of the exporter: it refuses no
 claim; the ledger's own folders have no such bound)."""
 FILE_NAME = re.compile(r"^u([0-9]{1,10})\.json$")
+LOCK_TIMEOUTS = re.compile(r"^u([0-9]{1,10})\.locktimeouts$")
 MAX_BYTES = 16 * 1024
 MAX_COUNT = 2**53
 """Larger counts are not what memgov writes: the file is skipped as garbage."""
@@ -74,9 +83,12 @@ class Counts:
     reclaimed: int = 0
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0))
     waits: dict[str, Waits] = field(default_factory=lambda: {o: Waits() for o in WAIT_OUTCOMES})
+    lock_timeouts: int = 0
+    """Claims failed with LockTimeout: the size of u<uid>.locktimeouts (not in the JSON file)."""
 
     def merge(self, other: Counts) -> None:
         self.reclaimed += other.reclaimed
+        self.lock_timeouts += other.lock_timeouts
         for reason in REFUSAL_REASONS:
             self.refused[reason] += other.refused[reason]
         for outcome in WAIT_OUTCOMES:
@@ -113,6 +125,31 @@ def add_locked(
         _add(ledger, 0, refused, waited)
 
 
+@contextlib.contextmanager
+def lock_timeouts(ledger: DeviceLedger, timeout: float | None) -> Iterator[None]:
+    """Count a LockTimeout raised inside on ``ledger``'s GPU, then let it go on, where
+    ``timeout`` is None: the lock's own bound (LOCK_TIMEOUT_S), a failure its caller sees. A
+    look bounded by the claim's own wait is not counted: that claim is refused (``timeout``)."""
+    try:
+        yield
+    except LockTimeout:
+        if timeout is None:
+            with contextlib.suppress(Exception):
+                _add_lock_timeout(ledger)
+        raise
+
+
+def _add_lock_timeout(ledger: DeviceLedger) -> None:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    name = f"u{os.geteuid()}.locktimeouts"
+    with _records.open_dir(ledger.root, (*ledger.parts, FOLDER), create=True) as fd:
+        file = _flock.open_owned(name, flags, fd, mode=0o644, writable=True, register=False)
+        with file:
+            info = os.fstat(file.fileno())
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                os.write(file.fileno(), b"\n")
+
+
 def _add(
     ledger: DeviceLedger, reclaimed: int, refused: str | None, waited: tuple[str, float] | None
 ) -> None:
@@ -143,12 +180,15 @@ def read(ledger: DeviceLedger) -> tuple[dict[int, Counts], list[str]]:
             if len(names) > MAX_FILES:
                 return {}, [f"{FOLDER}/ holds {len(names)} files; not read"]
             for name in sorted(names):
-                match = FILE_NAME.match(name)
+                match = FILE_NAME.match(name) or LOCK_TIMEOUTS.match(name)
                 if match is None:
                     continue  # temporary files and anything else
-                counts, problem = _read_file(fd, name, owner=int(match.group(1)))
+                uid = int(match.group(1))
+                reader = _read_file if match.re is FILE_NAME else _read_lock_timeouts
+                counts, problem = reader(fd, name, uid)
                 if counts is not None:
-                    found[int(match.group(1))] = counts
+                    counts.merge(found.pop(uid, Counts()))
+                    found[uid] = counts
                 elif problem is not None:
                     problems.append(f"{FOLDER}/{name}: {problem}")
     except FileNotFoundError:
@@ -156,6 +196,27 @@ def read(ledger: DeviceLedger) -> tuple[dict[int, Counts], list[str]]:
     except OSError as exc:
         return {}, [f"{FOLDER}/: {exc.strerror or exc}"]
     return found, problems
+
+
+def _read_lock_timeouts(folder_fd: int, name: str, owner: int) -> tuple[Counts | None, str | None]:
+    """The lock timeouts counted in one u<uid>.locktimeouts file: its size, read from its
+    descriptor (never through a symlink, only where it is its named owner's)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        file = _flock.open_owned(name, flags, folder_fd, register=False)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror})"
+    with file:
+        info = os.fstat(file.fileno())
+    if not stat.S_ISREG(info.st_mode):
+        return None, "not a regular file"
+    if info.st_uid != owner:
+        return None, f"owned by uid {info.st_uid}, not {owner}"
+    if info.st_size > MAX_COUNT:
+        return None, f"too large ({info.st_size} bytes)"
+    return Counts(lock_timeouts=info.st_size), None
 
 
 def _read_file(

@@ -13,7 +13,7 @@ import typer
 
 from memgov._errors import MemgovError
 from memgov.cli._common import fail
-from memgov.exporter import DEFAULT_PORT
+from memgov.exporter import DEFAULT_LISTEN, DEFAULT_PORT
 
 HELP = (
     "Serve memgov's metrics for Prometheus on /metrics (default port "
@@ -27,10 +27,11 @@ def exporter(
         typer.Option(
             "--listen",
             metavar="HOST:PORT",
-            help=f"Where to answer /metrics: HOST:PORT, [IPV6]:PORT or :PORT (every interface). "
-            f"Default :{DEFAULT_PORT}.",
+            help="Where to answer /metrics: HOST:PORT, [IPV6]:PORT, :PORT (every interface: "
+            "anyone who reaches the port sees every user's claims) or PORT (loopback only). "
+            f"Default {DEFAULT_LISTEN}.",
         ),
-    ] = f":{DEFAULT_PORT}",
+    ] = DEFAULT_LISTEN,
     textfile: Annotated[
         Path | None,
         typer.Option(

@@ -18,6 +18,9 @@ from memgov._errors import MemgovError
 DEFAULT_PORT = 10492
 """Not dcgm-exporter's 9400 nor node_exporter's 9100: the Prometheus project's list of exporter
 ports filled 9100-9999 and continues above 10000; docs/metrics.md says how it was chosen."""
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
+"""The loopback interface only: the metrics name every user's claims, pids and jobs, so serving
+them to whoever reaches the host is the admin's explicit choice (``--listen :PORT``)."""
 INSTALL = "pip install 'memgov-gpu[exporter]'"
 
 
@@ -75,6 +78,7 @@ def exec_server(listen: str, refresh_s: float, release_nvml: bool = False) -> No
 
 
 __all__ = [
+    "DEFAULT_LISTEN",
     "DEFAULT_PORT",
     "INSTALL",
     "SERVING_ENV",

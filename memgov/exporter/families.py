@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from memgov import _stats
 from memgov._parse import printable
-from memgov.exporter import model, queue
+from memgov.exporter import model
 from memgov.exporter.holders import user_name
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
@@ -78,7 +78,7 @@ class MemgovCollector(Collector):
         yield from _gpu_families(reading)
         yield from _claim_families(reading)
         yield from _counter_families(reading)
-        yield from queue.job_queue_families()
+        yield from _queue_families(reading)
         yield from self._refresh_families(started, reading)
         yield _gauge(
             "memgov_exporter_devices_listed",
@@ -117,9 +117,11 @@ class MemgovCollector(Collector):
         yield refreshes
 
     def _log(self, reading: model.Reading) -> None:
-        """Say on stderr why a GPU (or every GPU) could not be read, once per distinct reason."""
+        """Say on stderr why a GPU (or every GPU) or a queue's file could not be read, once per
+        distinct reason."""
         problems = [reading.error] if reading.error else []
         problems += [f"GPU {g.device.uuid}: {g.error}" for g in reading.gpus if g.error]
+        problems += [f"job queue {problem}" for problem in reading.queues.problems]
         for problem in problems:
             if problem not in self._said and len(self._said) < 1000:
                 self._said.add(problem)
@@ -299,15 +301,67 @@ def _counter_families(reading: model.Reading) -> Iterator[Metric]:
         "request to admission (outcome=admitted) or to its refusal (outcome=timeout).",
         labels=[*labels, "outcome"],
     )
+    lock_timeouts = CounterMetricFamily(
+        "memgov_admission_lock_timeouts",
+        "Claims that failed with LockTimeout: the GPU's admission lock stayed held past its "
+        "bound (a stopped or hostile holder of the lock).",
+        labels=labels,
+    )
     for g in reading.gpus:
         for uid, counts in sorted(g.counts.items()):
             key = [label(v) for v in (*_gpu_key(reading, g), user_name(uid))]
             reclaimed.add_metric(key, counts.reclaimed)
+            lock_timeouts.add_metric(key, counts.lock_timeouts)
             for reason, n in counts.refused.items():
                 refused.add_metric([*key, reason], n)
             for outcome, hist in counts.waits.items():
                 waits.add_metric([*key, outcome], _cumulative(hist), sum_value=hist.sum)
-    yield from (reclaimed, refused, waits)
+    yield from (reclaimed, refused, waits, lock_timeouts)
+
+
+QUEUE_GAUGES: list[tuple[str, str, Any]] = [
+    ("memgov_queue_jobs_queued", "The user's queued jobs (memgov queue): not started.", "queued"),
+    (
+        "memgov_queue_jobs_waiting",
+        "Of the user's queued jobs, those whose arrival has come: ready, waiting for room on a "
+        "GPU or for a runner.",
+        "waiting",
+    ),
+    ("memgov_queue_jobs_running", "The user's running queue jobs.", "running"),
+]
+
+
+def _queue_families(reading: model.Reading) -> Iterator[Metric]:
+    users = sorted(reading.queues.users.items())
+    for name, doc, attribute in QUEUE_GAUGES:
+        yield _gauge(
+            name,
+            doc,
+            ["Hostname", "user"],
+            [([reading.hostname, user_name(uid)], getattr(q, attribute)) for uid, q in users],
+        )
+    yield _gauge(
+        "memgov_queue_problem_files",
+        "Files and folders of the users' job queues that were skipped: not their user's, "
+        "symlinks, special, oversized or not memgov's format (the exporter's log names them).",
+        ["Hostname"],
+        [([reading.hostname], len(reading.queues.problems))],
+    )
+    owners = GaugeMetricFamily(
+        "memgov_admission_waiting_claims",
+        "Claims waiting in the device's admission queue, by the user who owns each ticket.",
+        labels=[*GPU_LABELS, "user"],
+    )
+    for g in reading.gpus:
+        if g.snapshot is None:
+            continue
+        by_uid: dict[int | None, int] = {}
+        for ticket in g.snapshot.queue:
+            by_uid[ticket.uid] = by_uid.get(ticket.uid, 0) + 1
+        key = [label(v) for v in _gpu_key(reading, g)]
+        for uid, count in sorted(by_uid.items(), key=lambda item: (item[0] is None, item[0] or 0)):
+            owners.add_metric([*key, label(user_name(uid))], count)
+    yield owners
 
 
 def _cumulative(hist: _stats.Waits) -> list[tuple[str, float]]:

@@ -19,6 +19,7 @@ from memgov import _devices, _mpsctl, _nvml, _stats, _status
 from memgov._devices import Device, devices
 from memgov._errors import MemgovError
 from memgov._ledger import DeviceLedger, Entry, Snapshot
+from memgov.exporter import queue
 from memgov.exporter.holders import Holder, HolderFinder, forget_all_but
 
 
@@ -49,6 +50,8 @@ class Reading:
     error: str | None
     """Why no device could be listed at all (NVML, MEMGOV_DEVICES), or None."""
     seconds: float
+    queues: queue.Queues = field(default_factory=queue.Queues)
+    """Every user's job queue (memgov/exporter/queue.py)."""
 
 
 def node_name() -> str:
@@ -75,7 +78,8 @@ def read() -> Reading:
         daemons = len(_mpsctl.running_daemons())
     except (MemgovError, OSError):
         daemons = 0
-    return Reading(hostname, gpus, daemons, None, time.monotonic() - start)
+    queues = queue.read()
+    return Reading(hostname, gpus, daemons, None, time.monotonic() - start, queues)
 
 
 def _gpu(device: Device, threads: dict[str, int | None], finder: HolderFinder) -> Gpu:

@@ -84,14 +84,16 @@ def start_exporter(
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
     flags: tuple[str, ...] = (),
+    port: int | None = None,
 ) -> Exporter:
-    """`python FLAGS -m memgov exporter --listen 127.0.0.1:PORT ARGS`, answering (bounded)."""
-    port = free_port()
+    """`python FLAGS -m memgov exporter --listen 127.0.0.1:PORT ARGS`, answering (bounded);
+    with ``port``, no --listen: ARGS say where (or the default does)."""
+    listen = [] if port is not None else ["--listen", f"127.0.0.1:{(port := free_port())}"]
     log = tmp_path / f"exporter-{port}.log"
     command = [sys.executable, *flags, "-m", "memgov", "exporter"]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [*command, "--listen", f"127.0.0.1:{port}", *args],
+            [*command, *listen, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -125,9 +127,12 @@ def exporter(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
     started: list[Exporter] = []
 
     def start(
-        env: dict[str, str] | None = None, args: tuple[str, ...] = (), flags: tuple[str, ...] = ()
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        flags: tuple[str, ...] = (),
+        port: int | None = None,
     ) -> Exporter:
-        started.append(start_exporter(tmp_path, env, args, flags))
+        started.append(start_exporter(tmp_path, env, args, flags, port))
         return started[-1]
 
     yield start

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -239,6 +240,49 @@ def test_counters_count_refusals_waits_and_reclaims(
     assert counts == {"admitted": 1, "timeout": 1}
 
 
+LOCK_HOLDER = (
+    "import time\nfrom memgov._devices import devices\nfrom memgov._ledger import DeviceLedger\n"
+    "lock = DeviceLedger(devices()[0]).locked(1).__enter__()\nprint('held', flush=True)\n"
+    "time.sleep(300)\n"
+)
+CLAIM_WITH_SHORT_LOCK_BOUND = (
+    "import sys\nfrom memgov import _config\n_config.LOCK_TIMEOUT_S = 0.5\nimport memgov\n"
+    "wait = float(sys.argv[1]) if sys.argv[1] != '-' else None\n"
+    "try:\n memgov.claim('1GiB', wait=wait)\nexcept memgov.LockTimeout:\n print('LockTimeout')\n"
+    "except memgov.BudgetExceeded:\n print('BudgetExceeded')\n"
+)
+
+
+def test_claims_failed_by_a_held_lock_are_counted(
+    sim: str, exporter: Callable[..., Exporter]
+) -> None:
+    """A real process holds the GPU's admission lock; claims that give up on it with LockTimeout
+    are counted (they cannot take that lock to count), a waiter refused at its wait's end is not
+    (it is a timeout refusal)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        ran = [
+            subprocess.run(
+                [sys.executable, "-c", CLAIM_WITH_SHORT_LOCK_BOUND, wait],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            for wait in ("-", "-", "0.3")
+        ]
+        said = [r.stdout.strip() for r in ran]
+        assert said == ["LockTimeout", "LockTimeout", "BudgetExceeded"], ran
+        scrape = exporter().scrape()
+    finally:
+        holder.kill()
+        holder.wait()
+    counted = scrape["memgov_admission_lock_timeouts_total"]
+    assert [(lb["user"], v) for lb, v in counted] == [(pwd.getpwuid(os.geteuid()).pw_name, 2)]
+
+
 def test_textfile_is_written_whole_and_never_through_a_link(
     sim: str, tmp_path: Path, holders: list[Child]
 ) -> None:
@@ -258,7 +302,7 @@ def test_textfile_is_written_whole_and_never_through_a_link(
     link = tmp_path / "link"
     link.symlink_to(folder)
     refused = _memgov("exporter", "--textfile", str(link), "--once")
-    assert refused.returncode == 2 and "not a symlink" in refused.stderr
+    assert refused.returncode == 2 and "a symlink or not a folder" in refused.stderr
     # One write and the process ends: --release-nvml has nothing to release there, and says so.
     pointless = _memgov("exporter", "--textfile", str(folder), "--once", "--release-nvml")
     assert pointless.returncode == 2 and "--release-nvml is for" in pointless.stderr
@@ -286,7 +330,9 @@ def test_without_prometheus_client_one_line_says_how_to_install(sim: str) -> Non
 def test_listen_garbage_says_what_is_accepted(sim: str, listen: str) -> None:
     done = _memgov("exporter", "--listen", listen)
     assert done.returncode == 2
-    assert "accepted HOST:PORT, [IPV6]:PORT or :PORT" in done.stderr, done.stderr
+    assert "accepted HOST:PORT, [IPV6]:PORT, :PORT (every interface) or PORT" in done.stderr, (
+        done.stderr
+    )
 
 
 @pytest.mark.parametrize("refresh", ["0", "-1", "nan", "soon"])
@@ -331,7 +377,7 @@ def test_docs_list_every_metric(sim: str) -> None:
     served = set(re.findall(r"^# TYPE (\S+) ", generate_latest(registry).decode(), re.M))
     doc = (ROOT / "docs" / "metrics.md").read_text()
     documented = set(re.findall(r"^\| `(memgov_[a-z_]+)` \|", doc, re.M))
-    assert served == documented - {"memgov_queue_jobs", "memgov_queue_oom_reruns_total"}
+    assert served == documented
 
 
 def promql_examples() -> list[str]:
