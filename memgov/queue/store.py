@@ -227,7 +227,11 @@ class Store:
                 log = os.open(f"{job_id}.log", flags, FILE_MODE, dir_fd=fd)
             except OSError as exc:
                 raise QueueError(f"log of job {job_id}: {_why(exc)}") from None
-            _check_file(log, self.path / "logs" / f"{job_id}.log")
+            try:
+                _check_file(log, self.path / "logs" / f"{job_id}.log")
+            except QueueError:
+                os.close(log)
+                raise
             return log
 
     def read_log(self, job_id: int, limit: int) -> tuple[bytes, int]:
@@ -338,6 +342,8 @@ def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
 
 
 def _check_file(fd: int, where: Path) -> int:
+    """The size of the open file ``fd``; QueueError when it is not a regular file of this user's
+    (the caller closes ``fd`` either way)."""
     info = os.fstat(fd)
     problem = None
     if not stat.S_ISREG(info.st_mode):
@@ -345,7 +351,6 @@ def _check_file(fd: int, where: Path) -> int:
     elif info.st_uid != os.geteuid():
         problem = f"belongs to uid {info.st_uid}, not you"
     if problem:
-        os.close(fd)
         raise QueueError(f"queue file {where}: {problem}; memgov leaves it as it is")
     return info.st_size
 

@@ -9,6 +9,7 @@ enter), with memgov and its dependencies on PYTHONPATH.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,12 +17,16 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.queuejobs import ROOT
+import memgov.queue as q
+from memgov.queue.queuefile import job_spec
+from memgov.queue.store import Store
+from tests.helpers.queuejobs import ROOT, memgov_cli
 from tests.hostile.conftest import User, base, shared, users  # noqa: F401  (fixtures)
 
 pytestmark = [
@@ -140,3 +145,51 @@ def test_two_users_queues_are_private_and_share_the_gpu_through_the_ledger(
     for user in (a, b):
         _, listed, _ = as_user(user, where[user.name], "queue", "--json")
         assert {j["state"] for j in json.loads(listed)["jobs"]} == {"done"}
+
+
+def as_user_proc(user: User, code: str) -> subprocess.Popen[str]:
+    """Python ``code`` running as ``user`` (stdin kept open: it may wait on it)."""
+    return subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), sysconfig.get_paths()["purelib"]]),
+            "MEMGOV_DIR": os.environ["MEMGOV_DIR"],
+            "MEMGOV_DEVICES": DEVICES,
+        },
+        user=user.uid,
+        group=user.uid,
+        extra_groups=[],
+    )
+
+
+def _live(shared_dir: Path, user: User) -> list[dict[str, Any]]:
+    folder = shared_dir / "v1" / "_queue" / str(user.uid) / "live"
+    found = []
+    for path in folder.glob("*.json") if folder.exists() else []:
+        with contextlib.suppress(OSError, ValueError):
+            found.append(json.loads(path.read_text()))
+    return found
+
+
+def test_another_uids_file_named_like_a_job_is_a_problem_not_a_crash(
+    users: dict[str, User],  # noqa: F811
+    base: Path,  # noqa: F811
+) -> None:
+    a = users["mgl_a"]
+    store = Store()
+    (job,) = q.add([job_spec({"cmd": ["true"], "claim": "1GiB"}, "job", base)], store)
+    foreign = store.path / "jobs" / "7.json"
+    foreign.write_text(json.dumps(store.get(job.id).to_json()))
+    os.chown(foreign, a.uid, a.uid)  # a job file of another uid in this user's store
+    listed = memgov_cli("queue", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (problem,) = json.loads(listed.stdout)["problems"]
+    assert f"belongs to uid {a.uid}" in problem
+    ran = memgov_cli("queue", "run", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert [j["end"] for j in json.loads(ran.stdout)["jobs"]] == ["ok"]
