@@ -117,8 +117,9 @@ def run(
     if policy is not None:
         policies.get(policy)  # an unknown name: said before anything is queued
     store = store or Store()
+    given = _solo(solo)  # a bad --solo is refused before anything is queued, as a bad file is
     batch, file_policy = _submit(file_or_jobs, store)
-    options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch, solo=_solo(solo))
+    options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch, solo=given)
     return Runner(options, store).run()
 
 

@@ -74,6 +74,21 @@ if "memgov.queue.shepherd" in sys.orig_argv:
 """
 
 
+def test_a_refused_queue_file_or_solo_report_queues_nothing(tmp_path: Path) -> None:
+    jobs = [{"cmd": sleeper(0.1, tmp_path / "ran", "x"), "claim": "1GiB"}]
+    bad = write_queue(tmp_path / "bad.toml", jobs, policy="nosuch")
+    refused = memgov_cli("queue", "run", str(bad))
+    assert refused.returncode == 2
+    assert "policy 'nosuch': accepted memgov" in refused.stderr
+    good = write_queue(tmp_path / "good.toml", jobs)
+    no_solo = memgov_cli("queue", "run", str(good), "--solo", str(tmp_path / "none.json"))
+    assert no_solo.returncode == 2 and "--solo" in no_solo.stderr
+    assert q.jobs() == ([], [])  # refused means nothing is queued
+    later = memgov_cli("queue", "run", "--json")
+    assert later.returncode == 0 and json.loads(later.stdout)["jobs"] == []
+    assert not (tmp_path / "ran").exists()
+
+
 def test_a_fifo_or_a_folder_named_like_a_job_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     (job,) = q.add([job_spec({"cmd": sleeper(0.1), "claim": "1GiB"}, "job", tmp_path)])
     folder = Store().path / "jobs"
