@@ -193,3 +193,32 @@ def test_another_uids_file_named_like_a_job_is_a_problem_not_a_crash(
     ran = memgov_cli("queue", "run", "--json")
     assert ran.returncode == 0, ran.stderr
     assert [j["end"] for j in json.loads(ran.stdout)["jobs"]] == ["ok"]
+
+
+def test_roots_gc_clears_a_queue_or_profile_folder_another_user_squats(
+    users: dict[str, User],  # noqa: F811
+    shared: Path,  # noqa: F811
+    base: Path,  # noqa: F811
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    folder = home(base, a)
+    squats = [shared / "v1" / part / str(a.uid) for part in ("_queue", "_profiles")]
+    for path in squats:
+        made = as_user_proc(
+            b,
+            f"import os; os.mkdir({str(path)!r}, 0o777); os.mkdir({str(path / 'jobs')!r}); "
+            f"open({str(path / 'jobs' / '1.json')!r}, 'w').write('{{}}')",
+        )
+        assert made.wait(60) == 0, made.communicate()
+    code, _, err = as_user(a, folder, "queue", "add", "--claim", "1GiB", "--", "true")
+    assert code == 2 and f"belongs to uid {b.uid}" in err  # locked out
+    gc = memgov_cli("gc")
+    assert gc.returncode == 0, gc.stderr
+    for path in squats:
+        assert f"removed {path} (uid {b.uid}'s" in gc.stdout
+        assert not path.exists()
+    code, _, err = as_user(a, folder, "queue", "add", "--claim", "1GiB", "--", "true")
+    assert code == 0, err
+    profiles = as_user_proc(a, "from memgov import _profiles\nwith _profiles.folder(): pass")
+    assert profiles.wait(60) == 0, profiles.communicate()  # a's profile store is a's own again
+    assert (shared / "v1" / "_profiles" / str(a.uid)).stat().st_uid == a.uid
