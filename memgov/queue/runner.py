@@ -237,10 +237,13 @@ class Runner:
 
     def _gpus(self, now: float) -> list[policies.Gpu]:
         children = self._children()
+        me = os.geteuid()
         gpus = []
         for device in self.devices:
             snap = DeviceLedger(device).snapshot()
-            mine = sum(c.bytes for c in snap.claims if c.pid in children)
+            # Only this user's records count as its children's: a pid is no proof of whose
+            # record it is (anyone may write a record naming any pid, e.g. one of these).
+            mine = sum(c.bytes for c in snap.claims if c.pid in children and c.uid == me)
             running = [t for t in self.tracked.values() if t.attempt.gpu == device.index]
             placed = sum(t.attempt.claim_bytes for t in running)
             free = max(0, snap.free + mine - placed)

@@ -176,6 +176,74 @@ def _live(shared_dir: Path, user: User) -> list[dict[str, Any]]:
     return found
 
 
+def test_another_users_record_naming_a_queue_jobs_pid_is_not_the_queues(
+    users: dict[str, User],  # noqa: F811
+    shared: Path,  # noqa: F811
+    base: Path,  # noqa: F811
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    folder = home(base, a)
+    release, second = folder / "release", folder / "second-started"
+    hold = (
+        "import os, pathlib, time, memgov\n"
+        "c = memgov.claim(int(os.environ['MEMGOV_CLAIM']), device=os.environ['MEMGOV_DEVICE'],"
+        " wait=300)\n"
+        f"while not pathlib.Path({str(release)!r}).exists(): time.sleep(0.05)\n"
+    )
+    code, _, err = as_user(
+        a, folder, "queue", "add", "--claim", "20GiB", "--", "python3", "-c", hold
+    )
+    assert code == 0, err
+    results: dict[str, Any] = {}
+    runner = threading.Thread(
+        target=lambda: results.update(
+            run=as_user(a, folder, "queue", "run", "--json", "--policy", "fifo", timeout=240)
+        )
+    )
+    runner.start()
+    planter = None
+    try:
+        wait_for_child = [d for d in _live(shared, a) if isinstance(d.get("child"), int)]
+        deadline = time.monotonic() + 60
+        while not wait_for_child:
+            assert time.monotonic() < deadline, "the first job never started"
+            time.sleep(0.05)
+            wait_for_child = [d for d in _live(shared, a) if isinstance(d.get("child"), int)]
+        child = wait_for_child[0]["child"]
+        # b plants a held record of 30 GiB naming a's job's pid: 64 - 20 - 30 leaves 14 GiB.
+        planter = as_user_proc(
+            b,
+            "import sys\n"
+            "from memgov._devices import candidates\n"
+            "from memgov._ledger import DeviceLedger, record_payload\n"
+            "d = candidates('auto')[0]\n"
+            "p = record_payload('claim', d, 30 * 2**30, 'planted', 'soft')\n"
+            f"p['pid'] = {child}\n"
+            "held = DeviceLedger(d).add('claims', p)\n"
+            "print('planted', flush=True)\n"
+            "sys.stdin.read()\n",
+        )
+        assert planter.stdout is not None and planter.stdout.readline().strip() == "planted"
+        mark = f"import pathlib; pathlib.Path({str(second)!r}).touch()"
+        code, _, err = as_user(
+            a, folder, "queue", "add", "--claim", "20GiB", "--", "python3", "-c", mark
+        )
+        assert code == 0, err
+        time.sleep(3)  # several decisions of a's runner with b's record in the ledger
+        assert not second.exists()  # 20 GiB does not fit the 14 GiB left: not started
+        _, listed, _ = as_user(a, folder, "queue", "--json")
+        assert [j["state"] for j in json.loads(listed)["jobs"]] == ["running", "queued"]
+    finally:
+        release.touch()
+        if planter is not None:
+            planter.communicate("", timeout=60)
+        runner.join()
+    code, out, err = results["run"]
+    assert code == 0, err
+    assert [j["end"] for j in json.loads(out)["jobs"]] == ["ok", "ok"]
+    assert second.exists()
+
+
 def test_another_uids_file_named_like_a_job_is_a_problem_not_a_crash(
     users: dict[str, User],  # noqa: F811
     base: Path,  # noqa: F811
