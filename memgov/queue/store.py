@@ -2,7 +2,8 @@
 
     $MEMGOV_DIR/v1/_queue/<uid>/              this user's queue: owned by the user, mode 0700
     $MEMGOV_DIR/v1/_queue/<uid>/jobs/N.json   one job: its command, claim, state and attempts
-    $MEMGOV_DIR/v1/_queue/<uid>/live/*.json   one per running job, flock-held by its shepherd
+    $MEMGOV_DIR/v1/_queue/<uid>/live/*.json   one per running attempt, flock-held by the runner
+                                              that launches it, then by its shepherd
     $MEMGOV_DIR/v1/_queue/<uid>/results/      how each attempt ended (written by its shepherd)
     $MEMGOV_DIR/v1/_queue/<uid>/logs/N.log    each job's output (every attempt, appended)
     $MEMGOV_DIR/v1/_queue/<uid>/runner/       the runner's record, flock-held for its life
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import stat
@@ -171,6 +173,11 @@ class Store:
     def start_live(self, name: str, payload: dict[str, Any]) -> _records.Held:
         with self.folder("live") as fd:
             return _records.create(fd, self.path / "live", name, payload)
+
+    def inherited_live(self, name: str, fd: int) -> _records.Held:
+        """The live record ``name`` its creator (the runner) handed down as descriptor ``fd``:
+        its lock, held since before this process existed, is this process's from now on."""
+        return _records.Held(self.path / "live", name, io.FileIO(fd, "r+"))
 
     def update_live(self, held: _records.Held, payload: dict[str, Any]) -> None:
         with self.folder("live") as fd:
