@@ -390,7 +390,7 @@ def _open_private(parent: int, name: str, path: Path, create: bool) -> int:
         raise QueueError(
             f"queue folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
             "another user made it, so memgov will not use it; ask root to remove it "
-            f"(`sudo rm -r {path}`)"
+            f"(`memgov gc` as root removes it, or `sudo rm -r {path}`)"
         )
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
         os.fchmod(fd, PRIVATE_MODE)  # the umask made it wider: it is ours, make it private
