@@ -24,14 +24,68 @@ def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
     A ledger that claims cannot use (MEMGOV_DIR a file, another user's, unreachable, or missing
     where only root may make it) is a LedgerError saying so: never "no claims"."""
     if set_up:
-        for shared in (
-            ("v1", "cpu"),
-            ("v1", "_profiles"),
-            ("v1", "_queue"),
-        ):  # every user's, sticky
+        for shared in (("v1", "cpu"), *PER_USER):  # every user's, sticky
             with _records.open_dir(_config.ledger_dir(), shared, create=True):
                 pass
     return [snapshot(device, clean=clean, set_up=set_up) for device in devices()]
+
+
+PER_USER = (("v1", "_profiles"), ("v1", "_queue"))
+"""Sticky folders of one private folder per user, named by its uid (memgov/_profiles.py,
+memgov/queue/store.py)."""
+
+
+def clear_squatters() -> tuple[list[str], list[str]]:
+    """Root's gc: remove each ``<uid>`` entry of PER_USER that is not that user's own folder (a
+    folder another user made first, a symlink, a file). Its user could never use it (the store
+    refuses it, never adopts it) and only root may remove it. (removed, could not remove)."""
+    import stat
+
+    removed: list[str] = []
+    skipped: list[str] = []
+    root = _config.ledger_dir()
+    for parts in PER_USER:
+        try:
+            with _records.open_dir(root, parts, create=False) as fd:
+                for name in os.listdir(fd):
+                    where = root.joinpath(*parts, name)
+                    try:
+                        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        if not name.isdigit() or (
+                            stat.S_ISDIR(info.st_mode) and info.st_uid == int(name)
+                        ):
+                            continue
+                        if stat.S_ISDIR(info.st_mode):
+                            _remove_tree(fd, name)
+                        else:
+                            os.unlink(name, dir_fd=fd)
+                    except FileNotFoundError:
+                        continue
+                    except OSError as exc:
+                        skipped.append(f"{where} (not uid {name}'s): {exc.strerror or exc}")
+                        continue
+                    removed.append(f"{where} (uid {info.st_uid}'s, not uid {name}'s own folder)")
+        except FileNotFoundError:
+            continue
+    return removed, skipped
+
+
+def _remove_tree(parent: int, name: str) -> None:
+    """Remove folder ``name`` of ``parent`` and all in it, never through a symlink (a name
+    swapped for one meanwhile is an OSError)."""
+    import stat
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, dir_fd=parent)
+    try:
+        for entry in os.listdir(fd):
+            if stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                _remove_tree(fd, entry)
+            else:
+                os.unlink(entry, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
 
 
 def snapshot(

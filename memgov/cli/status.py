@@ -77,10 +77,11 @@ def gc(as_json: JsonFlag = False) -> None:
     try:
         snaps = _status.snapshots(clean=True, set_up=os.geteuid() == 0)
         cpu_removed = _cpushare.sweep()  # root's gc clears any user's dead files there too
+        squatted, stuck = _status.clear_squatters() if os.geteuid() == 0 else ([], [])
     except MemgovError as exc:
         raise fail(exc) from None
-    removed = [r for s in snaps for r in s.removed]
-    problems = [p for s in snaps for p in s.problems]
+    removed = [*squatted, *(r for s in snaps for r in s.removed)]
+    problems = [*stuck, *(p for s in snaps for p in s.problems)]
     rebuilt = [r for s in snaps for r in s.rebuilt]
     if as_json:
         found = {"removed": removed, "skipped": problems, "cpu_removed": cpu_removed}

@@ -55,8 +55,27 @@ def add(specs: Sequence[JobSpec], store: Store | None = None) -> list[Job]:
 
 
 def jobs(store: Store | None = None) -> tuple[list[Job], list[str]]:
-    """Every job of this user's queue and the problems of files that are not jobs."""
-    return (store or Store()).jobs()
+    """Every job of this user's queue and the problems of files that are not jobs.
+
+    A job the store says runs, while no runner holds the queue and its shepherd is gone (no
+    result, its live record unheld), is shown as the next runner will settle it: ``failed``
+    (end ``lost``) or ``queued`` (end ``not_started``), never as running."""
+    from memgov.queue import ends
+
+    store = store or Store()
+    found, problems = store.jobs()
+    if any(j.state == "running" for j in found) and not store.runners():
+        live = store.live_records()
+        for job in found:
+            last = job.last
+            if job.state != "running" or last is None:
+                continue
+            held, data = live.get(last.live, (False, None))
+            if held or store.read_result(job.id, last.n) is not None:
+                continue  # it runs, or it ended: the next runner folds its result in
+            last.result = ends.unheld(last.live in live, data)
+            job.state = "failed" if last.result == "lost" else "queued"
+    return found, problems
 
 
 def cancel(job_id: int, store: Store | None = None) -> str:
@@ -89,9 +108,11 @@ def cancel(job_id: int, store: Store | None = None) -> str:
 def _stop_attempt(store: Store, job: Job) -> None:
     if job.last is None:
         return
+    from memgov.queue.shepherd import shepherd_pid
+
     _exists, alive, data = store.live(job.last.live)
-    pid = (data or {}).get("pid")
-    if alive and isinstance(pid, int):  # held: the pid is that attempt's shepherd still
+    pid = shepherd_pid(data)
+    if alive and pid is not None:  # held: the pid is that attempt's shepherd still
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
 
@@ -117,8 +138,9 @@ def run(
     if policy is not None:
         policies.get(policy)  # an unknown name: said before anything is queued
     store = store or Store()
+    given = _solo(solo)  # a bad --solo is refused before anything is queued, as a bad file is
     batch, file_policy = _submit(file_or_jobs, store)
-    options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch, solo=_solo(solo))
+    options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch, solo=given)
     return Runner(options, store).run()
 
 

@@ -22,6 +22,7 @@ from memgov import _profiles
 from memgov._errors import MemgovError
 from memgov.queue.learn import Learned
 from memgov.queue.model import MAX_RETRIES, OOM_GROWTH, Attempt, Job
+from memgov.queue.shepherd import LAUNCHING
 
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "RESOURCE_EXHAUSTED", "MemoryError")
 """Words in a job's last 16 KiB of output that say it ran out of memory."""
@@ -74,12 +75,24 @@ def signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
+NEVER_STARTED = (None, LAUNCHING, "created")
+"""Phases of a live record whose shepherd had not yet begun to start the command
+(memgov/queue/shepherd.py)."""
+
+
+def unheld(exists: bool, data: dict[str, Any] | None) -> str:
+    """How an attempt ended whose live record is not held and which left no result: its
+    shepherd is gone. ``not_started`` when the command provably never started, else ``lost``."""
+    phase = (data or {}).get("phase")
+    return "not_started" if not exists or phase in NEVER_STARTED else "lost"
+
+
 def settle(job: Job, attempt: Attempt) -> None:
     """``job``'s state after ``attempt`` (its last) ended; called on the job file under its lock
     by the local runner, in memory on Ray."""
     job.attempts[-1] = attempt
-    if attempt.result == "stopped" and job.cancel:  # the file's flag, under the lock:
-        attempt.result, attempt.detail = "cancelled", "memgov queue cancel"  # never stale
+    if attempt.result in ("stopped", "not_started") and job.cancel:  # the file's flag, under
+        attempt.result, attempt.detail = "cancelled", "memgov queue cancel"  # the lock: fresh
     end = attempt.result
     if end == "ok":
         job.state = "done"

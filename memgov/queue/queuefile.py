@@ -29,6 +29,7 @@ import tomllib
 
 from memgov._errors import ConfigError
 from memgov._sizes import Size
+from memgov.queue.policies import POLICIES
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_JOBS = 10_000
@@ -103,8 +104,14 @@ def _queue_table(data: dict[str, Any], where: Path) -> str | None:
             f"accepted: {', '.join(QUEUE_KEYS)}"
         )
     policy = table.get("policy")
-    if policy is not None and not isinstance(policy, str):
+    if policy is None:
+        return None
+    if not isinstance(policy, str):
         raise ConfigError(f"queue file {where}: [queue] policy must be a string")
+    if policy.strip().lower() not in POLICIES:  # as policies.get reads it; refused here, with
+        raise ConfigError(  # the file, before any of its jobs is queued
+            f"queue file {where}: [queue] policy {policy!r}: accepted {', '.join(POLICIES)}"
+        )
     return policy
 
 

@@ -12,10 +12,15 @@ what the store says runs:
 - the attempt's result is there: it ended; folded in as if the runner had seen it end;
 - its live record is held: its shepherd runs it still; the runner waits for its result;
 - its live record is gone or unheld and there is no result: if the shepherd never reached the
-  point where it starts the command (``phase: created``, or no live record at all), the command
-  provably never ran and the job is queued again; otherwise it is ``failed`` with end ``lost``
-  (the shepherd was killed while the command ran: whether it finished is unknown, so it is not
-  run a second time; `memgov queue log ID` shows its output).
+  point where it starts the command (``phase: launching`` or ``created``, or no live record at
+  all), the command provably never ran and the job is queued again; otherwise it is ``failed``
+  with end ``lost`` (the shepherd was killed while the command ran: whether it finished is
+  unknown, so it is not run a second time; `memgov queue log ID` shows its output), and what is
+  left of the command's process group is killed.
+
+The record is made and locked by the runner before the shepherd exists, and the shepherd
+inherits the lock (:meth:`Runner._start`): an unheld record proves no shepherd of the attempt
+can still start, so no attempt is ever queued again while its first shepherd is only slow.
 
 Stopping (Ctrl-C, SIGTERM, SIGHUP to the runner): every shepherd gets SIGTERM and passes it to
 its command, SIGKILL after the grace period; each attempt's result is saved and the jobs that
@@ -43,6 +48,7 @@ from memgov.queue import ends, learn, policies
 from memgov.queue.engine import Engine
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.report import Report, Sampler, build_report
+from memgov.queue.shepherd import LAUNCHING, live_payload, shepherd_pid
 from memgov.queue.store import Store
 
 POLL_S = 0.1
@@ -237,10 +243,13 @@ class Runner:
 
     def _gpus(self, now: float) -> list[policies.Gpu]:
         children = self._children()
+        me = os.geteuid()
         gpus = []
         for device in self.devices:
             snap = DeviceLedger(device).snapshot()
-            mine = sum(c.bytes for c in snap.claims if c.pid in children)
+            # Only this user's records count as its children's: a pid is no proof of whose
+            # record it is (anyone may write a record naming any pid, e.g. one of these).
+            mine = sum(c.bytes for c in snap.claims if c.pid in children and c.uid == me)
             running = [t for t in self.tracked.values() if t.attempt.gpu == device.index]
             placed = sum(t.attempt.claim_bytes for t in running)
             free = max(0, snap.free + mine - placed)
@@ -338,20 +347,32 @@ class Runner:
             self.changed = True
             return
         attempt = job.last
-        orders = json.dumps(self._orders(job, attempt, device)).encode()
-        # Started and tracked in one step: Ctrl-C inside Popen, after its fork, would leave a
-        # shepherd running that this runner never stops.
-        with _signals.deferred():
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "memgov.queue.shepherd"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C on the terminal reaches the runner: it stops it
-                env={**os.environ, "PYTHONPATH": _python_path()},
-            )
-            self.tracked[job.id] = Tracked(job, attempt, proc, proc.pid, time.monotonic())
+        orders = self._orders(job, attempt, device)
+        # The start handshake: the attempt's live record is made and flock-held here, before
+        # its shepherd exists, and the shepherd inherits the locked descriptor. The lock is
+        # held without a gap from now until the shepherd ends (by this runner until the fork,
+        # by both until the close below, then by the shepherd): an unheld record proves that
+        # no shepherd of this attempt runs or can still start, however slowly its interpreter
+        # comes up on a loaded host. Only then does a runner queue the job again.
+        held = self.store.start_live(attempt.live, live_payload(orders, LAUNCHING))
+        orders["live_fd"] = held.file.fileno()
+        try:
+            # Started and tracked in one step: Ctrl-C inside Popen, after its fork, would leave
+            # a shepherd running that this runner never stops.
+            with _signals.deferred():
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "memgov.queue.shepherd"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C on the terminal reaches the runner
+                    env={**os.environ, "PYTHONPATH": _python_path()},
+                    pass_fds=(held.file.fileno(),),
+                )
+                self.tracked[job.id] = Tracked(job, attempt, proc, proc.pid, time.monotonic())
+        finally:
+            held.file.close()  # the shepherd's copy holds the lock now (none started: unheld)
         assert proc.stdin is not None
-        proc.stdin.write(orders)
+        proc.stdin.write(json.dumps(orders).encode())
         proc.stdin.close()
         self.touched.add(job.id)
         self.timeline.append((job.id, job.kind, device.index, attempt.start, None))
@@ -412,15 +433,19 @@ class Runner:
         alive, data = live.get(tracked.attempt.live, (False, None))
         if alive:
             return
-        proc = tracked.proc
-        if proc is not None and proc.poll() is None and not exists:
-            return  # its shepherd has not written its live record yet
         if self.store.read_result(tracked.job.id, tracked.attempt.n) is not None:
             return  # ended between the two looks: reaped at the next poll
-        phase = (data or {}).get("phase")
-        if not exists or phase in (None, "created"):
+        if ends.unheld(exists, data) == "not_started":
             self._finish(tracked, {"not_started": True, "end": time.time()})
         else:
+            # The command was made to die with its shepherd (memgov/queue/shepherd.py); what
+            # it started in its process group goes too: nothing of a lost attempt runs on,
+            # holding its claim, where no cancel reaches it. (A group outlives no member, so
+            # while it exists the id is still that group's.)
+            child = (data or {}).get("child")
+            if isinstance(child, int) and child > 1:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child, signal.SIGKILL)
             self._finish(
                 tracked,
                 {
@@ -436,8 +461,7 @@ class Runner:
             if job.state != "running" or job.last is None:
                 continue
             _exists, _alive, data = self.store.live(job.last.live)
-            pid = (data or {}).get("pid")
-            tracked = Tracked(job, job.last, None, pid if isinstance(pid, int) else None, 0.0)
+            tracked = Tracked(job, job.last, None, shepherd_pid(data), 0.0)
             self.tracked[job.id] = tracked
             self.touched.add(job.id)
             self.timeline.append((job.id, job.kind, job.last.gpu, job.last.start, None))
@@ -449,8 +473,8 @@ class Runner:
                 tracked.proc.send_signal(sig)
             return
         _exists, alive, data = self.store.live(tracked.attempt.live)
-        pid = (data or {}).get("pid")
-        if alive and isinstance(pid, int):  # held: the pid is still that shepherd's
+        pid = shepherd_pid(data)
+        if alive and pid is not None:  # held: the pid is still that shepherd's
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
 
@@ -477,7 +501,12 @@ class Runner:
         attempt.end = end
         attempt.returncode = result.get("returncode")
         attempt.pid = result.get("pid")
-        attempt.start = float(result.get("start") or attempt.start)
+        # A wait of its claim in the ledger (behind a neighbour) is not run time: the job's
+        # run, and the solo time learned from it, begin when its claim was admitted.
+        waited = result.get("waited")
+        attempt.start = float(result.get("start") or attempt.start) + (
+            float(waited) if isinstance(waited, (int, float)) and waited > 0 else 0.0
+        )
         attempt.result, attempt.detail = self._classify(job, result)
         attempt.peak_bytes = ends.peak_of(ends.profile_run(job.job, attempt.pid))
         ends.learn_from(self.learned, job, attempt, self.timeline, self.options.solo)

@@ -2,7 +2,8 @@
 
     $MEMGOV_DIR/v1/_queue/<uid>/              this user's queue: owned by the user, mode 0700
     $MEMGOV_DIR/v1/_queue/<uid>/jobs/N.json   one job: its command, claim, state and attempts
-    $MEMGOV_DIR/v1/_queue/<uid>/live/*.json   one per running job, flock-held by its shepherd
+    $MEMGOV_DIR/v1/_queue/<uid>/live/*.json   one per running attempt, flock-held by the runner
+                                              that launches it, then by its shepherd
     $MEMGOV_DIR/v1/_queue/<uid>/results/      how each attempt ended (written by its shepherd)
     $MEMGOV_DIR/v1/_queue/<uid>/logs/N.log    each job's output (every attempt, appended)
     $MEMGOV_DIR/v1/_queue/<uid>/runner/       the runner's record, flock-held for its life
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import stat
@@ -172,6 +174,11 @@ class Store:
         with self.folder("live") as fd:
             return _records.create(fd, self.path / "live", name, payload)
 
+    def inherited_live(self, name: str, fd: int) -> _records.Held:
+        """The live record ``name`` its creator (the runner) handed down as descriptor ``fd``:
+        its lock, held since before this process existed, is this process's from now on."""
+        return _records.Held(self.path / "live", name, io.FileIO(fd, "r+"))
+
     def update_live(self, held: _records.Held, payload: dict[str, Any]) -> None:
         with self.folder("live") as fd:
             _records.replace(fd, held, payload)
@@ -227,7 +234,11 @@ class Store:
                 log = os.open(f"{job_id}.log", flags, FILE_MODE, dir_fd=fd)
             except OSError as exc:
                 raise QueueError(f"log of job {job_id}: {_why(exc)}") from None
-            _check_file(log, self.path / "logs" / f"{job_id}.log")
+            try:
+                _check_file(log, self.path / "logs" / f"{job_id}.log")
+            except QueueError:
+                os.close(log)
+                raise
             return log
 
     def read_log(self, job_id: int, limit: int) -> tuple[bytes, int]:
@@ -338,6 +349,8 @@ def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
 
 
 def _check_file(fd: int, where: Path) -> int:
+    """The size of the open file ``fd``; QueueError when it is not a regular file of this user's
+    (the caller closes ``fd`` either way)."""
     info = os.fstat(fd)
     problem = None
     if not stat.S_ISREG(info.st_mode):
@@ -345,7 +358,6 @@ def _check_file(fd: int, where: Path) -> int:
     elif info.st_uid != os.geteuid():
         problem = f"belongs to uid {info.st_uid}, not you"
     if problem:
-        os.close(fd)
         raise QueueError(f"queue file {where}: {problem}; memgov leaves it as it is")
     return info.st_size
 
@@ -378,7 +390,7 @@ def _open_private(parent: int, name: str, path: Path, create: bool) -> int:
         raise QueueError(
             f"queue folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
             "another user made it, so memgov will not use it; ask root to remove it "
-            f"(`sudo rm -r {path}`)"
+            f"(`memgov gc` as root removes it, or `sudo rm -r {path}`)"
         )
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
         os.fchmod(fd, PRIVATE_MODE)  # the umask made it wider: it is ours, make it private
