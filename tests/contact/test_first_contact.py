@@ -35,9 +35,29 @@ def test_no_gpu_commands_point_at_simulated_devices(no_gpu, command):
     assert f"NVML: {_nvml.unavailable_reason()}" in result.stdout
 
 
-def test_no_gpu_json_stays_json(no_gpu):
+def test_no_gpu_json_stays_json_and_says_why(no_gpu):
     result = memgov(no_gpu, "status", "--json")
-    assert result.returncode == 0 and json.loads(result.stdout) == {"devices": []}
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["devices"] == [] and f"NVML: {_nvml.unavailable_reason()}" in data["no_gpu"]
+    assert HINT in data["no_gpu"]
+
+
+def test_doctor_fails_on_a_ledger_no_claim_can_use(env, tmp_path):
+    claims = tmp_path / "ledger" / "v1" / "sim0" / "claims"
+    claims.parent.mkdir(parents=True)
+    claims.write_text("not a folder")  # every claim on sim0 fails on it
+    claim = subprocess.run(
+        [sys.executable, "-c", "import memgov; memgov.claim('1GiB')"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert claim.returncode != 0 and "LedgerError" in claim.stderr
+    result = memgov(env, "doctor")
+    assert result.returncode == 1
+    assert f"ledger PROBLEM: ledger folder {claims} is a symlink or not a folder" in result.stdout
 
 
 def test_simulated_devices_need_no_hint(env):
