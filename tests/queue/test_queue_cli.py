@@ -118,3 +118,15 @@ def test_add_takes_the_job_dicts_of_its_docs(tmp_path: Path) -> None:
     assert mark.exists()
     with pytest.raises(ConfigError, match="accepted a list of job dicts or JobSpecs"):
         q.add({"cmd": ["true"]})  # type: ignore[arg-type]
+
+
+def test_a_queued_jobs_claim_is_named_by_its_job(tmp_path: Path) -> None:
+    said = tmp_path / "claim"
+    code = f"import torch, memgov; open({str(said)!r}, 'w').write(memgov.current().name)"
+    job = {"cmd": [sys.executable, "-c", code], "claim": "1GiB", "name": "named"}
+    ran = memgov_cli("queue", "run", str(write_queue(tmp_path / "jobs.toml", [job])))
+    assert ran.returncode == 0, ran.stderr
+    (stored,) = q.jobs()[0]
+    assert stored.last is not None
+    name, _, pid = said.read_text().rpartition(":")
+    assert name == stored.job and pid == str(stored.last.pid)  # as `memgov profiles` lists it
