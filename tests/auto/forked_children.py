@@ -31,7 +31,8 @@ if "TRACKER_FD" in os.environ:
     # SIGKILL, and a tracker of the program's own would die with it, leaving every semaphore
     # the program created in /dev/shm. The test's one sees the group's end (its pipe closes)
     # and unlinks them. (A spawned child is handed its parent's tracker the same way.)
-    multiprocessing.resource_tracker._resource_tracker._fd = int(os.environ["TRACKER_FD"])
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    tracker._fd = int(os.environ["TRACKER_FD"])  # type: ignore[attr-defined]
 
 import torch  # the governed program's first framework import: the claim is taken here
 from torch.utils.data import DataLoader, Dataset
@@ -167,7 +168,7 @@ def semaphores() -> list[str]:
     """The named semaphores this program's multiprocessing objects hold (a fork context's are
     unlinked at once: they have no name)."""
     held = [o for o in gc.get_objects() if isinstance(o, multiprocessing.synchronize.SemLock)]
-    names = {o._semlock.name for o in held}
+    names = {o._semlock.name for o in held}  # type: ignore[attr-defined]
     return sorted(n.lstrip("/") for n in names if n)
 
 
