@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -72,3 +73,20 @@ def test_version(env):
     result = memgov(env, "--version")
     assert result.returncode == 0
     assert result.stdout.startswith(f"memgov {package.__version__} (pip: memgov-gpu; ")
+
+
+def test_no_gpu_watch_into_a_pipe_says_why_in_each_view(no_gpu):
+    proc = subprocess.Popen(
+        [*MEMGOV, "status", "--watch", "0.3"], env=no_gpu, stdout=subprocess.PIPE, text=True
+    )
+    guard = threading.Timer(60, proc.kill)  # views that never come fail, never hang
+    guard.start()
+    try:
+        assert proc.stdout is not None
+        seen = [proc.stdout.readline() for _ in range(40)]  # a few views, each written at once
+    finally:
+        guard.cancel()
+        proc.kill()
+        proc.wait(timeout=30)
+    hints = [line for line in seen if HINT in line]
+    assert len(hints) >= 2 and f"NVML: {_nvml.unavailable_reason()}" in hints[0], seen
