@@ -168,8 +168,10 @@ def claim(
     # A Size from a setting keeps its variable's name.
     request = _autosize.AUTO if auto else Size.of(size, "claim size", also=AUTO_ACCEPTED)
     wait_s = _settings.wait_seconds(wait, "wait")
-    label = _check_name(name)
     job_name, job_label = _jobid.job_for(job)
+    # A job named by its runner (job=, MEMGOV_JOB: `memgov run --job`, the queue's jobs) names
+    # its claims too; a derived name (label-hash) does not: its program's name is as clear.
+    label = _check_name(name, job_name if job_name == job_label else None)
     chosen_threads = _threads.setting()  # checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
     attempt = _start_attempt()
@@ -387,7 +389,9 @@ def _settle(
     return result
 
 
-def _check_name(name: object) -> str:
+def _check_name(name: object, job: str | None = None) -> str:
+    if name is None and job is not None:
+        return f"{job[:100]}:{os.getpid()}"
     if name is None:
         program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
         return f"{program or 'python'}:{os.getpid()}"

@@ -73,6 +73,8 @@ class Profile:
     runs: list[dict[str, Any]] = field(default_factory=list)
     file: str = ""
     updated: float = 0.0
+    command: str | None = None
+    """The command of the job's last recorded run (what tells jobs of one label apart)."""
 
 
 # -- the folder ---------------------------------------------------------------------------------
@@ -205,9 +207,14 @@ def _profile(data: dict[str, Any], name: str, fd: int) -> Profile:
         updated = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime
     except OSError:
         updated = 0.0
-    label = data.get("label")
+    label, command = data.get("label"), data.get("command")
     return Profile(
-        data["job"], label if isinstance(label, str) else data["job"], data["runs"], name, updated
+        data["job"],
+        label if isinstance(label, str) else data["job"],
+        data["runs"],
+        name,
+        updated,
+        command if isinstance(command, str) else None,
     )
 
 

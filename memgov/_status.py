@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,19 @@ def snapshot(
     return snap
 
 
+def _sections_usable(ledger: DeviceLedger) -> None:
+    """The device's folder, and the claims and queue folders in it that exist, are folders a
+    claim can use (a LedgerError says why not): a claim fails on any of them."""
+    if not _present(ledger):
+        return
+    for section in ("claims", "queue"):  # the folders a claim reads (DeviceLedger.read)
+        with (
+            contextlib.suppress(FileNotFoundError),  # missing: the first claim makes it
+            _records.open_dir(ledger.root, (*ledger.parts, section), create=False),
+        ):
+            pass
+
+
 def _present(ledger: DeviceLedger) -> bool:
     """Whether the device's folder exists (checked like every ledger path). If it does not, a
     claim makes it: a LedgerError says so when it cannot (only root may, or no one here)."""
@@ -177,7 +191,7 @@ def ledger_problem() -> str | None:
         found = []
     try:
         for device in found:
-            _present(DeviceLedger(device))
+            _sections_usable(DeviceLedger(device))
         if not found:
             with _records.open_dir(_config.ledger_dir(), (), create=False):
                 pass

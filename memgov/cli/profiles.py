@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from memgov._errors import MemgovError
+from memgov._parse import printable
 from memgov.cli._common import JsonFlag, fail, print_json
 
 profiles_app = typer.Typer(
@@ -40,6 +41,8 @@ def listing(ctx: typer.Context, as_json: JsonFlag = False) -> None:
             f"{row['job']}  {row['runs']} run(s), peak {_mib(row['peak'])}, "
             f"last {row['last_end'] or '-'} {_ago(row['updated'])}; auto: {row['auto']}"
         )
+        if row["command"]:  # what tells apart the jobs of one label (train.py-<hash>)
+            typer.echo(f"  command: {printable(row['command'])}")
     for problem in problems:
         typer.echo(f"problem: {problem}")
     if not rows and not problems:
@@ -62,6 +65,8 @@ def show(job: JobArg, as_json: JsonFlag = False) -> None:
         print_json(data)
         return
     typer.echo(f"job {profile.job} ({profile.label}): auto: {data['auto']}")
+    if profile.command:
+        typer.echo(f"  command: {printable(profile.command)}")
     for run in profile.runs:
         typer.echo(
             f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run['time']))}  "
@@ -100,6 +105,7 @@ def summary(profile: Any) -> dict[str, Any]:
     return {
         "job": profile.job,
         "label": profile.label,
+        "command": profile.command,
         "runs": len(profile.runs),
         "peak": max(peaks, default=None),
         "last_end": profile.runs[-1]["end"] if profile.runs else None,

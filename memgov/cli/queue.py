@@ -193,9 +193,7 @@ def run(
     import memgov.queue as q
 
     try:
-        for option, path in (("--out", out), ("--plot", plot)):
-            if path is not None:
-                _writable(option, path)
+        _can_finish(out, plot, ray)
         if ray is not None:
             from memgov.queue.onray import run_on_ray
 
@@ -221,6 +219,27 @@ def run(
     _show(data, as_json)
 
 
+def _can_finish(out: Path | None, plot: Path | None, ray: str | None) -> None:
+    """What the run's end needs is here: said before any job runs, not after them all."""
+    for option, path in (("--out", out), ("--plot", plot)):
+        if path is not None:
+            _writable(option, path)
+    if plot is not None:
+        from memgov.queue.report import pyplot
+
+        pyplot()
+    if ray is not None:
+        try:
+            import ray as _ray  # noqa: F401
+        except ImportError as exc:
+            from memgov._errors import ConfigError
+            from memgov.cli.ray import RAY_INSTALL
+
+            raise ConfigError(
+                f"--ray needs Ray, which cannot be imported here ({exc}): {RAY_INSTALL}"
+            ) from None
+
+
 def _writable(option: str, path: Path) -> None:
     """An output file can be written where it is asked for: said before any job runs."""
     from memgov._errors import ConfigError
@@ -241,15 +260,47 @@ def serve(
     grace: GraceOption = 10.0,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run what is submitted (`memgov queue add`) until Ctrl-C or SIGTERM."""
+    """Run what is submitted (`memgov queue add`) until Ctrl-C or SIGTERM: a line as each job
+    starts and ends (--json: one JSON object a line, the report the last one)."""
     as_json = _json(ctx, as_json)
+    import json
+
     import memgov.queue as q
 
+    def tell(event: dict[str, Any]) -> None:
+        typer.echo(json.dumps(event, sort_keys=True) if as_json else _event_line(event))
+
     try:
-        report = q.serve(policy, grace_s=grace)
+        report = q.serve(policy, grace_s=grace, tell=tell)
     except MemgovError as exc:
         raise fail(exc) from None
-    _show(report.to_json(), as_json)
+    data = report.to_json()
+    if not as_json:
+        _show(data, as_json)
+    typer.echo(json.dumps(data, sort_keys=True))  # JSON lines: the report is the last one
+    _exit_for(data)
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    from memgov._sizes import format_size
+
+    kind = event["event"]
+    if kind == "serving":
+        gpus = ", ".join(f"gpu {g['gpu']} {format_size(g['total_bytes'])}" for g in event["gpus"])
+        return (
+            f"serving the queue: policy {event['policy']} on {gpus}; "
+            "`memgov queue add -- CMD` queues a job, Ctrl-C stops"
+        )
+    job = f"job {event['id']} ({event['name']})"
+    if kind == "never":
+        return f"never: {job}: {event.get('detail', '')}"
+    where = f"gpu {event['gpu']}, {format_size(event['claim_bytes'])}, attempt {event['attempt']}"
+    if kind in ("start", "adopt"):
+        verb = "started" if kind == "start" else "running (adopted)"
+        return f"{verb}: {job} on {where}"
+    ran = f" after {event['run_s']:,.1f} s" if event.get("run_s") is not None else ""
+    detail = f": {event['detail']}" if event.get("detail") else ""
+    return f"ended {event['result']}: {job} on {where}{ran}{detail}"
 
 
 def _show(data: dict[str, Any], as_json: bool, exit_after: bool = True) -> None:
@@ -259,8 +310,11 @@ def _show(data: dict[str, Any], as_json: bool, exit_after: bool = True) -> None:
         print_json(data)
     else:
         typer.echo(table(data))
-    if not exit_after:
-        return
+    if exit_after:
+        _exit_for(data)
+
+
+def _exit_for(data: dict[str, Any]) -> None:
     if data.get("interrupted"):
         raise typer.Exit(128 + int(data["interrupted"]))  # its unfinished jobs queued again
     if any(j["end"] != "ok" for j in data["jobs"]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -20,19 +20,17 @@ def status(
     ] = None,
 ) -> None:
     """Per GPU: total, used (NVML), claimed, free budget, and every claim."""
-    from memgov import _status
-
     try:
         if watch is None:
-            data = _status.status()
+            data = _snapshot()
             if as_json:
                 print_json(data)
             else:
                 from memgov.cli.render import console, status_table
 
                 console().print(status_table(data))
-                if not data["devices"]:
-                    typer.echo(_no_gpu_hint())
+                if "no_gpu" in data:
+                    typer.echo(data["no_gpu"])
             return
         _watch(watch, as_json)
     except MemgovError as exc:
@@ -52,11 +50,13 @@ def _watch(seconds: float, as_json: bool) -> None:
             # A pipe or a file: one snapshot after another, each written out as it is taken
             # (a redirected --watch stopped by a signal keeps every snapshot it took).
             while True:
-                data = _status.status()
+                data = _snapshot()
                 if as_json:
                     typer.echo(json.dumps(data, sort_keys=True))
                 else:
                     console().print(status_table(data))
+                    if "no_gpu" in data:
+                        typer.echo(data["no_gpu"])
                 sys.stdout.flush()
                 time.sleep(seconds)
         with Live(status_table(_status.status()), auto_refresh=False) as live:
@@ -65,6 +65,16 @@ def _watch(seconds: float, as_json: bool) -> None:
                 live.update(status_table(_status.status()), refresh=True)
     except KeyboardInterrupt:
         return
+
+
+def _snapshot() -> dict[str, Any]:
+    """The status, and where it lists no GPU, why (NVML's reason) and how to try memgov."""
+    from memgov import _status
+
+    data = _status.status()
+    if not data["devices"]:
+        data["no_gpu"] = _no_gpu_hint()
+    return data
 
 
 def gc(as_json: JsonFlag = False) -> None:

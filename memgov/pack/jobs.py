@@ -206,7 +206,7 @@ def classify(
         if "BudgetExceeded" in full:
             if "CUDA context limit" in full:
                 return "contexts", message
-            return "budget_refused", message
+            return "budget_refused", budget_line(full)
         if not started and CONTEXT_WALL in full.lower():
             return "contexts", (
                 f"no CUDA context at start-up (the GPU's context limit: "
@@ -224,7 +224,7 @@ def classify(
         if kind == "cuda":
             return "cuda_error", message
         if "BudgetExceeded" in stderr:
-            return "budget_refused", _line_with(tail, "BudgetExceeded") or message
+            return "budget_refused", budget_line(_line_with(tail, "BudgetExceeded") or full)
         return "error", message
     if stopped_by is not None:
         what = "--timeout" if stopped_by == "timeout" else "Ctrl-C or a signal to pack"
@@ -234,7 +234,7 @@ def classify(
         hint = " (the host's OOM killer sends SIGKILL too)" if sig == signal.SIGKILL else ""
         return "killed", f"killed by {name}{hint}"
     if "BudgetExceeded" in stderr:
-        return "budget_refused", _line_with(tail, "BudgetExceeded")
+        return "budget_refused", budget_line(_line_with(tail, "BudgetExceeded") or "")
     if code == 3:
         return "oom", "exit code 3 (out of memory) without an error report"
     if code == 4:
@@ -242,14 +242,37 @@ def classify(
     last = next((line for line in reversed(tail) if line.strip()), "no output on stderr")
     if code == 0:
         return "error", f"exited 0 without a done report; stderr: {last}"
-    return "error", f"exit code {code}; stderr: {last}"
+    return "error", f"exit code {code}; stderr: {last}{_install_hint(tail)}"
+
+
+EXTRAS = {"numpy": "torch", "torch": "torch", "tensorflow": "tensorflow", "jax": "jax"}
+"""A module a bundled trainer imports -> the memgov-gpu extra that installs it (numpy: the
+MNIST trainers read their data with it; tensorflow and jax bring their own)."""
+
+
+def _install_hint(tail: list[str]) -> str:
+    """How to install what the job could not import, where memgov's extras have it."""
+    for line in reversed(tail):
+        _, found, name = line.partition("ModuleNotFoundError: No module named ")
+        module = name.strip().strip("'\"").split(".")[0]
+        if found and module in EXTRAS:
+            return f' (pip install "memgov-gpu[{EXTRAS[module]}]" installs {module})'
+    return ""
 
 
 def headline(message: str, limit: int = 300) -> str:
     """A failure's first line, for the report's one-line detail: a CUDA error's text carries the
     C++ frames of where it was raised (40 lines), which belong in the job's log, not here."""
     first = next((line.strip() for line in message.splitlines() if line.strip()), "")
-    return first if len(first) <= limit else first[: limit - 3] + "..."
+    return first if len(first) <= limit else first[: limit - 3].rsplit(" ", 1)[0] + " ..."
+
+
+def budget_line(message: str) -> str:
+    """A budget refusal's line, whole (its end says what to do), in pack's terms: the claim's own
+    advice names the API's ``wait=``, and a packed job queues for its budget with --wait."""
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    said, api, _rest = first.partition("; pass wait=SECONDS")
+    return said + ("; pass --wait SECONDS to queue each job for its budget" if api else "")
 
 
 def _line_with(tail: list[str], text: str) -> str | None:

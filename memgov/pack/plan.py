@@ -433,7 +433,13 @@ def _device(cfg: PackConfig, cpu: bool) -> tuple[Device | None, str | None]:
     try:
         return _devices.candidates(cfg.gpu)[0], None
     except MemgovError as exc:
-        raise ConfigError(f"{exc}; for a CPU pack (CI, laptops) pass --device cpu") from None
+        # Not the library's hint of simulated GPUs (MEMGOV_DEVICES): a GPU pack refuses them
+        # (they hold no real job); pack on CPU uses them.
+        said = str(exc).partition("; on a machine without a GPU")[0]
+        raise ConfigError(
+            f"{said}; on a machine without a GPU pack on CPU with --device cpu (CI, laptops; "
+            'with MEMGOV_DEVICES="sim0:16GiB" its jobs claim on a simulated GPU)'
+        ) from None
 
 
 def _claim(

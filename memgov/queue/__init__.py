@@ -22,7 +22,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,10 @@ __all__ = [
 ]
 
 
-def add(specs: Sequence[JobSpec], store: Store | None = None) -> list[Job]:
-    """Queue jobs for the user's runner (`memgov queue serve` or the next `memgov queue run`)."""
-    return _add(list(specs), store)
+def add(specs: Sequence[JobSpec | dict[str, Any]], store: Store | None = None) -> list[Job]:
+    """Queue jobs for the user's runner (`memgov queue serve` or the next `memgov queue run`):
+    JobSpecs or dicts of a queue file's job keys (``{"cmd": [...], "claim": "2GiB"}``)."""
+    return _add(_specs(specs), store)
 
 
 def jobs(store: Store | None = None) -> tuple[list[Job], list[str]]:
@@ -145,13 +146,86 @@ def run(
 
 
 def serve(
-    policy: str | None = None, *, grace_s: float = 10.0, store: Store | None = None
+    policy: str | None = None,
+    *,
+    grace_s: float = 10.0,
+    store: Store | None = None,
+    tell: Callable[[dict[str, Any]], None] | None = None,
 ) -> Report:
-    """Run whatever is submitted until SIGINT or SIGTERM."""
+    """Run whatever is submitted until SIGINT or SIGTERM.
+
+    ``tell``: called with each event as it happens (a dict, its kind in ``event``): ``serving``
+    (the runner holds the queue: policy, GPUs), ``start`` (an attempt started: job, GPU, claim),
+    ``end`` (an attempt ended: its result and detail), ``never`` (a job no GPU can hold)."""
     from memgov.queue.runner import Options, Runner
 
     options = Options(policy=policy, grace_s=grace_s, serve=True, what="memgov queue serve")
-    return Runner(options, store or Store()).run()
+    if tell is None:
+        return Runner(options, store or Store()).run()
+    return _telling(tell)(options, store or Store()).run()
+
+
+def _telling(tell: Callable[[dict[str, Any]], None]) -> type[Any]:
+    """A runner that tells its events, seen through the engine's front-end calls (start,
+    refuse, follow, halt: memgov/queue/engine.py) and the attempts it tracks."""
+    from memgov.queue.runner import Runner
+
+    class Telling(Runner):
+        said_serving = False
+
+        def start(self, job_id: int, gpu: int, claim: int) -> None:
+            super().start(job_id, gpu, claim)
+            if job_id in self.tracked:  # not cancelled meanwhile
+                self._tell("start", self.jobs[job_id])
+
+        def refuse(self, job_id: int, why: str) -> None:
+            super().refuse(job_id, why)
+            self._tell("never", self.jobs[job_id], detail=why)
+
+        def follow(self) -> bool:
+            if not self.said_serving:  # the runner's record is held: this one serves
+                self.said_serving = True
+                gpus = [
+                    {"gpu": d.index, "name": d.name, "total_bytes": d.total} for d in self.devices
+                ]
+                tell(
+                    {"event": "serving", "t": time.time(), "policy": self.policy.name, "gpus": gpus}
+                )
+                for tracked in self.tracked.values():  # a previous runner's, adopted
+                    self._tell("adopt", tracked.job)
+            return self._ends(super().follow)
+
+        def halt(self, error: BaseException | None) -> None:
+            self._ends(lambda: super(Telling, self).halt(error))
+
+        def _ends(self, step: Callable[[], Any]) -> Any:
+            before = set(self.tracked)
+            done = step()
+            for job_id in sorted(before - set(self.tracked)):
+                self._tell("end", self.jobs[job_id])
+            return done
+
+        def _tell(self, event: str, job: Job, **extra: Any) -> None:
+            said: dict[str, Any] = {
+                "event": event,
+                "t": time.time(),
+                "id": job.id,
+                "name": job.name,
+            }
+            last = job.last
+            if last is not None and event != "never":
+                said.update(attempt=last.n, gpu=last.gpu, claim_bytes=last.claim_bytes)
+            if last is not None and event == "end":
+                said.update(
+                    result=last.result,
+                    detail=last.detail,
+                    returncode=last.returncode,
+                    run_s=None if last.end is None else round(last.end - last.start, 3),
+                    state=job.state,
+                )
+            tell(said | extra)
+
+    return Telling
 
 
 def _submit(
@@ -168,13 +242,21 @@ def _submit(
         batch = f"{parsed.digest}-{int(time.time())}"
         _add(parsed.jobs, store, batch=batch)
         return batch, parsed.policy
-    specs = [
-        s if isinstance(s, JobSpec) else job_spec(s, f"job {i}", Path.cwd())
-        for i, s in enumerate(file_or_jobs, 1)
-    ]
     batch = f"jobs-{secrets.token_hex(6)}"
-    _add(specs, store, batch=batch)
+    _add(_specs(file_or_jobs), store, batch=batch)
     return batch, None
+
+
+def _specs(given: Sequence[JobSpec | dict[str, Any]]) -> list[JobSpec]:
+    """Dicts read as a queue file's jobs are (relative paths from the working folder)."""
+    if isinstance(given, (str, bytes, dict)):  # one job, not a list of them
+        raise ConfigError(
+            f"jobs: got a {type(given).__name__}; accepted a list of job dicts or JobSpecs"
+        )
+    return [
+        s if isinstance(s, JobSpec) else job_spec(s, f"job {i}", Path.cwd())
+        for i, s in enumerate(given, 1)
+    ]
 
 
 def _unfinished_batch(store: Store, digest: str) -> str | None:

@@ -282,18 +282,25 @@ def _x(value: float | None) -> str:
     return f"{value:5.2f}" if value is not None else f"{'-':>5}"
 
 
-def plot(report: dict[str, Any], path: str | Path) -> None:
-    """Jobs over time (one bar per job) and GPU memory over time; needs matplotlib."""
+def pyplot() -> Any:
+    """matplotlib's pyplot (drawing to files), or ConfigError saying how to install it: asked
+    before a run with --plot starts, so that a missing matplotlib costs no run."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
+    except ImportError as exc:
         raise ConfigError(
-            "--plot needs matplotlib: pip install 'memgov-gpu[plots]' (the report itself needs "
-            "nothing: --json or --out)"
+            f"--plot needs matplotlib, which cannot be imported here ({exc}): pip install "
+            "'memgov-gpu[plots]' (the report itself needs nothing: --json or --out)"
         ) from None
+    return plt
+
+
+def plot(report: dict[str, Any], path: str | Path) -> None:
+    """Jobs over time (one bar per job) and GPU memory over time; needs matplotlib."""
+    plt = pyplot()
     fig, (bars, memory) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     for row in report["jobs"]:
         if row["end_s"] is not None:

@@ -5,20 +5,34 @@ KIND dataloader: a torch DataLoader, 2 workers, persistent_workers=True, start m
     (fork, spawn, forkserver), two epochs; fork: a plain os.fork(); pool: a multiprocessing Pool
     (fork) of 2. Every child reports its PID and the descriptors it holds into MEMGOV_DIR.
     Prints one JSON line: {"parent": PID, "children": [{"pid": PID, "ledger_fds": COUNT}, ...],
-    "alive": [PIDs of the children that stay alive (hang)]}.
+    "alive": [PIDs of the children that stay alive (hang)], "semaphores": [the names of the
+    named semaphores its multiprocessing objects hold then, /dev/shm/sem.NAME]}.
 hang: the children then stay alive (a worker stuck in its dataset, a child asleep; each marks
     itself in folder $HANG_MARKS first) and so does the parent, until the test kills them; without
     it the program ends normally.
+TRACKER_FD: the write end of a multiprocessing resource tracker the test started, used in
+    place of one of the program's own (see below).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
+import multiprocessing.resource_tracker
+import multiprocessing.synchronize
 import os
 import sys
 import threading
 import time
+
+if "TRACKER_FD" in os.environ:
+    # The test's tracker, outside this program's process group: the test kills that group with
+    # SIGKILL, and a tracker of the program's own would die with it, leaving every semaphore
+    # the program created in /dev/shm. The test's one sees the group's end (its pipe closes)
+    # and unlinks them. (A spawned child is handed its parent's tracker the same way.)
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    tracker._fd = int(os.environ["TRACKER_FD"])  # type: ignore[attr-defined]
 
 import torch  # the governed program's first framework import: the claim is taken here
 from torch.utils.data import DataLoader, Dataset
@@ -150,6 +164,14 @@ def _sleep(_index: int) -> None:
     hang_forever()
 
 
+def semaphores() -> list[str]:
+    """The named semaphores this program's multiprocessing objects hold (a fork context's are
+    unlinked at once: they have no name)."""
+    held = [o for o in gc.get_objects() if isinstance(o, multiprocessing.synchronize.SemLock)]
+    names = {o._semlock.name for o in held}  # type: ignore[attr-defined]
+    return sorted(n.lstrip("/") for n in names if n)
+
+
 def main() -> None:
     kind = sys.argv[1]
     hang = sys.argv[-1] == "hang"
@@ -162,7 +184,7 @@ def main() -> None:
     else:
         children = pool(hang)
     stuck = [int(n) for n in os.listdir(os.environ["HANG_MARKS"])] if hang else []
-    say({"parent": os.getpid(), "children": children, "alive": stuck})
+    say({"parent": os.getpid(), "children": children, "alive": stuck, "semaphores": semaphores()})
     if hang:
         time.sleep(3600)
 

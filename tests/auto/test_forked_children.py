@@ -12,7 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from multiprocessing.resource_tracker import ResourceTracker
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,18 +88,39 @@ def test_children_print_nothing_hold_nothing_and_the_records_go_with_the_parent(
     assert sorted(os.listdir(cpu_folder)) == []  # removed by the parent itself, not by a scan
 
 
+@pytest.fixture
+def tracker() -> Iterator[ResourceTracker]:
+    """A multiprocessing resource tracker of the test's own, for a program whose process group
+    the test kills (forked_children.py, TRACKER_FD): it outlives the group and unlinks the
+    semaphores the group left; stopped (and so done unlinking) when the test ends."""
+    own = ResourceTracker()
+    own.ensure_running()
+    yield own
+    stop(own)
+
+
+def stop(tracker: ResourceTracker) -> None:
+    """Close the test's end of the tracker's pipe and wait for it: once it returns, the tracker
+    has unlinked what was left registered (CPython's own shutdown step, not in the stubs)."""
+    tracker._stop()  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_killed_parents_records_die_while_its_children_live_on(
-    governed: dict[str, str], kind: list[str]
+    governed: dict[str, str], kind: list[str], tracker: ResourceTracker
 ) -> None:
+    fd = tracker.getfd()
+    assert fd is not None
     proc = subprocess.Popen(
         [sys.executable, str(PROGRAM), *kind, "hang"],
-        env=governed,
+        env={**governed, "TRACKER_FD": str(fd)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        pass_fds=(fd,),
     )
+    seen: dict[str, Any] = {}
     try:
         assert proc.stdout is not None
         seen = json.loads(proc.stdout.readline() or "{}")
@@ -112,3 +136,6 @@ def test_a_killed_parents_records_die_while_its_children_live_on(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     only_info_lines(proc.stderr.read() if proc.stderr else "")
+    stop(tracker)  # returns once the tracker unlinked what the killed group left
+    left = [n for n in seen.get("semaphores", []) if os.path.exists(f"/dev/shm/sem.{n}")]
+    assert left == [], "the killed program's semaphores stayed in /dev/shm"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -35,9 +36,29 @@ def test_no_gpu_commands_point_at_simulated_devices(no_gpu, command):
     assert f"NVML: {_nvml.unavailable_reason()}" in result.stdout
 
 
-def test_no_gpu_json_stays_json(no_gpu):
+def test_no_gpu_json_stays_json_and_says_why(no_gpu):
     result = memgov(no_gpu, "status", "--json")
-    assert result.returncode == 0 and json.loads(result.stdout) == {"devices": []}
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["devices"] == [] and f"NVML: {_nvml.unavailable_reason()}" in data["no_gpu"]
+    assert HINT in data["no_gpu"]
+
+
+def test_doctor_fails_on_a_ledger_no_claim_can_use(env, tmp_path):
+    claims = tmp_path / "ledger" / "v1" / "sim0" / "claims"
+    claims.parent.mkdir(parents=True)
+    claims.write_text("not a folder")  # every claim on sim0 fails on it
+    claim = subprocess.run(
+        [sys.executable, "-c", "import memgov; memgov.claim('1GiB')"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert claim.returncode != 0 and "LedgerError" in claim.stderr
+    result = memgov(env, "doctor")
+    assert result.returncode == 1
+    assert f"ledger PROBLEM: ledger folder {claims} is a symlink or not a folder" in result.stdout
 
 
 def test_simulated_devices_need_no_hint(env):
@@ -52,3 +73,20 @@ def test_version(env):
     result = memgov(env, "--version")
     assert result.returncode == 0
     assert result.stdout.startswith(f"memgov {package.__version__} (pip: memgov-gpu; ")
+
+
+def test_no_gpu_watch_into_a_pipe_says_why_in_each_view(no_gpu):
+    proc = subprocess.Popen(
+        [*MEMGOV, "status", "--watch", "0.3"], env=no_gpu, stdout=subprocess.PIPE, text=True
+    )
+    guard = threading.Timer(60, proc.kill)  # views that never come fail, never hang
+    guard.start()
+    try:
+        assert proc.stdout is not None
+        seen = [proc.stdout.readline() for _ in range(40)]  # a few views, each written at once
+    finally:
+        guard.cancel()
+        proc.kill()
+        proc.wait(timeout=30)
+    hints = [line for line in seen if HINT in line]
+    assert len(hints) >= 2 and f"NVML: {_nvml.unavailable_reason()}" in hints[0], seen
