@@ -4,7 +4,9 @@ The flock is the liveness signal. The kernel drops it when the holder dies, by a
 PID namespace or container that shares the file's inode, so a dead holder's record is recognised at
 once, with no PID, heartbeat or daemon. A record is written to a temporary name, locked, and only
 then renamed into place, so no reader ever sees an unlocked record of a live holder. Records are
-never edited in place: an update is a new locked file renamed over the old one.
+never edited in place: an update is a new locked file renamed over the old one. A held lock
+outweighs whatever a look at the file finds (empty, torn, a holder that looks gone): such a file
+is never removed nor remembered as dead (``Seen.locked``).
 
 Every path is walked with O_NOFOLLOW relative to an open folder, so a symlink planted in a shared
 folder is refused instead of followed. Readers open records read-only: probing another user's
@@ -351,6 +353,10 @@ class Seen:
     final: bool = False
     """Dead for good: the name is not, and never will be, a live record's (memgov/_deadnames.py
     says why one look can prove that, and which looks do). Scans then skip it by name."""
+    locked: bool = False
+    """Someone holds the file's lock. Such a file is never removed and never dead for good,
+    whatever its content or however its holder looks (a child forked from C that kept a dead
+    parent's lock: dead for the budget, left in place until the lock goes)."""
 
 
 @dataclass(frozen=True)
@@ -417,11 +423,7 @@ def scan(
         if name.startswith(TMP_PREFIX):
             item = _probe_tmp(folder_fd, folder, name, locks, kind)
         elif RECORD_NAME.match(name) or sweep:
-            item = _empty(folder_fd, name, sweep)
-            if item is None:
-                item = _read(folder_fd, name, folder=folder, locks=locks, kind=kind)
-            elif item is GONE_FILE:
-                item = None  # removed since the listing (gc, its owner): nothing to open
+            item = _read(folder_fd, name, folder=folder, locks=locks, kind=kind)
         else:
             foreign += 1
             final.add(name)  # a name that is not a record's never becomes one
@@ -479,31 +481,6 @@ user's own dead files are there too, and a cleaning scan must still find (and re
 _fresh_last: dict[tuple[int, int], set[str]] = {}
 """Folder (device, inode) -> the names this process's last remembering scan looked at and did
 not find dead for good (live records, and what it could not judge for good)."""
-
-
-GONE_FILE = Seen("", False, None, "gone", None)
-"""_empty's answer for a name that no longer exists (not a record: never filed)."""
-
-
-def _empty(folder_fd: int, name: str, sweep: bool) -> Seen | None:
-    """An empty regular file, known from one lstat without opening it: no record is empty (a
-    record is renamed into place with its content), locked or not, so it is nobody's claim. A
-    flood of empty files then costs a scan a stat each, and gc a stat and an unlink each. None:
-    not known to be empty (opened); GONE_FILE: removed since the listing. gc (``sweep``) opens
-    a file not named as a record even so: it removes that only when no one holds it."""
-    if sweep and not RECORD_NAME.match(name):
-        return None
-    try:
-        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return GONE_FILE
-    except OSError:
-        return None
-    if not stat.S_ISREG(info.st_mode) or info.st_size:
-        return None
-    inode = (info.st_dev, info.st_ino)
-    # One lstat is one look at one file: a record is never empty under its name (final).
-    return Seen(name, False, None, "empty (not a record)", info.st_uid, inode, final=True)
 
 
 def _probe_tmp(
@@ -603,23 +580,28 @@ def _read(
             problem = "not a memgov record (unknown name)"
         elif info.st_size > MAX_BYTES:
             problem = f"too large ({info.st_size} bytes)"
+        elif not info.st_size:
+            # Locked, it is a record being rewritten in place by its holder: live, size unknown.
+            problem = "empty" if alive else "empty (not a record)"
         else:
             try:
                 raw = os.read(fd, MAX_BYTES + 1)
             except OSError as exc:
                 problem = f"unreadable ({exc.strerror})"
         if problem is not None:
-            return Seen(name, alive, None, problem, info.st_uid, inode, final=pinned and not alive)
+            final = pinned and not alive
+            return Seen(name, alive, None, problem, info.st_uid, inode, final=final, locked=alive)
     finally:
         probe.close()
     data, problem = _parse(raw, kind.fields)
     locked = alive
     if alive and data is not None:
         alive = holder_alive(data)
-    # Dead for good only on the lock: a locked record whose holder looks gone (a start-time
-    # check, a wall-clock comparison a clock step can fool) is dead for this scan, and looked
-    # at again by the next, never remembered (the store of dead names is shared and lasting).
-    return Seen(name, alive, data, problem, info.st_uid, inode, final=pinned and not locked)
+    # Dead for good only on the lock: a locked record whose holder looks gone is dead for this
+    # scan and looked at again by the next, never remembered (the store of dead names is shared
+    # and lasting), and a locked one that cannot be parsed (torn, rewritten in place) is live.
+    final = pinned and not locked
+    return Seen(name, alive, data, problem, info.st_uid, inode, final=final, locked=locked)
 
 
 def _pinned(folder_fd: int, name: str, inode: tuple[int, int]) -> bool:
@@ -727,11 +709,16 @@ NOT_MINE = "cannot remove (another user's, in a sticky folder: root's `memgov gc
 """Why a dead file of another user is left, said without trying (a flood costs no syscall)."""
 GONE = "gone"
 """remove_dead's answer when the file already vanished or was replaced: nothing to report."""
+HELD = "left: another process holds its lock (removed once that lock goes)"
+"""Why a file whose lock is held is never removed, even where its holder looks gone."""
 
 
 def remove_dead(folder_fd: int, seen: Seen) -> str | None:
-    """Delete a file found dead; None when removed, else why not (GONE, or e.g. another user's
-    file in a sticky folder)."""
+    """Delete a file found dead; None when removed, else why not (GONE, HELD, or e.g. another
+    user's file in a sticky folder). A file someone holds locked stays whatever the scan made
+    of it: a removed record is gone from every later count, even if its holder lives."""
+    if seen.locked:
+        return HELD
     try:
         now = os.stat(seen.name, dir_fd=folder_fd, follow_symlinks=False)
         if seen.inode is not None and (now.st_dev, now.st_ino) != seen.inode:

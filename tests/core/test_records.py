@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _records, _status
+from memgov import _deadnames, _records, _status
 from memgov._ledger import new_record_name, record_payload
 from tests.helpers.procs import HELPERS, Child, ledger
 
@@ -193,6 +193,37 @@ def test_locked_corrupt_record_blocks_and_foreign_device_record_is_skipped(
             os.close(fd)
     with memgov.claim("64GiB"):  # unlocked now: dead, it holds nothing
         pass
+
+
+def test_a_locked_empty_record_blocks_and_is_never_removed_or_dead_for_good(
+    claims_dir: Path,
+) -> None:
+    # Its holder holds the lock while it rewrites the file in place: one look at the empty file
+    # is no proof that no one's claim is there. It blocks (size unknown), and no scan removes
+    # it or remembers it as dead; unlocked, it is nobody's, removed and remembered.
+    path = claims_dir / new_record_name()
+    path.write_bytes(b"")
+    fd = _hold_lock(path)
+    try:
+        for clean in (False, True):
+            snap = _status.snapshots(clean=clean)[0]
+            assert snap.free == 0 and snap.unknown == [str(path)] and snap.removed == []
+        swept = subprocess.run(
+            [sys.executable, "-m", "memgov", "gc", "--json"], capture_output=True, text=True
+        )
+        assert json.loads(swept.stdout)["removed"] == [] and path.exists()
+        folder = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            (seen,) = [s for s in _records.scan(folder, remember=True) if s.name == path.name]
+            assert seen.alive and seen.locked and not seen.final
+            info = os.fstat(folder)
+            assert path.name not in _deadnames.known((info.st_dev, info.st_ino))
+        finally:
+            os.close(folder)
+    finally:
+        os.close(fd)
+    cleaned = _status.snapshots(clean=True)[0]
+    assert cleaned.free == 64 * GIB and not path.exists()
 
 
 def test_dead_record_counts_nothing_and_gc_removes_it(claims_dir: Path) -> None:
