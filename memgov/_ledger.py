@@ -404,6 +404,7 @@ def record_payload(
         "host": socket.gethostname(),
         "created": time.time(),
         "mode": mode,
+        **_records.writer(),
         **extra,
     }
 

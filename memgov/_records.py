@@ -6,7 +6,8 @@ once, with no PID, heartbeat or daemon. A record is written to a temporary name,
 then renamed into place, so no reader ever sees an unlocked record of a live holder. Records are
 never edited in place: an update is a new locked file renamed over the old one. A held lock
 outweighs whatever a look at the file finds (empty, torn, a holder that looks gone): such a file
-is never removed nor remembered as dead (``Seen.locked``).
+is never removed nor remembered as dead (``Seen.locked``), and no wall clock enters a verdict
+(holder_alive).
 
 Every path is walked with O_NOFOLLOW relative to an open folder, so a symlink planted in a shared
 folder is refused instead of followed. Readers open records read-only: probing another user's
@@ -639,15 +640,56 @@ def holder_alive(data: dict[str, Any]) -> bool:
     the file; this says it is the process that took it).
 
     A child forked from C (no at-fork hook) keeps its parent's descriptor, and so the lock, after
-    the parent died: the record names the parent, which is gone, so the record is dead. A PID
-    that cannot be checked from here (another PID namespace, a /proc that is not this namespace's)
+    the parent died: the record names the parent, which is gone (or its PID went to a process
+    that started at another tick), so the record is dead. No clock is read: a step of the wall
+    clock moves the boot time /proc/stat reports, not the ticks a process started at. A PID that
+    cannot be checked from here (another PID namespace, a /proc that is not this namespace's)
     counts as alive: fail closed. One read of /proc per live record, never the host's lock table.
     """
     pid, pidns = data.get("pid"), data.get("pidns")
     if not isinstance(pid, int) or pid <= 0 or pidns is None or pidns != _own_pidns():
         return True
-    created = data.get("created")
-    return process_alive(pid, created if isinstance(created, (int, float)) else None)
+    return process_alive(pid, start_of(data))
+
+
+def writer() -> dict[str, int | None]:
+    """What a record says of its writer besides its PID, so that a reader tells it from a later
+    process given the same PID without any clock: ``start``, when it started, in clock ticks
+    since boot (field 22 of /proc/self/stat, which no step of the wall clock moves), and
+    ``timens``, its time namespace (a namespace with its own boot time shows every process's
+    start shifted by it). Read once per process (its start never changes)."""
+    pid = os.getpid()
+    if pid not in _writer:
+        start: int | None = None
+        with (
+            contextlib.suppress(OSError, ValueError, IndexError),
+            open("/proc/self/stat", "rb") as f,
+        ):
+            start = int(f.read(4096).rsplit(b")", 1)[-1].split()[19])
+        _writer.clear()  # a forked child's: its parent's entry is no use to it
+        _writer[pid] = {"start": start, "timens": _timens()}
+    return dict(_writer[pid])
+
+
+_writer: dict[int, dict[str, int | None]] = {}
+
+
+def start_of(data: dict[str, Any]) -> int | None:
+    """The start tick a record gives its writer, where this process can compare it with
+    /proc/PID/stat (the same time namespace); None where it cannot (a record of a memgov that
+    wrote none, another time namespace's): its PID is then only checked to exist (fail closed)."""
+    start = data.get("start")
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        return None
+    return start if data.get("timens") == _timens() else None
+
+
+def _timens() -> int | None:
+    """This process's time namespace (None where the kernel has none, before Linux 5.6)."""
+    try:
+        return os.stat("/proc/self/ns/time").st_ino
+    except OSError:
+        return None
 
 
 def is_locked(folder_fd: int, name: str) -> bool:

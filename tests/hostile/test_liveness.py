@@ -314,6 +314,63 @@ def test_a_live_record_rewritten_in_place_is_never_dead_for_good(
         holder.wait(timeout=30)
 
 
+@pytest.mark.parametrize("step", [10, 3600], ids=["10s", "1h"])
+def test_a_forward_step_of_the_wall_clock_frees_no_live_claim(
+    users: dict[str, User], shared: Path, step: int
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    claims = shared / "v1" / "sim0" / "claims"
+    # What a clock stepped forward by STEP after B's claim looks like: the record's time lies
+    # STEP before the clock, and the boot time /proc/stat gives has moved as far (the start
+    # time computed from it lies after the record's creation).
+    holder = start(
+        b,
+        "import sys, time, memgov\nreal = time.time\n"
+        f"time.time = lambda: real() - {step}\n"
+        "memgov.claim('48GiB', name='b-stepped')\ntime.time = real\n"
+        "print('{}', flush=True)\nsys.stdin.readline()\n",
+    )
+    try:
+        (record,) = os.listdir(claims)
+        created = json.loads((claims / record).read_text())["created"]
+        assert created < time.time() - step + 1
+        assert a.run(TRY_48) == 16 * GIB
+        assert _gc()["removed"] == [] and (claims / record).exists()
+        assert a.run(TRY_48) == 16 * GIB
+        assert [c.name for c in _status.snapshots()[0].claims] == ["b-stepped"]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_a_holder_in_a_time_namespace_of_its_own_keeps_its_claim(
+    users: dict[str, User], shared: Path
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    # A time namespace with its own boot time shows every process's start shifted by it: the
+    # start B records of itself is not what A reads of B's PID, so A may not take it as B's.
+    code = "import sys, memgov\nmemgov.claim('48GiB', name='b-timens')\n"
+    code += "print('{}', flush=True)\nsys.stdin.readline()\n"
+    argv = ["unshare", "--time", "--boottime", "1000", "--fork"]
+    holder = subprocess.Popen(
+        [*argv, sys.executable, str(ACTOR), str(b.uid), code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    if holder.stdout.readline().strip() != "{}":
+        holder.wait(timeout=30)
+        pytest.skip("no time namespaces here (unshare --time failed)")
+    try:
+        assert a.run(TRY_48) == 16 * GIB
+        assert _gc()["removed"] == []
+        assert [c.name for c in _status.snapshots()[0].claims] == ["b-timens"]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
 def test_gc_never_removes_a_record_whose_lock_is_held(users: dict[str, User], shared: Path) -> None:
     # A parent claims, forks from C and dies: its child holds the lock of a record naming a
     # dead process. Dead for the budget; but no gc, root's or its owner's, removes the file
