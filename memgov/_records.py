@@ -537,7 +537,6 @@ def _read(
     kind: Kind = CLAIMS,
 ) -> Seen | None:
     locks = locks or LockTable()
-    where = (folder or Path(".")) / name
     try:
         # O_NONBLOCK: a FIFO or device planted here never blocks the open. The descriptor is
         # owned by a FileIO made in the same C call (_open_probe): no interrupt leaks it.
@@ -558,6 +557,7 @@ def _read(
             why = f"unreadable ({exc.strerror})"
             return Seen(name, False, None, why, _owner(folder_fd, name), final=True)
         # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
+        where = (folder or Path(".")) / name  # only here: a path per file costs a flood's look
         raise LedgerError(f"cannot read {where}: {exc.strerror or exc}") from None
     try:
         fd = probe.fileno()
@@ -571,7 +571,7 @@ def _read(
         except BlockingIOError:
             alive = True
         except OSError as exc:  # not a busy lock: the filesystem cannot lock at all (or failed)
-            raise flock_error(where, exc) from None
+            raise flock_error((folder or Path(".")) / name, exc) from None
         if not parse:
             return Seen(name, alive, None, None, info.st_uid, inode)
         # After the probe, while the file is still open: whether the name still points at it.
