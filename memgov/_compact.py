@@ -8,18 +8,17 @@ results/cpu-2core/2026-11-28-folder-bloat.txt). Each claim lists ``claims/`` two
 times, so the flood's cost would stay after the flood.
 
 Only a new folder is small again, so root's gc (or the ledger's owner's) rebuilds a bloated
-``claims/`` under the device's admission lock: a new folder, a hard link in it to every file
-there that can be a live record (a regular file with a record's name, an empty one too: its
-holder may be rewriting it in place; the same inode, so the same flock, the holder's lock never
-drops), every folder a user planted moved into it as
-it is, then one atomic exchange of the two (renameat2 RENAME_EXCHANGE), and the carried
-records' old names unlinked. Why that is safe: records are added and rewritten in ``claims/``
-only under the admission lock (so none arrives while the links are made, and none is rewritten
-before the old names are gone); a release takes no lock, and one that resolved the old folder
-unlinks its name there (or finds it gone): the link in the new folder is then a file no one
-locks, dead like any released record. The old folder is left readable but closed to writes
-(0755) and emptied by a later gc, outside the lock, one level deep (no folder entered, no link
-followed), once no scan can still be reading it (``STALE_S``). Where the filesystem cannot
+``claims/`` under the device's admission lock: a new folder, a hard link in it to every file there
+that can be a live record (a regular file with a record's name, an empty one too: its holder may be
+rewriting it in place; the same inode, so the same flock, the holder's lock never drops), every
+folder a user planted moved into it as it is, then one atomic exchange of the two (renameat2
+RENAME_EXCHANGE), and the carried records' old names unlinked. Why that is safe: records are added
+and rewritten in ``claims/`` only under the admission lock (so none arrives while the links are
+made, and none is rewritten before the old names are gone); a release takes no lock, and one that
+resolved the old folder unlinks its name there (or finds it gone): the link in the new folder is
+then a file no one locks, dead like any released record. The old folder is left readable but closed
+to writes (0755) and emptied by a later gc, outside the lock, one level deep (no folder entered, no
+link followed), once no scan can still be reading it (``STALE_S``). Where the filesystem cannot
 exchange two folders, or any step fails, everything is put back as it was.
 """
 

@@ -515,7 +515,7 @@ class _Filing:
         if not mine:
             label = seen.problem or "dead holder"
             self._leave(folder, seen, f"{label} (uid {_uid(seen.owner)}); {_records.NOT_MINE}")
-        elif self.later is not None and not seen.locked:  # a locked one is left (now: HELD)
+        elif self.later is not None and not seen.locked:  # locked: remove() leaves it (HELD)
             self.later.append(_Burial(section, seen, self))
             self.reclaimed += 1
         else:
