@@ -8,17 +8,17 @@ results/cpu-2core/2026-11-28-folder-bloat.txt). Each claim lists ``claims/`` two
 times, so the flood's cost would stay after the flood.
 
 Only a new folder is small again, so root's gc (or the ledger's owner's) rebuilds a bloated
-``claims/`` under the device's admission lock: a new folder, a hard link in it to every file
-there that can be a live record (a regular, non-empty file with a record's name: the same inode,
-so the same flock, the holder's lock never drops), every folder a user planted moved into it as
-it is, then one atomic exchange of the two (renameat2 RENAME_EXCHANGE), and the carried
-records' old names unlinked. Why that is safe: records are added and rewritten in ``claims/``
-only under the admission lock (so none arrives while the links are made, and none is rewritten
-before the old names are gone); a release takes no lock, and one that resolved the old folder
-unlinks its name there (or finds it gone): the link in the new folder is then a file no one
-locks, dead like any released record. The old folder is left readable but closed to writes
-(0755) and emptied by a later gc, outside the lock, one level deep (no folder entered, no link
-followed), once no scan can still be reading it (``STALE_S``). Where the filesystem cannot
+``claims/`` under the device's admission lock: a new folder, a hard link in it to every file there
+that can be a live record (a regular file with a record's name, an empty one too: its holder may be
+rewriting it in place; the same inode, so the same flock, the holder's lock never drops), every
+folder a user planted moved into it as it is, then one atomic exchange of the two (renameat2
+RENAME_EXCHANGE), and the carried records' old names unlinked. Why that is safe: records are added
+and rewritten in ``claims/`` only under the admission lock (so none arrives while the links are
+made, and none is rewritten before the old names are gone); a release takes no lock, and one that
+resolved the old folder unlinks its name there (or finds it gone): the link in the new folder is
+then a file no one locks, dead like any released record. The old folder is left readable but closed
+to writes (0755) and emptied by a later gc, outside the lock, one level deep (no folder entered, no
+link followed), once no scan can still be reading it (``STALE_S``). Where the filesystem cannot
 exchange two folders, or any step fails, everything is put back as it was.
 """
 
@@ -121,10 +121,11 @@ class _Moves:
         self.moved: list[str] = []
 
     def fill(self, dead: set[str]) -> None:
-        """A hard link to every possible live record (a regular, non-empty file with a record's
-        name: never one of ``dead``), and every folder moved as it is (a user's folder stays in
-        the folder the user made it in; the old one then holds files alone). Raises OSError
-        when one cannot be carried (what was done is undone by :meth:`undo`)."""
+        """A hard link to every possible live record (a regular file with a record's name, not
+        one of ``dead``: its content says nothing while its lock may be held), and every folder
+        moved as it is (a user's folder stays in the folder the user made it in; the old one
+        then holds files alone). Raises OSError when one cannot be carried (what was done is
+        undone by :meth:`undo`)."""
         with os.scandir(self.old_fd) as entries:
             for entry in entries:
                 name = entry.name
@@ -134,7 +135,7 @@ class _Moves:
                         self.moved.append(name)
                     elif name not in dead and _records.RECORD_NAME.match(name):
                         file = entry.stat(follow_symlinks=False)
-                        if stat.S_ISREG(file.st_mode) and file.st_size:
+                        if stat.S_ISREG(file.st_mode):
                             os.link(
                                 name,
                                 name,

@@ -98,6 +98,7 @@ def register(
         "pidns": pidns_of(),
         "host": socket.gethostname(),
         "created": time.time(),
+        **_records.writer(),
         "cpus": sorted(usable.cpus),
         "quota_key": usable.quota.key if usable.quota else None,
         "threads": threads,
@@ -185,8 +186,7 @@ def _verified(
     # owner check below still ties it to the file's owner.
     if data is None or own_ns is None or pidns not in (None, own_ns) or peer.pid <= 0:
         return False
-    created = data.get("created")
-    if not _flock.process_alive(peer.pid, created if isinstance(created, (int, float)) else None):
+    if not _flock.process_alive(peer.pid, _records.start_of(data)):
         return False
     try:
         with open(f"/proc/{peer.pid}/status", "rb") as f:

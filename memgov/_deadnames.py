@@ -5,17 +5,19 @@ dead. A name goes in here only on a verdict that holds forever (``Seen.final``),
 how an honest writer uses names (_records._write_locked, replace, release):
 
 - a record's name is new: nanoseconds and 48 random bits, never chosen again, never guessable;
-- from the moment the name exists until its holder is done with it, the name points at a regular,
-  non-empty file that the holder keeps locked: the file is locked before the rename that gives it
-  the name; an update renames a new locked file over the name before the old one is closed; a
+- from the moment the name exists until its holder is done with it, the name points at a regular
+  file that the holder keeps locked: the file is locked before the rename that gives it the
+  name; an update renames a new locked file over the name before the old one is closed; a
   release unlinks the name before it drops the lock;
 - once its holder is done with a name (released, died), no honest process uses it again.
 
-So one moment at which the name points at something else (an empty file, a folder, a FIFO, a
-link, a file no one locks) proves the name is not, and will
-never be, a live record's: another user cannot make this user's view of any *other* name wrong.
-A locked record whose holder only looks gone (its pid's start time against the record's clock)
-is never remembered: a clock step could make a live holder look so.
+So one moment at which the name points at something else (a folder, a FIFO, a link, a file no
+one locks) proves the name is not, and will never be, a live record's: another user cannot make
+this user's view of any *other* name wrong. What a locked file holds proves nothing: a holder
+that rewrites its record in place (not memgov's way, but its lock is held throughout) shows an
+empty or torn file for a moment, so such a file is live (of unknown size: it blocks), never
+remembered. Nor is a locked record whose holder looks gone (a child forked from C that kept a
+dead parent's lock): dead for one scan, looked at again by the next.
 The moment must be one look at one file: an unlocked file counts only while the scan still
 holds it open and the name still points at it (an inode cannot be reused while open); one read
 before an update's rename and a probe after its close would otherwise see a live name's old,

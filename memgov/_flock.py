@@ -288,11 +288,13 @@ def pid_running(pid: int) -> bool:
     return process_alive(pid)
 
 
-def process_alive(pid: int, created: float | None = None) -> bool:
-    """Whether ``pid`` (in this PID namespace) is a live process that existed at ``created``
-    (a record's time: a process started later is another one with the same PID). Unknown counts
-    as alive. A zombie thread-group leader whose other threads still run is alive: its main
-    thread ended, the process (and the descriptors holding its locks) did not."""
+def process_alive(pid: int, start: int | None = None) -> bool:
+    """Whether ``pid`` (in this PID namespace) is a live process, and, given ``start`` (the tick
+    since boot its record's writer started at, _records.writer), that process: another given
+    the same PID later starts at another tick. Ticks since boot, not the wall clock, which a
+    step (NTP, a resumed VM) moves under a live process. Unknown counts as alive. A zombie
+    thread-group leader whose other threads still run is alive: its main thread ended, the
+    process (and the descriptors holding its locks) did not."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read(4096).rsplit(b")", 1)[-1].split()
@@ -300,7 +302,7 @@ def process_alive(pid: int, created: float | None = None) -> bool:
         return False
     except OSError:
         return True
-    if created is not None and len(fields) > 19 and _started(fields[19]) > created + 2.0:
+    if start is not None and len(fields) > 19 and fields[19] != b"%d" % start:
         return False  # the PID was reused after the record's writer died
     if fields and fields[0] in (b"Z", b"X"):
         return _other_threads_run(pid)
@@ -323,26 +325,6 @@ def _other_threads_run(pid: int) -> bool:
         if state and state[0] not in (b"Z", b"X"):
             return True
     return False
-
-
-def _started(ticks: bytes) -> float:
-    """A process's start time (field 22 of /proc/PID/stat) as seconds since the epoch."""
-    try:
-        return _boot_time() + int(ticks) / os.sysconf("SC_CLK_TCK")
-    except (ValueError, OSError):
-        return 0.0
-
-
-@functools.cache
-def _boot_time() -> float:
-    try:
-        with open("/proc/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime "):
-                    return float(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0.0
 
 
 class AdmissionLock:

@@ -404,6 +404,7 @@ def record_payload(
         "host": socket.gethostname(),
         "created": time.time(),
         "mode": mode,
+        **_records.writer(),
         **extra,
     }
 
@@ -514,7 +515,7 @@ class _Filing:
         if not mine:
             label = seen.problem or "dead holder"
             self._leave(folder, seen, f"{label} (uid {_uid(seen.owner)}); {_records.NOT_MINE}")
-        elif self.later is not None:
+        elif self.later is not None and not seen.locked:  # locked: remove() leaves it (HELD)
             self.later.append(_Burial(section, seen, self))
             self.reclaimed += 1
         else:

@@ -4,7 +4,10 @@ The flock is the liveness signal. The kernel drops it when the holder dies, by a
 PID namespace or container that shares the file's inode, so a dead holder's record is recognised at
 once, with no PID, heartbeat or daemon. A record is written to a temporary name, locked, and only
 then renamed into place, so no reader ever sees an unlocked record of a live holder. Records are
-never edited in place: an update is a new locked file renamed over the old one.
+never edited in place: an update is a new locked file renamed over the old one. A held lock
+outweighs whatever a look at the file finds (empty, torn, a holder that looks gone): such a file
+is never removed nor remembered as dead (``Seen.locked``), and no wall clock enters a verdict
+(holder_alive).
 
 Every path is walked with O_NOFOLLOW relative to an open folder, so a symlink planted in a shared
 folder is refused instead of followed. Readers open records read-only: probing another user's
@@ -351,6 +354,10 @@ class Seen:
     final: bool = False
     """Dead for good: the name is not, and never will be, a live record's (memgov/_deadnames.py
     says why one look can prove that, and which looks do). Scans then skip it by name."""
+    locked: bool = False
+    """Someone holds the file's lock. Such a file is never removed and never dead for good,
+    whatever its content or however its holder looks (a child forked from C that kept a dead
+    parent's lock: dead for the budget, left in place until the lock goes)."""
 
 
 @dataclass(frozen=True)
@@ -417,11 +424,7 @@ def scan(
         if name.startswith(TMP_PREFIX):
             item = _probe_tmp(folder_fd, folder, name, locks, kind)
         elif RECORD_NAME.match(name) or sweep:
-            item = _empty(folder_fd, name, sweep)
-            if item is None:
-                item = _read(folder_fd, name, folder=folder, locks=locks, kind=kind)
-            elif item is GONE_FILE:
-                item = None  # removed since the listing (gc, its owner): nothing to open
+            item = _read(folder_fd, name, folder=folder, locks=locks, kind=kind)
         else:
             foreign += 1
             final.add(name)  # a name that is not a record's never becomes one
@@ -481,31 +484,6 @@ _fresh_last: dict[tuple[int, int], set[str]] = {}
 not find dead for good (live records, and what it could not judge for good)."""
 
 
-GONE_FILE = Seen("", False, None, "gone", None)
-"""_empty's answer for a name that no longer exists (not a record: never filed)."""
-
-
-def _empty(folder_fd: int, name: str, sweep: bool) -> Seen | None:
-    """An empty regular file, known from one lstat without opening it: no record is empty (a
-    record is renamed into place with its content), locked or not, so it is nobody's claim. A
-    flood of empty files then costs a scan a stat each, and gc a stat and an unlink each. None:
-    not known to be empty (opened); GONE_FILE: removed since the listing. gc (``sweep``) opens
-    a file not named as a record even so: it removes that only when no one holds it."""
-    if sweep and not RECORD_NAME.match(name):
-        return None
-    try:
-        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return GONE_FILE
-    except OSError:
-        return None
-    if not stat.S_ISREG(info.st_mode) or info.st_size:
-        return None
-    inode = (info.st_dev, info.st_ino)
-    # One lstat is one look at one file: a record is never empty under its name (final).
-    return Seen(name, False, None, "empty (not a record)", info.st_uid, inode, final=True)
-
-
 def _probe_tmp(
     folder_fd: int, folder: Path, name: str, locks: LockTable, kind: Kind
 ) -> Seen | None:
@@ -559,7 +537,6 @@ def _read(
     kind: Kind = CLAIMS,
 ) -> Seen | None:
     locks = locks or LockTable()
-    where = (folder or Path(".")) / name
     try:
         # O_NONBLOCK: a FIFO or device planted here never blocks the open. The descriptor is
         # owned by a FileIO made in the same C call (_open_probe): no interrupt leaks it.
@@ -580,6 +557,7 @@ def _read(
             why = f"unreadable ({exc.strerror})"
             return Seen(name, False, None, why, _owner(folder_fd, name), final=True)
         # EMFILE, ENFILE, ENOMEM, EIO...: the state of this file is unknown, so is the budget.
+        where = (folder or Path(".")) / name  # only here: a path per file costs a flood's look
         raise LedgerError(f"cannot read {where}: {exc.strerror or exc}") from None
     try:
         fd = probe.fileno()
@@ -593,7 +571,7 @@ def _read(
         except BlockingIOError:
             alive = True
         except OSError as exc:  # not a busy lock: the filesystem cannot lock at all (or failed)
-            raise flock_error(where, exc) from None
+            raise flock_error((folder or Path(".")) / name, exc) from None
         if not parse:
             return Seen(name, alive, None, None, info.st_uid, inode)
         # After the probe, while the file is still open: whether the name still points at it.
@@ -603,23 +581,28 @@ def _read(
             problem = "not a memgov record (unknown name)"
         elif info.st_size > MAX_BYTES:
             problem = f"too large ({info.st_size} bytes)"
+        elif not info.st_size:
+            # Locked, it is a record being rewritten in place by its holder: live, size unknown.
+            problem = "empty" if alive else "empty (not a record)"
         else:
             try:
                 raw = os.read(fd, MAX_BYTES + 1)
             except OSError as exc:
                 problem = f"unreadable ({exc.strerror})"
         if problem is not None:
-            return Seen(name, alive, None, problem, info.st_uid, inode, final=pinned and not alive)
+            final = pinned and not alive
+            return Seen(name, alive, None, problem, info.st_uid, inode, final=final, locked=alive)
     finally:
         probe.close()
     data, problem = _parse(raw, kind.fields)
     locked = alive
     if alive and data is not None:
         alive = holder_alive(data)
-    # Dead for good only on the lock: a locked record whose holder looks gone (a start-time
-    # check, a wall-clock comparison a clock step can fool) is dead for this scan, and looked
-    # at again by the next, never remembered (the store of dead names is shared and lasting).
-    return Seen(name, alive, data, problem, info.st_uid, inode, final=pinned and not locked)
+    # Dead for good only on the lock: a locked record whose holder looks gone is dead for this
+    # scan and looked at again by the next, never remembered (the store of dead names is shared
+    # and lasting), and a locked one that cannot be parsed (torn, rewritten in place) is live.
+    final = pinned and not locked
+    return Seen(name, alive, data, problem, info.st_uid, inode, final=final, locked=locked)
 
 
 def _pinned(folder_fd: int, name: str, inode: tuple[int, int]) -> bool:
@@ -657,15 +640,56 @@ def holder_alive(data: dict[str, Any]) -> bool:
     the file; this says it is the process that took it).
 
     A child forked from C (no at-fork hook) keeps its parent's descriptor, and so the lock, after
-    the parent died: the record names the parent, which is gone, so the record is dead. A PID
-    that cannot be checked from here (another PID namespace, a /proc that is not this namespace's)
+    the parent died: the record names the parent, which is gone (or its PID went to a process
+    that started at another tick), so the record is dead. No clock is read: a step of the wall
+    clock moves the boot time /proc/stat reports, not the ticks a process started at. A PID that
+    cannot be checked from here (another PID namespace, a /proc that is not this namespace's)
     counts as alive: fail closed. One read of /proc per live record, never the host's lock table.
     """
     pid, pidns = data.get("pid"), data.get("pidns")
     if not isinstance(pid, int) or pid <= 0 or pidns is None or pidns != _own_pidns():
         return True
-    created = data.get("created")
-    return process_alive(pid, created if isinstance(created, (int, float)) else None)
+    return process_alive(pid, start_of(data))
+
+
+def writer() -> dict[str, int | None]:
+    """What a record says of its writer besides its PID, so that a reader tells it from a later
+    process given the same PID without any clock: ``start``, when it started, in clock ticks
+    since boot (field 22 of /proc/self/stat, which no step of the wall clock moves), and
+    ``timens``, its time namespace (a namespace with its own boot time shows every process's
+    start shifted by it). Read once per process (its start never changes)."""
+    pid = os.getpid()
+    if pid not in _writer:
+        start: int | None = None
+        with (
+            contextlib.suppress(OSError, ValueError, IndexError),
+            open("/proc/self/stat", "rb") as f,
+        ):
+            start = int(f.read(4096).rsplit(b")", 1)[-1].split()[19])
+        _writer.clear()  # a forked child's: its parent's entry is no use to it
+        _writer[pid] = {"start": start, "timens": _timens()}
+    return dict(_writer[pid])
+
+
+_writer: dict[int, dict[str, int | None]] = {}
+
+
+def start_of(data: dict[str, Any]) -> int | None:
+    """The start tick a record gives its writer, where this process can compare it with
+    /proc/PID/stat (the same time namespace); None where it cannot (a record of a memgov that
+    wrote none, another time namespace's): its PID is then only checked to exist (fail closed)."""
+    start = data.get("start")
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        return None
+    return start if data.get("timens") == _timens() else None
+
+
+def _timens() -> int | None:
+    """This process's time namespace (None where the kernel has none, before Linux 5.6)."""
+    try:
+        return os.stat("/proc/self/ns/time").st_ino
+    except OSError:
+        return None
 
 
 def is_locked(folder_fd: int, name: str) -> bool:
@@ -727,11 +751,16 @@ NOT_MINE = "cannot remove (another user's, in a sticky folder: root's `memgov gc
 """Why a dead file of another user is left, said without trying (a flood costs no syscall)."""
 GONE = "gone"
 """remove_dead's answer when the file already vanished or was replaced: nothing to report."""
+HELD = "left: another process holds its lock (removed once that lock goes)"
+"""Why a file whose lock is held is never removed, even where its holder looks gone."""
 
 
 def remove_dead(folder_fd: int, seen: Seen) -> str | None:
-    """Delete a file found dead; None when removed, else why not (GONE, or e.g. another user's
-    file in a sticky folder)."""
+    """Delete a file found dead; None when removed, else why not (GONE, HELD, or e.g. another
+    user's file in a sticky folder). A file someone holds locked stays whatever the scan made
+    of it: a removed record is gone from every later count, even if its holder lives."""
+    if seen.locked:
+        return HELD
     try:
         now = os.stat(seen.name, dir_fd=folder_fd, follow_symlinks=False)
         if seen.inode is not None and (now.st_dev, now.st_ino) != seen.inode:

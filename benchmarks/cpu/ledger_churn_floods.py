@@ -201,7 +201,7 @@ holds it now: what the flood costs a hold, whatever the machine's load."""
 def count_looks_under_the_lock() -> None:
     from memgov import _records
 
-    real = _records._empty
+    real = _records._read
 
     def judged(*args: Any, **kwargs: Any) -> Any:
         got = real(*args, **kwargs)
@@ -209,7 +209,7 @@ def count_looks_under_the_lock() -> None:
             LOOKS_HELD[0] += LOOKS_HELD[1]
         return got
 
-    _records._empty = judged  # type: ignore[assignment]
+    _records._read = judged  # type: ignore[assignment]
 
 
 """time_lock_holds's CPU seconds of this thread per hold (beside the wall seconds it returns):

@@ -5,6 +5,7 @@ rebuild cannot be done whole nothing changes."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov import _compact, _status
+from memgov import _compact, _records, _status
 from memgov._wake import Waker
 from tests.helpers.folders import keeps_room, plant
 from tests.helpers.procs import Child, ledger, wait_until
@@ -135,6 +136,25 @@ def test_a_users_folder_moves_with_the_rebuild_and_removal_enters_no_folder_nor_
     assert outside.read_text() == "not gc's" and not (old / "a-link").is_symlink()
     assert (old / "a-late-folder" / "inside").exists()
     assert not any("left by an earlier rebuild" in line for line in snap.removed)
+
+
+def test_a_rebuild_carries_a_record_its_holder_is_rewriting_in_place(
+    claims: Path, small_bound: int
+) -> None:
+    # Empty at the rebuild's moment, its lock held: left behind, it would be lost to every count.
+    record = claims / _records.new_record_name()
+    record.write_bytes(b"")
+    fd = os.open(record, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        plant(claims, small_bound)
+        _flood_gone(claims)
+        snap = _status.snapshots(clean=True)[0]
+        assert len(snap.rebuilt) == 1 and "1 record(s)" in snap.rebuilt[0], snap.rebuilt
+        assert os.stat(record).st_ino == os.fstat(fd).st_ino  # the same file, its lock held
+        assert _status.snapshots(clean=True)[0].unknown == [str(record)]
+    finally:
+        os.close(fd)
 
 
 def test_a_rebuild_that_cannot_be_done_whole_changes_nothing(

@@ -136,9 +136,8 @@ def test_names_another_user_shapes_never_make_a_live_record_look_dead(claims_dir
 def test_a_locked_record_whose_holder_only_looks_gone_is_never_dead_for_good(
     claims_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The holder check compares a pid's start time with the record's wall clock: a clock step can
-    # make a live holder look gone. Dead for this scan, then; never remembered, since its lock
-    # still says someone holds it.
+    # A locked record whose holder looks gone (a child forked from C keeps a dead parent's
+    # lock): dead for this scan; never remembered, since its lock still says someone holds it.
     book = ledger()
     held = book.add("claims", record_payload("claim", book.device, GIB, "stepped", "soft"))
     fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _records, _status
+from memgov import _cpushare, _deadnames, _records, _status
+from memgov._attribution import pidns_of
 from memgov._ledger import new_record_name, record_payload
 from tests.helpers.procs import HELPERS, Child, ledger
 
@@ -193,6 +194,83 @@ def test_locked_corrupt_record_blocks_and_foreign_device_record_is_skipped(
             os.close(fd)
     with memgov.claim("64GiB"):  # unlocked now: dead, it holds nothing
         pass
+
+
+def test_a_locked_empty_record_blocks_and_is_never_removed_or_dead_for_good(
+    claims_dir: Path,
+) -> None:
+    # Its holder holds the lock while it rewrites the file in place: one look at the empty file
+    # is no proof that no one's claim is there. It blocks (size unknown), and no scan removes
+    # it or remembers it as dead; unlocked, it is nobody's, removed and remembered.
+    path = claims_dir / new_record_name()
+    path.write_bytes(b"")
+    fd = _hold_lock(path)
+    try:
+        for clean in (False, True):
+            snap = _status.snapshots(clean=clean)[0]
+            assert snap.free == 0 and snap.unknown == [str(path)] and snap.removed == []
+        swept = subprocess.run(
+            [sys.executable, "-m", "memgov", "gc", "--json"], capture_output=True, text=True
+        )
+        assert json.loads(swept.stdout)["removed"] == [] and path.exists()
+        folder = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            (seen,) = [s for s in _records.scan(folder, remember=True) if s.name == path.name]
+            assert seen.alive and seen.locked and not seen.final
+            info = os.fstat(folder)
+            assert path.name not in _deadnames.known((info.st_dev, info.st_ino))
+        finally:
+            os.close(folder)
+    finally:
+        os.close(fd)
+    cleaned = _status.snapshots(clean=True)[0]
+    assert cleaned.free == 64 * GIB and not path.exists()
+
+
+def _start_tick(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[-1].split()[19])
+
+
+def test_a_holder_is_told_by_its_start_tick_never_by_the_clock() -> None:
+    # A live process whose record's time lies an hour before the clock (the clock stepped
+    # forward since): alive, by its start tick, by its PID alone where a record has no tick
+    # (an older memgov's) or one of another time namespace; another start tick on its PID is
+    # a later process's (the PID was reused): dead.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        base = record(pid=child.pid, pidns=pidns_of(), created=time.time() - 3600)
+        assert _records.holder_alive(base)
+        mine, tick = _records.writer(), _start_tick(child.pid)
+        assert _records.holder_alive({**base, "start": tick, "timens": mine["timens"]})
+        other_ns = (mine["timens"] or 0) + 1
+        assert _records.holder_alive({**base, "start": tick + 1, "timens": other_ns})
+        assert not _records.holder_alive({**base, "start": tick + 1, "timens": mine["timens"]})
+    finally:
+        child.kill()
+        child.wait()
+    assert not _records.holder_alive(base)  # gone: dead, whatever its record says
+
+
+def test_a_governed_process_whose_record_predates_a_clock_step_keeps_its_cpu_share(
+    private_ledger: Path,
+) -> None:
+    # Its CPU-share record's time lies an hour before the clock: it is still a governed process
+    # that shares the cores (not removed as dead by the others' scans).
+    code = (
+        "import sys, time\nfrom memgov import _cpus, _cpushare\nreal = time.time\n"
+        "time.time = lambda: real() - 3600\n"
+        "reg = _cpushare.register(_cpus.usable(), 1, 'test', '')\ntime.time = real\n"
+        "print('ready', flush=True)\nsys.stdin.readline()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        assert [p.pid for p in _cpushare.peers()] == [child.pid]
+    finally:
+        child.communicate("\n", timeout=30)
 
 
 def test_dead_record_counts_nothing_and_gc_removes_it(claims_dir: Path) -> None:

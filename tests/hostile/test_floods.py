@@ -222,7 +222,7 @@ def counted(real):
         looks[0] += held[0]
         return real(folder_fd, name, *args, **kwargs)
     return look
-_records._empty, _records._read = counted(_records._empty), counted(_records._read)
+_records._read = counted(_records._read)
 """
 """Counts the files a process looks at (a stat or an open each) while it holds the admission
 lock: ``looks[0]``."""

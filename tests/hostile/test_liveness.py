@@ -5,6 +5,7 @@ blamed on the process that holds it."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -13,9 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import memgov
 from memgov import _status
 from memgov._attribution import pidns_of
 from memgov._devices import devices
@@ -255,6 +258,149 @@ def test_pid_reuse_after_a_c_fork_frees_the_claim(shared: Path) -> None:
         assert os.path.exists(f"/proc/{child}")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _gc() -> dict[str, Any]:
+    """Root's `memgov gc --json`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "memgov", "gc", "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    got: dict[str, Any] = json.loads(done.stdout)
+    return got
+
+
+TRY_48 = (
+    "import memgov\ntry:\n with memgov.claim('48GiB'): out('ADMITTED')\n"
+    "except memgov.BudgetExceeded as e: out(e.free)"
+)
+"""A's claim of 48 GiB beside B's live 48 GiB on 64: never admitted; the free budget it saw."""
+
+
+def test_a_live_record_rewritten_in_place_is_never_dead_for_good(
+    users: dict[str, User], shared: Path
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    claims = shared / "v1" / "sim0" / "claims"
+    # B's claim lives, its lock held throughout, while B truncates its record and writes it
+    # back in place (a writer that does not rename): A looks during the empty moment.
+    holder = start(
+        b,
+        "import os, sys, memgov\nmemgov.claim('48GiB', name='b-in-place')\n"
+        f"path = os.path.join({str(claims)!r}, os.listdir({str(claims)!r})[0])\n"
+        "data = open(path, 'rb').read()\nprint('{}', flush=True)\n"
+        "sys.stdin.readline()\nfd = os.open(path, os.O_WRONLY | os.O_TRUNC)\n"
+        "print('empty', flush=True)\nsys.stdin.readline()\nos.write(fd, data)\nos.close(fd)\n"
+        "print('back', flush=True)\nsys.stdin.readline()\n",
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        (record,) = os.listdir(claims)
+        assert a.run(TRY_48) == 16 * GIB  # A's store of dead names exists before the moment
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "empty"
+        assert a.run(TRY_48) == 0  # a live record of unknown size: nothing is free
+        assert _gc()["removed"] == [] and (claims / record).exists()
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "back"
+        for _ in range(3):  # every later process of A's counts B's claim again
+            assert a.run(TRY_48) == 16 * GIB
+        assert _gc()["removed"] == []
+        assert [c.name for c in _status.snapshots()[0].claims] == ["b-in-place"]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+@pytest.mark.parametrize("step", [10, 3600], ids=["10s", "1h"])
+def test_a_forward_step_of_the_wall_clock_frees_no_live_claim(
+    users: dict[str, User], shared: Path, step: int
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    claims = shared / "v1" / "sim0" / "claims"
+    # What a clock stepped forward by STEP after B's claim looks like: the record's time lies
+    # STEP before the clock, and the boot time /proc/stat gives has moved as far (the start
+    # time computed from it lies after the record's creation).
+    holder = start(
+        b,
+        "import sys, time, memgov\nreal = time.time\n"
+        f"time.time = lambda: real() - {step}\n"
+        "memgov.claim('48GiB', name='b-stepped')\ntime.time = real\n"
+        "print('{}', flush=True)\nsys.stdin.readline()\n",
+    )
+    try:
+        (record,) = os.listdir(claims)
+        created = json.loads((claims / record).read_text())["created"]
+        assert created < time.time() - step + 1
+        assert a.run(TRY_48) == 16 * GIB
+        assert _gc()["removed"] == [] and (claims / record).exists()
+        assert a.run(TRY_48) == 16 * GIB
+        assert [c.name for c in _status.snapshots()[0].claims] == ["b-stepped"]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_a_holder_in_a_time_namespace_of_its_own_keeps_its_claim(
+    users: dict[str, User], shared: Path
+) -> None:
+    a, b = users["mgl_a"], users["mgl_b"]
+    # A time namespace with its own boot time shows every process's start shifted by it: the
+    # start B records of itself is not what A reads of B's PID, so A may not take it as B's.
+    code = "import sys, memgov\nmemgov.claim('48GiB', name='b-timens')\n"
+    code += "print('{}', flush=True)\nsys.stdin.readline()\n"
+    argv = ["unshare", "--time", "--boottime", "1000", "--fork"]
+    holder = subprocess.Popen(
+        [*argv, sys.executable, str(ACTOR), str(b.uid), code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    if holder.stdout.readline().strip() != "{}":
+        holder.wait(timeout=30)
+        pytest.skip("no time namespaces here (unshare --time failed)")
+    try:
+        assert a.run(TRY_48) == 16 * GIB
+        assert _gc()["removed"] == []
+        assert [c.name for c in _status.snapshots()[0].claims] == ["b-timens"]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_gc_never_removes_a_record_whose_lock_is_held(users: dict[str, User], shared: Path) -> None:
+    # A parent claims, forks from C and dies: its child holds the lock of a record naming a
+    # dead process. Dead for the budget; but no gc, root's or its owner's, removes the file
+    # while the lock is held (it goes once the lock does).
+    claims = shared / "v1" / "sim0" / "claims"
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "forker.py"), "c-fork"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    child = json.loads(proc.stdout.readline())["child"]
+    try:
+        (record,) = os.listdir(claims)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        wait_until(lambda: _status.snapshots()[0].claimed == 0, timeout=5)
+        gc = _gc()
+        assert gc["removed"] == [] and (claims / record).exists()
+        assert any(record in p and "holds its lock" in p for p in gc["skipped"]), gc
+        with memgov.claim("64GiB"):  # the budget is free; the scan under the lock keeps it
+            pass
+        assert (claims / record).exists()
+        os.kill(child, signal.SIGKILL)
+        wait_until(lambda: not os.path.exists(f"/proc/{child}"), timeout=10)
+        assert any(record in r for r in _gc()["removed"])
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the child was killed above
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 _ = ctypes  # the tests above drive ctypes in their children
