@@ -9,14 +9,18 @@ own out-of-memory error. 25 copies claim at once (each waits for a start file, t
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import memgov.queue as q
 from memgov import _profiles
 from tests.helpers.queuejobs import write_queue
+from tests.profiles.test_profiles import _live_peak
 
 JOB = Path(__file__).with_name("job.py")
 MiB, GiB = 2**20, 2**30
@@ -129,3 +133,44 @@ def test_an_oom_on_a_simulated_gpu_is_never_counted_as_a_neighbours(tmp_path, mo
     peaks = [r["peak_bytes"] for r in report["jobs"]]
     assert all(p is not None and p < 0.95 * 4 * GiB for p in peaks)
     assert report["killed_by_neighbour"] == 0
+
+
+def test_a_copy_waiting_for_a_first_run_that_is_sigkilled_is_sized_from_its_last_peak(env) -> None:
+    first = subprocess.Popen(
+        [sys.executable, str(JOB), "150", "--job", "killed-first", "--hold", "stdin"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    second = None
+    try:
+        assert first.stdout is not None
+        while json.loads(first.stdout.readline())["event"] != "used":
+            pass
+        second = subprocess.Popen(
+            [sys.executable, str(JOB), "10", "--job", "killed-first"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert second.stderr is not None
+        assert "for the first run of killed-first" in second.stderr.readline()  # it waits
+        live = Path(env["MEMGOV_DIR"]) / "v1" / "_profiles" / str(os.geteuid()) / "live"
+        deadline = time.monotonic() + 60
+        while _live_peak(live) < 150 * MiB:  # the sampler writes its peak within a second
+            assert time.monotonic() < deadline, "the live file never showed the peak"
+            time.sleep(0.1)
+        first.send_signal(signal.SIGKILL)  # no exit handler: the lock goes with the process
+        first.wait(timeout=30)
+        out, _ = second.communicate(timeout=120)
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    claimed = json.loads(out.splitlines()[0])
+    runs = _profiles_of(env, "killed-first")
+    assert runs[0]["end"] == "killed" and runs[0]["peak"] >= 150 * MiB
+    assert claimed["sized"] == "profile" and claimed["bytes"] == _profiles.margin(runs[0]["peak"])
+    assert "waited" in claimed["line"] and f"(pid {first.pid})" in claimed["line"]
