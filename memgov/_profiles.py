@@ -394,7 +394,11 @@ def collect() -> list[str]:
     try:
         with folder() as (fd, path), _writing(fd, path), _live(create=True) as (live, where):
             for seen in _records.scan(live, where):
-                if seen.alive or seen.data is None or seen.owner != os.geteuid():
+                # Dead for good only (``final``: unlocked, and still the file of its name): a
+                # running run whose peak grew replaces its file, and the old one, unlocked as
+                # the new one takes its name, is not a dead run (folded, its old peak would
+                # size the job's next claims into an OOM).
+                if not seen.final or seen.data is None or seen.owner != os.geteuid():
                     continue
                 run = seen.data.get("run")
                 job, label = seen.data.get("job"), seen.data.get("label")
