@@ -297,7 +297,7 @@ def _sizing(size: Size | str, device: int | str | None, job: tuple[str, str]) ->
         sizes = _devices.sizes_on(size, candidates)  # ConfigError when no device can hold it
         kinds, lines = dict.fromkeys(sizes, "given"), {}
     else:
-        auto = {d.uuid: _autosize.size_for(d, *job) for d in candidates}
+        auto = {d.uuid: _autosize.size_for(d, *job, sibling=True) for d in candidates}
         sizes = {uuid: sized.bytes for uuid, sized in auto.items()}
         kinds = {uuid: sized.kind for uuid, sized in auto.items()}
         lines = {uuid: sized.line for uuid, sized in auto.items()}

@@ -4,6 +4,7 @@
     $MEMGOV_DIR/v1/_profiles/<uid>/<job>.json  one job's last KEEP runs (peak, how it ended, ...)
     $MEMGOV_DIR/v1/_profiles/<uid>/live/*.json one per running governed process, flock-held
     $MEMGOV_DIR/v1/_profiles/<uid>/.lock       serialises this user's writers
+    $MEMGOV_DIR/v1/_profiles/<uid>/<job>.first  flock-held by the job's first run in flight
 
 Another user can neither read this store (0700) nor poison it: a ``<uid>`` folder that another
 user made first, or a file in it that is not this user's, is refused with an error saying so,
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import io
 import json
 import math
 import os
@@ -34,7 +37,7 @@ from typing import Any
 
 from memgov import _config, _parse, _records, _trust
 from memgov._errors import LedgerError, ProfileError
-from memgov._flock import AdmissionLock, open_owned
+from memgov._flock import AdmissionLock, open_owned, try_lock
 from memgov._ledger import new_record_name
 
 PARTS = ("v1", "_profiles")
@@ -51,6 +54,11 @@ MARGIN_FRACTION = 0.10
 MARGIN_BYTES = 64 * 2**20
 OOM_GROWTH = 1.5
 """After a run ran out of memory under a claim, the next claims ask this much more than it."""
+OOM_GROWTHS = 2
+"""How many times in a row an OOM grows a job's claim (at most 1.5 x 1.5 = 2.25 x the first
+claim that ran out): a job that runs out whatever it gets (a bug) stops growing there. The
+queue re-runs an OOMed ``auto`` job as often (memgov/queue/model.py MAX_RETRIES)."""
+FIRST = ".first"
 PRIVATE_MODE = 0o700
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 ENDS = ("exit", "released", "oom", "error", "killed")
@@ -304,6 +312,58 @@ def forget(job: str) -> bool:
     return True
 
 
+# -- the first run of a job in flight --------------------------------------------------------
+
+_first: dict[str, io.FileIO] = {}
+"""Job -> the flock-held ``<job>.first`` file of this process's first run of it (closed by
+end_first; a forked child never holds it: the descriptor is registered, memgov/_flock.py)."""
+
+
+def hold_first(job: str) -> int | None:
+    """Become ``job``'s first run in flight: None when this process holds its ``.first`` lock
+    (now or already), else the holder's PID (0 when it has not written it yet). The lock is the
+    file's flock, so a holder that dies (SIGKILL included) frees it at once."""
+    if job in _first:
+        return None
+    name = file_name(job)[: -len(".json")] + FIRST
+    with folder() as (fd, path):
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            file = open_owned(name, flags, fd, mode=0o600, writable=True)
+        except OSError as exc:
+            raise ProfileError(f"cannot open {path / name}: {exc.strerror or exc}") from None
+        try:
+            if not try_lock(file, fcntl.LOCK_EX, path / name):
+                raw = os.pread(file.fileno(), 32, 0)
+                return int(raw) if raw.strip().isdigit() else 0
+            os.ftruncate(file.fileno(), 0)
+            os.pwrite(file.fileno(), str(os.getpid()).encode(), 0)
+        except BaseException:
+            file.close()
+            raise
+    _first[job] = file
+    return None
+
+
+def end_first(job: str) -> None:
+    """Free ``job``'s first-run lock if this process holds it (its run was recorded)."""
+    file = _first.pop(job, None)
+    if file is not None:
+        file.close()
+
+
+def live_peak(job: str) -> int:
+    """The largest peak sampled so far by this user's running runs of ``job`` (0: none)."""
+    peaks = [0]
+    with contextlib.suppress(OSError, LedgerError, ProfileError), _live(create=False) as (fd, path):
+        for seen in _records.scan(fd, path):
+            run = seen.data.get("run") if seen.alive and seen.data else None
+            if isinstance(run, dict) and seen.data and seen.data.get("job") == job:
+                peak = run.get("peak")
+                peaks.append(peak if type(peak) is int and peak > 0 else 0)
+    return max(peaks)
+
+
 # -- live runs: crash-safe peaks ----------------------------------------------------------------
 
 
@@ -341,7 +401,11 @@ def collect() -> list[str]:
     try:
         with folder() as (fd, path), _writing(fd, path), _live(create=True) as (live, where):
             for seen in _records.scan(live, where):
-                if seen.alive or seen.data is None or seen.owner != os.geteuid():
+                # Dead for good only (``final``: unlocked, and still the file of its name): a
+                # running run whose peak grew replaces its file, and the old one, unlocked as
+                # the new one takes its name, is not a dead run (folded, its old peak would
+                # size the job's next claims into an OOM).
+                if not seen.final or seen.data is None or seen.owner != os.geteuid():
                     continue
                 run = seen.data.get("run")
                 job, label = seen.data.get("job"), seen.data.get("label")

@@ -22,7 +22,8 @@ Crash safety: the run lives in a flock-held file of this user's profile store
 (or releases its claim) folds its run into its profile itself; one killed by a signal leaves its
 file unlocked, and the next reader of the store (an ``auto`` claim, ``memgov profiles``) folds
 its last sampled peak in as ``killed``. An out-of-memory error that ends the program is caught
-by a ``sys.excepthook`` wrapper and recorded as ``oom``, so the next ``auto`` asks for more.
+by a ``sys.excepthook`` wrapper and recorded as ``oom``, so the next ``auto`` asks for more; with
+what it asked for when it ran out (``asked``), where torch's error says.
 
 Give back: a soft first-run ``auto`` claim shrinks to its peak + 10 % + 64 MiB once the peak has
 not risen (by more than 16 MiB or 1 %) for MEMGOV_GIVE_BACK seconds (default 120) of GPU work:
@@ -99,6 +100,8 @@ class Run:
     """When NVML is next asked (time.monotonic()); 0: at the next sample."""
     torch_high: int = 0
     """torch's allocator high-water mark when NVML was last asked."""
+    asked: int | None = None
+    """An OOM's demand (see _asked): above the claim, the job's own allocation failed."""
 
     def entry(self) -> dict[str, Any]:
         """The run as its profile keeps it."""
@@ -114,6 +117,7 @@ class Run:
             "total": self.budget.device_total,
             "simulated": self.budget.simulated,
             "pid": os.getpid(),
+            "asked": self.asked,
         }
 
     def payload(self) -> dict[str, Any]:
@@ -243,6 +247,10 @@ def _fold(run: Run, end: str) -> None:
         with contextlib.suppress(Exception):
             _profiles.update_live(run.held, run.payload())
         return
+    finally:
+        # Siblings waiting for this first run (memgov/_autosize.py) go on once its run is in
+        # the profile (or, unrecordable, in its live file for the next reader to fold).
+        _profiles.end_first(run.job)
     with contextlib.suppress(Exception):
         _profiles.end_live(run.held)
 
@@ -468,6 +476,23 @@ def is_oom(exc: BaseException | None) -> bool:
     return False
 
 
+_TRIED = r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)"
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def _asked(run: Run, exc: BaseException) -> int | None:
+    """What the process would have held had the allocation that failed gone through (torch's
+    "Tried to allocate X": what torch holds + X + the rest of its footprint, the context, at
+    its peak); None where the error does not say (a simulated GPU's MemoryError, JAX, TF)."""
+    import re  # here, not with the imports: only a run that ran out of memory needs it
+
+    found = re.search(_TRIED, str(exc)[:4096])
+    if found is None:
+        return None
+    held, most = _torch_reserved()
+    return int(float(found[1]) * _UNITS[found[2]]) + held + max(0, run.peak - most)
+
+
 def _install_excepthook() -> None:
     previous = sys.excepthook
     if getattr(previous, "_memgov", False):
@@ -477,6 +502,9 @@ def _install_excepthook() -> None:
         run = _run
         if run is not None:
             run.end = "oom" if is_oom(value) else "error"
+            if run.end == "oom":
+                with contextlib.suppress(Exception):
+                    run.asked = _asked(run, value)
         previous(kind, value, tb)
 
     hook._memgov = True  # type: ignore[attr-defined]

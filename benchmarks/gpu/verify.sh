@@ -81,6 +81,12 @@
 #                               assert,illegal adds a wild store) beside 24 governed neighbours:
 #                               same MPS daemon, another daemon, no MPS: what the neighbours see,
 #                               how long until the daemon accepts clients (fault_domain.py)
+#   auto_first_runs             a user's first day: 25 copies of each of the PyTorch examples'
+#                               mnist and vae (.public/examples, unchanged, one epoch) at once
+#                               under MEMGOV_CLAIM=auto from an empty MEMGOV_DIR, `memgov mps
+#                               start`, then the same from their profiles, then one job whose own
+#                               allocation fails (its OOM label); each job's claim and NVML peak
+#                               (benchmarks/gpu/auto_first_runs.py; docs/profiles.md, "First runs")
 #   queue_smoke                 the job queue's GPU paths: 12 torch jobs of 3 kinds, sjf-exclusive,
 #                               memgov (--solo) and fifo (benchmarks/gpu/queue_smoke.sh; docs/queue.md)
 #   floods                      no GPU: the ledger's churn beside another user's floods on this
@@ -312,6 +318,8 @@ python3 -m memgov devices' ;;
       # daemon, on another, without MPS; FAULT_KINDS=assert,illegal (benchmarks/gpu/fault_domain.py)
       run fault_domain 540 python3 benchmarks/gpu/fault_domain.py --fault "${FAULT_KINDS:-assert}" \
         --out "$OUT" ;;
+    auto_first_runs) run auto_first_runs 470 python3 benchmarks/gpu/auto_first_runs.py \
+      --examples "${AUTO_EXAMPLES:-.public/examples}" --out "$OUT" ;;
     queue_smoke) run queue_smoke 500 bash benchmarks/gpu/queue_smoke.sh "$OUT" ;;
     queue_ray) run queue_ray 300 python3 benchmarks/gpu/queue_ray.py "$OUT" 6 ;;
     queue_light|queue_random|queue_policies)  # what is left of TOTAL_S, in one device call

@@ -46,8 +46,13 @@ def profile_run(job: str, pid: Any) -> dict[str, Any] | None:
 
 
 def peak_of(run: dict[str, Any] | None) -> int | None:
+    """The run's peak; for a run that ran out of memory, at least what it asked for then (its
+    profile's ``asked``: held + the allocation that failed), so an OOM of the job's own
+    allocation past its claim is never counted as a neighbour's (report.py)."""
     peak = run.get("peak") if run else None
-    return peak if isinstance(peak, int) else None
+    asked = run.get("asked") if run and run.get("end") == "oom" else None
+    values = [v for v in (peak, asked) if type(v) is int and v >= 0]
+    return max(values) if values else None
 
 
 def ran_out(run: dict[str, Any] | None, output_tail: str) -> bool:

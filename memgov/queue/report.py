@@ -163,11 +163,14 @@ def build_report(
     t0 = origin if origin is not None else min([j.created for j in jobs] or [started])
     rows = [_job_row(j, t0, solo, learned) for j in sorted(jobs, key=lambda j: j.id)]
     ends = [r["end_s"] for r in rows if r["end_s"] is not None]
+    # A simulated GPU has no memory a neighbour could take (its peaks are host memory).
+    simulated = {d.uuid for d in devices if d.simulated}
     neighbour = sum(
         1
         for j in jobs
         for a in j.attempts
         if a.result == "oom"
+        and a.device not in simulated
         and a.peak_bytes is not None
         and a.peak_bytes < NEIGHBOUR_SHARE * a.claim_bytes
     )

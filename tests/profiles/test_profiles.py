@@ -348,3 +348,37 @@ def test_oom_floor_rules() -> None:
     profile.runs.append({**_run(150 * MiB), "claim": 300 * MiB})
     assert (_autosize.need(profile, simulated=True) or (0, ""))[0] == _profiles.margin(190 * MiB)
     assert _autosize.need(profile, simulated=False) is None  # never sized across device kinds
+
+
+REPLACER = """
+import sys
+import memgov
+from memgov import _profiles, _runs
+
+memgov.claim("1GiB", job="replaced")
+run = _runs.current()
+print("ready", flush=True)
+for i in range(3000):  # a peak that grows: each growth replaces the run's file
+    run.peak = (i + 1) * 4096
+    _profiles.update_live(run.held, run.payload())
+"""
+
+
+def test_a_running_runs_replaced_file_is_never_folded_as_killed(env, monkeypatch) -> None:
+    # A reader folds dead processes' runs; the old file of a live run, unlocked as its
+    # replacement takes its name, is not one (folded, its old peak would size the next claims).
+    monkeypatch.setenv("MEMGOV_DIR", env["MEMGOV_DIR"])
+    monkeypatch.setenv("MEMGOV_DEVICES", env["MEMGOV_DEVICES"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", REPLACER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        while child.poll() is None:
+            _profiles.collect()
+        assert child.wait() == 0
+    finally:
+        child.kill()
+    profile = _profiles.read("replaced")
+    assert profile is not None and len(profile.runs) == 1  # its one run, as it ended
+    assert profile.runs[0]["end"] in ("exit", "released")
