@@ -80,6 +80,14 @@ print(json.dumps(out), flush=True)
 """
 
 
+JAX_PROBE = r"""
+import json, jax, jax.numpy as jnp
+(jnp.ones(1024) * 2).block_until_ready()
+stats = jax.devices()[0].memory_stats() or {}
+print(json.dumps({"bytes_limit": stats.get("bytes_limit"), "platform": jax.devices()[0].platform}))
+"""
+
+
 def env_for(memgov_dir: Path, dry: bool, **extra: str) -> dict[str, str]:
     env = {
         k: v
@@ -203,6 +211,10 @@ def main() -> int:
         report["accelerate_governed"] = run_json(
             [*acc, "--run"], {**soft, "MEMGOV_CLAIM": "4GiB"}, 240
         )
+        if not args.dry:  # JAX's own figure under a 4 GiB claim (no wrapper: the adapter's pool)
+            report["jax_bytes_limit"] = run_json(
+                [sys.executable, "-c", JAX_PROBE], {**soft, "MEMGOV_CLAIM": "4GiB"}, 120
+            )
         phase("soft", args, soft, report)
         if not args.dry and not args.no_hard:
             from memgov import _mps
