@@ -13,14 +13,20 @@ import os
 import sys
 import threading
 from importlib.metadata import entry_points
+from typing import Any
 
-from memgov import _importhook
+from memgov import _importhook, _settings
 from memgov.adapter import GROUP, Adapter, Budget, Report
 
 log = logging.getLogger("memgov")
 _lock = threading.Lock()
 _loaded: list[Adapter] | None = None
 _failures: list[str] = []
+_viewed: Budget | None = None
+"""The budget the views report (docs/adapters.md, "What a governed process sees"), while a claim
+with a budget holds it and MEMGOV_VIEWS is on."""
+_nvml_wrapped: dict[str, object] = {}
+"""pynvml's own nvmlDeviceGetMemoryInfo while memgov's view replaces it."""
 
 
 def _fresh_lock_in_child() -> None:
@@ -77,7 +83,11 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
 
     ``reports`` receives one line per adapter as it takes effect (a claim shows it).
     """
+    global _viewed
     before = _environ_now()
+    if budget.bytes is not None and _settings.get("MEMGOV_VIEWS"):
+        _viewed = budget
+        _importhook.when_imported("pynvml", _view_nvml)
     for adapter in available():
         mine = dataclasses.replace(budget, report=_report_into(reports, adapter.name))
         note = adapter.configure_env(mine)
@@ -111,6 +121,9 @@ def lower(budget: Budget, reports: dict[str, str]) -> str | None:
     pending apply then reads the smaller budget); else why not: an adapter without ``lower``
     (JAX, TensorFlow: their limits are fixed at start-up) or one that declined.
     """
+    global _viewed
+    if _viewed is not None:
+        _viewed = budget  # the views show the smaller budget from now on
     if budget.simulated:
         return None
     for adapter in available():
@@ -126,6 +139,75 @@ def lower(budget: Budget, reports: dict[str, str]) -> str | None:
             return f"{adapter.name} cannot lower its cap once it has started"
         reports[adapter.name] = line
     return None
+
+
+def view(device_uuid: str, driver_free: int | None) -> tuple[int, int] | None:
+    """:func:`memgov.adapter.budget_view`."""
+    budget = _viewed
+    if budget is None or budget.bytes is None or device_uuid != budget.device_uuid:
+        return None
+    from memgov import _nvml
+
+    # NVML's per-process figure counts the whole process (context included); the adapters'
+    # estimates cover a process NVML cannot name (a PID namespace) and what a framework keeps
+    # for libraries not loaded yet (its cap sits that far below the budget).
+    try:
+        nvml = (_nvml.processes(device_uuid) or {}).get(os.getpid()) or 0
+    except Exception:  # a simulated device NVML does not know, a driver gone
+        nvml = 0
+    framework = 0
+    for adapter in available():
+        use = getattr(adapter, "device_use", None)
+        if use is not None and adapter.module in sys.modules:
+            framework += use(budget) or 0
+    free = max(0, budget.bytes - max(nvml, framework))
+    return (free if driver_free is None else min(free, driver_free)), budget.bytes
+
+
+def _view_nvml(pynvml: object) -> None:
+    """pynvml's nvmlDeviceGetMemoryInfo (v1 and v2) reports the budget for the claimed device's
+    handle; other devices, and every call once the claim is released, get NVML's own figures."""
+    original = getattr(pynvml, "nvmlDeviceGetMemoryInfo", None)
+    if original is None or _viewed is None or _nvml_wrapped:
+        return
+
+    def nvmlDeviceGetMemoryInfo(handle: object, *args: object, **kwargs: object) -> object:
+        info: Any = original(handle, *args, **kwargs)
+        budget = _viewed
+        if budget is None:
+            return info
+        try:
+            uuid = pynvml.nvmlDeviceGetUUID(handle)  # type: ignore[attr-defined]
+            seen = view(uuid.decode() if isinstance(uuid, bytes) else str(uuid), int(info.free))
+        except Exception:  # the program asked for memory info, which it got: never fail it here
+            return info
+        if seen is not None:
+            free, total = seen
+            info.total, info.free, info.used = total, free, total - free
+            if hasattr(info, "reserved"):  # v2: used + reserved + free = total
+                info.reserved = 0
+        return info
+
+    nvmlDeviceGetMemoryInfo.__wrapped__ = original  # type: ignore[attr-defined]
+    _nvml_wrapped["original"] = original
+    pynvml.nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo  # type: ignore[attr-defined]
+
+
+def release() -> None:
+    """The claim ended: every view reports the device's own figures again, its wrappers undone."""
+    global _viewed
+    _viewed = None
+    original = _nvml_wrapped.pop("original", None)
+    pynvml = sys.modules.get("pynvml")
+    if original is not None and pynvml is not None:
+        pynvml.nvmlDeviceGetMemoryInfo = original  # type: ignore[attr-defined]
+    for adapter in available():
+        undo = getattr(adapter, "release", None)
+        if undo is not None and adapter.module in sys.modules:
+            try:
+                undo()
+            except Exception as exc:  # a release must not fail for a view
+                log.warning("memgov: %s adapter could not undo its views: %s", adapter.name, exc)
 
 
 def _report_into(reports: dict[str, str], name: str) -> Report:

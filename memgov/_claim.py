@@ -111,6 +111,7 @@ class Claim:
                 _current = None
                 os.environ.pop(HOLDER_ENV, None)
             _enforce.restore(restore)  # a child started from now on gets no stale MPS limit
+            _adapters.release()  # the frameworks' views show the device's own figures again
         finally:
             # Whatever was raised above (Ctrl-C included), the lock is dropped: remove() closes
             # the record's file last, and a file it never reached is closed when collected.

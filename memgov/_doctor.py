@@ -52,6 +52,7 @@ def diagnose() -> dict[str, Any]:
         "ledger": ledger_sharing(),
         "ledger_problem": _ledger_problem(),
         "threads": _threads(),
+        "views": views(),
         "settings": _settings.report(),
         **_environment(),
     }
@@ -149,6 +150,27 @@ def _threads() -> dict[str, Any]:
         return _threads.explain()
     except Exception as exc:
         return {"decision": f"could not tell: {type(exc).__name__}: {exc}"}
+
+
+def views() -> list[str]:
+    """What a governed process's frameworks and tools report as its device's memory
+    (docs/adapters.md, "What a governed process sees"), one line each."""
+    from memgov import _settings
+
+    try:
+        on = bool(_settings.get("MEMGOV_VIEWS"))
+    except MemgovError as exc:
+        return [f"views: {exc}"]
+    if not on:
+        return ["views: off (MEMGOV_VIEWS): a governed process sees the card's own figures"]
+    return [
+        "views: inside a claim, torch.cuda.mem_get_info() and pynvml's nvmlDeviceGetMemoryInfo "
+        "(v1, v2; the claimed GPU) report total = the budget, free = the budget minus this "
+        "process's use (MEMGOV_VIEWS=off: the card's figures)",
+        "views: unchanged: torch.cuda.get_device_properties().total_memory (the card); JAX's "
+        "memory_stats() bytes_limit and TensorFlow's logical device are the pool memgov caps "
+        "(budget - 600 MiB); nvidia-smi and other programs reading NVML's library: the card",
+    ]
 
 
 def _mps() -> dict[str, Any]:

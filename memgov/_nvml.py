@@ -61,6 +61,13 @@ def _nvml() -> Any | None:
         return module
 
 
+def _memory_info(nv: Any) -> Any:
+    """NVML's own nvmlDeviceGetMemoryInfo: inside a claim the program's pynvml shows the budget
+    (memgov/_adapters.py), and memgov itself needs the card's figures."""
+    function = nv.nvmlDeviceGetMemoryInfo
+    return getattr(function, "__wrapped__", function)
+
+
 def shutdown() -> None:
     """Shut NVML down in this process; the next call initialises it again. The exporter's
     ``--release-nvml`` does this after each refresh, so that NVML's state is not kept resident
@@ -87,7 +94,7 @@ def devices() -> list[NvmlDevice]:
     found = []
     for index in range(nv.nvmlDeviceGetCount()):
         handle = nv.nvmlDeviceGetHandleByIndex(index)
-        memory = nv.nvmlDeviceGetMemoryInfo(handle)
+        memory = _memory_info(nv)(handle)
         found.append(
             NvmlDevice(
                 index=index,
@@ -105,7 +112,7 @@ def memory(uuid: str) -> tuple[int, int]:
     nv = _nvml()
     if nv is None:
         raise RuntimeError(f"NVML is not available: {unavailable_reason()}")
-    info = nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByUUID(uuid))
+    info = _memory_info(nv)(nv.nvmlDeviceGetHandleByUUID(uuid))
     return int(info.total), int(info.used)
 
 

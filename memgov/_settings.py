@@ -332,6 +332,10 @@ TABLE: tuple[Row, ...] = (
         "CPU threads: this process's share of the usable cores among the governed processes on "
         "them, followed as they come and go (docs/threads.md); `once`: the share at start; `N` "
         "fixes it; `off` leaves threads alone", threads_setting, Threads("auto"), job=True),
+    Row("MEMGOV_VIEWS", "`1`/`true`/`yes`/`on`, `0`/`false`/`no`/`off`", "on",
+        "inside a claim, torch's `mem_get_info` and pynvml's `nvmlDeviceGetMemoryInfo` report the "
+        "budget as the claimed device's memory (docs/adapters.md, \"What a governed process "
+        "sees\"); off: the card's own figures", flag, True, job=True),
     Row("MEMGOV_MPS", "`auto`, `off`", "`auto`",
         "`auto`: hard mode (MPS's driver-enforced limit) when an MPS daemon is reachable; `off`: "
         "always soft", _choice("accepted auto (default: hard mode when an MPS daemon is "

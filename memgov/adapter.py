@@ -26,6 +26,7 @@ __all__ = [
     "Adapter",
     "Budget",
     "Report",
+    "budget_view",
     "format_size",
     "own_device_memory",
     "parse_size",
@@ -90,6 +91,11 @@ class Adapter(Protocol):
     # ``auto`` claim, docs/profiles.md) calls it with the smaller budget once the framework is
     # imported; it returns a report line when its cap now fits, None when it cannot lower it. An
     # adapter without it (JAX, TensorFlow: limits fixed at start-up) keeps the claim as it was.
+    #
+    # Optional, for the budget views (docs/adapters.md, "What a governed process sees"):
+    # ``device_use(budget) -> int | None``: what this framework holds on the device as it knows
+    # it (allocator reserved + the overhead it keeps for context and libraries), None when it has
+    # not started there; ``release()``: undo the views ``apply`` installed (the claim ended).
 
 
 def own_device_memory(device_uuid: str) -> int | None:
@@ -104,6 +110,19 @@ def own_device_memory(device_uuid: str) -> int | None:
     from memgov import _nvml  # lazy: NVML is initialised on first use, never at import
 
     return (_nvml.processes(device_uuid) or {}).get(os.getpid())
+
+
+def budget_view(device_uuid: str, driver_free: int | None = None) -> tuple[int, int] | None:
+    """(free, total) that ``device_uuid`` shows inside this process's claim, or None (then report
+    the driver's own figures): no claim with a budget held on it, or MEMGOV_VIEWS=off.
+
+    total = the budget; free = the budget minus this process's use (the larger of NVML's figure
+    for this process and the adapters' ``device_use``), never more than ``driver_free``, the
+    device's own free figure where the caller has it (neighbours over their budgets, MPS's limit).
+    """
+    from memgov import _adapters
+
+    return _adapters.view(device_uuid, driver_free)
 
 
 def setting(name: str) -> Any:

@@ -6,6 +6,10 @@ and the caching allocator. Only the allocator can be capped
 measured non-allocator overhead, taken when CUDA initialises, plus a margin for libraries loaded
 later (cuDNN, cuBLAS kernels). Nothing here initialises CUDA: the cap is deferred with
 ``torch.cuda._lazy_call`` (private API, covered by tests) until torch initialises CUDA itself.
+
+Inside the claim ``torch.cuda.mem_get_info`` reports the budget (memgov.adapter.budget_view): a
+program that sizes itself from free memory plans within its claim (docs/adapters.md, "What a
+governed process sees").
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from memgov.adapter import (
     Budget,
+    budget_view,
     format_size,
     imported_before_claim,
     on_threads_change,
@@ -54,9 +59,11 @@ class TorchAdapter:
         notes = _threads(torch, budget.threads) if budget.threads else []
         if budget.bytes is None:
             return "torch: " + ", ".join([*notes, "no cap (growth only: torch never preallocates)"])
+        _state["budget"] = budget
+        if setting("MEMGOV_VIEWS"):
+            _view_mem_get_info(torch, budget)
         if budget.simulated or budget.device_index is None:
             return "torch: " + ", ".join([*notes, "no CUDA cap on a simulated device"])
-        _state["budget"] = budget
         _explain_out_of_memory(torch)
         if torch.cuda.is_initialized():
             return ", ".join([_cap(budget), *notes])
@@ -66,6 +73,22 @@ class TorchAdapter:
         return "torch: " + ", ".join(
             [*notes, f"allocator cap from {format_size(budget.bytes)} when CUDA initialises"]
         )
+
+    def device_use(self, budget: Budget) -> int | None:
+        """What torch holds on the claimed device: the allocator's reserved memory plus the
+        overhead its cap keeps for context and libraries (measured, else the default)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return None  # no context yet: torch holds nothing on the device
+        reserved: int = torch.cuda.memory_reserved(_state.get("index", budget.device_index or 0))
+        return reserved + _state.get("overhead", DEFAULT_OVERHEAD + _margin())
+
+    def release(self) -> None:
+        """The claim ended: torch's mem_get_info reports the device's own figures again."""
+        torch = sys.modules["torch"]  # memgov calls this only once torch is imported
+        for (where, name), original in _state.pop("views", {}).items():
+            module = torch.cuda if where == "cuda" else torch.cuda.memory
+            setattr(module, name, original)
 
     def lower(self, budget: Budget) -> str | None:
         """A claim gave memory back: lower the allocator's cap to the smaller budget (torch's
@@ -90,6 +113,37 @@ class TorchAdapter:
             f"torch: allocator cap lowered to {format_size(_state['cap'])} on cuda:{index} "
             f"(budget {format_size(budget.bytes)})"
         )
+
+
+def _view_mem_get_info(torch: Any, budget: Budget) -> None:
+    """Replace torch.cuda.mem_get_info (and torch.cuda.memory's, which accelerate and torch's own
+    helpers call) with the budget's view of the claimed device; other devices are unchanged.
+    get_device_properties().total_memory stays the card's: a read-only C struct of torch's."""
+    if "views" in _state:
+        return
+    views = {("cuda", "mem_get_info"): torch.cuda.mem_get_info}
+    views[("memory", "mem_get_info")] = torch.cuda.memory.mem_get_info
+    _state["views"] = views
+
+    def wrap(original: Any) -> Any:
+        def mem_get_info(device: Any = None) -> tuple[int, int]:
+            free, total = original(device)  # initialises CUDA, as torch's own call does
+            if device is None:
+                index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+            else:
+                index = torch.cuda._utils._get_device_index(device, optional=True)
+            budget = _state["budget"]
+            if index != _state.get("index", budget.device_index or 0):
+                return free, total
+            return budget_view(budget.device_uuid, free) or (free, total)
+
+        mem_get_info.__doc__ = original.__doc__
+        mem_get_info.__wrapped__ = original  # type: ignore[attr-defined]
+        return mem_get_info
+
+    wrapped = {key: wrap(original) for key, original in views.items()}
+    torch.cuda.mem_get_info = wrapped[("cuda", "mem_get_info")]
+    torch.cuda.memory.mem_get_info = wrapped[("memory", "mem_get_info")]
 
 
 def _threads(torch: Any, threads: int) -> list[str]:
@@ -169,7 +223,7 @@ def _cap(budget: Budget) -> str:
     total = torch.cuda.get_device_properties(index).total_memory
     # torch runs this right after cuInit, before the device's context exists; NVML can only see
     # this process once it does, and the context is made now anyway, for the user's first op.
-    torch.cuda.mem_get_info(index)
+    getattr(torch.cuda.mem_get_info, "__wrapped__", torch.cuda.mem_get_info)(index)
     measured = _measured_overhead(budget.device_uuid)
     overhead = (measured or DEFAULT_OVERHEAD) + _margin()
     cap = budget.bytes - overhead
@@ -184,7 +238,7 @@ def _cap(budget: Budget) -> str:
         fraction, cap = users[0], int(users[0] * total)
         kept = f"; the smaller per_process_memory_fraction of {users[1]} kept"
     torch.cuda.set_per_process_memory_fraction(fraction, index)
-    _state.update(cap=cap, overhead=overhead)
+    _state.update(cap=cap, overhead=overhead, index=index)
     report = (
         f"torch: allocator capped at {format_size(cap)} on cuda:{index} "
         f"({format_size(overhead)} kept for context and libraries, "

@@ -95,6 +95,12 @@
 #                               NAME=CODE@FOLDER, CODE `tree` or an earlier tree's memgov/ and
 #                               adapters/, carried) for FLOODS_BUDGET s (about 8 minutes;
 #                               benchmarks/cpu/floods_ab.sh; docs/ledger.md, "Floods")
+#   views                       what a governed process sees (docs/adapters.md): torch's and
+#                               pynvml's figures against a 4 GiB budget, soft and hard, beside 24
+#                               busy governed neighbours; a script sizing its batch from
+#                               mem_get_info, views on and off; accelerate's infer_auto_device_map
+#                               for a 5.2 GB model, ungoverned, views off, governed and run
+#                               (benchmarks/gpu/views_checks.py, about 5 minutes; --dry on a CPU)
 #   queue_ray                   the queue on Ray (one node: this host's GPUs): each torch job runs
 #                               on the GPU its policy chose (benchmarks/gpu/queue_ray.py; needs Ray
 #                               installed; meaningful on 2+ GPUs, e.g. nvidia-h200-x2)
@@ -321,6 +327,7 @@ python3 -m memgov devices' ;;
     auto_first_runs) run auto_first_runs 470 python3 benchmarks/gpu/auto_first_runs.py \
       --examples "${AUTO_EXAMPLES:-.public/examples}" --out "$OUT" ;;
     queue_smoke) run queue_smoke 500 bash benchmarks/gpu/queue_smoke.sh "$OUT" ;;
+    views) run views 480 python3 benchmarks/gpu/views_checks.py --out "$OUT" ;;
     queue_ray) run queue_ray 300 python3 benchmarks/gpu/queue_ray.py "$OUT" 6 ;;
     queue_light|queue_random|queue_policies)  # what is left of TOTAL_S, in one device call
       left=$((TOTAL_S - SECONDS)); mix=${check#queue_}; policies=(sjf-exclusive memgov)

@@ -90,6 +90,7 @@ def render(report: dict[str, Any]) -> list[str]:
             + printable(str(p["why"] or p["source"]))
             + (f"; claim {printable(str(p['claim']))}" if p["claim"] else "")
         )
+    lines.extend(report["views"])
     settings = report["settings"]
     lines.extend(f"setting problem: {row['problem']}" for row in settings if row["problem"])
     unset = [row["name"] for row in settings if row["source"] == "default" and not row["internal"]]

@@ -25,6 +25,7 @@ GARBAGE = {
     "MEMGOV_STRICT": "maybe",
     "MEMGOV_QUIET": "maybe",
     "MEMGOV_GC_FREEZE": "sometimes",
+    "MEMGOV_VIEWS": "sometimes",
     "MEMGOV_THREADS": "many",
     "MEMGOV_MPS": "on",
     "MEMGOV_DIR": "relative/ledger",

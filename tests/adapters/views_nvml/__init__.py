@@ -1,0 +1,1 @@
+"""A stand-in pynvml with nvidia-ml-py's memory calls (put this folder on PYTHONPATH)."""
