@@ -8,7 +8,7 @@ storm FORKS: a thread makes this process's first claim while the main thread for
     times, back to back, for as long as that claim lasts; each child reports the ledger
     descriptors it has and whether it holds a claim, claims 1GiB of its own, releases it, says
     so and sleeps (a child stuck in its claim says nothing more, keeping what it was admitted).
-    The parent releases its claim and says {"parent": PID, "forked": [PIDs]}.
+    The parent releases its claim and says {"parent": PID, "forked": [PIDs], "ledger": [...]}.
 Prints {"child": PID, ...} lines; the test SIGKILLs this process.
 """
 
@@ -70,7 +70,7 @@ def storm(forks: int) -> None:
         forked.append(pid)
     first.join()
     claims[0].release()
-    say(parent=os.getpid(), forked=forked)
+    say(parent=os.getpid(), forked=forked, ledger=ledger_descriptors())
 
 
 def main() -> None:

@@ -98,7 +98,8 @@ def test_children_forked_during_the_first_claim_neither_hang_nor_hold_the_parent
     """A fork storm from one thread while another makes the process's first claim: every child
     starts with none of its parent's ledger descriptors and no claim, makes a claim of its own
     and releases it (none waits for an import lock the claiming thread held at the fork, keeping
-    what it was admitted), and keeps nothing of the ledger but its own CPU-share record."""
+    what it was admitted), and keeps nothing of the ledger but its own CPU-share record; nor
+    does the parent once it has released its claim."""
     proc = subprocess.Popen(
         [sys.executable, str(FORKER), "storm", "40"],
         stdout=subprocess.PIPE,
@@ -119,7 +120,9 @@ def test_children_forked_during_the_first_claim_neither_hang_nor_hold_the_parent
         deadline = time.monotonic() + 90
         while not children_done() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
-        forked = next(line["forked"] for line in lines if "parent" in line)
+        parent = next(line for line in lines if "parent" in line)
+        forked = parent["forked"]
+        assert parent["ledger"] == [], "the parent keeps ledger files open after its release"
         assert len(forked) > 1, "the first claim ended before a second fork"
         started = {line["child"]: line for line in lines if "held" in line}
         done = {line["child"]: line for line in lines if line.get("claimed")}
