@@ -52,12 +52,13 @@ def _later(signum: int, _frame: FrameType | None) -> None:
         _arrived.append(signum)
 
 
-def _take_over() -> None:
-    """Record every signal a handler of Python's would act on (and the stopping ones) instead.
-    While they are taken, no handler but ``_later`` runs for them: nothing here is cut short."""
-    handlers = {s: signal.getsignal(s) for s in signal.valid_signals()}
-    # Not one a C library installed (None: Python cannot put it back), nor one ignored.
-    acting = [s for s, h in handlers.items() if callable(h) or (s in STOPPING and h == SIG_DFL)]
+def _take_over(acting: list[int] | None = None) -> None:
+    """Record every signal a handler of Python's would act on (and the stopping ones) instead,
+    or those ``acting``. While they are taken, no handler but ``_later`` runs for them."""
+    if acting is None:
+        handlers = {s: signal.getsignal(s) for s in signal.valid_signals()}
+        # Not one a C library installed (None: Python cannot put it back), nor one ignored.
+        acting = [s for s, h in handlers.items() if callable(h) or (s in STOPPING and h == SIG_DFL)]
     for s in acting:
         with contextlib.suppress(OSError, ValueError):  # one Python may not handle
             previous = signal.signal(s, _later)
@@ -125,8 +126,9 @@ def interruptible() -> Iterator[None]:
     if not _active or threading.current_thread() is not threading.main_thread():
         yield
         return
+    taken = list(_taken)  # taken again as they were (a lock's backoff opens one per try)
     try:
         _give_back()
         yield
     finally:
-        _take_over()
+        _take_over(taken)
