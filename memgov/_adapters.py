@@ -2,7 +2,8 @@
 
 The contract itself (:class:`~memgov.adapter.Budget`, the :class:`~memgov.adapter.Adapter`
 protocol) is public, in :mod:`memgov.adapter`; adapters import nothing else from memgov. Plugins are
-found through the entry-point group ``memgov.adapters`` and loaded once per process.
+found through the entry-point group ``memgov.adapters`` and loaded once per process, with this
+module.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import dataclasses
 import logging
 import os
 import sys
-import threading
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -19,9 +19,6 @@ from memgov import _importhook, _settings
 from memgov.adapter import GROUP, Adapter, Budget, Report
 
 log = logging.getLogger("memgov")
-_lock = threading.Lock()
-_loaded: list[Adapter] | None = None
-_failures: list[str] = []
 _viewed: Budget | None = None
 """The budget the views report (docs/adapters.md, "What a governed process sees"), while a claim
 with a budget holds it and MEMGOV_VIEWS is on."""
@@ -29,47 +26,39 @@ _nvml_wrapped: dict[str, object] = {}
 """pynvml's own nvmlDeviceGetMemoryInfo while memgov's view replaces it."""
 
 
-def _fresh_lock_in_child() -> None:
-    # A lock held at fork() time (a thread loading the adapters) stays held in the forked
-    # child, where that thread does not exist: the child's first use would wait forever.
-    global _lock
-    _lock = threading.Lock()
+def _load() -> tuple[list[Adapter], list[str]]:
+    """Every installed adapter, and why each broken one was skipped (logged too)."""
+    found: list[Adapter] = []
+    failures: list[str] = []
+    seen: set[str] = set()
+    for point in entry_points(group=GROUP):
+        if point.name in seen:
+            # Stale metadata of an earlier install (e.g. the distribution's old name's egg-info
+            # beside a checkout) lists an adapter twice: apply each once.
+            continue
+        seen.add(point.name)
+        try:
+            adapter = point.load()()
+        except Exception as exc:  # a broken plugin must not break the claim
+            failures.append(f"adapter {point.name!r} failed to load: {exc}")
+            log.warning("memgov: %s", failures[-1])
+            continue
+        found.append(adapter)
+    return found, failures
 
 
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
+# Loaded with this module, not at the first claim: loading imports each plugin, and a child
+# forked while another thread held a plugin's import lock would wait for it forever in its own
+# claim (Python gives a forked child a fresh global import lock, not fresh module locks).
+_loaded, _failures = _load()
 
 
 def available() -> list[Adapter]:
-    """Every installed adapter (loaded once; a broken plugin is logged and skipped)."""
-    global _loaded
-    loaded = _loaded
-    if loaded is not None:
-        # No lock once loaded: claim() calls this, and an exception landing between a lock's
-        # acquire and its `with` block (an async exception, a signal handler's) leaves it held.
-        return list(loaded)
-    with _lock:
-        if _loaded is None:
-            found: list[Adapter] = []
-            seen: set[str] = set()
-            for point in entry_points(group=GROUP):
-                if point.name in seen:
-                    # Stale metadata of an earlier install (e.g. the distribution's old name's
-                    # egg-info beside a checkout) lists an adapter twice: apply each once.
-                    continue
-                seen.add(point.name)
-                try:
-                    adapter = point.load()()
-                except Exception as exc:  # a broken plugin must not break the claim
-                    _failures.append(f"adapter {point.name!r} failed to load: {exc}")
-                    log.warning("memgov: %s", _failures[-1])
-                    continue
-                found.append(adapter)
-            _loaded = found
-        return list(_loaded)
+    """Every installed adapter (a broken plugin is logged and skipped)."""
+    return list(_loaded)
 
 
 def load_failures() -> list[str]:
-    available()
     return list(_failures)
 
 

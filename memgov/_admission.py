@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from memgov import _config, _deadnames, _devices, _enforce, _stats
+from memgov import _config, _deadnames, _devices, _enforce, _signals, _stats
 from memgov._errors import BudgetExceeded, LockTimeout
 from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
 from memgov._parse import printable
@@ -348,7 +348,8 @@ class _Queue:
 
     def sleep(self, seconds: float, watch: _Watch) -> None:
         assert self.waker is not None  # joined
-        self.waker.sleep(seconds, functools.partial(_wanted, watch.folders))
+        with _signals.interruptible():  # Ctrl-C ends a wait (claim() defers it elsewhere)
+            self.waker.sleep(seconds, functools.partial(_wanted, watch.folders))
 
     def timed_out(self) -> BudgetExceeded:
         """The refusal when the wait is spent, counted as a timeout on every device; a device

@@ -14,8 +14,21 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 # Imported here, not where used: a lazy import opens a file, and a claim must work with the
-# process's descriptors spent (tests/hostile/test_users.py).
-from memgov import _adapters, _admission, _autosize, _devices, _enforce, _jobid, _settings, _threads
+# process's descriptors spent (tests/hostile/test_users.py); and an import holds that module's
+# import lock, which a child forked meanwhile by another thread inherits held for good: its own
+# claim would wait for it forever (tests/hostile/test_forks.py). Nothing claim() runs imports.
+from memgov import (
+    _adapters,
+    _admission,
+    _autosize,
+    _devices,
+    _enforce,
+    _jobid,
+    _runs,
+    _settings,
+    _signals,
+    _threads,
+)
 from memgov._errors import ConfigError, MemgovError
 from memgov._ledger import DeviceLedger
 from memgov._records import Held
@@ -94,7 +107,7 @@ class Claim:
         payload = {**self._payload, "bytes": size, "given_back": self.bytes - size}
         before = held.file
         try:
-            with ledger.locked():
+            with _signals.deferred(), ledger.locked():
                 ledger.update("claims", held, payload)
         finally:
             if held.file is not before:  # the record is the new one, interrupted or not
@@ -102,6 +115,10 @@ class Claim:
 
     def release(self) -> None:
         """Give the budget back. Frameworks cannot lift a cap once set, so release at the end."""
+        with _signals.deferred():  # a signal's handler runs once the budget is back
+            self._release()
+
+    def _release(self) -> None:
         global _current
         held, ledger = self._held, self._ledger
         try:
@@ -176,16 +193,27 @@ def claim(
     chosen_threads = _threads.setting()  # checked before admission: an error must hold nothing
     compute_pct = _enforce.check_compute(compute)
     attempt = _start_attempt()
+    made: list[tuple[Claim, dict[str, str | None]]] = []
     try:
-        result, touched, chosen = _claim_now(
-            request, device, wait_s, label, compute_pct, (job_name, job_label)
-        )
-    finally:
-        del attempt  # ends the mark (the weak reference dies with it)
-    budget = _govern_or_release(result, chosen, chosen_threads, label, touched)
-    from memgov import _runs
-
-    _runs.start(result, budget, job_name, job_label, result.sized)
+        # A signal's handler runs once the claim is made or undone, never between two of its
+        # statements (the wait for a place in the queue excepted: memgov/_signals.py).
+        with _signals.deferred():
+            try:
+                result, touched, chosen = _claim_now(
+                    request, device, wait_s, label, compute_pct, (job_name, job_label)
+                )
+            finally:
+                del attempt  # ends the mark (the weak reference dies with it)
+            made.append((result, touched))
+            budget = _govern_or_release(result, chosen, chosen_threads, label, touched)
+            _runs.start(result, budget, job_name, job_label, result.sized)
+    except BaseException:
+        # What the handler raised as the claim was done (Ctrl-C during it): undone, as any
+        # failed claim() is.
+        with _signals.deferred():
+            for result, touched in made:
+                _undo(result, touched)
+        raise
     if auto and "auto" in result.reports and not _quiet():
         sys.stderr.write(f"memgov: {result.reports['auto']}\n")
         sys.stderr.flush()
@@ -231,16 +259,21 @@ def _govern_or_release(
     label: str,
     touched: dict[str, str | None],
 ) -> _adapters.Budget:
-    """:func:`_govern`; where it fails, the claim is released and the environment ``touched``
-    put back before the exception propagates: a failed claim() holds nothing."""
+    """:func:`_govern`; where it fails, the claim is undone before the exception propagates: a
+    failed claim() holds nothing."""
     try:
         return _govern(result, chosen, chosen_threads, label)
     except BaseException:
-        try:
-            result.release()
-        finally:
-            _enforce.restore(touched)
+        _undo(result, touched)
         raise
+
+
+def _undo(result: Claim, touched: dict[str, str | None]) -> None:
+    """Release a claim that claim() will not return, and put back the environment ``touched``."""
+    try:
+        result.release()
+    finally:
+        _enforce.restore(touched)
 
 
 def _govern(
@@ -273,11 +306,10 @@ def _quiet() -> bool:
 
 def _end_run(claim: Claim) -> None:
     """The claim ends before the process: its run ends now (memgov/_runs.py)."""
-    runs = sys.modules.get("memgov._runs")
-    run = runs.current() if runs is not None else None
+    run = _runs.current()
     if run is not None and run.claim is claim:
         with contextlib.suppress(Exception):  # a sizing aid: never fail a release for it
-            runs.finish("released")  # type: ignore[union-attr]
+            _runs.finish("released")
 
 
 class _Sizing(NamedTuple):

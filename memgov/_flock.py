@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from memgov import _trust
+from memgov import _signals, _trust
 from memgov._errors import LedgerError, LockTimeout
 
 LOCK_MODE = 0o644
@@ -79,10 +79,16 @@ def open_owned(
 
 def adopt(make: Callable[[], int], writable: bool = False, register: bool = True) -> io.FileIO:
     """The descriptor ``make()`` returns, owned by a FileIO before any bytecode runs (see
-    open_owned); a negative number (a C call that failed) is a ValueError."""
+    open_owned); a negative number (a C call that failed) is a ValueError.
+
+    Counted as a ledger operation until the FileIO is registered: a child forked by another
+    thread in between (inside the open itself, which releases the GIL, or just after it) finds
+    no registered file to close, and searches for the descriptor instead (_close_all_in_child)."""
     raw: list[int] = []
     files: list[io.FileIO] = []
+    token = object()
     try:
+        entering(token)
         raw.extend(itertools.islice(iter(make, None), 1))
         files.extend(map(io.FileIO, raw, ("r+" if writable else "r",)))
         if register:
@@ -94,6 +100,8 @@ def adopt(make: Callable[[], int], writable: bool = False, register: bool = True
         elif raw and raw[0] >= 0:
             os.close(raw[0])  # FileIO refused it (a folder) or never ran
         raise
+    finally:
+        left(token)
 
 
 def _register(file: io.FileIO) -> None:
@@ -360,7 +368,8 @@ class AdmissionLock:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise LockTimeout(self._held_too_long())
-                time.sleep(min(delay, remaining))
+                with _signals.interruptible():  # Ctrl-C ends a wait (claim() defers it elsewhere)
+                    time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.005)
             except BaseException:
                 file.close()

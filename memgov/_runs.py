@@ -48,7 +48,11 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from memgov import _records
+# Imported here, not where used: claim() starts a run, and an import inside it would hold that
+# module's import lock while another thread may fork (memgov/_claim.py). Nothing here imports
+# memgov._claim, which imports this module.
+from memgov import _adapters, _nvml, _profiles, _records, _settings, _threads
+from memgov._sizes import format_size
 
 if TYPE_CHECKING:
     from memgov._claim import Claim
@@ -154,8 +158,6 @@ def _wake(run: Run) -> None:
 def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> None:
     """Begin recording this process's run of ``job`` under ``claim``; never raises."""
     global _run
-    from memgov import _profiles
-
     run = Run(claim, budget, job, label, sized, " ".join(_command())[:1024])
     try:
         if sized in ("given", "scheduler"):  # an auto claim read the store: folded already
@@ -174,8 +176,6 @@ def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> Non
     # A bare thread: threading.Thread.start() waits for the new thread to say it started, and
     # waits forever if an exception lands in that thread first (an interrupt storm meets it).
     # It holds the run weakly: a run dropped by a finish() cut short is freed, with its file.
-    from memgov import _threads
-
     _threads.load_thread_unwinder()
     args = (weakref.ref(run), run.flags, run.wake, run.ended)
     run.sampler = _thread.start_new_thread(_sample_loop, args)
@@ -239,8 +239,6 @@ def _fold(run: Run, end: str) -> None:
     with contextlib.suppress(Exception):
         _sample(run)
     run.end = run.end or end
-    from memgov import _profiles
-
     try:
         _profiles.record(run.job, run.label, [run.entry()], run.command)
     except Exception:
@@ -270,8 +268,6 @@ def measure(run: Run) -> tuple[int | None, str]:
     between looks (cuDNN's benchmark workspaces, an evaluation batch) is not missed."""
     if run.budget.simulated:
         return _host_peak(), "host-rss"
-    from memgov import _nvml
-
     used = None
     before, _ = _torch_reserved()
     with contextlib.suppress(Exception):
@@ -364,8 +360,6 @@ def _working(run: Run) -> bool:
 
 
 def _sample_loop(ref: weakref.ref[Run], flags: dict[str, Any], wake: Any, ended: Any) -> None:
-    from memgov import _profiles
-
     released_seen = 0
     try:
         while not _stopped(flags, wake, SAMPLE_S):
@@ -408,8 +402,6 @@ def _stopped(flags: dict[str, Any], wake: Any, seconds: float) -> bool:
 
 
 def _maybe_give_back(run: Run) -> None:
-    from memgov import _profiles, _settings
-
     if run.given_back or run.sized != "first-run" or not run.peak:
         return
     flat_s = _settings.get("MEMGOV_GIVE_BACK")
@@ -425,18 +417,13 @@ def _maybe_give_back(run: Run) -> None:
         return
     line = give_back(run, new)
     run.claim.reports["give-back"] = line
-    from memgov import _settings as settings
-
-    if not settings.get("MEMGOV_QUIET"):
+    if not _settings.get("MEMGOV_QUIET"):
         sys.stderr.write(f"memgov: {line}\n")
         sys.stderr.flush()
 
 
 def give_back(run: Run, new: int) -> str:
     """Shrink the claim to ``new`` bytes: the frameworks' caps first, then the ledger record."""
-    from memgov import _adapters
-    from memgov._sizes import format_size
-
     claim = run.claim
     old = claim.bytes
     if claim.mode == "hard":

@@ -16,13 +16,13 @@ from memgov._errors import LedgerError
 
 LOCKS_HELD_AT_FORK = """
 import os, signal, threading
-from memgov import _adapters, _autoenable, _importhook, _nvml, _threads
+from memgov import _autoenable, _importhook, _nvml, _threads
 
 _importhook.when_imported("memgov_never_imported", lambda module: None)  # the finder is in
 held, done = threading.Event(), threading.Event()
 
 def hold():
-    with _importhook._lock, _threads._lock, _nvml._lock, _autoenable._lock, _adapters._lock:
+    with _importhook._lock, _threads._lock, _nvml._lock, _autoenable._lock:
         held.set()
         done.wait()
 
@@ -32,7 +32,7 @@ pid = os.fork()
 if pid == 0:
     signal.alarm(20)  # a child stuck on a lock dies of SIGALRM instead of hanging the test
     import colorsys  # asks memgov's finder, which takes _importhook's lock
-    for lock in (_threads._lock, _nvml._lock, _autoenable._lock, _adapters._lock):
+    for lock in (_threads._lock, _nvml._lock, _autoenable._lock):
         with lock:
             pass
     os._exit(0)
@@ -185,6 +185,59 @@ def test_child_forked_while_threads_hold_unregistered_ledger_descriptors_keeps_n
     assert strays == "0", "the child holds ledger descriptors other threads had open"
     assert kept == "0", "the child keeps the lock its parent's thread took after the fork"
     assert written == "child", "a file of the user's own in the ledger folder was taken away"
+
+
+LOCK_OPEN_NOT_REGISTERED_AT_FORK = (
+    """
+import os, threading
+from memgov import _config, _flock
+from memgov._devices import candidates
+from memgov._ledger import DeviceLedger
+
+"""
+    + LEDGER_FDS
+    + """
+ledger = DeviceLedger(candidates(None)[0])
+real = os.path.realpath(_config.ledger_dir())
+opened, forked = threading.Event(), threading.Event()
+register = _flock._register
+
+def paused(file):  # the admission lock is open, not yet known to the fork hook
+    if os.readlink(f"/proc/self/fd/{file.fileno()}").endswith("admission.lock"):
+        opened.set()
+        forked.wait()
+    register(file)
+
+_flock._register = paused
+
+def lock():
+    with ledger.locked():
+        pass
+
+thread = threading.Thread(target=lock)
+thread.start()
+opened.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(ledger_fds(real))
+forked.set()
+thread.join()
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+)
+
+
+def test_child_forked_between_a_files_open_and_its_registration_keeps_none(sim: str) -> None:
+    """The admission lock opened by another thread, not yet owned by a registered FileIO when
+    the fork comes: the child's hook cannot close what it does not know, and must find it."""
+    result = subprocess.run(
+        [sys.executable, "-c", LOCK_OPEN_NOT_REGISTERED_AT_FORK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0", "the child holds the parent's admission.lock descriptor"
 
 
 FORK_STRAYS = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu" / "fork_strays.py"

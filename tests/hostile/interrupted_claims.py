@@ -1,9 +1,13 @@
 """Claim and release in a loop while a timer raises KeyboardInterrupt at random moments (as
-Ctrl-C does in a notebook): python interrupted_claims.py CYCLES SEED MAX_DELAY_S.
+Ctrl-C does in a notebook): python interrupted_claims.py CYCLES SEED MAX_DELAY_S [keep].
 
 Prints one JSON line: cycles, how many were interrupted, and the descriptors open before and
 after (from /proc/self/fd, once memgov's threads have ended), the ledger files memgov still has
-open and the threads left.
+open and the threads left. With ``keep``, each interrupt is kept as an interactive session keeps
+the last one (sys.last_value and its traceback, whose frames stay alive with it) until the
+next cycle, and ``kept`` lists what the process still had open in the ledger (its own CPU-share
+record aside) once the interrupted claim was released: run with MEMGOV_THREADS=once (no
+follower thread whose own work would show there).
 """
 
 from __future__ import annotations
@@ -64,8 +68,19 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def in_ledger() -> list[str]:
+    """This process's descriptors into the ledger, but for its own CPU-share record."""
+    registration = _threads._state.get("registration")
+    held = getattr(getattr(registration, "held", None), "file", None)
+    mine = str(held.fileno()) if held is not None and not held.closed else None
+    root = os.path.realpath(os.environ["MEMGOV_DIR"]) + "/"
+    return [what for fd, what in targets().items() if what.startswith(root) and fd != mine]
+
+
 def main() -> None:
     cycles, seed, most = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    keep = sys.argv[4:] == ["keep"]
+    kept: list[str] = []
     rng = random.Random(seed)
     signal.signal(signal.SIGALRM, interrupt)
     memgov.claim("1GiB").release()  # imports, folders and the CPU-share record made once
@@ -79,11 +94,16 @@ def main() -> None:
                 memgov.claim("1GiB").release()
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)  # one-shot: it cannot fire again after
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             interrupted += 1
+            if keep:
+                sys.last_value, sys.last_traceback = exc, exc.__traceback__
         held = memgov.current()
         if held is not None:  # interrupted after the claim was made: released like a user would
             held.release()
+        if keep and sys.last_value is not None:
+            kept.extend(in_ledger())  # what the kept frames hold (a record, a lock, a file)
+            sys.last_value = sys.last_traceback = None
     # The thread share's follower may be swapping this process's CPU-share record (a new locked
     # file renamed over it, then the old one closed) at any moment: stopped first, so that the
     # count below sees no such swap half-way.
@@ -109,6 +129,7 @@ def main() -> None:
                 "threads": threads(),
                 "share_record_held": share_record_held(),
                 "new": {fd: what for fd, what in targets().items() if opened.get(fd) != what},
+                "kept": kept,
             }
         )
     )

@@ -3,12 +3,16 @@ ticket or locks, whether it was forked while another thread waited or forked fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +80,67 @@ def test_child_forked_from_c_does_not_keep_a_killed_parents_claim() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def ledger_targets(pid: int) -> list[str]:
+    """What each descriptor of ``pid`` into the ledger folder points at (/proc/PID/fd)."""
+    root = os.path.realpath(os.environ["MEMGOV_DIR"])
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target == root or target.startswith(root + "/"):
+                found.append(target)
+    return found
+
+
+def test_children_forked_during_the_first_claim_neither_hang_nor_hold_the_parents() -> None:
+    """A fork storm from one thread while another makes the process's first claim: every child
+    starts with none of its parent's ledger descriptors and no claim, makes a claim of its own
+    and releases it (none waits for an import lock the claiming thread held at the fork, keeping
+    what it was admitted), and keeps nothing of the ledger but its own CPU-share record; nor
+    does the parent once it has released its claim."""
+    proc = subprocess.Popen(
+        [sys.executable, str(FORKER), "storm", "40"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # No follower thread: its own scans would show in a child's descriptors as it looks.
+        env={**os.environ, "MEMGOV_THREADS": "once"},
+    )
+    lines: list[dict[str, Any]] = []
+    threading.Thread(target=read_lines, args=(proc, lines), daemon=True).start()
+
+    def children_done() -> bool:
+        ends = [line["forked"] for line in lines if "parent" in line]
+        return bool(ends) and len([line for line in lines if line.get("claimed")]) == len(ends[0])
+
+    try:
+        # A stuck child never says it is done: waited for far longer than a claim takes.
+        deadline = time.monotonic() + 180
+        while not children_done() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        parent = next(line for line in lines if "parent" in line)
+        forked = parent["forked"]
+        assert parent["ledger"] == [], "the parent keeps ledger files open after its release"
+        assert len(forked) > 1, "the first claim ended before a second fork"
+        started = {line["child"]: line for line in lines if "held" in line}
+        done = {line["child"]: line for line in lines if line.get("claimed")}
+        stuck = [pid for pid in forked if pid not in done]
+        holders = [c.name for c in ledger().snapshot().claims]
+        assert stuck == [], f"{len(stuck)} of {len(forked)} children stuck; held: {holders}"
+        assert holders == [], "children hold the budget they were admitted"
+        assert [c for c in started.values() if c["ledger"] or c["held"]] == []
+        assert [c for c in done.values() if c["ledger"]] == []
+        kept = {pid: [t for t in ledger_targets(pid) if t != done[pid]["share"]] for pid in forked}
+        assert {pid: found for pid, found in kept.items() if found} == {}
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def read_lines(proc: subprocess.Popen[str], lines: list[dict[str, Any]]) -> None:
+    """The storm's lines, the parent's and every child's, as they come."""
+    assert proc.stdout is not None
+    for text in proc.stdout:
+        lines.append(json.loads(text))

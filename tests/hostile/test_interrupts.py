@@ -106,3 +106,26 @@ def test_no_descriptor_outlives_an_interrupted_claim(device: str) -> None:
         # printed as "Exception ignored" and dropped (23 and 11 times in these two runs, when
         # the callbacks that clear a closed file's entry and a claim's mark were Python code).
         assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_kept_interrupt_keeps_nothing_of_the_ledger_open(device: str) -> None:
+    """SIGALRM's handler raising at random moments of claim() and release(), each interrupt kept
+    as an interactive session keeps the last (its traceback keeps the interrupted frames alive):
+    once the claim is released, the process holds nothing of the ledger but its own CPU-share
+    record. Before, a kept interrupt held what its frames had open: a replaced CPU-share
+    record's old file, the admission lock (every claim on the device waited for it), an
+    admitted record (its budget stayed claimed)."""
+    worker = Path(__file__).resolve().parent / "interrupted_claims.py"
+    env = {**os.environ, "MEMGOV_THREADS": "once"}  # no follower thread at work in the ledger
+    done = subprocess.run(
+        [sys.executable, str(worker), "1500", "3", "0.01", "keep"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["interrupted"] > 100, got
+    assert got["kept"] == [], got["kept"][:20]
+    assert got["after"] == got["before"] and got["ledger_files"] == 0, got
