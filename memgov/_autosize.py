@@ -108,7 +108,8 @@ def _from_profile(device: Device, capacity: int, job: str, notes: list[str]) -> 
 def _wait_for_sibling(job: str, label: str, notes: list[str]) -> tuple[float | None, int]:
     """Take ``job``'s first-run lock, waiting while a sibling holds it: (seconds waited, the
     sibling's PID); (None, 0) when no sibling ran; (None, PID) when it still runs after
-    FIRST_RUN_WAIT_S, or is this process's ancestor (a parent waits for its child: never)."""
+    FIRST_RUN_WAIT_S, or is this process's ancestor (a child never waits for its parent's run,
+    which may wait for the child), or the store failed meanwhile."""
     try:
         holder = _profiles.hold_first(job)
     except Exception as exc:  # no store: no sibling can be seen; sized as a first run
@@ -133,7 +134,12 @@ def _wait_for_sibling(job: str, label: str, notes: list[str]) -> tuple[float | N
             return None, holder
         time.sleep(min(delay, left))  # a flock is only ever tried (memgov/_flock.py, Bounds)
         delay = min(delay * 2, 0.5)
-        found = _profiles.hold_first(job)
+        try:
+            found = _profiles.hold_first(job)
+        except Exception as exc:  # the store failed meanwhile: sized as a first run
+            notes.append(str(exc))
+            _gave_up.add(job)
+            return None, holder
         if found is None:
             return time.monotonic() - start, holder
         holder = found or holder  # 0: the holder had not written its PID when looked at
