@@ -14,7 +14,10 @@ sleep, until admitted or :meth:`_Queue.timed_out`; its tickets go however it end
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -171,10 +174,13 @@ def _admit_waiting(
                 return got
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise queue.timed_out()
+                break
             queue.sleep(min(got.poll, remaining), got)
     finally:
         queue.leave()
+    # Counted once the tickets are gone: the count waits for the admission lock, and a ticket
+    # left in the queue meanwhile would hold up every waiter behind it.
+    raise queue.timed_out()
 
 
 def _fitting(ledgers: list[DeviceLedger], request: Request) -> list[DeviceLedger]:
@@ -213,6 +219,7 @@ def _look(
             refusal = Refusal(snap, ahead, size > snap.capacity, blocked)
             counted = _counted(admitted, ticket, refusal, clock)
             _stats.add(ledger, removed_first + snap.reclaimed, *counted)
+            _tell(ledger)
             if admitted:
                 return _write_claim(ledger, request, daemon, clock)
         finally:
@@ -357,8 +364,14 @@ class _Queue:
             self.last.get(lg.device.uuid) or Refusal(lg.scan(False, queue=False), 1, False, None)
             for lg in self.ledgers
         ]
+        waited = self.clock.seconds()
         for ledger in self.ledgers:
-            _stats.add_locked(ledger, "timeout", ("timeout", self.clock.seconds()))
+            _untold.setdefault(ledger.path, (ledger, []))[1].append(waited)
+            # Counted now only if the lock is free at once: every waiter that timed out and
+            # then waited for the lock to count itself held up the head of the queue, which
+            # needs it to be admitted (a third of the admissions of 64 waiters on 2 cores).
+            with contextlib.suppress(Exception), ledger.locked(0):
+                _tell(ledger)
         return _refusal(refusals, self.request, never=False)
 
     def leave(self) -> None:
@@ -368,6 +381,29 @@ class _Queue:
         finally:
             if self.waker is not None:
                 self.waker.close()
+
+
+_untold: dict[Path, tuple[DeviceLedger, list[float]]] = {}
+"""Per device, this process's timeouts (seconds waited) not counted yet: the lock was busy.
+Counted at this process's next look under that device's lock, or at its exit."""
+
+
+def _tell(ledger: DeviceLedger) -> None:
+    """Count this process's untold timeouts on ``ledger`` (call it holding its lock)."""
+    for waited in _untold.pop(ledger.path, (ledger, []))[1]:
+        _stats.add(ledger, 0, "timeout", ("timeout", waited))
+
+
+@atexit.register
+def _tell_at_exit() -> None:
+    while _untold:
+        _, (ledger, waits) = _untold.popitem()
+        for waited in waits:
+            _stats.add_locked(ledger, "timeout", ("timeout", waited))
+
+
+# A child's counts are its own: its parent's untold timeouts are the parent's to count.
+os.register_at_fork(after_in_child=_untold.clear)
 
 
 def _wanted(watch: dict[Path, frozenset[str] | None], folder: Path, name: str) -> bool:

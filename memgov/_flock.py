@@ -376,6 +376,8 @@ class AdmissionLock:
                     continue
                 file.close()
                 remaining = deadline - time.monotonic()
+                if remaining <= 0 and not self.timeout:
+                    raise LockTimeout(f"{self.path} is held")  # one try: who holds it matters not
                 if remaining <= 0:
                     raise LockTimeout(self._held_too_long())
                 time.sleep(min(delay, remaining))
