@@ -209,7 +209,7 @@ def test_claims_on_a_busy_host_never_fail_for_the_lock_taken_in_turn(tmp_path: P
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(2 * (os.cpu_count() or 1))
     ]
-    claimers = []
+    claimers: list[subprocess.Popen[str]] = []
     try:
         claimers = [
             subprocess.Popen(
@@ -227,7 +227,10 @@ def test_claims_on_a_busy_host_never_fail_for_the_lock_taken_in_turn(tmp_path: P
             proc.stdin.flush()
         said = [proc.communicate(timeout=600)[0].strip() for proc in claimers]
     finally:
-        for proc in burners + claimers:
+        for burner in burners:
+            burner.kill()
+            burner.wait(timeout=30)
+        for proc in claimers:
             proc.kill()
             proc.wait(timeout=30)
     assert [s for s in said if not s.startswith("admitted")] == []
