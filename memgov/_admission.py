@@ -221,8 +221,7 @@ def _look(
             size = request.sizes[uuid]
             admitted = ahead == 0 and size <= snap.free and blocked is None
             refusal = Refusal(snap, ahead, size > snap.capacity, blocked)
-            counted = _counted(admitted, ticket, refusal, clock)
-            _stats.add(ledger, removed_first + snap.reclaimed, *counted)
+            _stats.add(ledger, removed_first + snap.reclaimed, _refused(admitted, ticket, refusal))
             _tell(ledger)
             if admitted:
                 return _write_claim(ledger, request, daemon, clock)
@@ -386,6 +385,7 @@ class _Queue:
         except BaseException:
             ledger.remove("claims", admitted.held)  # admitted, but claim() will raise
             raise
+        _count(ledger, "admitted", self.clock.seconds())
         return admitted
 
     def sleep(self, seconds: float, watch: _Watch) -> None:
@@ -399,14 +399,8 @@ class _Queue:
             self.last.get(lg.device.uuid) or Refusal(lg.scan(False, queue=False), 1, False, None)
             for lg in self.ledgers
         ]
-        waited = self.clock.seconds()
         for ledger in self.ledgers:
-            _untold.setdefault(ledger.path, (ledger, []))[1].append(waited)
-            # Counted now only if the lock is free at once: every waiter that timed out and
-            # then waited for the lock to count itself held up the head of the queue, which
-            # needs it to be admitted (a third of the admissions of 64 waiters on 2 cores).
-            with contextlib.suppress(Exception), ledger.locked(0):
-                _tell(ledger)
+            _count(ledger, "timeout", self.clock.seconds())
         return _refusal(refusals, self.request, never=False)
 
     def leave(self) -> None:
@@ -420,23 +414,35 @@ class _Queue:
                 self.waker.close()
 
 
-_untold: dict[Path, tuple[DeviceLedger, list[float]]] = {}
-"""Per device, this process's timeouts (seconds waited) not counted yet: the lock was busy.
+_untold: dict[Path, tuple[DeviceLedger, list[tuple[str, float]]]] = {}
+"""Per device, this process's ended waits (outcome, seconds) not counted yet: the lock was busy.
 Counted at this process's next look under that device's lock, or at its exit."""
 
 
+def _count(ledger: DeviceLedger, outcome: str, waited: float) -> None:
+    """Count a wait that ended (and a timeout as a refusal) once the ticket is gone, and now
+    only if the admission lock is free at once: a waiter that waited for the lock to count
+    itself held up the next head of the queue, which needs that lock to be admitted (each one
+    that timed out polled it for up to 0.5 s; the counts under the head's lock lengthened each
+    hand-over)."""
+    _untold.setdefault(ledger.path, (ledger, []))[1].append((outcome, waited))
+    with contextlib.suppress(Exception), ledger.locked(0):
+        _tell(ledger)
+
+
 def _tell(ledger: DeviceLedger) -> None:
-    """Count this process's untold timeouts on ``ledger`` (call it holding its lock)."""
-    for waited in _untold.pop(ledger.path, (ledger, []))[1]:
-        _stats.add(ledger, 0, "timeout", ("timeout", waited))
+    """Count this process's untold waits on ``ledger`` (call it holding its lock)."""
+    for outcome, waited in _untold.pop(ledger.path, (ledger, []))[1]:
+        _stats.add(ledger, 0, "timeout" if outcome == "timeout" else None, (outcome, waited))
 
 
 @atexit.register
 def _tell_at_exit() -> None:
     while _untold:
         _, (ledger, waits) = _untold.popitem()
-        for waited in waits:
-            _stats.add_locked(ledger, "timeout", ("timeout", waited))
+        for outcome, waited in waits:
+            refused = "timeout" if outcome == "timeout" else None
+            _stats.add_locked(ledger, refused, (outcome, waited))
 
 
 # A child's counts are its own: its parent's untold timeouts are the parent's to count.
@@ -452,20 +458,16 @@ def _wanted(watch: dict[Path, frozenset[str] | None], folder: Path, name: str) -
     return names is None or name in names
 
 
-def _counted(
-    admitted: bool, ticket: Held | None, refusal: Refusal, clock: AdmissionTiming
-) -> tuple[str | None, tuple[str, float] | None]:
-    """What one look under the lock counts (_stats): a queued claim's wait when it gets in; a
-    refusal when a claim that does not wait finds no room (a waiter's look is not a refusal)."""
-    if ticket is not None:
-        return None, ("admitted", clock.seconds()) if admitted else None
-    if admitted:
-        return None, None
+def _refused(admitted: bool, ticket: Held | None, refusal: Refusal) -> str | None:
+    """The refusal one look under the lock counts (_stats): a claim that does not wait finding
+    no room (a waiter's look is not a refusal; its wait is counted once it ends: _count)."""
+    if admitted or ticket is not None:
+        return None
     if refusal.never:
-        return "too_large", None
+        return "too_large"
     if refusal.ahead:
-        return "queued", None
-    return ("no_slot" if refusal.blocked else "no_room"), None
+        return "queued"
+    return "no_slot" if refusal.blocked else "no_room"
 
 
 def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None:
