@@ -14,16 +14,19 @@ sleep, until admitted or :meth:`_Queue.timed_out`; its tickets go however it end
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from memgov import _config, _deadnames, _devices, _enforce, _signals, _stats
 from memgov._errors import BudgetExceeded, LockTimeout
-from memgov._ledger import DeviceLedger, QueuePlace, Snapshot, record_payload
+from memgov._ledger import STOPPED_WAITER_S, DeviceLedger, QueuePlace, Snapshot, record_payload
 from memgov._parse import printable
 from memgov._records import Held
 from memgov._sizes import format_size
@@ -171,10 +174,13 @@ def _admit_waiting(
                 return got
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise queue.timed_out()
+                break
             queue.sleep(min(got.poll, remaining), got)
     finally:
         queue.leave()
+    # Counted once the tickets are gone: the count waits for the admission lock, and a ticket
+    # left in the queue meanwhile would hold up every waiter behind it.
+    raise queue.timed_out()
 
 
 def _fitting(ledgers: list[DeviceLedger], request: Request) -> list[DeviceLedger]:
@@ -195,24 +201,28 @@ def _look(
     ticket: Held | None,
     timeout: float | None,
     clock: AdmissionTiming,
+    waiting: Callable[[], None] | None = None,
 ) -> Admitted | Refusal:
-    """One admission under the device's lock (waited for at most ``timeout``): the claim
-    record written, or why not. ``ticket``: this request's place in the queue, if it waits."""
+    """One admission under the device's lock (waited for at most ``timeout``, ``waiting``
+    called while it is busy): the claim record written, or why not. ``ticket``: this request's
+    place in the queue, if it waits."""
     uuid = ledger.device.uuid
     reading = ledger.read()  # NVML before the lock: it can be slow (_ledger's doc)
     removed_first = ledger.first_look(reading)
     asked = time.monotonic()
-    with _stats.lock_timeouts(ledger, timeout), ledger.locked(timeout):
+    with _stats.lock_timeouts(ledger, timeout), ledger.locked(timeout, waiting):
         got = time.monotonic()
         try:
             snap = ledger.scan(reading=reading)
-            ahead = sum(1 for q in snap.queue if ticket is None or q.record < ticket.name)
+            ahead = ledger.waiting(
+                [q.record for q in snap.queue if ticket is None or q.record < ticket.name]
+            )
             daemon, blocked = _slot(snap, request)
             size = request.sizes[uuid]
             admitted = ahead == 0 and size <= snap.free and blocked is None
             refusal = Refusal(snap, ahead, size > snap.capacity, blocked)
-            counted = _counted(admitted, ticket, refusal, clock)
-            _stats.add(ledger, removed_first + snap.reclaimed, *counted)
+            _stats.add(ledger, removed_first + snap.reclaimed, _refused(admitted, ticket, refusal))
+            _tell(ledger)
             if admitted:
                 return _write_claim(ledger, request, daemon, clock)
         finally:
@@ -283,16 +293,45 @@ class _Queue:
         self.last: dict[str, Refusal] = {}
         """Per device, the last look under its lock: what a refusal at the deadline says."""
         self.waker: Waker | None = None
+        self.touched = 0.0
+        """When this waiter last touched its tickets (time.monotonic())."""
+        self.folders = {lg.path: (lg.path / "claims", lg.path / "queue") for lg in ledgers}
+        """Per device, its claims/ and queue/: made once (a Path is built and hashed anew at
+        each use), not at each of a waiter's looks."""
 
     def join(self) -> None:
         """A ticket on each device, and the watch on their folders that wakes this waiter."""
         for ledger in self.ledgers:
-            waiter = self.request.record("waiter", ledger)
-            self.tickets[ledger.device.uuid] = ledger.add("queue", waiter)
-        self.waker = Waker([lg.path / part for lg in self.ledgers for part in ("claims", "queue")])
-        self.places = {
-            lg.device.uuid: QueuePlace(lg, self.tickets[lg.device.uuid].name) for lg in self.ledgers
-        }
+            self._take_ticket(ledger)
+        self.waker = Waker([folder for lg in self.ledgers for folder in self.folders[lg.path]])
+        self.touched = time.monotonic()
+
+    def _take_ticket(self, ledger: DeviceLedger) -> None:
+        """A ticket at the end of ``ledger``'s queue; one this waiter held there goes."""
+        uuid = ledger.device.uuid
+        old = self.tickets.get(uuid)
+        self.tickets[uuid] = ledger.add("queue", self.request.record("waiter", ledger))
+        place = self.places.get(uuid)
+        self.places[uuid] = QueuePlace(ledger, self.tickets[uuid].name)
+        if place is not None:
+            place.close()
+        if old is not None:
+            ledger.remove("queue", old)
+
+    def _touch(self) -> None:
+        """Say this waiter runs: the others pass over a ticket untouched for STOPPED_WAITER_S
+        (stopped). One that was (this waiter did not run for that long) lost its place: it
+        queues again at the end, behind those that passed it."""
+        if time.monotonic() - self.touched > STOPPED_WAITER_S:
+            for ledger in self.ledgers:
+                self._take_ticket(ledger)
+        self._touched()
+
+    def _touched(self) -> None:
+        """Touch the tickets (also while the first waiter waits for the admission lock)."""
+        self.touched = time.monotonic()
+        for ticket in self.tickets.values():
+            os.utime(ticket.file.fileno())
 
     def look(self) -> Admitted | _Watch:
         """One round over the devices: admitted where this waiter is first and fits, else what
@@ -300,26 +339,28 @@ class _Queue:
         assert self.waker is not None  # joined
         poll = BEHIND_POLL_S
         watch: dict[Path, frozenset[str] | None] = {}
+        self._touch()
         # queue/ stays watched on every device; claims/ only where this waiter is first.
-        watched = {lg.path / "queue" for lg in self.ledgers}
+        watched = {self.folders[lg.path][1] for lg in self.ledgers}
         for ledger in self.ledgers:
+            claims, queue = self.folders[ledger.path]
             place = self.places[ledger.device.uuid]
             if not place.first():
                 # Someone is ahead: only the first waiter takes the admission lock; this one
                 # wakes when the ticket just ahead goes.
                 ahead = place.ahead
-                watch[ledger.path / "queue"] = None if ahead is None else frozenset([ahead])
+                watch[queue] = None if ahead is None else frozenset([ahead])
                 continue
             poll = HEAD_POLL_S
             # Watched from before the look: a release right after it still wakes this waiter.
-            watched.add(ledger.path / "claims")
+            watched.add(claims)
             self.waker.focus(watched)
             got = self._look_first(ledger)
             if isinstance(got, Admitted):
                 return self._leave_queue(got)
             self.last[ledger.device.uuid] = got
             # First in line: what can let it in is a claim its look counted going away.
-            watch[ledger.path / "claims"] = frozenset(c.record for c in got.snap.claims)
+            watch[claims] = frozenset(c.record for c in got.snap.claims)
         self.waker.focus(watched)
         return _Watch(poll, watch)
 
@@ -328,7 +369,7 @@ class _Queue:
         ticket = self.tickets[ledger.device.uuid]
         try:
             timeout = max(self.deadline - time.monotonic(), 0.05)
-            return _look(ledger, self.request, ticket, timeout, self.clock)
+            return _look(ledger, self.request, ticket, timeout, self.clock, self._touched)
         except LockTimeout as exc:
             if time.monotonic() < self.deadline:
                 raise  # held past the lock's own bound (LOCK_TIMEOUT_S): say so
@@ -344,6 +385,7 @@ class _Queue:
         except BaseException:
             ledger.remove("claims", admitted.held)  # admitted, but claim() will raise
             raise
+        _count(ledger, "admitted", self.clock.seconds())
         return admitted
 
     def sleep(self, seconds: float, watch: _Watch) -> None:
@@ -359,7 +401,7 @@ class _Queue:
             for lg in self.ledgers
         ]
         for ledger in self.ledgers:
-            _stats.add_locked(ledger, "timeout", ("timeout", self.clock.seconds()))
+            _count(ledger, "timeout", self.clock.seconds())
         return _refusal(refusals, self.request, never=False)
 
     def leave(self) -> None:
@@ -367,8 +409,45 @@ class _Queue:
         try:
             _drop_tickets(self.ledgers, self.tickets)
         finally:
+            for place in self.places.values():
+                place.close()
             if self.waker is not None:
                 self.waker.close()
+
+
+_untold: dict[Path, tuple[DeviceLedger, list[tuple[str, float]]]] = {}
+"""Per device, this process's ended waits (outcome, seconds) not counted yet: the lock was busy.
+Counted at this process's next look under that device's lock, or at its exit."""
+
+
+def _count(ledger: DeviceLedger, outcome: str, waited: float) -> None:
+    """Count a wait that ended (and a timeout as a refusal) once the ticket is gone, and now
+    only if the admission lock is free at once: a waiter that waited for the lock to count
+    itself held up the next head of the queue, which needs that lock to be admitted (each one
+    that timed out polled it for up to 0.5 s; the counts under the head's lock lengthened each
+    hand-over)."""
+    _untold.setdefault(ledger.path, (ledger, []))[1].append((outcome, waited))
+    with contextlib.suppress(Exception), ledger.locked(0):
+        _tell(ledger)
+
+
+def _tell(ledger: DeviceLedger) -> None:
+    """Count this process's untold waits on ``ledger`` (call it holding its lock)."""
+    for outcome, waited in _untold.pop(ledger.path, (ledger, []))[1]:
+        _stats.add(ledger, 0, "timeout" if outcome == "timeout" else None, (outcome, waited))
+
+
+@atexit.register
+def _tell_at_exit() -> None:
+    while _untold:
+        _, (ledger, waits) = _untold.popitem()
+        for outcome, waited in waits:
+            refused = "timeout" if outcome == "timeout" else None
+            _stats.add_locked(ledger, refused, (outcome, waited))
+
+
+# A child's counts are its own: its parent's untold timeouts are the parent's to count.
+os.register_at_fork(after_in_child=_untold.clear)
 
 
 def _wanted(watch: dict[Path, frozenset[str] | None], folder: Path, name: str) -> bool:
@@ -380,20 +459,16 @@ def _wanted(watch: dict[Path, frozenset[str] | None], folder: Path, name: str) -
     return names is None or name in names
 
 
-def _counted(
-    admitted: bool, ticket: Held | None, refusal: Refusal, clock: AdmissionTiming
-) -> tuple[str | None, tuple[str, float] | None]:
-    """What one look under the lock counts (_stats): a queued claim's wait when it gets in; a
-    refusal when a claim that does not wait finds no room (a waiter's look is not a refusal)."""
-    if ticket is not None:
-        return None, ("admitted", clock.seconds()) if admitted else None
-    if admitted:
-        return None, None
+def _refused(admitted: bool, ticket: Held | None, refusal: Refusal) -> str | None:
+    """The refusal one look under the lock counts (_stats): a claim that does not wait finding
+    no room (a waiter's look is not a refusal; its wait is counted once it ends: _count)."""
+    if admitted or ticket is not None:
+        return None
     if refusal.never:
-        return "too_large", None
+        return "too_large"
     if refusal.ahead:
-        return "queued", None
-    return ("no_slot" if refusal.blocked else "no_room"), None
+        return "queued"
+    return "no_slot" if refusal.blocked else "no_room"
 
 
 def _drop_tickets(ledgers: list[DeviceLedger], tickets: dict[str, Held]) -> None:

@@ -344,17 +344,28 @@ class AdmissionLock:
         timeout: float,
         may_create: bool = True,
         folder: os.stat_result | None = None,
+        per_holder: bool = False,
+        waiting: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
         self.folder = folder
         """The checked folder it lies in (_trust: who may own the lock file)."""
         self.timeout = timeout
         self.may_create = may_create
+        self.per_holder = per_holder
+        """The bound is one holder's: past it, a running holder that is not the one the last
+        bound found lets the tries go on (claims in turn on a busy host make progress)."""
+        self.waiting = waiting
+        """Called about once a second while the lock is busy (a waiter's sign that it runs)."""
         self._file: io.FileIO | None = None
 
     def __enter__(self) -> AdmissionLock:
-        deadline = time.monotonic() + self.timeout
+        beaten = time.monotonic()
+        deadline = beaten + self.timeout
         delay = 0.0002
+        before: dict[int, bytes] | None = None
+        """Who held the lock at the last bound, and how far each had run (per_holder)."""
+        rounds = 0
         while True:
             file = self._open()
             try:
@@ -365,9 +376,25 @@ class AdmissionLock:
                     file.close()  # locked a file that was unlinked: retry on the new one
                     continue
                 file.close()
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = deadline - now
+                if remaining <= 0 and not self.timeout:
+                    raise LockTimeout(f"{self.path} is held")  # one try: who holds it matters not
                 if remaining <= 0:
-                    raise LockTimeout(self._held_too_long())
+                    seen = {p: _ran(p) for p in _holders(self.path)}
+                    stopped = [p for p, ran in seen.items() if ran[:1] in (b"T", b"t")]
+                    same = before is not None and seen.keys() == before.keys()
+                    rounds = rounds + 1 if same else 0
+                    # One holder through a whole bound without running nor waiting (for a CPU or
+                    # the disk; or through ten) is stuck; one that ran, or a new one: the load.
+                    waits_for_cpu = any(ran[:1] in (b"R", b"D") for ran in seen.values())
+                    stuck = same and ((seen == before and not waits_for_cpu) or rounds >= 10)
+                    if stopped or not self.per_holder or stuck:
+                        raise LockTimeout(self._held_too_long(stopped, stuck))
+                    before, deadline, remaining = seen, now + self.timeout, self.timeout
+                if self.waiting is not None and now - beaten >= 1.0:
+                    self.waiting()
+                    beaten = now
                 with _signals.interruptible():  # Ctrl-C ends a wait (claim() defers it elsewhere)
                     time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.005)
@@ -419,12 +446,41 @@ class AdmissionLock:
             return file
         raise LedgerError(f"cannot lock {self.path}: it keeps disappearing")
 
-    def _held_too_long(self) -> str:
-        return (
-            f"the admission lock {self.path} was held for over {self.timeout:g} s"
-            f"{lock_holder_text(self.path)}; a stopped (SIGSTOP) or hostile process holds it, "
-            "and every claim on this device waits for it"
-        )
+    def _held_too_long(self, stopped: list[int], same: bool) -> str:
+        said = f"the admission lock {self.path} was held for over {self.timeout:g} s"
+        said += lock_holder_text(self.path)
+        if stopped:
+            return (
+                f"{said}; pid {', '.join(map(str, stopped))} is stopped (SIGSTOP), and every "
+                "claim on this device waits for it until it is resumed or killed"
+            )
+        if same:
+            return (
+                f"{said}, and by the same process {self.timeout:g} s before, which has not run "
+                "since (or held it ten times as long): a hung or hostile process holds it, "
+                "and every claim on this device waits for it"
+            )
+        return f"{said}, running: claims taking it in turn on a busy host, or one slow holder"
+
+
+def _holders(path: Path) -> set[int]:
+    """The PIDs this namespace sees holding the flock on ``path`` (empty: none or unknown)."""
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return set()
+    return {p for p in lock_holders(info.st_dev, info.st_ino) or [] if p > 0}
+
+
+def _ran(pid: int) -> bytes:
+    """``pid``'s state and CPU time so far (/proc/PID/stat: state, utime, stime), b"" where
+    unknown: T or t, stopped (SIGSTOP or a tracer), will not let go of a lock."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read(4096).rsplit(b")", 1)[-1].split()
+    except OSError:
+        return b""
+    return b" ".join(fields[:1] + fields[11:13])
 
 
 def lock_holder_text(path: Path) -> str:

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import socket
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,8 +217,12 @@ class DeviceLedger:
         removed once the lock is released (:meth:`locked`)."""
 
     # -- locking -------------------------------------------------------------------------------
-    def locked(self, timeout: float | None = None) -> _Locked:
-        """The device's admission lock, waited for at most ``timeout`` (LOCK_TIMEOUT_S).
+    def locked(
+        self, timeout: float | None = None, waiting: Callable[[], None] | None = None
+    ) -> _Locked:
+        """The device's admission lock, waited for at most ``timeout``; None: LOCK_TIMEOUT_S of
+        one holder (claims taking it in turn on a busy host fail no claim that does not wait).
+        ``waiting``: called about once a second while it is busy.
 
         A cleaning scan under it judges every file but removes none: the dead files it found
         are removed once the lock is released. Removing a file no one holds needs no lock (a
@@ -229,7 +235,14 @@ class DeviceLedger:
             folder = os.fstat(fd)
         mine = folder.st_uid == os.geteuid() or os.geteuid() == 0
         limit = _config.LOCK_TIMEOUT_S if timeout is None else timeout
-        lock = AdmissionLock(self.path / "admission.lock", limit, may_create=mine, folder=folder)
+        lock = AdmissionLock(
+            self.path / "admission.lock",
+            limit,
+            may_create=mine,
+            folder=folder,
+            per_holder=timeout is None,
+            waiting=waiting,
+        )
         return _Locked(self, lock)
 
     def _bury(self, burials: list[_Burial]) -> None:
@@ -360,6 +373,15 @@ class DeviceLedger:
         with _records.open_dir(self.root, self.parts, create=False) as fd:
             old = _compact.remove_old(fd)
         return [f"{self.path / name} (left by an earlier rebuild)" for name in old]
+
+    def waiting(self, names: list[str]) -> int:
+        """How many of the queue tickets ``names`` hold a place: the others' waiters have not
+        looked for STOPPED_WAITER_S and are passed over."""
+        if not names:
+            return 0
+        stopped = time.time() - STOPPED_WAITER_S
+        with _records.open_dir(self.root, (*self.parts, "queue"), create=False) as fd:
+            return sum(1 for name in names if not _passed_over(fd, name, stopped))
 
     def snapshot(self) -> Snapshot:
         """A consistent view under the admission lock; a flood is judged before it
@@ -551,6 +573,22 @@ def _uid(uid: int | None) -> str:
     return "?" if uid is None else str(uid)
 
 
+STOPPED_WAITER_S = 5.0
+"""A queue ticket its waiter has not touched for this long is passed over: a waiter touches its
+ticket at every look (at least every 50 ms, _admission), so one that has not for 5 s does not
+run: stopped (SIGSTOP), or the host has not given it a moment in all that time. Once it runs
+again it sees the time it lost and joins the queue again at its end (_admission)."""
+
+
+def _passed_over(folder_fd: int, name: str, before: float) -> bool:
+    """Whether the ticket ``name`` was last touched before ``before`` (time.time()). Its owner
+    alone (or root) sets a file's times: no other user can make a waiter look stopped."""
+    try:
+        return os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mtime < before
+    except OSError:
+        return False  # gone: its removal is what the waiters behind it wake for
+
+
 class QueuePlace:
     """Whether a queue ticket is first among the live tickets, checked without the admission lock.
 
@@ -566,15 +604,26 @@ class QueuePlace:
         self.mine = mine
         self.ahead: str | None = None
         self.polls = 0
+        self._folder: select.epoll | None = None
+        """queue/ as the last re-read opened it (checked from /, _trust): the quick looks probe
+        the ticket ahead in it. A walk from / at every poll of 64 waiters took more CPU than the
+        admissions they waited for on 2 cores. gc's rebuild of the folder moves the ticket out
+        of this one, which the next probe finds gone and re-reads."""
 
     def first(self) -> bool:
         self.polls += 1
+        stopped = time.time() - STOPPED_WAITER_S
+        ahead, folder = self.ahead, self._folder
+        if ahead is not None and folder is not None and self.polls % self.RELIST_EVERY:
+            fd = folder.fileno()
+            if _records.is_locked(fd, ahead) and not _passed_over(fd, ahead, stopped):
+                return False
+        self.ahead = None
         parts = (*self.ledger.parts, "queue")
         with _records.open_dir(self.ledger.root, parts, create=False) as fd:
-            quick = self.ahead is not None and self.polls % self.RELIST_EVERY
-            if quick and _records.is_locked(fd, str(self.ahead)):
-                return False
-            self.ahead = None
+            self.close()
+            # Duplicated and adopted in one C call: an interrupt in between leaks nothing.
+            self._folder = next(map(select.epoll.fromfd, map(os.dup, (fd,))))
             try:
                 names = os.listdir(fd)
             except OSError as exc:
@@ -584,7 +633,13 @@ class QueuePlace:
                 seen = _records._read(fd, name)
                 data = seen.data if seen is not None and seen.alive else None
                 uuid = self.ledger.device.uuid
-                if data is not None and data["device"] == uuid and data["kind"] == "waiter":
+                waiter = data is not None and data["device"] == uuid and data["kind"] == "waiter"
+                if waiter and not _passed_over(fd, name, stopped):
                     self.ahead = name
                     return False
         return True
+
+    def close(self) -> None:
+        folder, self._folder = self._folder, None
+        if folder is not None:
+            folder.close()

@@ -53,7 +53,8 @@ def worker(seconds: float, wait: float, seed: int) -> None:
     import memgov
 
     rng = random.Random(seed)
-    memgov.claim("1GiB").release()  # warm-up: imports, ledger folders
+    # Warm-up (imports, ledger folders), queued: 64 starting at once can fill the device.
+    memgov.claim("1GiB", wait=600).release()
     print("ready", flush=True)
     sys.stdin.readline()  # barrier
     end = time.monotonic() + seconds

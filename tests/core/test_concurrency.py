@@ -3,7 +3,12 @@ no deadlock. A monitor thread samples the ledger under the admission lock the wh
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +138,99 @@ def test_no_deadlock_and_no_over_commit_under_churn(
     for uuid in ("sim0", "sim1"):
         snap = ledger(uuid).snapshot()
         assert snap.claims == [] and snap.queue == []
+
+
+def test_a_stopped_waiter_is_passed_over_and_queues_again_once_resumed(
+    children: list[Child], monitor: Monitor
+) -> None:
+    book = ledger()
+    holder = Child(["60GiB", "--name", "holder"])
+    children.append(holder)
+    holder.expect("admitted")
+    ahead = Child(["32GiB", "--wait", "120", "--name", "ahead"])
+    children.append(ahead)
+    wait_until(lambda: len(book.snapshot().queue) == 1)
+    stopped = Child(["32GiB", "--wait", "120", "--name", "stopped"])
+    children.append(stopped)
+    wait_until(lambda: len(book.snapshot().queue) == 2)
+    first_ticket = book.snapshot().queue[1].record
+    # Stopped while behind another waiter, so not while it holds the admission lock (a stopped
+    # holder of that lock is another bound: LOCK_TIMEOUT_S); then the one ahead goes.
+    os.kill(stopped.proc.pid, signal.SIGSTOP)
+    try:
+        ahead.kill()
+        holder.release()
+        holder.expect("released")
+        # The device is empty but for the stopped waiter's ticket at the head of its queue:
+        # once it has gone untouched for STOPPED_WAITER_S, the claims behind it get in.
+        late = Child(["40GiB", "--wait", "40", "--hold", "stdin", "--name", "late"])
+        children.append(late)
+        late.expect("admitted", timeout=60)
+        with memgov.claim("1GiB"):  # a claim that does not wait counts no stopped waiter ahead
+            pass
+    finally:
+        os.kill(stopped.proc.pid, signal.SIGCONT)
+    # Resumed, it lost its place: it queues again (a new ticket) behind what passed it.
+    wait_until(
+        lambda: (
+            [q.record for q in book.snapshot().queue if q.name == "stopped"]
+            not in ([], [first_ticket])
+        )
+    )
+    assert stopped.events.empty()
+    late.release()
+    stopped.expect("admitted", timeout=60)
+    stopped.release()
+    stopped.expect("released")
+
+
+_LOCK_BOUND_CLAIMER = """
+import sys
+import memgov
+from memgov import _config
+_config.LOCK_TIMEOUT_S = float(sys.argv[1])  # the bound of one holder, short for the test
+sys.stdin.readline()
+try:
+    memgov.claim("1GiB").release()
+    print("admitted", flush=True)
+except memgov.BudgetExceeded as exc:
+    print("refused", exc, flush=True)
+except memgov.LockTimeout as exc:
+    print("lock-timeout", exc, flush=True)
+"""
+
+
+def test_claims_on_a_busy_host_never_fail_for_the_lock_taken_in_turn(tmp_path: Path) -> None:
+    # A loaded host: twice as many CPU burners as cores, then 60 claims at once that do not
+    # wait, each taking the admission lock in turn. With a bound of 0.2 s for the lock, the
+    # last ones wait longer than that for it, held by one running claimer after another: none
+    # of those is stuck, so none may fail with LockTimeout (nor blame a stopped process).
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(2 * (os.cpu_count() or 1))
+    ]
+    claimers: list[subprocess.Popen[str]] = []
+    try:
+        claimers = [
+            subprocess.Popen(
+                [sys.executable, "-c", _LOCK_BOUND_CLAIMER, "0.2"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,  # memgov from the environment, not a memgov/ in the current folder
+            )
+            for _ in range(60)
+        ]
+        for proc in claimers:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        said = [proc.communicate(timeout=600)[0].strip() for proc in claimers]
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait(timeout=30)
+        for proc in claimers:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert [s for s in said if not s.startswith("admitted")] == []
