@@ -22,7 +22,9 @@ __all__ = [
 ]
 
 LOCK_TIMEOUT_S = 30.0
-"""Longest wait for a device's admission lock; only a stopped (SIGSTOP) process holds it so long."""
+"""A claim's bound on one holder of a device's admission lock: a holder that is stopped, or that
+neither ran nor waited for a CPU through a whole bound, fails the claim; claims taking the lock in
+turn on a busy host do not (memgov/_flock.py, AdmissionLock; docs/ledger.md, "Bounds")."""
 
 
 def ledger_dir() -> Path:

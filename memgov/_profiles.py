@@ -129,8 +129,8 @@ def _open_private(stack: _trust.Stack, parent: int, name: str, path: Path, creat
     if info.st_uid != os.geteuid():
         raise ProfileError(
             f"profile folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
-            "another user made it, so its profiles are ignored; ask root to remove it "
-            f"(`sudo rm -r {path}`)"
+            "another user made it, so its profiles are ignored; root's `memgov gc` removes it "
+            f"(or `sudo rm -r {path}`)"
         )
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
         os.fchmod(_trust.top(stack), PRIVATE_MODE)  # the umask or an old memgov: make it private
