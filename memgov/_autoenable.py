@@ -26,6 +26,10 @@ import threading
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+# At module level, not in the import hook: compiling it there, at the framework import's start,
+# made the collections the pause is there to avoid.
+from memgov import _collector
+
 if TYPE_CHECKING:
     from memgov._devices import Device
 
@@ -174,8 +178,6 @@ def _threads_first(module: ModuleType) -> None:
     with _lock:
         if _state["fired"]:
             return
-    from memgov import _collector
-
     name = module.__name__
     # Paused while memgov decides (its own new objects would otherwise bring a full collection),
     # then kept paused through the import if it is to be frozen at its end.
@@ -206,14 +208,10 @@ def _decide_threads() -> bool:
 
 def _import_failed(module: ModuleType) -> None:
     """A framework's import raised: nothing of it to freeze; the collector as it was."""
-    from memgov import _collector
-
     _collector.resume(module.__name__)
 
 
 def _on_import(module: ModuleType) -> None:
-    from memgov import _collector
-
     governed = False
     try:
         governed = _govern_once(module)
@@ -229,8 +227,6 @@ def _on_import(module: ModuleType) -> None:
 def _govern_once(module: ModuleType) -> bool:
     """Govern at the first framework import's end; whether this call did (False: fired
     before). Raises only under MEMGOV_STRICT=1."""
-    from memgov import _collector
-
     with _lock:
         if _state["fired"]:
             return False

@@ -14,6 +14,7 @@ GARBAGE = [
     ("MEMGOV_DEVICE", "7", "MEMGOV_DEVICE='7': device='7': this process sees 1 GPU(s)"),
     ("MEMGOV_QUIET", "maybe", "MEMGOV_QUIET='maybe': accepted 1/true/yes/on"),
     ("MEMGOV_GC_FREEZE", "sometimes", "MEMGOV_GC_FREEZE='sometimes': accepted 1/true/yes/on"),
+    ("MEMGOV_VIEWS", "maybe", "MEMGOV_VIEWS='maybe': accepted 1/true/yes/on"),
     ("MEMGOV_DEVICES", "sim0", "MEMGOV_DEVICES item 'sim0' is not valid; MEMGOV_DEVICES: accepted"),
     ("MEMGOV_RESERVE", "plenty", "MEMGOV_RESERVE: cannot read 'plenty' as a size; accepted"),
     (
