@@ -446,6 +446,9 @@ def _forget_in_child() -> None:
 
 
 def _release_at_exit() -> None:
+    # The run ends as "exit" before the claim's release would end it as "released": stated
+    # here, not left to the order of atexit's registrations.
+    _runs.finish("exit")
     claim_now = _current
     if claim_now is not None:
         claim_now.release()
