@@ -505,6 +505,4 @@ def _forget_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
-atexit.register(
-    finish, "exit"
-)  # a run without a claim's exit hook too (memgov/_claim.py ends it first)
+atexit.register(finish, "exit")
