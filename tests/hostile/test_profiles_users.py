@@ -82,4 +82,6 @@ out({{"listed": listed, "jobs": [p.job for p in found], "problems": problems}})
     # b's job of the same name is b's own: a first run, a's peaks unseen.
     assert b.run(CLAIM_AUTO)["sized"] == "first-run"
     names = sorted(os.listdir(folder))
-    assert "live" in names and len(names) == 3  # .lock, live/, victim's profile: nothing of b's
+    # .lock, live/, the victim's profile and its first-run lock (<job>.first): nothing of b's
+    assert "live" in names and len(names) == 4, names
+    assert all(folder.joinpath(n).stat().st_uid == a.uid for n in names)

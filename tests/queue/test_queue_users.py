@@ -210,7 +210,8 @@ def test_another_users_record_naming_a_queue_jobs_pid_is_not_the_queues(
             time.sleep(0.05)
             wait_for_child = [d for d in _live(shared, a) if isinstance(d.get("child"), int)]
         child = wait_for_child[0]["child"]
-        # b plants a held record of 30 GiB naming a's job's pid: 64 - 20 - 30 leaves 14 GiB.
+        # b plants a held record of 30 GiB naming a's job's pid, with its start tick (what
+        # anyone reads in /proc) so that it is live: 64 - 20 - 30 leaves 14 GiB.
         planter = as_user_proc(
             b,
             "import sys\n"
@@ -219,6 +220,8 @@ def test_another_users_record_naming_a_queue_jobs_pid_is_not_the_queues(
             "d = candidates('auto')[0]\n"
             "p = record_payload('claim', d, 30 * 2**30, 'planted', 'soft')\n"
             f"p['pid'] = {child}\n"
+            f"stat = open('/proc/{child}/stat').read().rsplit(')', 1)[-1].split()\n"
+            "p['start'] = int(stat[19])\n"
             "held = DeviceLedger(d).add('claims', p)\n"
             "print('planted', flush=True)\n"
             "sys.stdin.read()\n",
