@@ -8,7 +8,7 @@ set -u
 user=$1; out=$2
 repo=${3:-$(cd "$(dirname "$0")/.." && pwd)}
 rev=$(git -C "$repo" rev-parse main)
-state() { echo "users: $(getent passwd | wc -l) dpkg: $(dpkg -l | grep -c '^ii') dockerd: $(pgrep -c dockerd) /tmp entries: $(ls -A /tmp | wc -l)"; }
+state() { echo "users: $(getent passwd | wc -l) dpkg: $(dpkg -l | grep -c '^ii') dockerd: $(pgrep -c dockerd) /tmp entries: $(ls -A /tmp | wc -l) /dev/shm entries: $(ls -A /dev/shm | wc -l)"; }
 {
 echo "# fresh clone of main as $user, $(date -u +%FT%TZ), $(nproc) cores, $(uname -r)"
 echo "# source: main of $repo at $rev, cloned from a bundle to /home/$user/memgov"
