@@ -189,6 +189,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
+    args.examples = args.examples.resolve()  # each job runs in a folder of its own
     wanted = [SCRIPTS[k] for k in args.kinds.split(",")]
     missing = [s for s in wanted if not (args.examples / s).is_file()]
     if missing:

@@ -40,6 +40,7 @@ t0 = time.time()
 try:
     import torch
     x = torch.randn(256, 1024, device="cuda")
+    res["pipe"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")  # set by memgov as CUDA starts
     w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
     opt = torch.optim.SGD([w], lr=1e-6)
     for i in range(40):
@@ -119,7 +120,8 @@ def condition(name: str, n: int, fault: str, run_s: float, work: Path) -> dict[s
     ledger = work / f"ledger-{name}"
     shutil.rmtree(ledger, ignore_errors=True)
     ledger.mkdir(parents=True)
-    env = dict(os.environ, MEMGOV_DIR=str(ledger), MEMGOV_CLAIM="768MiB", OMP_NUM_THREADS="1")
+    # 2 GiB each: a context and cuBLAS's workspace alone take about 0.6 GiB on an H100 (768 MiB failed)
+    env = dict(os.environ, MEMGOV_DIR=str(ledger), MEMGOV_CLAIM="2GiB", OMP_NUM_THREADS="1")
     env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
     result: dict[str, Any] = {"condition": name, "fault": fault, "n": n}
     if name in ("same", "other"):
@@ -163,7 +165,7 @@ def condition(name: str, n: int, fault: str, run_s: float, work: Path) -> dict[s
     fault_at = time.time()
     recovery: dict[str, Any] = {}
     prober = threading.Thread(
-        target=probe_loop, args=(dict(env, MEMGOV_CLAIM="256MiB"), fault_at, recovery)
+        target=probe_loop, args=(dict(env, MEMGOV_CLAIM="1GiB"), fault_at, recovery)
     )
     prober.start()
     jobs = []

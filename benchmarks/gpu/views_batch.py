@@ -1,7 +1,7 @@
 """A user's script that sizes its batch from free device memory, the way many do: it never
 imports memgov (a governed run gets memgov through auto-enable, MEMGOV_CLAIM).
 
-    python views_batch.py [--steps 10] [--fill 0.9] [--dry]
+    python views_batch.py [--steps 10] [--fill 0.7] [--dry]
 
 It measures one sample's memory from two small probe steps, takes ``fill`` of
 ``torch.cuda.mem_get_info()``'s free figure for its batch, trains ``steps`` steps and prints one
@@ -26,7 +26,7 @@ def step(model: torch.nn.Module, batch: int, device: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--fill", type=float, default=0.9)
+    parser.add_argument("--fill", type=float, default=0.7)
     parser.add_argument("--dry", action="store_true")
     args = parser.parse_args()
     device = "cpu" if args.dry else "cuda"
@@ -34,14 +34,16 @@ def main() -> None:
     model = torch.nn.Sequential(*layers).to(device)
     free, total = (2**30, 2**31) if args.dry else torch.cuda.mem_get_info()
     peaks = []
-    for batch in (64, 128):  # one sample's memory: the peak's growth per sample
+    probes = (512, 4096)  # large enough that the activations, not the allocator's rounding, grow
+    for batch in probes:  # one sample's memory: the peak's growth per sample
         if not args.dry:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
         step(model, batch, device)
         peaks.append(0 if args.dry else torch.cuda.max_memory_allocated() - base)
-    per_sample = max(1, (peaks[1] - peaks[0]) // 64) if not args.dry else 2**27
+    grown = (peaks[1] - peaks[0]) // (probes[1] - probes[0])
+    per_sample = max(1, grown) if not args.dry else 2**27
     # The probe steps' cache is free memory for this process: count it as torch's own does.
     reserved_free = 0 if args.dry else torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     batch = max(1, int(args.fill * (free + reserved_free) / per_sample))

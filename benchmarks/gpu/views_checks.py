@@ -120,7 +120,7 @@ def run_json(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, A
 def start_neighbours(n: int, env: dict[str, str], dry: bool) -> list[subprocess.Popen[str]]:
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", NEIGHBOUR, "2GiB", "dry" if dry else "gpu", str(int(1.5 * G))],
+            [sys.executable, "-c", NEIGHBOUR, "2GiB", "dry" if dry else "gpu", str(int(1.0 * G))],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
