@@ -46,7 +46,7 @@ LAYERS = (
     Layer(
         "pack",
         ("memgov/pack/*.py",),
-        may_import=frozenset({"core", "pack", "queue", "ray"}),
+        may_import=frozenset({"core", "decide", "pack", "queue", "ray"}),
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
     ),
     # The Ray integration (memgov.ray, one module or a folder).
@@ -64,22 +64,29 @@ LAYERS = (
         may_import=frozenset({"core", "exporter"}),
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
     ),
-    # Placement (memgov.placement): the queue's policies and the cluster simulator. Its numpy
-    # arrays are its interface, so numpy (the `placement` extra) is imported at module level; the
-    # cli imports this package inside its commands only.
+    # The trace simulator (memgov.placement): a front end of the decision core that replays a
+    # cluster trace; the cli imports it inside its commands only.
     Layer(
         "placement",
         ("memgov/placement/*.py",),
-        may_import=frozenset({"core", "placement"}),
+        may_import=frozenset({"core", "decide", "placement"}),
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + ("matplotlib",),
     ),
-    # The job queue (memgov.queue): store, runner, shepherd, policies, report. Over the core; the
-    # placement library (numpy) and Ray only inside functions (bestfit, --ray).
+    # The job queue (memgov.queue): store, runner, shepherd, engine, report. Over the core and the
+    # decision core; Ray only inside functions (--ray).
     Layer(
         "queue",
         ("memgov/queue/*.py",),
-        may_import=frozenset({"core", "queue", "placement", "ray"}),
+        may_import=frozenset({"core", "decide", "queue", "ray"}),
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
+    ),
+    # The decision core (memgov.decide): one policy interface and registry for the queue, pack,
+    # Ray and the simulator. Its numpy arrays are its interface (numpy at module level).
+    Layer(
+        "decide",
+        ("memgov/decide/*.py",),
+        may_import=frozenset({"core", "decide"}),
+        not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + ("matplotlib",),
     ),
     # The library: the public facade (memgov/__init__.py, memgov/adapter.py) and the private
     # modules behind it. Imported in every interpreter that auto-enable governs.
@@ -117,7 +124,7 @@ def memgov_layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in ("cli", "__main__"):
         return "cli"
-    if len(parts) > 1 and parts[1] in ("pack", "ray", "exporter", "placement", "queue"):
+    if len(parts) > 1 and parts[1] in ("pack", "ray", "exporter", "placement", "queue", "decide"):
         return parts[1]
     return "core"
 
@@ -187,8 +194,8 @@ def test_the_checker_sees_what_it_must() -> None:
     assert memgov_layer("memgov.pack.plan") == "pack" and memgov_layer("memgov.cli.mps") == "cli"
     assert memgov_layer("memgov.cli") == "cli" and memgov_layer("memgov._claim") == "core"
     assert getattr(layer_of("memgov/cli/render.py"), "name", None) == "cli"
-    assert getattr(layer_of("memgov/placement/model.py"), "name", None) == "placement"
-    assert memgov_layer("memgov.placement.policies") == "placement"
+    assert getattr(layer_of("memgov/decide/model.py"), "name", None) == "decide"
+    assert memgov_layer("memgov.decide.policies") == "decide"
     # A command module back among the library's files would be core, and fail its rules.
     assert getattr(layer_of("memgov/_cli_pack.py"), "name", None) == "core"
 

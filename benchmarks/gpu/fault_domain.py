@@ -120,7 +120,8 @@ def condition(name: str, n: int, fault: str, run_s: float, work: Path) -> dict[s
     ledger = work / f"ledger-{name}"
     shutil.rmtree(ledger, ignore_errors=True)
     ledger.mkdir(parents=True)
-    # 2 GiB each: a context and cuBLAS's workspace alone take about 0.6 GiB on an H100 (768 MiB failed)
+    # 2 GiB each: a context and cuBLAS's workspace alone take about 0.6 GiB on an H100 (768 MiB
+    # failed: cublasCreate under the cap)
     env = dict(os.environ, MEMGOV_DIR=str(ledger), MEMGOV_CLAIM="2GiB", OMP_NUM_THREADS="1")
     env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
     result: dict[str, Any] = {"condition": name, "fault": fault, "n": n}

@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu/queue_checks.sh MIX [POLICY ...]     (verify.sh: queue_light, queue_random,
 #                                                             queue_policies)
 # MIX: light or random (benchmarks/queue/make_mixes.py writes it, seeded); POLICY: any of
-# sjf-exclusive memgov fifo tetris bestfit fifo-exclusive (default: sjf-exclusive memgov).
+# the decision core's policies (memgov/decide/policies.py; default: sjf-exclusive memgov).
 # sjf-exclusive runs first: one job at a time, shortest first, the baseline, and its report is the
 # solo reference (--solo) of every other policy. memgov runs next, then the rest in the order
 # given while time allows; a policy that cannot finish in what is left is skipped, saying so.
@@ -38,7 +38,7 @@ shift || true
 case $MIX in light|random) ;; *)
   echo "queue_checks.sh: MIX '$MIX': accepted light or random, then policies" >&2; exit 2 ;;
 esac
-KNOWN="sjf-exclusive memgov fifo tetris bestfit fifo-exclusive"
+KNOWN="sjf-exclusive memgov fifo tetris bestfit fifo-exclusive gpupacking fgd random"
 asked=("$@"); [ ${#asked[@]} -eq 0 ] && asked=(sjf-exclusive memgov)
 for p in "${asked[@]}"; do
   case " $KNOWN " in *" $p "*) ;; *)

@@ -49,23 +49,32 @@ def main() -> int:
     except ImportError:
         print("queue_ray: Ray is not installed here (pip install 'ray[default]'): nothing run")
         return 2
-    from memgov.queue import policies
+    import numpy as np
+
+    from memgov.decide.policies import Fifo
+    from memgov.queue import engine
     from memgov.queue.onray import run_on_ray
     from memgov.ray import node_resources
 
-    class Spread(policies.Fifo):
+    class Spread(Fifo):
+        """fifo, on the GPU with the fewest jobs: every GPU of the node gets some."""
+
         name = "spread"
 
         def __init__(self) -> None:
             self.chosen: dict[int, int] = {}
 
-        def decide(self, view: policies.View) -> list[tuple[int, int]]:
-            placed = super().decide(view)
-            self.chosen.update(placed)
-            return placed
+        def rank(self, job: Any, gpus: Any, book: Any) -> Any:
+            return -np.array([len(book.kinds_on(g)) for g in gpus], dtype=float)
 
-        def pick(self, job: Any, gpus: list[Any], book: Any) -> Any:
-            return min(gpus, key=lambda g: (len(book.kinds_on(g)), -g.index))
+    placing = engine.place
+
+    def recorded(policy: Any, view: Any) -> list[tuple[int, int]]:
+        placed = placing(policy, view)
+        policy.chosen.update(placed)
+        return placed
+
+    engine.place = recorded  # where the decision core put each job, to check where it ran
 
     declared = node_resources()
     ray.init(

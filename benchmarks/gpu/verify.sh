@@ -65,9 +65,11 @@
 #                               baseline, one job at a time) then memgov's default, its goals
 #                               checked (benchmarks/gpu/queue_checks.sh; light: small jobs,
 #                               random: small and 10-26 GiB ones; needs .public/examples)
-#   queue_policies              fifo, tetris, bestfit, fifo-exclusive on QUEUE_POLICIES_MIX
-#                               (light); sjf-exclusive first unless QUEUE_SOLO and QUEUE_PROFILES
-#                               name an earlier call's report and state (queue_checks.sh says how)
+#   queue_policies              memgov, fifo, tetris, bestfit, fifo-exclusive (or QUEUE_POLICIES)
+#                               on QUEUE_POLICIES_MIX (light); sjf-exclusive first unless
+#                               QUEUE_SOLO names an earlier call's report (then every policy cold,
+#                               or warm from QUEUE_PROFILES: queue_checks.sh says how); the goals:
+#                               memgov within 3 % of the best of fifo, tetris, bestfit
 #   exporter                    `memgov exporter` scraped 100 times beside pack --n 140, in pack's
 #                               session and in its own (benchmarks/gpu/exporter_scrape.sh;
 #                               docs/metrics.md; carry .whl with prometheus_client's wheel)
@@ -332,7 +334,7 @@ python3 -m memgov devices' ;;
     queue_light|queue_random|queue_policies)  # what is left of TOTAL_S, in one device call
       left=$((TOTAL_S - SECONDS)); mix=${check#queue_}; policies=(sjf-exclusive memgov)
       [ "$check" = queue_policies ] && mix=${QUEUE_POLICIES_MIX:-light} \
-        && policies=(fifo tetris bestfit fifo-exclusive)
+        && policies=(${QUEUE_POLICIES:-memgov fifo tetris bestfit fifo-exclusive})
       run "$check" $((left + 20)) env OUT="$OUT" QUEUE_BUDGET_S="${QUEUE_BUDGET_S:-$left}" \
         bash benchmarks/gpu/queue_checks.sh "$mix" "${policies[@]}" ;;
     exporter) run exporter 560 bash benchmarks/gpu/exporter_scrape.sh ;;

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from memgov.placement import Demand, get_policy, load_nodes, load_trace, simulate
 from memgov.placement.fragmentation import TypicalJobs, fragment_after
 from memgov.placement.model import MILLI, ClusterState
 from memgov.placement.policies import FGDPolicy, MemgovPolicy, Policy, Scores
+
+from memgov.placement import Demand, get_policy, load_nodes, load_trace, simulate
 from memgov.placement.simulate import replay
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "placement" / "data"

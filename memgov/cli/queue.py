@@ -32,7 +32,10 @@ queue_app = typer.Typer(
 )
 
 CURVE_POINTS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)
-QUEUE_POLICIES = "memgov (default), fifo-exclusive, sjf-exclusive, fifo, bestfit, tetris"
+QUEUE_POLICIES = (
+    "memgov (default), fifo, fifo-exclusive, sjf-exclusive, bestfit, tetris, gpupacking, fgd, "
+    "random"
+)
 PolicyOption = Annotated[str | None, typer.Option("--policy", help=f"One of {QUEUE_POLICIES}.")]
 GraceOption = Annotated[
     float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL when stopping jobs.")
@@ -326,9 +329,7 @@ def simulate(
     ctx: typer.Context,
     trace: Annotated[Path, typer.Option(help="Jobs CSV (Alibaba cluster-trace-gpu-v2023 layout).")],
     nodes: Annotated[Path, typer.Option(help="Nodes CSV (sn,cpu_milli,memory_mib,gpu,model).")],
-    policy: Annotated[
-        str, typer.Option(help="random, dotprod (tetris), gpupacking, bestfit, fgd, memgov.")
-    ] = "memgov",
+    policy: Annotated[str, typer.Option(help=f"One of {QUEUE_POLICIES}.")] = "memgov",
     seed: Annotated[
         int, typer.Option(min=0, help="Seed of the arrival order and inflation (>= 0).")
     ] = 42,
@@ -337,7 +338,8 @@ def simulate(
     """Replay a trace on a simulated cluster; print the allocation curve and final GPU share."""
     as_json = _json(ctx, as_json)
     try:
-        from memgov.placement import get_policy, load_nodes, load_trace
+        from memgov.decide import get as get_policy
+        from memgov.placement import load_nodes, load_trace
         from memgov.placement import simulate as run_simulation
     except ImportError as exc:
         raise fail(

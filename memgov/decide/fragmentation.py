@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memgov.placement.model import MILLI, ClusterState, Demand
+from memgov.decide.model import MILLI, ClusterState, Demand
 
 POPULARITY = 0.95
 """Typical jobs are the most common demands until they cover 95 % of the jobs (the simulator's

@@ -126,6 +126,12 @@ class ClusterState:
         self.total_gpus = int(self.gpu_count.sum())
         self.used_gpu_milli = 0
 
+    def largest(self) -> tuple[int, int]:
+        """The largest node's CPU milli and GPU milli (by which tetris and bestfit normalise, as
+        the FGD simulator does with the trace's: 128 CPUs, 8 GPUs)."""
+        cpu = int(self.cpu_capacity.max(initial=0)) or 1
+        return cpu, int(self.gpu_count.max(initial=0) * MILLI) or MILLI
+
     def model_allows(self, demand: Demand) -> np.ndarray:
         """Nodes whose GPU model the job accepts (every node when it names none)."""
         if not demand.gpu_spec or demand.num_gpu == 0:

@@ -1,60 +1,98 @@
-"""Placement policies, looked up by name: where one job goes on a cluster.
+"""Every policy of memgov, one interface, one registry: the same names and the same code for the
+queue (`memgov queue run`/`serve`), `memgov pack`, the Ray driver and the trace simulator
+(`memgov queue simulate`).
 
-A policy scores the nodes where a job fits (higher is better) and, for a job that shares a GPU,
-names the GPU it would use on each; `choose` takes the best score, breaking ties as the FGD
-simulator's scheduler does (a fixed order of nodes). The simulator (`memgov queue simulate`) and
-the queue use the same objects, found by the same names (`get_policy`).
+A policy orders the ready jobs (``order``) and scores the nodes where a job fits (``score``,
+higher is better; on each node, the GPU a sharing job would use): memgov/decide/core.py takes the
+best score, ties to the first node in the cluster's order (a host's GPUs by index; a trace's
+nodes in the order the seed drew, as the FGD simulator breaks them). On a host each GPU is a node
+of one GPU; a job's share of it is its claim over the largest GPU's capacity, in milli-GPUs.
+A policy may also hold a job back from a busy GPU (``admits``) and rank GPUs by what it learned
+(``rank``), where the front end has learned figures (the queue, pack, Ray); on a trace there are
+none and both are neutral.
 
-The trace's schedulers, as the FGD simulator (hkust-adsl/kubernetes-scheduler-simulator) scores
-them, integer scores 0-100 included (their ties are part of how they behave):
+What each needs (``needs``), and what it does without it:
 
-- ``random``: any node where the job fits, any GPU with room.
-- ``dotprod`` (alias ``tetris``): Tetris' alignment, the dot product of the node's free CPU and
-  GPU with the job's demand (each over the largest node: 128 CPUs, 8 GPUs); smaller is better.
-- ``gpupacking``: a GPU already shared first, then idle GPUs of a node in use, then an idle node.
-- ``bestfit``: the node with the least CPU and GPU left after placing the job.
-- ``fgd``: fragmentation gradient descent, the node and GPU where fragmentation grows least.
-- ``memgov`` (alias ``default``): FGD's scoring of the GPU milli expected to stay idle after
-  the next few typical jobs, not of what the next one cannot use (`MemgovPolicy`).
-
-All but ``random`` and ``fgd`` put a GPU-sharing job on the fullest GPU with room (best fit).
+- ``fifo``: nothing. Jobs in arrival order, each on the first GPU with room.
+- ``fifo-exclusive``: nothing. As fifo, one job per GPU (a job takes its GPU whole).
+- ``sjf-exclusive``: solo times (learned, or a job's ``duration``). One job per GPU, shortest
+  expected first; jobs with no expected time go last in arrival order (on a trace: fifo order).
+- ``bestfit``: nothing. The node with the least CPU and GPU left after the job, the fullest GPU
+  with room (scores in whole percent of the largest node, as the FGD simulator scores them).
+- ``tetris`` (alias ``dotprod``): nothing. Tetris' alignment (Grandl et al., SIGCOMM 2014) as
+  the FGD simulator scores it: the dot product of the node's free CPU and GPU with the job's
+  demand, smaller is better; the fullest GPU with room.
+- ``gpupacking``: nothing. A GPU already shared first, then idle GPUs of a node in use.
+- ``random``: nothing. Any node and GPU with room.
+- ``fgd``: the workload's typical jobs (the trace; on a host, the jobs it has been given).
+  Fragmentation gradient descent (Weng et al., USENIX ATC'23).
+- ``memgov`` (alias ``default``): the typical jobs; uses solo times, learned slowdowns and GPU
+  utilisation where known. See :class:`Memgov`.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from memgov.placement.fragmentation import (
+from memgov._errors import ConfigError
+from memgov.decide.fragmentation import (
     LOOK_AHEAD_JOBS,
     ExpectedWaste,
     TypicalJobs,
     fragment_after,
 )
-from memgov.placement.model import MILLI, Assignment, ClusterState, Demand
+from memgov.decide.model import MILLI, ClusterState, Demand
+from memgov.decide.view import Candidate, Gpu
 
-MAX_CPU_MILLI = 128_000
-MAX_GPU_MILLI = 8 * MILLI
-"""The largest node of the trace, by which DotProd and BestFit normalise (the simulator's)."""
+if TYPE_CHECKING:
+    from memgov.decide.core import Book
 
 Scores = tuple[np.ndarray, np.ndarray]
 """Per candidate node: its score, and the GPU a sharing job would use there (-1: none chosen)."""
 
+DEFAULT_DURATION_S = 60.0
+"""An unknown job's expected time where no job of the view has one (memgov's order)."""
+RESERVE_AFTER = 1.0
+"""memgov reserves room for the oldest job once it has waited this many times its expected time
+(EASY backfilling): before that, every job that fits starts (work conserving)."""
+
 
 class Policy(Protocol):
     name: str
+    needs: str
+    """What it reads besides the jobs and the GPUs, and what it does without it (one line)."""
+    exclusive: bool
+    """One job per GPU: a job takes its GPU whole (the trace counts the whole GPU allocated)."""
     cacheable: bool
     """Scores depend only on the node's state and the job's kind (no randomness, no neighbours):
     a caller may keep them per job kind and rescore only the nodes that changed."""
+    typical_jobs: bool
+    """It scores by the workload's typical jobs: ``prepare`` before placing (a host prepares it
+    from its jobs, memgov/decide/core.py)."""
 
     def prepare(self, workload: Sequence[Demand]) -> None:
-        """See the workload's demands before placing (FGD learns its typical jobs here)."""
+        """See the workload's demands before placing (fgd and memgov take typical jobs here)."""
+
+    def order(self, jobs: Sequence[Candidate], now: float) -> list[Candidate]:
+        """The order it considers the ready jobs in."""
+        ...
 
     def score(
         self, state: ClusterState, demand: Demand, nodes: np.ndarray, rng: np.random.Generator
     ) -> Scores: ...
+
+    def rank(self, job: Candidate, gpus: Sequence[Gpu], book: Book) -> np.ndarray:
+        """A host's learned preference per GPU, above the score (0: none)."""
+        ...
+
+    def admits(self, job: Candidate, gpu: Gpu, book: Book) -> bool:
+        """Whether ``job`` may start on ``gpu`` beside what runs and this decision placed."""
+        ...
 
 
 def best_fit_gpu(state: ClusterState, demand: Demand, nodes: np.ndarray) -> np.ndarray:
@@ -65,14 +103,60 @@ def best_fit_gpu(state: ClusterState, demand: Demand, nodes: np.ndarray) -> np.n
     return np.argmin(np.where(left >= demand.gpu_milli, left, MILLI + 1), axis=1)
 
 
-class _Stateless:
+def first_fit_gpu(state: ClusterState, demand: Demand, nodes: np.ndarray) -> np.ndarray:
+    """On each node, the first GPU by index that fits."""
+    if not demand.shares_gpu:
+        return np.full(len(nodes), -1)
+    return np.argmax(state.gpu_left[nodes] >= demand.gpu_milli, axis=1)
+
+
+class _Policy:
+    """Defaults: arrival order, no workload, no learned preference, never held back."""
+
+    needs = "nothing"
+    exclusive = False
     cacheable = True
+    typical_jobs = False
 
     def prepare(self, workload: Sequence[Demand]) -> None:
         return None
 
+    def order(self, jobs: Sequence[Candidate], now: float) -> list[Candidate]:
+        return sorted(jobs, key=lambda j: (j.arrival, j.id))
 
-class RandomPolicy(_Stateless):
+    def rank(self, job: Candidate, gpus: Sequence[Gpu], book: Book) -> np.ndarray:
+        return np.zeros(len(gpus))
+
+    def admits(self, job: Candidate, gpu: Gpu, book: Book) -> bool:
+        return True
+
+
+class Fifo(_Policy):
+    name = "fifo"
+
+    def score(
+        self, state: ClusterState, demand: Demand, nodes: np.ndarray, rng: np.random.Generator
+    ) -> Scores:
+        return np.zeros(len(nodes)), first_fit_gpu(state, demand, nodes)
+
+
+class FifoExclusive(Fifo):
+    name = "fifo-exclusive"
+    exclusive = True
+
+
+class SjfExclusive(Fifo):
+    name = "sjf-exclusive"
+    needs = "solo times; without them, arrival order"
+    exclusive = True
+
+    def order(self, jobs: Sequence[Candidate], now: float) -> list[Candidate]:
+        arrived = super().order(jobs, now)
+        known = sorted((j for j in arrived if j.expected_s is not None), key=_expected)
+        return known + [j for j in arrived if j.expected_s is None]
+
+
+class RandomPolicy(_Policy):
     name = "random"
     cacheable = False
 
@@ -87,30 +171,32 @@ class RandomPolicy(_Stateless):
         return rng.random(len(nodes)), gpu
 
 
-class DotProductPolicy(_Stateless):
-    name = "dotprod"
+class DotProduct(_Policy):
+    name = "tetris"
 
     def score(
         self, state: ClusterState, demand: Demand, nodes: np.ndarray, rng: np.random.Generator
     ) -> Scores:
-        cpu = state.cpu_left[nodes] / MAX_CPU_MILLI * (demand.cpu_milli / MAX_CPU_MILLI)
+        max_cpu, max_gpu = state.largest()
+        cpu = state.cpu_left[nodes] / max_cpu * (demand.cpu_milli / max_cpu)
         gpu_left = state.gpu_left[nodes].sum(axis=1)
-        gpu = gpu_left / MAX_GPU_MILLI * (demand.total_gpu_milli / MAX_GPU_MILLI)
+        gpu = gpu_left / max_gpu * (demand.total_gpu_milli / max_gpu)
         return np.trunc(100 * (1 - (cpu + gpu) / 2)), best_fit_gpu(state, demand, nodes)
 
 
-class BestFitPolicy(_Stateless):
+class BestFit(_Policy):
     name = "bestfit"
 
     def score(
         self, state: ClusterState, demand: Demand, nodes: np.ndarray, rng: np.random.Generator
     ) -> Scores:
-        cpu = (state.cpu_left[nodes] - demand.cpu_milli) / MAX_CPU_MILLI
-        gpu = (state.gpu_left[nodes].sum(axis=1) - demand.total_gpu_milli) / MAX_GPU_MILLI
+        max_cpu, max_gpu = state.largest()
+        cpu = (state.cpu_left[nodes] - demand.cpu_milli) / max_cpu
+        gpu = (state.gpu_left[nodes].sum(axis=1) - demand.total_gpu_milli) / max_gpu
         return np.trunc(100 * (1 - 0.5 * cpu - 0.5 * gpu)), best_fit_gpu(state, demand, nodes)
 
 
-class GpuPackingPolicy(_Stateless):
+class GpuPacking(_Policy):
     name = "gpupacking"
 
     def score(
@@ -134,12 +220,13 @@ class GpuPackingPolicy(_Stateless):
         return np.where(all_idle, idle_node, used_node).astype(float), gpu
 
 
-class FGDPolicy:
+class FGD(_Policy):
     """Fragmentation gradient descent, as the FGD simulator scores it: sigmoid of the drop in
-    fragmentation (milli / 1000) scaled to an integer 0-100; ties at random."""
+    fragmentation (milli / 1000) scaled to an integer 0-100."""
 
     name = "fgd"
-    cacheable = True
+    needs = "the workload's typical jobs (a host: the jobs it was given)"
+    typical_jobs = True
 
     def __init__(self) -> None:
         self.typical: TypicalJobs | None = None
@@ -168,23 +255,46 @@ def _sigmoid_score(drop: np.ndarray) -> np.ndarray:
         return np.trunc(100.0 / (1.0 + np.exp(-drop / 1000.0)))
 
 
-class MemgovPolicy(FGDPolicy):
-    """memgov's policy: FGD's score over a look-ahead of the waste, not over one job's fragment.
+class Memgov(FGD):
+    """memgov's policy, the default: pack where the waste expected to stay is least, keep every
+    GPU busy, and hold back only where what was measured says sharing loses.
 
-    Where FGD counts how much of a node's idle GPU milli the typical job could not use right now,
-    memgov counts how much it expects to stay idle for good (`ExpectedWaste`): what the next few
-    typical jobs, drawn by how often they occur, would leave on each GPU, with the node's CPUs
-    left deciding which of them fit at all. A job goes where that grows least, scored as FGD
-    scores (an integer 0-100 of the sigmoid of the drop over 1000 milli), ties to the first node
-    in the cluster's order. The typical jobs are the ones memgov has seen (``prepare``: the
-    queue's history; here the trace), as FGD's are.
+    **Where** (every front end): FGD's score over a look-ahead of the waste, not over one job's
+    fragment. Where FGD counts how much of a node's idle GPU milli the typical job could not use
+    right now, memgov counts how much it expects to stay idle for good (`ExpectedWaste`): what
+    the next few typical jobs, drawn by how often they occur, would leave on each GPU, with the
+    node's CPUs left deciding which of them fit at all. Scored as FGD scores (an integer 0-100 of
+    the sigmoid of the drop over 1000 milli), ties to the first node in the cluster's order.
+
+    **Above that, on a host** (what the queue, pack and Ray learn): the GPU where the job adds the
+    most work per second (`rank`: an idle GPU adds 1; a busy one, by the learned slowdowns,
+    memgov/decide/learn.py), in steps of 0.05 so that close calls fall to the waste score.
+
+    **Which job first**: highest response ratio next ((waited + expected) / expected; unknown
+    times count as the view's median), shortest expected first among equals: short jobs go
+    first, and a job that waits gains on those that arrive after it. Every job that fits starts;
+    once the oldest job has waited RESERVE_AFTER times its expected time, the GPU that frees room
+    for it first takes only jobs expected to end before then or that leave it room (EASY).
+
+    **Held back** from a busy GPU only when the learned slowdowns say the GPU would do less work
+    per second with the job than without it (a pair that time-slices). ``max_slowdown`` (the
+    queue's ``--max-slowdown``) adds a bound: no job on the GPU predicted slower than it, where
+    a pair never measured beside each other counts as the sum of their GPU utilisations (1 each
+    when not measured): unmeasured jobs run alone first, and share once measured.
     """
 
     name = "memgov"
+    needs = (
+        "typical jobs; solo times, slowdowns and GPU utilisation where learned "
+        "(without them: arrival order, packing by the waste)"
+    )
 
-    def __init__(self, look_ahead: float = LOOK_AHEAD_JOBS) -> None:
+    def __init__(
+        self, look_ahead: float = LOOK_AHEAD_JOBS, max_slowdown: float | None = None
+    ) -> None:
         super().__init__()
         self.look_ahead = look_ahead
+        self.max_slowdown = max_slowdown
         self.waste: ExpectedWaste | None = None
 
     def prepare(self, workload: Sequence[Demand]) -> None:
@@ -209,57 +319,132 @@ class MemgovPolicy(FGDPolicy):
         gpu = np.argmax(scores, axis=1)  # the first GPU of the best score, as FGD picks
         return scores[np.arange(len(nodes)), gpu], gpu
 
+    # -- on a host: which job first, which GPU by what was learned, what waits ----------------
+
+    def order(self, jobs: Sequence[Candidate], now: float) -> list[Candidate]:
+        typical = _typical_time(jobs)
+
+        def key(job: Candidate) -> tuple[float, float, float, int]:
+            expected = job.expected_s or typical
+            waited = max(0.0, now - job.arrival)
+            return (-(waited + expected) / expected, expected, job.arrival, job.id)
+
+        return sorted(jobs, key=key)
+
+    def rank(self, job: Candidate, gpus: Sequence[Gpu], book: Book) -> np.ndarray:
+        gains = [self._gain(job, gpu, book) for gpu in gpus]
+        return np.floor(np.array(gains) / 0.05)
+
+    def admits(self, job: Candidate, gpu: Gpu, book: Book) -> bool:
+        if not book.busy(gpu):
+            return self._respects(job, gpu, book)
+        if self._gain(job, gpu, book) <= 0:
+            return False  # measured: the GPU would do less work with it than without it
+        if self.max_slowdown is not None and not self._bounded(job, gpu, book):
+            return False
+        return self._respects(job, gpu, book)
+
+    @staticmethod
+    def _gain(job: Candidate, gpu: Gpu, book: Book) -> float:
+        """Work per second the GPU gains by running ``job`` too (1.0 on an idle GPU)."""
+        learned = book.view.learned
+        kinds = book.kinds_on(gpu)
+
+        def rate(members: list[str]) -> float:
+            return sum(
+                1.0 / learned.slowdown(k, members[:i] + members[i + 1 :])
+                for i, k in enumerate(members)
+            )
+
+        return rate([*kinds, job.kind]) - rate(kinds)
+
+    def _bounded(self, job: Candidate, gpu: Gpu, book: Book) -> bool:
+        """No job on ``gpu``, ``job`` included, predicted slower than ``max_slowdown``; a pair
+        never measured counts as the sum of the two jobs' GPU utilisations."""
+        learned = book.view.learned
+        members = [*book.members_on(gpu), (job.kind, job.util)]
+        for i, (kind, util) in enumerate(members):
+            slowdown = 1.0
+            for j, (other, other_util) in enumerate(members):
+                if i != j:
+                    measured = learned.alpha.get(f"{kind}|{other}")
+                    slowdown += (
+                        measured if measured is not None else max(0.0, util + other_util - 1.0)
+                    )
+            assert self.max_slowdown is not None
+            if slowdown > self.max_slowdown:
+                return False
+        return True
+
+    def _respects(self, job: Candidate, gpu: Gpu, book: Book) -> bool:
+        """EASY backfilling once the oldest job has waited long: on the GPU that frees room for
+        it first, only jobs that end before then or leave it room."""
+        reservation = book.reservation(self)
+        if reservation is None or job is reservation[0] or gpu.index != reservation[1]:
+            return True
+        head, _where, when = reservation
+        view = book.view
+        expected = job.expected_s or _typical_time(view.jobs)
+        if view.now + expected * view.learned.slowdown(job.kind, book.kinds_on(gpu)) <= when:
+            return True  # ends before the reserved job can start
+        freed = sum(r.claim for r in gpu.running if book.end_of(r, gpu) <= when)
+        return book.free[gpu.index] - job.claim + freed >= head.claim
+
+    def starving(self, jobs: Sequence[Candidate], now: float) -> Candidate | None:
+        """The oldest job, once it has waited RESERVE_AFTER times its expected time."""
+        if not jobs:
+            return None
+        head = min(jobs, key=lambda j: (j.arrival, j.id))
+        expected = head.expected_s or _typical_time(jobs)
+        return head if now - head.arrival >= RESERVE_AFTER * expected else None
+
+
+def _typical_time(jobs: Sequence[Candidate]) -> float:
+    known = [j.expected_s for j in jobs if j.expected_s]
+    return statistics.median(known) if known else DEFAULT_DURATION_S
+
+
+def _expected(job: Candidate) -> tuple[float, int]:
+    return (job.expected_s or 0.0, job.id)
+
 
 POLICIES: dict[str, Callable[[], Policy]] = {
+    "memgov": Memgov,
+    "fifo": Fifo,
+    "fifo-exclusive": FifoExclusive,
+    "sjf-exclusive": SjfExclusive,
+    "bestfit": BestFit,
+    "tetris": DotProduct,
+    "gpupacking": GpuPacking,
+    "fgd": FGD,
     "random": RandomPolicy,
-    "dotprod": DotProductPolicy,
-    "gpupacking": GpuPackingPolicy,
-    "bestfit": BestFitPolicy,
-    "fgd": FGDPolicy,
-    "memgov": MemgovPolicy,
 }
-ALIASES = {"tetris": "dotprod", "default": "memgov"}
+ALIASES = {"dotprod": "tetris", "default": "memgov"}
+DEFAULT = "memgov"
 
 
-def policy_names() -> list[str]:
+def names() -> list[str]:
+    """Every accepted name, the policies first, then the aliases."""
     return [*POLICIES, *ALIASES]
 
 
-def get_policy(name: str) -> Policy:
-    """A fresh policy by name (case-insensitive); an unknown name says which are accepted."""
-    key = ALIASES.get(name.lower(), name.lower())
+def resolve(name: str | None) -> str:
+    """The policy a name means (case-insensitive; None: the default); an unknown name says
+    which are accepted."""
+    key = (name or DEFAULT).strip().lower()
+    key = ALIASES.get(key, key)
     if key not in POLICIES:
-        from memgov.placement.trace import TraceError
-
-        raise TraceError(f"placement policy {name!r}: accepted {', '.join(policy_names())}")
-    return POLICIES[key]()
+        raise ConfigError(f"policy {name!r}: accepted {', '.join(names())}")
+    return key
 
 
-def choose(
-    policy: Policy,
-    state: ClusterState,
-    demand: Demand,
-    rng: np.random.Generator,
-    scored: Scores | None = None,
-    nodes: np.ndarray | None = None,
-) -> Assignment | None:
-    """Where the job goes: the best-scored node where it fits, or None.
-
-    Ties go to the node of the lowest ``state.priority``: the FGD simulator's Kubernetes fork
-    breaks them by node name, after prefixing the names with a random permutation per seed.
-
-    ``scored`` and ``nodes`` may come from a cache (the simulator's); otherwise they are computed.
-    """
-    if nodes is None:
-        nodes = state.feasible(demand)
-    if len(nodes) == 0:
-        return None
-    scores, gpus = scored if scored is not None else policy.score(state, demand, nodes, rng)
-    best = np.flatnonzero(scores == scores.max())
-    pick = int(best[np.argmin(state.priority[nodes[best]])]) if len(best) > 1 else int(best[0])
-    node = int(nodes[pick])
-    if demand.num_gpu == 0:
-        return Assignment(node)
-    if demand.shares_gpu:
-        return Assignment(node, (int(gpus[pick]),))
-    return Assignment(node, state.whole_gpus(node, demand.num_gpu))
+def get(name: str | None, max_slowdown: float | None = None) -> Policy:
+    """A fresh policy by name; ``max_slowdown`` is memgov's bound (refused for the others)."""
+    key = resolve(name)
+    if max_slowdown is None:
+        return POLICIES[key]()
+    if not (math.isfinite(max_slowdown) and max_slowdown >= 1.0):
+        raise ConfigError(f"max slowdown {max_slowdown!r}: accepted a number of 1.0 or more")
+    if key != "memgov":
+        raise ConfigError(f"max slowdown: only policy 'memgov' holds one (asked of {key!r})")
+    return Memgov(max_slowdown=max_slowdown)

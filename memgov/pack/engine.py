@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from memgov import _config
+from memgov import _config, decide
 from memgov._signals import raise_on_signals
+from memgov.decide import Candidate, Gpu
+from memgov.decide.learn import Learned
 from memgov.pack import hostmem, stats, warmup
 from memgov.pack.config import PackConfig, cpu_sets, threads_for
 from memgov.pack.jobs import Job, JobSpec
@@ -34,10 +36,7 @@ from memgov.pack.monitor import Sampler
 from memgov.pack.plan import Context, RunPlan, learn_claim, prepare
 from memgov.pack.results import Results, complete_run
 from memgov.pack.stats import JobRecord, RunRecord
-from memgov.queue import policies
 from memgov.queue.engine import Engine
-from memgov.queue.learn import Learned
-from memgov.queue.policies import Candidate, Gpu
 
 STOP_GRACE_S = 10.0
 """How long a job has after SIGTERM before SIGKILL."""
@@ -160,10 +159,10 @@ class OneRun:
         self.learned = Learned()
         self.deadline: float | None = None
         self.kill_at: float | None = None
-        gates: list[policies.Gate] = [Slots(self)]
+        gates: list[decide.Gate] = [Slots(self)]
         if ctx.host_gate is not None:
             gates.append(HostRoom(ctx.host_gate, self))
-        self.engine = Engine(self, policies.get(POLICY), gates)
+        self.engine = Engine(self, decide.get(POLICY), gates)
 
     @property
     def cached(self) -> bool:
@@ -211,7 +210,7 @@ class OneRun:
         kind = self.ctx.manifest.name
         ready = [Candidate(j.spec.index, kind, claim, None, None) for j in self.pending]
         running = [
-            policies.Running(self.by_label[label].spec.index, kind, claim, now, None)
+            decide.Running(self.by_label[label].spec.index, kind, claim, now, None)
             for label in self.running
         ]
         return ready, [Gpu(0, UNBOUNDED, UNBOUNDED, running)]

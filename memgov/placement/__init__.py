@@ -1,13 +1,13 @@
 """Placement: where jobs go on a cluster of GPU nodes, and a simulator that checks it at scale.
 
-The queue (`memgov queue`) and the simulator (`memgov queue simulate`, docs/placement.md) share
-these policies, found by name. Needs numpy (``pip install "memgov-gpu[placement]"``).
+The simulator (`memgov queue simulate`, docs/placement.md) replays a trace with the policies of
+the decision core (memgov/decide/), the same code and names the queue runs.
 """
 
 from __future__ import annotations
 
-from memgov.placement.model import MILLI, Assignment, ClusterState, Demand, Node
-from memgov.placement.policies import Policy, choose, get_policy, policy_names
+from memgov.decide import Policy, choose
+from memgov.decide.model import MILLI, Assignment, ClusterState, Demand, Node
 from memgov.placement.simulate import Result, arrivals, simulate
 from memgov.placement.trace import TraceError, load_nodes, load_trace
 
@@ -22,9 +22,7 @@ __all__ = [
     "TraceError",
     "arrivals",
     "choose",
-    "get_policy",
     "load_nodes",
     "load_trace",
-    "policy_names",
     "simulate",
 ]

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from memgov.placement.model import MILLI, Assignment, ClusterState, Demand, Node
-from memgov.placement.policies import Policy
+from memgov.decide.model import MILLI, Assignment, ClusterState, Demand, Node
+from memgov.decide.policies import Policy
 from memgov.placement.simulate import replay
 
 MIN_WORK_MIB = 64

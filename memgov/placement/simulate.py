@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from memgov.placement.model import MILLI, Assignment, ClusterState, Demand, Node
-from memgov.placement.policies import Policy, choose, get_policy
+from memgov.decide.core import choose, effective
+from memgov.decide.model import MILLI, Assignment, ClusterState, Demand, Node
+from memgov.decide.policies import Policy, get
 from memgov.placement.trace import TraceError
 
 INFLATION = 1.3
@@ -123,8 +124,9 @@ def place_all(
     arrived_milli = np.empty(len(jobs), dtype=np.int64)
     used_milli = np.empty(len(jobs), dtype=np.int64)
     arrived = 0
-    for i, demand in enumerate(jobs):
-        arrived += demand.total_gpu_milli
+    for i, asked in enumerate(jobs):
+        demand = effective(policy, asked)  # an exclusive policy takes the job's GPU whole
+        arrived += asked.total_gpu_milli
         if policy.cacheable:
             cache = caches.setdefault(demand.kind, _KindCache(len(state.nodes)))
             nodes, scored = cache.refresh(policy, state, demand, rng)
@@ -162,7 +164,7 @@ def replay(
     ratio: float = INFLATION,
 ) -> tuple[Result, ClusterState, list[Demand], list[Assignment | None]]:
     """`simulate`, also returning the final cluster, the arrivals and where each one went."""
-    chosen = get_policy(policy) if isinstance(policy, str) else policy
+    chosen = get(policy) if isinstance(policy, str) else policy
     if not workload:
         raise TraceError("the trace has no jobs; accepted at least one")
     started = time.perf_counter()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from memgov import MemgovError
-from memgov.placement.model import MILLI, Demand, Node
+from memgov.decide.model import MILLI, Demand, Node
 
 T = TypeVar("T")
 

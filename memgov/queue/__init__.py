@@ -7,7 +7,7 @@
 
 Jobs live in each user's private store beside the ledger (memgov/queue/store.py); each attempt
 runs under a shepherd (memgov/queue/shepherd.py) so a runner's death loses nothing and runs
-nothing twice; policies are in memgov/queue/policies.py.
+nothing twice; policies are the decision core's (memgov/decide/).
 
 The loop that decides, launches and follows is memgov/queue/engine.py; the runner
 (memgov/queue/runner.py) is its front end for stored jobs, and ``memgov pack`` (N copies of one
@@ -131,13 +131,12 @@ def run(
     A file whose run was interrupted (the runner killed or stopped) is resumed, not added again:
     its unfinished jobs run, its finished ones are kept.
     """
-    from memgov import _devices
-    from memgov.queue import policies
+    from memgov import _devices, decide
     from memgov.queue.runner import Options, Runner
 
     _devices.candidates("auto")  # no GPU: said before anything is queued
     if policy is not None:
-        policies.get(policy)  # an unknown name: said before anything is queued
+        decide.get(policy)  # an unknown name: said before anything is queued
     store = store or Store()
     given = _solo(solo)  # a bad --solo is refused before anything is queued, as a bad file is
     batch, file_policy = _submit(file_or_jobs, store)

@@ -20,7 +20,7 @@ from typing import Any
 
 from memgov import _profiles
 from memgov._errors import MemgovError
-from memgov.queue.learn import Learned
+from memgov.decide.learn import Learned
 from memgov.queue.model import MAX_RETRIES, OOM_GROWTH, Attempt, Job
 from memgov.queue.shepherd import LAUNCHING
 

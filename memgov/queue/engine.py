@@ -12,7 +12,7 @@ Every tool that runs jobs on the host's GPUs is a front end of this loop (docs/a
   host's memory).
 
 The loop is the same for both: the front end says what is ready and what each GPU holds (a
-:class:`~memgov.queue.policies.View`), the policy places jobs, the engine checks every placement
+:class:`~memgov.decide.View`), the policy places jobs, the engine checks every placement
 against the GPU's free budget and every gate again (no policy can start what does not fit) and
 has the front end launch it; a job that no gate would admit on an idle host is refused with the
 gate's reason instead of waiting for ever. Then the front end follows what runs (what ended, a
@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from memgov.queue.learn import Learned
-from memgov.queue.policies import Candidate, Gate, Gpu, Policy, View
+from memgov.decide import Candidate, Gate, Gpu, Policy, View, place
+from memgov.decide.learn import Learned
 from memgov.queue.report import decision_stats
 
 
@@ -109,7 +109,7 @@ class Engine:
         for gate in self.gates:
             gate.begin()
         view = View(now, ready, gpus, self.cores, self.front.learned, self.gates)
-        placements = self.policy.decide(view)
+        placements = place(self.policy, view)
         self.latencies.append(time.perf_counter() - began)
         started = self._launch(view, placements)
         waiting = [c for c in ready if c.id not in started]

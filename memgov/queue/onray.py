@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memgov import decide
 from memgov._devices import Device
 from memgov._errors import ConfigError, MemgovError, QueueError
-from memgov.queue import ends, learn, policies
+from memgov.queue import ends
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.queuefile import JobSpec, load
 from memgov.queue.report import Report, Sampler, build_report, reading
@@ -304,12 +305,12 @@ def discover(types: list[int]) -> Cluster:
 def run_on_ray(
     file: str | os.PathLike[str] | list[JobSpec] | None,
     address: str,
-    policy: str | policies.Policy | None = None,
+    policy: str | decide.Policy | None = None,
     solo: str | os.PathLike[str] | dict[str, float] | None = None,
     store: Store | None = None,
 ) -> Report:
     """Run a queue file's jobs as Ray tasks on the cluster at ``address``; the report.
-    ``policy``: a policy's name (memgov/queue/policies.py), or a policy object of one's own.
+    ``policy``: a policy's name (memgov/decide/policies.py), or a policy object of one's own.
 
     What the run teaches (solo times, slowdowns) is kept in the user's queue store
     (``learned.json``, as the local runner keeps it), and each attempt's profile run in the
@@ -322,7 +323,7 @@ def run_on_ray(
     if file is None:
         raise ConfigError("--ray runs a queue file: memgov queue run --ray ADDRESS FILE")
     specs, file_policy = (file, None) if isinstance(file, list) else _specs(file)
-    chosen = policies.get(policy or file_policy) if isinstance(policy, str | None) else policy
+    chosen = decide.get(policy or file_policy) if isinstance(policy, str | None) else policy
     if not ray.is_initialized():
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     types = cluster_types(ray.cluster_resources())
@@ -332,7 +333,7 @@ def run_on_ray(
             "the resources `memgov ray node-resources` prints (docs/ray.md)"
         )
     store = store or Store()
-    learned = learn.Learned.from_json(store.read_extra("learned.json"))
+    learned = decide.Learned.from_json(store.read_extra("learned.json"))
     started = time.time()
     jobs = [to_job(s, dict(os.environ), "ray", started) for s in specs]
     for number, job in enumerate(jobs, 1):
@@ -373,10 +374,10 @@ class RayQueue:
     def __init__(
         self,
         jobs: list[Job],
-        policy: policies.Policy,
+        policy: decide.Policy,
         cluster: Cluster,
         solo: dict[str, float],
-        learned: learn.Learned,
+        learned: decide.Learned,
         started: float,
     ) -> None:
         import ray
@@ -472,7 +473,7 @@ class RayQueue:
 
     # -- deciding (the engine's front end) -------------------------------------------------------
 
-    def view(self, now: float) -> tuple[list[policies.Candidate], list[policies.Gpu]] | None:
+    def view(self, now: float) -> tuple[list[decide.Candidate], list[decide.Gpu]] | None:
         """The queued jobs that have arrived, each with its budget, and the cluster's GPUs; None
         when nothing changed since the last decision."""
         due = [j for j in self.jobs if j.state == "queued" and j.not_before <= now]
@@ -491,17 +492,17 @@ class RayQueue:
             expected = self.learned.expected(job.job, job.kind, job.duration)
             util = self.learned.util.get(job.job, 1.0)
             candidates.append(
-                policies.Candidate(job.id, job.kind, claim, expected, None, util, job.not_before)
+                decide.Candidate(job.id, job.kind, claim, expected, None, util, job.not_before)
             )
         return candidates, self._gpus()
 
-    def _gpus(self) -> list[policies.Gpu]:
+    def _gpus(self) -> list[decide.Gpu]:
         """Each GPU's free budget: what its ledger admitted at the last sample, less the
         queue's budgets placed there since (those it held then are in the sample already)."""
-        running: dict[int, list[policies.Running]] = {i: [] for i in self.cluster.capacity}
+        running: dict[int, list[decide.Running]] = {i: [] for i in self.cluster.capacity}
         for job, attempt in self.pending.values():
             running.setdefault(attempt.gpu, []).append(
-                policies.Running(
+                decide.Running(
                     job.id,
                     job.kind,
                     attempt.claim_bytes,
@@ -516,7 +517,7 @@ class RayQueue:
             held = capacity - self.cluster.free.get(index, capacity)  # by anyone, at the sample
             outside = max(0, held - self.sampled_ours.get(index, 0))
             free = max(0, capacity - outside - ours)
-            gpus.append(policies.Gpu(index, capacity, free, running[index]))
+            gpus.append(decide.Gpu(index, capacity, free, running[index]))
         return gpus
 
     def start(self, job_id: int, gpu: int, claim: int) -> None:
@@ -529,7 +530,7 @@ class RayQueue:
         (job,) = [j for j in self.jobs if j.id == job_id]
         ends.never(job, why, time.time())
 
-    def held(self, waiting: list[policies.Candidate]) -> None:
+    def held(self, waiting: list[decide.Candidate]) -> None:
         """Jobs that wait stay queued: the next decision (an end, a sample) sees them again."""
 
     def active(self) -> int:
@@ -621,7 +622,7 @@ class RayQueue:
             self.changed = True  # room taken or freed outside the queue shows here
 
 
-def budget(job: Job, types: list[int], policy: policies.Policy) -> tuple[int, int]:
+def budget(job: Job, types: list[int], policy: decide.Policy) -> tuple[int, int]:
     """The job's next budget (bytes) and the GPU type (capacity, MiB) it is asked on: the
     smallest type that holds it. QueueError when no GPU of the cluster can."""
     from memgov._sizes import Size

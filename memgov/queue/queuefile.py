@@ -29,7 +29,7 @@ import tomllib
 
 from memgov._errors import ConfigError
 from memgov._sizes import Size
-from memgov.queue.policies import POLICIES
+from memgov.decide.policies import resolve
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_JOBS = 10_000
@@ -108,10 +108,10 @@ def _queue_table(data: dict[str, Any], where: Path) -> str | None:
         return None
     if not isinstance(policy, str):
         raise ConfigError(f"queue file {where}: [queue] policy must be a string")
-    if policy.strip().lower() not in POLICIES:  # as policies.get reads it; refused here, with
-        raise ConfigError(  # the file, before any of its jobs is queued
-            f"queue file {where}: [queue] policy {policy!r}: accepted {', '.join(POLICIES)}"
-        )
+    try:  # refused here, with the file, before any of its jobs is queued
+        resolve(policy)
+    except ConfigError as exc:
+        raise ConfigError(f"queue file {where}: [queue] {exc}") from None
     return policy
 
 

@@ -23,7 +23,7 @@ from memgov._ledger import DeviceLedger
 
 if TYPE_CHECKING:
     from memgov._devices import Device
-    from memgov.queue.learn import Learned
+    from memgov.decide.learn import Learned
     from memgov.queue.model import Job
 
 SAMPLE_S = 1.0

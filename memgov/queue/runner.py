@@ -39,12 +39,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _autosize, _devices, _run, _signals
+from memgov import _autosize, _devices, _run, _signals, decide
 from memgov._devices import Device
 from memgov._errors import MemgovError, QueueError
 from memgov._ledger import DeviceLedger, new_record_name
 from memgov._sizes import Size
-from memgov.queue import ends, learn, policies
+from memgov.queue import ends
 from memgov.queue.engine import Engine
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.report import Report, Sampler, build_report
@@ -100,11 +100,11 @@ class Runner:
     def __init__(self, options: Options, store: Store | None = None) -> None:
         self.options = options
         self.store = store or Store()
-        self.policy = policies.get(options.policy)
+        self.policy = decide.get(options.policy)
         self.devices = _devices.candidates("auto")
         self.tracked: dict[int, Tracked] = {}
         self.jobs: dict[int, Job] = {}
-        self.learned = learn.Learned.from_json(self.store.read_extra("learned.json"))
+        self.learned = decide.Learned.from_json(self.store.read_extra("learned.json"))
         self.sizes: dict[int, tuple[int, str]] = {}
         self.engine = Engine(self, self.policy)
         """The loop that decides, launches and follows (memgov/queue/engine.py): this runner is
@@ -170,7 +170,7 @@ class Runner:
         if error is None:
             self._stop_all()
 
-    def view(self, now: float) -> tuple[list[policies.Candidate], list[policies.Gpu]] | None:
+    def view(self, now: float) -> tuple[list[decide.Candidate], list[decide.Gpu]] | None:
         """The ready jobs of this run and the GPUs, when a decision is due: something changed
         (a job ended, arrived or was added), an arrival time came, or DECIDE_EVERY_S passed."""
         ready = [
@@ -191,7 +191,7 @@ class Runner:
     def refuse(self, job_id: int, why: str) -> None:
         self._never(self.jobs[job_id], why)
 
-    def held(self, waiting: list[policies.Candidate]) -> None:
+    def held(self, waiting: list[decide.Candidate]) -> None:
         """Jobs that wait are simply queued still."""
 
     def active(self) -> int:
@@ -227,7 +227,7 @@ class Runner:
 
     def _view(
         self, ready: list[Job], now: float
-    ) -> tuple[list[policies.Candidate], list[policies.Gpu]]:
+    ) -> tuple[list[decide.Candidate], list[decide.Gpu]]:
         gpus = self._gpus(now)
         candidates = []
         for job in sorted(ready, key=lambda j: (j.not_before, j.id)):
@@ -237,11 +237,11 @@ class Runner:
             expected = self.learned.expected(job.job, job.kind, job.duration)
             util = self.learned.util.get(job.job, 1.0)
             candidates.append(
-                policies.Candidate(job.id, job.kind, claim, expected, job.gpu, util, job.not_before)
+                decide.Candidate(job.id, job.kind, claim, expected, job.gpu, util, job.not_before)
             )
         return candidates, gpus
 
-    def _gpus(self, now: float) -> list[policies.Gpu]:
+    def _gpus(self, now: float) -> list[decide.Gpu]:
         children = self._children()
         me = os.geteuid()
         gpus = []
@@ -254,12 +254,12 @@ class Runner:
             placed = sum(t.attempt.claim_bytes for t in running)
             free = max(0, snap.free + mine - placed)
             gpus.append(
-                policies.Gpu(
+                decide.Gpu(
                     device.index,
                     snap.capacity,
                     free,
                     [
-                        policies.Running(
+                        decide.Running(
                             t.job.id,
                             t.job.kind,
                             t.attempt.claim_bytes,
@@ -286,7 +286,7 @@ class Runner:
                 pids.add(child)
         return pids
 
-    def _placeable(self, job: Job, gpus: list[policies.Gpu]) -> int | None:
+    def _placeable(self, job: Job, gpus: list[decide.Gpu]) -> int | None:
         """The job's claim; None (and the job failed, saying why) when no GPU can ever hold it."""
         try:
             if job.gpu is not None and not 0 <= job.gpu < len(self.devices):

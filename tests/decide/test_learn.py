@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memgov.queue.learn import PRIOR_ALPHA, Learned
+from memgov.decide.learn import PRIOR_ALPHA, Learned
 
 
 def test_the_prior_is_mild_and_says_k_jobs_slow_each_other_by_a_linear_step() -> None:

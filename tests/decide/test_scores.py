@@ -1,20 +1,14 @@
-"""Each policy's choice on small hand-made clusters (memgov/placement/policies.py)."""
+"""Each policy's choice on small hand-made clusters (memgov/decide/policies.py), as the trace
+simulator asks it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from memgov.placement import (
-    Assignment,
-    ClusterState,
-    Demand,
-    Node,
-    TraceError,
-    choose,
-    get_policy,
-    policy_names,
-)
+from memgov import ConfigError
+from memgov.decide import Assignment, ClusterState, Demand, Node, choose, names
+from memgov.decide import get as get_policy
 
 TWO_NODES = [
     Node("a", cpu_milli=32_000, memory_mib=65_536, gpus=2, model="T4"),
@@ -106,17 +100,21 @@ def test_no_room_anywhere_is_none() -> None:
 
 
 def test_policies_are_found_by_name_and_a_bad_name_says_which_exist() -> None:
-    for name in policy_names():
+    for name in names():
         assert get_policy(name).name in {
+            "fifo",
+            "fifo-exclusive",
+            "sjf-exclusive",
             "random",
-            "dotprod",
+            "tetris",
             "gpupacking",
             "bestfit",
             "fgd",
             "memgov",
         }
     assert get_policy("FGD").name == "fgd"
-    with pytest.raises(TraceError, match="accepted random, dotprod"):
+    assert get_policy("dotprod").name == "tetris" and get_policy(None).name == "memgov"
+    with pytest.raises(ConfigError, match="accepted memgov, fifo, fifo-exclusive"):
         get_policy("first-come")
 
 

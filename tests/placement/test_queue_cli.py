@@ -65,7 +65,7 @@ def test_simulate_prints_the_curve_for_people(tmp_path: Path) -> None:
 def test_bad_input_exits_2_saying_what_is_accepted(tmp_path: Path) -> None:
     args = files(tmp_path)
     done = memgov("simulate", *args, "--policy", "nope")
-    assert done.returncode == 2 and "accepted random, dotprod" in done.stderr
+    assert done.returncode == 2 and "accepted memgov, fifo, fifo-exclusive" in done.stderr
     bad = tmp_path / "bad.csv"
     bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,x,1,0,0\n")
     done = memgov("simulate", "--trace", str(bad), *args[2:])

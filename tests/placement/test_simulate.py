@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from memgov import decide
 from memgov.placement import Demand, Node, arrivals, simulate
 from memgov.placement.simulate import allocation_curve
 
@@ -47,10 +48,10 @@ def test_simulate_reports_the_curve_and_the_final_share() -> None:
     assert values == sorted(values)  # jobs never leave: allocation only grows
 
 
-@pytest.mark.parametrize("policy", ["random", "dotprod", "gpupacking", "bestfit", "fgd", "memgov"])
+@pytest.mark.parametrize("policy", decide.names())
 def test_every_policy_runs_the_protocol(policy: str) -> None:
     result = simulate(WORKLOAD, NODES, policy, seed=7)
-    assert result.policy in policy or policy in ("tetris", "default")
+    assert result.policy == decide.resolve(policy)
     assert result.arrived == len(arrivals(WORKLOAD, CAPACITY, seed=7))
 
 

@@ -207,7 +207,10 @@ def test_missing_example_scripts_are_named(tmp_path: Path) -> None:
 
 def test_summarize_ranks_policies_against_the_exclusive_baseline(tmp_path: Path) -> None:
     def report(policy: str, makespan: float, slowdowns: list[float]) -> dict[str, Any]:
-        jobs = [{"name": f"j{i}", "slowdown": s, "end": "ok"} for i, s in enumerate(slowdowns)]
+        jobs = [
+            {"name": f"j{i}", "slowdown": s, "end": "ok", "jct_s": makespan / (i + 1)}
+            for i, s in enumerate(slowdowns)
+        ]
         return {
             "policy": policy,
             "makespan_s": makespan,
@@ -222,6 +225,7 @@ def test_summarize_ranks_policies_against_the_exclusive_baseline(tmp_path: Path)
     for policy, makespan, slow in (
         ("memgov", 140.0, [1.0] * 9 + [1.6]),
         ("sjf-exclusive", 300.0, [1.0] * 10),
+        ("fifo", 137.0, [1.2] * 10),
     ):
         paths.append(tmp_path / f"{policy}.json")
         paths[-1].write_text(json.dumps(report(policy, makespan, slow)))
@@ -234,7 +238,14 @@ def test_summarize_ranks_policies_against_the_exclusive_baseline(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     rows = {r["policy"]: r for r in result["rows"]}
-    assert [r["policy"] for r in result["rows"]] == ["sjf-exclusive", "memgov"]
+    assert [r["policy"] for r in result["rows"]] == ["sjf-exclusive", "memgov", "fifo"]
     assert rows["memgov"]["ratio"] == round(140 / 300, 3)
     assert rows["memgov"]["p90_slowdown"] == 1.0  # nearest rank: 9 of 10 at or below 1.0
-    assert "memgov goal: makespan <= 0.5x sjf-exclusive: met" in result["goals"]
+    jct = round(sum(140.0 / (i + 1) for i in range(10)) / 10, 2)
+    assert rows["memgov"]["mean_jct_s"] == jct
+    # within 3 % of fifo's makespan (137 s) and of its mean JCT (lower than memgov's by 2.1 %)
+    assert (
+        "memgov goal: makespan within 3% of the best simple policy's (137.0 s): met"
+        in (result["goals"])
+    )
+    assert any(g.startswith("memgov goal: mean JCT within 3%") for g in result["goals"])

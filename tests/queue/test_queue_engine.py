@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from memgov.queue import learn, policies
+from memgov import decide
+from memgov.decide import Candidate, Gpu
+from memgov.queue import engine as engine_module
 from memgov.queue.engine import Engine
-from memgov.queue.policies import Candidate, Gpu, View
 
 GIB = 2**30
 
@@ -20,7 +21,7 @@ class Front:
     ends them."""
 
     def __init__(self, jobs: list[Candidate], gpus: int = 2, free: int = 80 * GIB) -> None:
-        self.learned = learn.Learned()
+        self.learned = decide.Learned()
         self.ready = list(jobs)
         self.free = {i: free for i in range(gpus)}
         self.on: dict[int, list[Candidate]] = {i: [] for i in range(gpus)}
@@ -35,7 +36,7 @@ class Front:
                 i,
                 80 * GIB,
                 self.free[i],
-                [policies.Running(c.id, c.kind, c.claim, now, None) for c in self.on[i]],
+                [decide.Running(c.id, c.kind, c.claim, now, None) for c in self.on[i]],
             )
             for i in self.free
         ]
@@ -93,11 +94,11 @@ def small(n: int) -> list[Candidate]:
     return [Candidate(i, "small", GIB, 10.0, None, arrival=0.0) for i in range(n)]
 
 
-@pytest.mark.parametrize("name", list(policies.POLICIES))
+@pytest.mark.parametrize("name", list(decide.POLICIES))
 def test_every_policy_places_only_where_the_gates_admit(name: str) -> None:
     front = Front(small(10))
     gate = PerGpu(front, most=2)
-    engine = Engine(front, policies.get(name), [gate], cores=16)
+    engine = Engine(front, decide.get(name), [gate], cores=16)
     engine.decide()
     per_gpu = [len(front.on[i]) for i in front.on]
     assert max(per_gpu) <= 2 and front.started, (name, per_gpu)
@@ -106,23 +107,15 @@ def test_every_policy_places_only_where_the_gates_admit(name: str) -> None:
     assert not front.refused
 
 
-class Everything:
-    """A policy that ignores budgets and gates: every ready job on GPU 0."""
-
-    name = "everything"
-
-    def order(self, jobs: list[Candidate]) -> list[Candidate]:
-        return jobs
-
-    def decide(self, view: View) -> list[tuple[int, int]]:
-        return [(c.id, 0) for c in view.jobs]
-
-
-def test_the_engine_checks_budget_and_gates_again_whatever_the_policy_did() -> None:
+def test_the_engine_checks_budget_and_gates_again_whatever_the_policy_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A decision that ignores budgets and gates: every ready job on GPU 0.
+    monkeypatch.setattr(engine_module, "place", lambda policy, view: [(c.id, 0) for c in view.jobs])
     jobs = small(6)
     jobs[1].claim = 50 * GIB  # 1 GiB + 50 GiB fit 60 GiB; the next 1 GiB jobs fit, up to the gate
     front = Front(jobs, gpus=1, free=60 * GIB)
-    engine = Engine(front, Everything(), [PerGpu(front, most=4)])
+    engine = Engine(front, decide.get("fifo"), [PerGpu(front, most=4)])
     engine.decide()
     assert front.started == [(0, 0), (1, 0), (2, 0), (3, 0)]
     front.free[0] = 0
@@ -132,7 +125,7 @@ def test_the_engine_checks_budget_and_gates_again_whatever_the_policy_did() -> N
 
 def test_a_job_no_gate_admits_on_an_idle_host_is_refused_with_the_reason() -> None:
     front = Front(small(3))
-    engine = Engine(front, policies.get("fifo"), [PerGpu(front, 1, never="too big for this host")])
+    engine = Engine(front, decide.get("fifo"), [PerGpu(front, 1, never="too big for this host")])
     engine.run(lambda: False)  # refused, in order, then nothing is left: the loop ends
     assert front.refused == [(i, "too big for this host") for i in range(3)]
     assert not front.started and not front.waiting
@@ -142,7 +135,7 @@ def test_a_job_a_gate_holds_while_others_run_waits_and_is_not_refused() -> None:
     front = Front(small(3), gpus=1)
     front.start(0, 0, GIB)  # one runs already
     gate = PerGpu(front, most=1)
-    engine = Engine(front, policies.get("fifo"), [gate])
+    engine = Engine(front, decide.get("fifo"), [gate])
     assert engine.decide() == []
     assert front.waiting == [[1, 2]] and not front.refused
     assert engine.decisions()["count"] == 1
@@ -150,7 +143,7 @@ def test_a_job_a_gate_holds_while_others_run_waits_and_is_not_refused() -> None:
 
 def test_the_loop_halts_what_runs_when_stopped_or_on_an_exception() -> None:
     front = Front(small(4), gpus=1)
-    engine = Engine(front, policies.get("fifo"), [PerGpu(front, most=2)])
+    engine = Engine(front, decide.get("fifo"), [PerGpu(front, most=2)])
     engine.run(lambda: len(front.started) >= 2)  # a signal's flag, seen after two started
     assert front.halted == [None] and len(front.started) == 2
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import memgov.queue as q
-from memgov.queue import learn
+from memgov import decide
 from memgov.queue.store import Store
 from tests.helpers.queuejobs import GIB, overlapping, peak_claims, sleeper, write_queue
 
@@ -86,7 +86,7 @@ def test_memgov_holds_back_a_co_location_learned_to_slow_both(tmp_path: Path) ->
     """With alpha 2 between kinds a and b (each would run 3x slower beside the other), memgov
     never puts an a beside a b; with the prior (0.15) it does share a GPU."""
     store = Store()
-    slow = learn.Learned(alpha={"a|b": 2.0, "b|a": 2.0})
+    slow = decide.Learned(alpha={"a|b": 2.0, "b|a": 2.0})
     store.write_extra("learned.json", slow.to_json())
     jobs = [
         {
@@ -105,14 +105,15 @@ def test_memgov_holds_back_a_co_location_learned_to_slow_both(tmp_path: Path) ->
         for s2, e2, k2 in spans:
             if k1 != k2:
                 assert e1 <= s2 or e2 <= s1, spans  # never ran together
-    store.write_extra("learned.json", learn.Learned().to_json())
+    store.write_extra("learned.json", decide.Learned().to_json())
     report = q.run(write_queue(tmp_path / "q2.toml", jobs), "memgov").to_json()
     assert overlapping(report, 0)
 
 
 def test_memgov_reserves_room_for_a_big_job_instead_of_starving_it(tmp_path: Path) -> None:
-    """One GPU: a long 10 GiB job runs, a 12 GiB job waits for it; small jobs that would not end
-    before it do not take the room the 12 GiB job needs."""
+    """One GPU: a long 10 GiB job runs, a 12 GiB job waits for it; once that one has waited
+    longer than its expected time, small jobs that would not end before it do not take the room
+    it needs."""
     jobs = [
         {"name": "first", "cmd": sleeper(1.0), "claim": "10GiB", "gpu": 0, "duration": 1.0},
         {
@@ -120,8 +121,8 @@ def test_memgov_reserves_room_for_a_big_job_instead_of_starving_it(tmp_path: Pat
             "cmd": sleeper(0.2),
             "claim": "12GiB",
             "gpu": 0,
-            "duration": 5.0,
-            "arrival": 0.3,
+            "duration": 0.2,
+            "arrival": 0.2,
         },
         {
             "name": "long-small",
@@ -129,7 +130,7 @@ def test_memgov_reserves_room_for_a_big_job_instead_of_starving_it(tmp_path: Pat
             "claim": "5GiB",
             "gpu": 0,
             "duration": 30.0,
-            "arrival": 0.5,
+            "arrival": 0.6,
         },
     ]
     report = q.run(write_queue(tmp_path / "q.toml", jobs), "memgov").to_json()
@@ -141,7 +142,7 @@ def test_an_unknown_policy_is_refused_with_the_accepted_names(tmp_path: Path) ->
     from memgov._errors import ConfigError
 
     path = write_queue(tmp_path / "q.toml", [{"cmd": sleeper(0)}])
-    with pytest.raises(ConfigError, match="accepted memgov, fifo-exclusive"):
+    with pytest.raises(ConfigError, match="accepted memgov, fifo, fifo-exclusive"):
         q.run(path, "drf")
     assert q.jobs()[0] == []  # refused before anything was queued
 
@@ -159,13 +160,14 @@ def test_a_job_no_gpu_can_hold_fails_at_once_saying_why(tmp_path: Path) -> None:
     assert rows["nowhere"]["end"] == "failed" and "GPUs 0..1" in rows["nowhere"]["detail"]
 
 
-def test_memgov_starts_no_more_beside_each_other_than_its_slowdown_bound_allows() -> None:
-    """The prior (each neighbour adds 0.15) predicts 1.3x for three jobs and 1.45x for four:
-    memgov starts three of ten ready jobs on one GPU; learned to share well (alpha 0.02), all
-    ten (1.18x); fifo starts all ten either way."""
-    from memgov.queue.policies import Candidate, Gpu, View, get
+def test_memgov_packs_unless_a_bound_or_a_measured_slowdown_says_wait() -> None:
+    """Ten ready 1 GiB jobs, one GPU. By default memgov starts all ten (the prior predicts
+    sharing helps); with ``max_slowdown`` 1.5 a pair never measured counts as the sum of its GPU
+    utilisations (1 each, unmeasured): one starts alone; measured to share well (alpha 0.02),
+    all ten (1.18x); measured to time-slice (alpha 1.2), one, bound or not."""
+    from memgov.decide import Candidate, Gpu, View, get, place
 
-    def view(learned: learn.Learned) -> View:
+    def view(learned: decide.Learned) -> View:
         jobs = [
             Candidate(id=i, kind="small", claim=GIB, expected_s=10.0, gpu=None) for i in range(10)
         ]
@@ -173,10 +175,13 @@ def test_memgov_starts_no_more_beside_each_other_than_its_slowdown_bound_allows(
             now=0.0, jobs=jobs, gpus=[Gpu(0, 80 * GIB, 80 * GIB)], cores=16, learned=learned
         )
 
-    assert len(get("memgov").decide(view(learn.Learned()))) == 3
-    shares_well = learn.Learned(alpha={"small|small": 0.02})
-    assert len(get("memgov").decide(view(shares_well))) == 10
-    assert len(get("fifo").decide(view(learn.Learned()))) == 10
+    unknown, shares_well = decide.Learned(), decide.Learned(alpha={"small|small": 0.02})
+    slices = decide.Learned(alpha={"small|small": 1.2})
+    assert len(place(get("memgov"), view(unknown))) == 10
+    assert len(place(get("memgov", max_slowdown=1.5), view(unknown))) == 1
+    assert len(place(get("memgov", max_slowdown=1.5), view(shares_well))) == 10
+    assert len(place(get("memgov"), view(slices))) == 1
+    assert len(place(get("fifo"), view(slices))) == 10
 
 
 def test_bestfit_puts_a_job_on_the_fuller_gpu_by_its_real_bytes(

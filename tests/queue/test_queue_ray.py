@@ -20,11 +20,15 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+import numpy as np  # noqa: E402
+
 import memgov.queue as q  # noqa: E402
 import memgov.ray  # noqa: E402
-from memgov import _autosize, _profiles  # noqa: E402
+from memgov import _autosize, _profiles, decide  # noqa: E402
 from memgov._devices import simulated_devices  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
+from memgov.decide.policies import Fifo  # noqa: E402
+from memgov.queue import engine as engine_module  # noqa: E402
 from memgov.queue.model import Job  # noqa: E402
 from memgov.queue.onray import discover, remember, run_on_ray  # noqa: E402
 from memgov.ray._request import cluster_types  # noqa: E402
@@ -136,10 +140,18 @@ def assert_on_gpus_with_room(report: dict[str, Any]) -> None:
         assert sample["claimed_bytes"] == sum(g["claimed_bytes"] for g in sample["gpus"])
 
 
-@pytest.mark.parametrize("policy", ["memgov", "sjf-exclusive"])
+@pytest.mark.parametrize("policy", ["memgov", "sjf-exclusive", "fgd", "tetris"])
 def test_a_queue_runs_on_ray_every_job_on_a_gpu_with_room(
-    cluster: dict[str, Path], tmp_path: Path, policy: str
+    cluster: dict[str, Path], tmp_path: Path, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    scored: list[str] = []  # the driver scores with the registry's class (memgov/decide/)
+    base: Any = decide.POLICIES[policy]
+
+    def score(self: Any, *args: Any) -> Any:
+        scored.append(self.name)
+        return base.score(self, *args)
+
+    monkeypatch.setitem(decide.POLICIES, policy, type("Spy", (base,), {"score": score}))
     sizes = [4, 6, 8, 2, 12, 4, 30, 50, 3, 5]
     jobs: list[dict[str, Any]] = [
         {
@@ -161,7 +173,7 @@ def test_a_queue_runs_on_ray_every_job_on_a_gpu_with_room(
         if size > 16:  # only the 80 GiB GPU holds it
             assert row["gpu"] in big and row["detail"].startswith("node")
     assert report["policy"] == policy and report["makespan_s"] > 0
-    assert report["decisions"]["count"] >= 1
+    assert report["decisions"]["count"] >= 1 and set(scored) == {policy}
     assert_on_gpus_with_room(report)
 
 
@@ -376,7 +388,20 @@ def test_the_samples_read_every_gpus_claims_on_its_node(cluster: dict[str, Path]
         assert (entry["claimed_bytes"], entry["used_bytes"]) == (expected, expected), readings
 
 
-class Spread(q.policies.Fifo):
+@pytest.fixture(autouse=True)
+def decisions_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's engine decides through the decision core; a policy here with ``decided``
+    sees each decision (its view, and the core's placements) as the engine makes it."""
+    placing = engine_module.place
+
+    def place(policy: Any, view: decide.View) -> list[tuple[int, int]]:
+        hook = getattr(policy, "decided", None)
+        return hook(view, placing) if hook else placing(policy, view)
+
+    monkeypatch.setattr(engine_module, "place", place)
+
+
+class Spread(Fifo):
     """fifo, but on the GPU with room that holds the fewest jobs, the highest index first (Ray's
     own count would pack a node's first GPU): records its placements, and the views it saw."""
 
@@ -384,16 +409,16 @@ class Spread(q.policies.Fifo):
 
     def __init__(self) -> None:
         self.chosen: dict[int, int] = {}
-        self.views: list[q.policies.View] = []
+        self.views: list[decide.View] = []
 
-    def decide(self, view: q.policies.View) -> list[tuple[int, int]]:
+    def rank(self, job: Any, gpus: Any, book: Any) -> Any:
+        return np.array([g.index / 100 - len(book.kinds_on(g)) for g in gpus])
+
+    def decided(self, view: decide.View, placing: Any) -> list[tuple[int, int]]:
         self.views.append(view)
-        placed = super().decide(view)
+        placed: list[tuple[int, int]] = placing(self, view)
         self.chosen.update(placed)
         return placed
-
-    def pick(self, job: Any, gpus: list[Any], book: Any) -> Any:
-        return min(gpus, key=lambda g: (len(book.kinds_on(g)), -g.index))
 
 
 def where_it_ran(out: Path, seconds: float) -> list[str]:
@@ -465,9 +490,10 @@ class OnTheBigGpu(Spread):
         self.holder, self.env = holder, env
         self.proc: subprocess.Popen[str] | None = None
 
-    def decide(self, view: q.policies.View) -> list[tuple[int, int]]:
+    def decided(self, view: decide.View, placing: Any) -> list[tuple[int, int]]:
         big = [g for g in view.gpus if g.capacity == 80 * GIB]
-        placed = super().decide(q.policies.View(view.now, view.jobs, big, view.cores, view.learned))
+        narrowed = decide.View(view.now, view.jobs, big, view.cores, view.learned, view.gates)
+        placed = super().decided(narrowed, placing)
         if placed and self.proc is None:
             env = {**os.environ, **self.env, "PYTHONPATH": str(ROOT)}
             self.proc = subprocess.Popen(self.holder, env=env, stdout=subprocess.PIPE, text=True)
