@@ -24,6 +24,8 @@
 #                    reference, and sjf-exclusive is not run again (a second call)
 #   QUEUE_PROFILES   with QUEUE_SOLO: that run's queue_MIX_state.tar.gz (the learned state)
 #   PYTHON           the interpreter (python3)
+#   QUEUE_COLD=1     no baseline: every policy from an empty MEMGOV_DIR (a first day), no solo
+#                    reference (makespan and mean JCT only)
 #   QUEUE_MPS=1      start `memgov mps start` before the runs (hard limits), stop it after
 # Files in $OUT (the device tool returns 8 at most): queue_MIX_POLICY.json (each report),
 # queue_MIX_logs.tar.gz (the mix file, every run's output, every job's log),
@@ -51,7 +53,7 @@ if [ -n "$SOLO" ] && [ ! -f "$SOLO" ]; then
 fi
 # The order: the baseline (unless QUEUE_SOLO gives it), memgov if asked, the others as asked.
 order=()
-[ -z "$SOLO" ] && order+=(sjf-exclusive)
+[ -z "$SOLO" ] && [ "${QUEUE_COLD:-0}" != 1 ] && order+=(sjf-exclusive)
 case " ${asked[*]} " in *" memgov "*) order+=(memgov) ;; esac
 for p in "${asked[@]}"; do
   case " ${order[*]} sjf-exclusive " in *" $p "*) ;; *) order+=("$p") ;; esac
@@ -62,7 +64,9 @@ PY=${PYTHON:-python3}
 MEMGOV=("$PY" -m memgov)
 STATE=$OUT/queue_${MIX}_state.tar.gz
 echo "== queue $MIX: policies ${order[*]}; budget $BUDGET s; work folder $WORK; $(date -u +%T)"
-if [ -z "$SOLO" ]; then
+if [ "${QUEUE_COLD:-0}" = 1 ]; then
+  echo "MEMGOV_DIR state: every policy from an empty MEMGOV_DIR (cold), no baseline"
+elif [ -z "$SOLO" ]; then
   echo "MEMGOV_DIR state: sjf-exclusive from an empty MEMGOV_DIR${QUEUE_PROFILES:+ + $QUEUE_PROFILES};" \
        "every other policy from a copy of what it learned (profiles + the queue's learned solo times)"
 else

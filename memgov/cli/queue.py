@@ -37,6 +37,13 @@ QUEUE_POLICIES = (
     "random"
 )
 PolicyOption = Annotated[str | None, typer.Option("--policy", help=f"One of {QUEUE_POLICIES}.")]
+MaxSlowdownOption = Annotated[
+    float | None,
+    typer.Option(
+        "--max-slowdown",
+        help="memgov's bound on each job's run time beside others over its solo time (>= 1.0).",
+    ),
+]
 GraceOption = Annotated[
     float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL when stopping jobs.")
 ]
@@ -180,6 +187,7 @@ def run(
         Path | None, typer.Argument(help="A queue file (TOML); none: every queued job.")
     ] = None,
     policy: PolicyOption = None,
+    max_slowdown: MaxSlowdownOption = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the report (JSON) here.")] = None,
     solo: Annotated[
         Path | None, typer.Option("--solo", help="An exclusive run's report: solo times.")
@@ -200,9 +208,9 @@ def run(
         if ray is not None:
             from memgov.queue.onray import run_on_ray
 
-            report = run_on_ray(file, ray, policy=policy, solo=solo)
+            report = run_on_ray(file, ray, policy=policy, solo=solo, max_slowdown=max_slowdown)
         else:
-            report = q.run(file, policy, solo=solo, grace_s=grace)
+            report = q.run(file, policy, solo=solo, grace_s=grace, max_slowdown=max_slowdown)
     except MemgovError as exc:
         raise fail(exc) from None
     except KeyboardInterrupt:  # Ctrl-C before the runner's own handlers (e.g. joining Ray)
@@ -260,6 +268,7 @@ def _writable(option: str, path: Path) -> None:
 def serve(
     ctx: typer.Context,
     policy: PolicyOption = None,
+    max_slowdown: MaxSlowdownOption = None,
     grace: GraceOption = 10.0,
     as_json: JsonFlag = False,
 ) -> None:
@@ -274,7 +283,7 @@ def serve(
         typer.echo(json.dumps(event, sort_keys=True) if as_json else _event_line(event))
 
     try:
-        report = q.serve(policy, grace_s=grace, tell=tell)
+        report = q.serve(policy, grace_s=grace, tell=tell, max_slowdown=max_slowdown)
     except MemgovError as exc:
         raise fail(exc) from None
     data = report.to_json()

@@ -125,8 +125,10 @@ def run(
     solo: str | os.PathLike[str] | dict[str, float] | None = None,
     grace_s: float = 10.0,
     store: Store | None = None,
+    max_slowdown: float | None = None,
 ) -> Report:
     """Run a queue file (or job specs, or with None every queued job) to the end; the report.
+    ``max_slowdown``: memgov's bound on each job's run time beside others over its solo time.
 
     A file whose run was interrupted (the runner killed or stopped) is resumed, not added again:
     its unfinished jobs run, its finished ones are kept.
@@ -135,12 +137,14 @@ def run(
     from memgov.queue.runner import Options, Runner
 
     _devices.candidates("auto")  # no GPU: said before anything is queued
-    if policy is not None:
-        decide.get(policy)  # an unknown name: said before anything is queued
+    if policy is not None or max_slowdown is not None:
+        decide.get(policy, max_slowdown)  # a bad name or bound: said before anything is queued
     store = store or Store()
     given = _solo(solo)  # a bad --solo is refused before anything is queued, as a bad file is
     batch, file_policy = _submit(file_or_jobs, store)
-    options = Options(policy=policy or file_policy, grace_s=grace_s, batch=batch, solo=given)
+    chosen = policy or file_policy
+    decide.get(chosen, max_slowdown)  # the file's policy with the bound
+    options = Options(chosen, max_slowdown, grace_s=grace_s, batch=batch, solo=given)
     return Runner(options, store).run()
 
 
@@ -150,15 +154,18 @@ def serve(
     grace_s: float = 10.0,
     store: Store | None = None,
     tell: Callable[[dict[str, Any]], None] | None = None,
+    max_slowdown: float | None = None,
 ) -> Report:
     """Run whatever is submitted until SIGINT or SIGTERM.
 
     ``tell``: called with each event as it happens (a dict, its kind in ``event``): ``serving``
     (the runner holds the queue: policy, GPUs), ``start`` (an attempt started: job, GPU, claim),
     ``end`` (an attempt ended: its result and detail), ``never`` (a job no GPU can hold)."""
+    from memgov import decide
     from memgov.queue.runner import Options, Runner
 
-    options = Options(policy=policy, grace_s=grace_s, serve=True, what="memgov queue serve")
+    decide.get(policy, max_slowdown)  # a bad name or bound: said before serving
+    options = Options(policy, max_slowdown, grace_s, serve=True, what="memgov queue serve")
     if tell is None:
         return Runner(options, store or Store()).run()
     return _telling(tell)(options, store or Store()).run()

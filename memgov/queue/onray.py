@@ -308,6 +308,7 @@ def run_on_ray(
     policy: str | decide.Policy | None = None,
     solo: str | os.PathLike[str] | dict[str, float] | None = None,
     store: Store | None = None,
+    max_slowdown: float | None = None,
 ) -> Report:
     """Run a queue file's jobs as Ray tasks on the cluster at ``address``; the report.
     ``policy``: a policy's name (memgov/decide/policies.py), or a policy object of one's own.
@@ -323,7 +324,10 @@ def run_on_ray(
     if file is None:
         raise ConfigError("--ray runs a queue file: memgov queue run --ray ADDRESS FILE")
     specs, file_policy = (file, None) if isinstance(file, list) else _specs(file)
-    chosen = decide.get(policy or file_policy) if isinstance(policy, str | None) else policy
+    if isinstance(policy, str | None):
+        chosen = decide.get(policy or file_policy, max_slowdown)
+    else:
+        chosen = policy  # a policy object of one's own
     if not ray.is_initialized():
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     types = cluster_types(ray.cluster_resources())

@@ -68,6 +68,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 @dataclass
 class Options:
     policy: str | None = None
+    max_slowdown: float | None = None
+    """memgov's bound on a job's slowdown beside others (``--max-slowdown``); None: none."""
     grace_s: float = 10.0
     serve: bool = False
     batch: str | None = None
@@ -100,7 +102,7 @@ class Runner:
     def __init__(self, options: Options, store: Store | None = None) -> None:
         self.options = options
         self.store = store or Store()
-        self.policy = decide.get(options.policy)
+        self.policy = decide.get(options.policy, options.max_slowdown)
         self.devices = _devices.candidates("auto")
         self.tracked: dict[int, Tracked] = {}
         self.jobs: dict[int, Job] = {}

@@ -199,3 +199,19 @@ def test_bestfit_puts_a_job_on_the_fuller_gpu_by_its_real_bytes(
     where = {j["name"]: j["gpu"] for j in report["jobs"]}
     assert [j["end"] for j in report["jobs"]] == ["ok"] * 3, report["jobs"]
     assert where == {"ten": 0, "fifteen": 1, "next": 1}, report["jobs"]
+
+
+def test_a_slowdown_bound_runs_jobs_never_measured_together_alone(tmp_path: Path) -> None:
+    """--max-slowdown 1.5: four small jobs never measured beside each other (utilisation
+    unknown: 1 each, a predicted 2x) run one per GPU at a time; fifo's bound is refused."""
+    from memgov._errors import ConfigError
+
+    jobs = [{"name": f"j{i}", "cmd": sleeper(0.3), "claim": "1GiB", "kind": "k"} for i in range(4)]
+    path = write_queue(tmp_path / "q.toml", jobs)
+    report = q.run(path, "memgov", max_slowdown=1.5).to_json()
+    assert [j["end"] for j in report["jobs"]] == ["ok"] * 4
+    assert not overlapping(report, 0) and not overlapping(report, 1)
+    with pytest.raises(ConfigError, match="only policy 'memgov' holds one"):
+        q.run(path, "fifo", max_slowdown=1.5)
+    with pytest.raises(ConfigError, match=r"accepted a number of 1\.0 or more"):
+        q.run(path, "memgov", max_slowdown=0.5)
