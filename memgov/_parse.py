@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 Fields = dict[str, type | tuple[type, ...]]
@@ -68,24 +69,27 @@ def _no_constant(text: str) -> float:
     raise ValueError(f"{text} is not accepted")
 
 
-def _depth(text: str) -> int:
-    """Nesting depth of JSON text, counting brackets outside strings (no recursion)."""
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON text nests deeper than ``limit``, counting brackets outside strings (no
+    recursion). A text with no more brackets than ``limit`` (a ledger record has 2-3) cannot:
+    said without a walk. Otherwise the strings are cut out (a regular expression, in C) and only
+    the brackets left are walked."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    return _walk(text) > limit
+
+
+def _walk(text: str) -> int:
     depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
+    for bracket in _BRACKET.findall(_STRING.sub("", text)):
+        if bracket in "[{":
             depth += 1
             deepest = max(deepest, depth)
-        elif char in "]}":
+        else:
             depth -= 1
     return deepest
 
@@ -95,7 +99,7 @@ def load_bounded(raw: bytes) -> tuple[Any, str | None]:
     caller bounds the size): (value, None), or (None, why not)."""
     try:
         text = raw.decode()
-        if _depth(text) > MAX_DEPTH:
+        if too_deep(text):
             return None, f"corrupt JSON (nested deeper than {MAX_DEPTH})"
         return json.loads(
             text,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from memgov import _flock, _records
 from memgov._errors import LockTimeout
-from memgov._parse import _bounded_float, _bounded_int, _depth, _no_constant
+from memgov._parse import _bounded_float, _bounded_int, _no_constant, too_deep
 
 if TYPE_CHECKING:
     from memgov._ledger import DeviceLedger
@@ -254,7 +254,7 @@ def _read_file(
 
 def _parse_counts(raw: bytes) -> Counts:
     text = raw.decode()
-    if _depth(text) > 4:
+    if too_deep(text, 4):
         raise ValueError("nested too deep")
     data = json.loads(
         text, parse_int=_bounded_int, parse_float=_bounded_float, parse_constant=_no_constant

@@ -333,7 +333,7 @@ def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, f"larger than {MAX_BYTES} bytes"
     try:
         text = raw.decode()
-        if _parse._depth(text) > _parse.MAX_DEPTH:
+        if _parse.too_deep(text):
             return None, "nested too deep"
         data = json.loads(
             text,
