@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from memgov.placement.fragmentation import TypicalJobs, fragment_after
-from memgov.placement.model import MILLI, ClusterState
-from memgov.placement.policies import FGDPolicy, MemgovPolicy, Policy, Scores
 
-from memgov.placement import Demand, get_policy, load_nodes, load_trace, simulate
+from memgov.decide import get as get_policy
+from memgov.decide.fragmentation import TypicalJobs, fragment_after
+from memgov.decide.model import MILLI, ClusterState
+from memgov.decide.policies import FGD as FGDPolicy
+from memgov.decide.policies import Memgov as MemgovPolicy
+from memgov.decide.policies import Policy, Scores
+from memgov.placement import Demand, load_nodes, load_trace, simulate
 from memgov.placement.simulate import replay
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "placement" / "data"
@@ -61,6 +64,7 @@ class RandomTies:
     """Another policy with its ties broken at random per job (not by the node order)."""
 
     cacheable = False
+    exclusive = False
 
     def __init__(self, inner: Policy) -> None:
         self.inner, self.name = inner, inner.name

@@ -6,7 +6,7 @@
 Columns: policy, makespan, its ratio to the baseline's (sjf-exclusive: one job at a time,
 shortest first), the mean job completion time (end - arrival), the 90th percentile of the jobs'
 slowdowns against their solo runs, OOMs, jobs killed by a neighbour, the slowest placement
-decision, and how many jobs ended well. Then the goals of memgov's default policy (issue 46):
+decision, and how many jobs ended well. Then the goals of memgov's default policy (docs/queue.md):
 makespan and mean JCT each within GOAL_WITHIN (3 %) of the best of the simple policies that ran
 (SIMPLE: fifo, tetris, bestfit), and the table as markdown for docs/queue.md.
 """

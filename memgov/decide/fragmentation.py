@@ -18,6 +18,9 @@ import numpy as np
 
 from memgov.decide.model import MILLI, ClusterState, Demand
 
+MAX_NODE_GPUS = 8
+"""The most GPUs of a node in the trace (more are treated as 8 by `ExpectedWaste`)."""
+
 POPULARITY = 0.95
 """Typical jobs are the most common demands until they cover 95 % of the jobs (the simulator's
 ``podPopularityThreshold``)."""
@@ -150,9 +153,16 @@ class ExpectedWaste:
 
     A GPU with ``g`` milli left, on a node with ``c`` CPU milli left, meets the next
     ``look_ahead`` typical jobs (drawn by frequency). A job fits it when it asks at most ``g``
-    milli and ``c`` CPU milli per GPU; the chance that one of them does is ``1 - (1 - P)^n``,
+    milli per GPU and at most ``c`` CPU milli in all (a job on several GPUs needs all its CPUs on
+    the node, as FGD's measure asks); the chance that one of them does is ``1 - (1 - P)^n``,
     ``P`` the summed frequency of those that fit. If none does, the ``g`` milli are wasted; if one
     does, it is one of those (by frequency) and the GPU goes on with what it leaves.
+
+    An idle GPU is also one of the node's ``i`` idle GPUs, and a job on ``k`` whole GPUs fits it
+    only when ``k <= i``: a lone idle GPU beside busy ones is open to the 1-GPU and sharing jobs
+    only, and is wasted when the workload's whole-GPU jobs mostly ask for several (``idle``).
+    Taking ``k`` of a node's ``i`` idle GPUs thus costs what the ``i - k`` left lose, as FGD's
+    measure (which asks for ``num_gpu`` fitting GPUs) also counts.
 
     FGD's measure is close to the one-job step of this (``n = 1``, no recursion): a GPU of 530
     left is fragment for every typical job larger than 530, although one of the next few 470s
@@ -162,32 +172,49 @@ class ExpectedWaste:
     """
 
     cpu_levels: np.ndarray
-    """The typical jobs' CPU milli per GPU, sorted: a node's row is how many of them it has left."""
+    """The typical jobs' CPU milli, sorted: a node's row is how many of them it has left."""
     table: np.ndarray
-    """[row, milli left 0-1000]: the expected waste of one GPU."""
+    """[row, milli left 0-1000]: the expected waste of one GPU (at 1000: with every job fitting)."""
+    idle: np.ndarray
+    """[row, idle GPUs on the node]: the expected waste of one idle GPU among that many."""
 
     @classmethod
     def of(cls, typical: TypicalJobs, look_ahead: float = LOOK_AHEAD_JOBS) -> ExpectedWaste:
         gpus = np.maximum(typical.num_gpu, 1)
-        cpu_per_gpu = typical.cpu_milli // gpus
         weight = typical.frequency * gpus  # a job on k whole GPUs meets k GPUs
         weight = weight / weight.sum() if weight.sum() else weight
-        levels = np.unique(cpu_per_gpu)
-        rank = np.searchsorted(levels, cpu_per_gpu)
+        levels = np.unique(typical.cpu_milli)
+        rank = np.searchsorted(levels, typical.cpu_milli)
         table = np.zeros((len(levels) + 1, MILLI + 1))
-        for row in range(len(levels) + 1):
-            for left in range(1, MILLI + 1):
-                fits = (rank < row) & (typical.gpu_milli <= left)
-                chance = weight[fits].sum()
-                if chance <= 0:
-                    table[row, left] = left
-                    continue
-                then = weight[fits] @ table[row, left - typical.gpu_milli[fits]] / chance
-                met = 1.0 - (1.0 - chance) ** look_ahead
-                table[row, left] = (1.0 - met) * left + met * then
-        return cls(levels, table)
+        most = max(MAX_NODE_GPUS, int(gpus.max(initial=1)))
+        idle = np.zeros((len(levels) + 1, most + 1))
 
-    def of_nodes(self, cpu_left: np.ndarray, gpu_left: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per node's GPU [node, gpu] and its row per node (padding GPUs have 0 left: no waste)."""
+        def step(row: int, left: int, fits: np.ndarray) -> float:
+            chance = weight[fits].sum()
+            if chance <= 0:
+                return float(left)
+            then = weight[fits] @ table[row, left - typical.gpu_milli[fits]] / chance
+            met = 1.0 - (1.0 - chance) ** look_ahead
+            return float((1.0 - met) * left + met * then)
+
+        for row in range(len(levels) + 1):
+            usable = rank < row
+            for left in range(1, MILLI + 1):
+                table[row, left] = step(row, left, usable & (typical.gpu_milli <= left))
+            for count in range(1, most + 1):
+                idle[row, count] = step(row, MILLI, usable & (gpus <= count))
+        return cls(levels, table, idle)
+
+    def of_nodes(
+        self, cpu_left: np.ndarray, gpu_left: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per node: the summed waste of its GPUs in use (padding GPUs have 0 left: no waste),
+        its idle GPUs, its row, and per GPU [node, gpu] the waste of a GPU in use."""
         row = np.searchsorted(self.cpu_levels, cpu_left, side="right")
-        return self.table[row[:, None], gpu_left], row
+        per_gpu = np.where(gpu_left < MILLI, self.table[row[:, None], gpu_left], 0.0)
+        idle = (gpu_left == MILLI).sum(axis=1)
+        return per_gpu.sum(axis=1), idle, row, per_gpu
+
+    def of_idle(self, row: np.ndarray, idle: np.ndarray) -> np.ndarray:
+        """The summed waste of ``idle`` idle GPUs on nodes of the row ``row``."""
+        return idle * self.idle[row, np.minimum(idle, self.idle.shape[1] - 1)]

@@ -306,16 +306,21 @@ class Memgov(FGD):
     ) -> Scores:
         if self.waste is None:
             raise RuntimeError(f"policy {self.name!r} needs prepare(workload) before scoring")
+        waste, need = self.waste, demand.gpu_milli
         left, cpu_left = state.gpu_left[nodes], state.cpu_left[nodes]
-        before = self.waste.of_nodes(cpu_left, left)[0].sum(axis=1)
-        per_gpu, row = self.waste.of_nodes(cpu_left - demand.cpu_milli, left)
-        after = per_gpu.sum(axis=1)
-        if not demand.shares_gpu:  # whole GPUs leave nothing to waste, or none is used
-            after = after - demand.num_gpu * self.waste.table[row, MILLI]
+        used, idle, row, _ = waste.of_nodes(cpu_left, left)
+        before = used + waste.of_idle(row, idle)
+        used, idle, row, per_gpu = waste.of_nodes(cpu_left - demand.cpu_milli, left)
+        if not demand.shares_gpu:  # whole GPUs leave nothing to waste, but fewer idle beside
+            after = used + waste.of_idle(row, idle - demand.num_gpu)
             return _sigmoid_score(before - after), np.full(len(nodes), -1)
-        leaves = self.waste.table[row[:, None], np.maximum(left - demand.gpu_milli, 0)]
-        drop = before[:, None] - (after[:, None] - per_gpu + leaves)
-        scores = np.where(left >= demand.gpu_milli, _sigmoid_score(drop), -1.0)
+        # On an idle GPU the job leaves a remnant and one idle GPU fewer; on a GPU in use it
+        # changes that GPU's remnant only.
+        remnant = waste.table[row[:, None], np.maximum(left - need, 0)]
+        on_idle = (used + waste.of_idle(row, idle - 1))[:, None] + remnant
+        on_used = (used + waste.of_idle(row, idle))[:, None] - per_gpu + remnant
+        after = np.where(left == MILLI, on_idle, on_used)
+        scores = np.where(left >= need, _sigmoid_score(before[:, None] - after), -1.0)
         gpu = np.argmax(scores, axis=1)  # the first GPU of the best score, as FGD picks
         return scores[np.arange(len(nodes)), gpu], gpu
 

@@ -14,11 +14,13 @@ budgets (whole-process footprints as NVML counts them). Then:
   (1, ``overshoot_max``] (1.5: an assumption; the studies give no size). Which jobs overshoot and
   by how much is a property of the job (its name): copies made by the inflation share it.
 
-Counted per policy: jobs that hit their own budget (under memgov's hard budgets each such job
-fails alone); without budgets, the jobs on GPUs whose real use exceeds the GPU's memory
-(neighbours included: any of them may be the one whose allocation fails); budgets below the
-context. With profiles (``profiled=True``), memgov knows each job's peak from an earlier run
-(``memgov claim auto``) and places a sharing job by its peak instead of its request.
+Counted per policy, in jobs (a job on several GPUs counts once): jobs that hit their own budget
+(under memgov's hard budgets each such job fails alone), and of those the ones stopped although
+every GPU they are on had the memory they really used (without budgets they would have run);
+without budgets, the jobs on GPUs whose real use exceeds the GPU's memory (neighbours included:
+any of them may be the one whose allocation fails); budgets below the context. With profiles
+(``profiled=True``), memgov knows each job's peak from an earlier run (``memgov claim auto``)
+and places a sharing job by its peak instead of its request.
 """
 
 from __future__ import annotations
@@ -78,25 +80,29 @@ def count_ooms(
     factors: dict[str, float],
     model: MemoryModel,
 ) -> dict[str, int]:
-    per_gpu_use: dict[tuple[int, int], float] = defaultdict(float)
-    per_gpu_jobs: dict[tuple[int, int], int] = defaultdict(int)
-    own, below_context = 0, 0
+    """Per job, not per (job, GPU): a job on several GPUs counts once however many are hit."""
+    use: dict[tuple[int, int], float] = defaultdict(float)
+    gpus_of: list[tuple[list[tuple[int, int]], bool]] = []  # the job's GPUs; does it overshoot
+    below_context = 0
     for demand, where in zip(jobs, placed, strict=True):
         if where is None or demand.num_gpu == 0:
             continue
         budget = demand.gpu_milli / MILLI * state.gpu_memory_mib[where.node]
         factor = factors.get(demand.name, 1.0)
-        own += factor > 1.0
         below_context += budget < model.context_mib + MIN_WORK_MIB
-        for gpu in where.gpus:
-            per_gpu_use[(where.node, gpu)] += budget * factor
-            per_gpu_jobs[(where.node, gpu)] += 1
-    exposed = sum(
-        per_gpu_jobs[key] for key, use in per_gpu_use.items() if use > state.gpu_memory_mib[key[0]]
-    )
+        keys = [(where.node, gpu) for gpu in where.gpus]
+        for key in keys:
+            use[key] += budget * factor
+        gpus_of.append((keys, factor > 1.0))
+    over = {key for key, mib in use.items() if mib > state.gpu_memory_mib[key[0]]}
     return {
-        "oom_with_memgov_budgets": own,
-        "jobs_on_overcommitted_gpus_without_budgets": exposed,
+        "oom_with_memgov_budgets": sum(hits for _, hits in gpus_of),
+        # Stopped by its hard budget although every GPU it is on had the memory it really used:
+        # without budgets it would have run (the price of hard budgets without profiles).
+        "stopped_with_room": sum(hits and not over.intersection(keys) for keys, hits in gpus_of),
+        "jobs_on_overcommitted_gpus_without_budgets": sum(
+            bool(over.intersection(keys)) for keys, _ in gpus_of
+        ),
         "budgets_below_context": below_context,
     }
 

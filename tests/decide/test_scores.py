@@ -70,6 +70,35 @@ def test_memgov_keeps_the_cpus_that_idle_gpus_need() -> None:
     assert place("default", state, cpu_only) == Assignment(1)
 
 
+def test_memgov_fills_a_lone_idle_gpu_before_breaking_an_idle_pair() -> None:
+    # Half the jobs take 2 whole GPUs, half 1. Node a has both GPUs idle, node b one (the other
+    # taken): a 1-GPU job on b's lone GPU keeps a's pair for the next 2-GPU job; on a, the GPU
+    # left beside it is open to the 1-GPU jobs only. (Without the idle count both tie, and the
+    # tie would go to a, the first node.)
+    one = Demand("one", cpu_milli=1_000, num_gpu=1, gpu_milli=1000)
+    two = Demand("two", cpu_milli=1_000, num_gpu=2, gpu_milli=1000)
+    state = ClusterState(TWO_NODES)
+    state.place(one, Assignment(1, (0,)))
+    for name in ("memgov", "fgd"):
+        policy = get_policy(name)
+        policy.prepare([one] * 5 + [two] * 5)
+        assert choose(policy, state, one, np.random.default_rng(0)) == Assignment(1, (1,)), name
+
+
+def test_memgov_counts_all_the_cpus_a_job_on_several_gpus_needs() -> None:
+    # The typical job takes 2 GPUs and 16 CPUs (8 per GPU). A 20-CPU job without GPU on node a
+    # (2 idle GPUs, 30 CPUs left) would leave 10: enough per GPU, too few for the job, so both
+    # GPUs would be stranded; node b has no GPU left to strand.
+    two = Demand("two", cpu_milli=16_000, num_gpu=2, gpu_milli=1000)
+    state = ClusterState(TWO_NODES)
+    state.place(Demand("cpu", cpu_milli=2_000), Assignment(0))
+    state.place(Demand("whole", cpu_milli=0, num_gpu=2, gpu_milli=1000), Assignment(1, (0, 1)))
+    policy = get_policy("memgov")
+    policy.prepare([two] * 10)
+    cpu_only = Demand("cpu-only", cpu_milli=20_000)
+    assert choose(policy, state, cpu_only, np.random.default_rng(0)) == Assignment(1)
+
+
 def test_random_picks_any_node_where_the_job_fits() -> None:
     chosen = {place("random", cluster_with_a_shared_gpu(), HALF, seed).node for seed in range(40)}
     assert chosen == {0, 1}
