@@ -157,7 +157,7 @@ def place(policy: Policy, view: View, rng: np.random.Generator | None = None) ->
     rng = rng or np.random.default_rng(0)
     if policy.typical_jobs:
         _prepare(policy, book)
-    for job in policy.order(view.jobs, view.now):
+    for job in policy.order(view):
         gpus = book.gpus_for(policy, job)
         if not gpus:
             continue

@@ -47,7 +47,7 @@ from memgov.decide.fragmentation import (
     fragment_after,
 )
 from memgov.decide.model import MILLI, ClusterState, Demand
-from memgov.decide.view import Candidate, Gpu
+from memgov.decide.view import Candidate, Gpu, View
 
 if TYPE_CHECKING:
     from memgov.decide.core import Book
@@ -57,9 +57,11 @@ Scores = tuple[np.ndarray, np.ndarray]
 
 DEFAULT_DURATION_S = 60.0
 """An unknown job's expected time where no job of the view has one (memgov's order)."""
-RESERVE_AFTER = 1.0
+RESERVE_AFTER = 3.0
 """memgov reserves room for the oldest job once it has waited this many times its expected time
-(EASY backfilling): before that, every job that fits starts (work conserving)."""
+(EASY backfilling): before that, every job that fits starts (work conserving). Chosen among 1, 3
+and never on the tuning mixes of benchmarks/queue/replay.py (results/cpu-2core/
+2026-12-07-queue-replay.txt): 1 cost up to 8 % of makespan where a reservation idled memory."""
 
 
 class Policy(Protocol):
@@ -78,8 +80,8 @@ class Policy(Protocol):
     def prepare(self, workload: Sequence[Demand]) -> None:
         """See the workload's demands before placing (fgd and memgov take typical jobs here)."""
 
-    def order(self, jobs: Sequence[Candidate], now: float) -> list[Candidate]:
-        """The order it considers the ready jobs in."""
+    def order(self, view: View) -> list[Candidate]:
+        """The order it considers the view's ready jobs in."""
         ...
 
     def score(
@@ -121,8 +123,8 @@ class _Policy:
     def prepare(self, workload: Sequence[Demand]) -> None:
         return None
 
-    def order(self, jobs: Sequence[Candidate], now: float) -> list[Candidate]:
-        return sorted(jobs, key=lambda j: (j.arrival, j.id))
+    def order(self, view: View) -> list[Candidate]:
+        return sorted(view.jobs, key=lambda j: (j.arrival, j.id))
 
     def rank(self, job: Candidate, gpus: Sequence[Gpu], book: Book) -> np.ndarray:
         return np.zeros(len(gpus))
@@ -150,8 +152,8 @@ class SjfExclusive(Fifo):
     needs = "solo times; without them, arrival order"
     exclusive = True
 
-    def order(self, jobs: Sequence[Candidate], now: float) -> list[Candidate]:
-        arrived = super().order(jobs, now)
+    def order(self, view: View) -> list[Candidate]:
+        arrived = super().order(view)
         known = sorted((j for j in arrived if j.expected_s is not None), key=_expected)
         return known + [j for j in arrived if j.expected_s is None]
 
@@ -270,11 +272,12 @@ class Memgov(FGD):
     most work per second (`rank`: an idle GPU adds 1; a busy one, by the learned slowdowns,
     memgov/decide/learn.py), in steps of 0.05 so that close calls fall to the waste score.
 
-    **Which job first**: highest response ratio next ((waited + expected) / expected; unknown
-    times count as the view's median), shortest expected first among equals: short jobs go
-    first, and a job that waits gains on those that arrive after it. Every job that fits starts;
-    once the oldest job has waited RESERVE_AFTER times its expected time, the GPU that frees room
-    for it first takes only jobs expected to end before then or that leave it room (EASY).
+    **Which job first**: arrival order, and every job that fits starts (work conserving). Once
+    the oldest job has waited RESERVE_AFTER times its expected time, the GPU that frees room for
+    it first takes only jobs expected to end before then or that leave it room (EASY). Shortest-
+    first orders (response ratio, and one that puts jobs without slack first) gave a lower mean
+    JCT on the tuning mixes but up to 17 % more makespan than fifo (benchmarks/queue/replay.py
+    --tune): not chosen.
 
     **Held back** from a busy GPU only when the learned slowdowns say the GPU would do less work
     per second with the job than without it (a pair that time-slices). ``max_slowdown`` (the
@@ -324,17 +327,7 @@ class Memgov(FGD):
         gpu = np.argmax(scores, axis=1)  # the first GPU of the best score, as FGD picks
         return scores[np.arange(len(nodes)), gpu], gpu
 
-    # -- on a host: which job first, which GPU by what was learned, what waits ----------------
-
-    def order(self, jobs: Sequence[Candidate], now: float) -> list[Candidate]:
-        typical = _typical_time(jobs)
-
-        def key(job: Candidate) -> tuple[float, float, float, int]:
-            expected = job.expected_s or typical
-            waited = max(0.0, now - job.arrival)
-            return (-(waited + expected) / expected, expected, job.arrival, job.id)
-
-        return sorted(jobs, key=key)
+    # -- on a host: which GPU by what was learned, what waits ---------------------------------
 
     def rank(self, job: Candidate, gpus: Sequence[Gpu], book: Book) -> np.ndarray:
         gains = [self._gain(job, gpu, book) for gpu in gpus]

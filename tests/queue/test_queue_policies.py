@@ -130,7 +130,7 @@ def test_memgov_reserves_room_for_a_big_job_instead_of_starving_it(tmp_path: Pat
             "claim": "5GiB",
             "gpu": 0,
             "duration": 30.0,
-            "arrival": 0.6,
+            "arrival": 0.9,  # after "big" has waited 3x its expected time (RESERVE_AFTER)
         },
     ]
     report = q.run(write_queue(tmp_path / "q.toml", jobs), "memgov").to_json()
