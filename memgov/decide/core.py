@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 
 from memgov.decide.model import MILLI, Assignment, ClusterState, Demand, Node
-from memgov.decide.policies import Policy, Scores
+from memgov.decide.policies import DEFAULT_DURATION_S, Policy, Scores
 from memgov.decide.view import Candidate, Gpu, Placement, Running, View
 
 
@@ -97,7 +97,7 @@ class Book:
     def end_of(self, run: Running, gpu: Gpu) -> float:
         """When a running job is expected to end (its solo time by the learned slowdown)."""
         view = self.view
-        expected = run.expected_s or 60.0
+        expected = run.expected_s or DEFAULT_DURATION_S
         others = [r.kind for r in gpu.running if r.id != run.id]
         end = run.started + expected * view.learned.slowdown(run.kind, others)
         return end if end > view.now else view.now + 0.1 * expected
