@@ -133,3 +133,24 @@ def test_pack_places_its_copies_by_the_registrys_policy(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["ok"] == 2
     assert seen.read_text().split() and set(seen.read_text().split()) == {"Fifo"}
+
+
+def test_the_replay_runs_the_queues_policies_on_its_model() -> None:
+    """benchmarks/queue/replay.py (the tuning tool of memgov's numbers) drives the same core."""
+    script = ROOT / "benchmarks" / "queue" / "replay.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--set", "tuning", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    assert {(r["state"], r["policy"]) for r in rows} == {
+        (state, name)
+        for state in ("cold", "warm")
+        for name in ("memgov", "fifo", "tetris", "bestfit", "sjf-exclusive")
+    }
+    exclusive = [r for r in rows if r["policy"] == "sjf-exclusive"]
+    assert all(r["p90_slowdown"] < 1.1 for r in exclusive)  # one job per GPU: its solo time
