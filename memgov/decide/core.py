@@ -59,7 +59,7 @@ def choose(
     return Assignment(node, state.whole_gpus(node, demand.num_gpu))
 
 
-class Book:
+class HostBook:
     """One host decision: its GPUs as a cluster of one-GPU nodes, and what it placed so far."""
 
     def __init__(self, view: View) -> None:
@@ -153,7 +153,7 @@ class Book:
 def place(policy: Policy, view: View, rng: np.random.Generator | None = None) -> list[Placement]:
     """Place the view's jobs in the policy's order: each on the node (GPU) it scores best among
     those the host's checks allow; what fits nowhere waits."""
-    book = Book(view)
+    book = HostBook(view)
     rng = rng or np.random.default_rng(0)
     if policy.typical_jobs:
         _prepare(policy, book)
@@ -176,7 +176,7 @@ _PREPARED: weakref.WeakKeyDictionary[Policy, tuple[int, ...]] = weakref.WeakKeyD
 """Per policy object, the workload (its jobs' shares) it was last prepared with."""
 
 
-def _prepare(policy: Policy, book: Book) -> None:
+def _prepare(policy: Policy, book: HostBook) -> None:
     """A host's typical jobs are the jobs it holds now, ready and running: prepared again only
     when their shares changed (a table of a few milliseconds, memgov/decide/fragmentation.py)."""
     running = [r for g in book.view.gpus for r in g.running]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -47,10 +47,7 @@ from memgov.decide.fragmentation import (
     fragment_after,
 )
 from memgov.decide.model import MILLI, ClusterState, Demand
-from memgov.decide.view import Candidate, Gpu, View
-
-if TYPE_CHECKING:
-    from memgov.decide.core import Book
+from memgov.decide.view import Book, Candidate, Gpu, View
 
 Scores = tuple[np.ndarray, np.ndarray]
 """Per candidate node: its score, and the GPU a sharing job would use there (-1: none chosen)."""

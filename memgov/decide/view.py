@@ -9,7 +9,7 @@ places its jobs with the same policy code (memgov/decide/core.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from memgov.decide.learn import Learned
 
@@ -81,3 +81,28 @@ class View:
 
 Placement = tuple[int, int]
 """(job id, GPU index)."""
+
+
+class Book(Protocol):
+    """What one host decision has placed so far, as a policy's ``rank`` and ``admits`` read it
+    (memgov/decide/core.py keeps it)."""
+
+    view: View
+    free: dict[int, int]
+    """Bytes each GPU (by index) still has, this decision's placements counted."""
+
+    def busy(self, gpu: Gpu) -> bool: ...
+
+    def kinds_on(self, gpu: Gpu) -> list[str]: ...
+
+    def members_on(self, gpu: Gpu) -> list[tuple[str, float]]:
+        """(kind, utilisation) of each job on ``gpu``, running or placed now."""
+        ...
+
+    def end_of(self, run: Running, gpu: Gpu) -> float:
+        """When a running job is expected to end."""
+        ...
+
+    def reservation(self, policy: Any) -> tuple[Candidate, int, float] | None:
+        """(job, GPU index, when) the policy keeps for a job that waited too long."""
+        ...
