@@ -52,7 +52,7 @@ def command_env(
 
 
 def _check_devices(chosen: str | Size, device: str | None) -> None:
-    """--device and a --claim size, against the GPUs CMD will see (the same environment): a
+    """--gpu and a --claim size, against the GPUs CMD will see (the same environment): a
     device that matches none, or a size no device can hold, would otherwise only warn inside
     CMD and leave it running ungoverned. Without any GPU here CMD says so itself."""
     if device is None and not isinstance(chosen, Size):
@@ -64,7 +64,7 @@ def _check_devices(chosen: str | Size, device: str | None) -> None:
     except MemgovError as exc:
         if device is None:
             return  # no GPU at all: CMD's auto-enable warns (or fails with --strict)
-        raise ConfigError(f"--device {device!r}: {exc}") from None
+        raise ConfigError(f"--gpu {device!r}: {exc}") from None
     if isinstance(chosen, Size):
         _devices.sizes_on(chosen, found)  # ConfigError naming --claim and the device's size
 

@@ -19,8 +19,11 @@ def run(
     claim: Annotated[
         str, typer.Option("--claim", help="SIZE (2GiB, 25%), growth, auto (measured) or off.")
     ] = "auto",
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="Index (cuda:N), GPU UUID or auto.")
+    ] = None,
     device: Annotated[
-        str | None, typer.Option("--device", help="Index (cuda:N), GPU UUID or auto.")
+        str | None, typer.Option("--device", hidden=True, help="The old name of --gpu.")
     ] = None,
     wait: Annotated[
         float | None, typer.Option("--wait", help="Queue up to SECONDS for the budget.")
@@ -39,8 +42,11 @@ def run(
     """Run CMD governed by env alone: memgov run --claim 2GiB -- python train.py"""
     from memgov import _autoenable, _run
 
+    if device is not None:  # one name for the GPU in every command (pack, queue add: --gpu)
+        typer.echo("memgov: --device is now --gpu (the old name works for this release)", err=True)
+        gpu = gpu if gpu is not None else device
     try:
-        env = _run.command_env(claim, device, wait, strict, threads, job=job)
+        env = _run.command_env(claim, gpu, wait, strict, threads, job=job)
         if not _autoenable.installed_pth():
             typer.echo(
                 f"memgov: warning: {_autoenable.PTH_NAME} is not installed for {sys.executable}; "

@@ -49,10 +49,10 @@ def test_run_still_starts_cmd_with_a_claim_that_fits(env: dict[str, str], tmp_pa
 
 def test_run_with_device_auto_names_the_largest_device(env: dict[str, str]) -> None:
     env["MEMGOV_DEVICES"] = "sim0:16GiB,sim1:32GiB"
-    refused = memgov_cli(["run", "--claim", "33GiB", "--device", "auto", "--", "true"], env)
+    refused = memgov_cli(["run", "--claim", "33GiB", "--gpu", "auto", "--", "true"], env)
     assert refused.returncode == 2
     assert "larger than the largest device, sim1 (32.00 GiB)" in refused.stderr
-    fits_one = memgov_cli(["run", "--claim", "20GiB", "--device", "auto", "--", "true"], env)
+    fits_one = memgov_cli(["run", "--claim", "20GiB", "--gpu", "auto", "--", "true"], env)
     assert fits_one.returncode == 0, fits_one.stderr  # sim1 can hold it: auto picks it later
 
 

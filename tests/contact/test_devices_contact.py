@@ -1,4 +1,4 @@
-"""cuda:N everywhere a device is named (claim, MEMGOV_DEVICE, memgov run --device), and a device
+"""cuda:N everywhere a device is named (claim, MEMGOV_DEVICE, memgov run --gpu), and a device
 that matches nothing refused up front by `memgov run` instead of a warning inside CMD."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_memgov_device_cuda_1_is_governed(env, py):
 def test_memgov_run_device_cuda_1(env):
     env["MEMGOV_DEVICES"] = "sim0:16GiB,sim1:16GiB"
     result = subprocess.run(
-        [*MEMGOV, "run", "--claim", "1GiB", "--device", "cuda:1", "--",
+        [*MEMGOV, "run", "--claim", "1GiB", "--gpu", "cuda:1", "--",
          sys.executable, "-c", "import torch\n" + SHOW],
         env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
@@ -50,16 +50,30 @@ def test_memgov_run_device_cuda_1(env):
 @pytest.mark.parametrize(
     ("device", "text"),
     [
-        ("banana", "--device 'banana': device='banana' matches no visible GPU (visible: sim0)"),
+        ("banana", "--gpu 'banana': device='banana' matches no visible GPU (visible: sim0)"),
         ("cuda:3", "this process sees 1 GPU(s), indices 0..0"),
         ("", "accepted None (the first visible GPU)"),
     ],
 )
 def test_memgov_run_refuses_a_device_that_matches_nothing(env, tmp_path, device, text):
     result = subprocess.run(
-        [*MEMGOV, "run", "--claim", "1GiB", "--device", device, "--", "touch", "ran"],
+        [*MEMGOV, "run", "--claim", "1GiB", "--gpu", device, "--", "touch", "ran"],
         env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 2
     assert text in result.stderr
     assert not (tmp_path / "ran").exists()  # CMD never started
+
+
+def test_memgov_run_takes_the_old_device_option_with_a_notice(env):
+    """One name for the GPU in every command (--gpu, as pack and queue add); --device, the old
+    spelling of memgov run, still works for a release and says so in one line."""
+    env["MEMGOV_DEVICES"] = "sim0:16GiB,sim1:16GiB"
+    result = subprocess.run(
+        [*MEMGOV, "run", "--claim", "1GiB", "--device", "cuda:1", "--",
+         sys.executable, "-c", "import torch\n" + SHOW],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == "sim1"
+    assert "memgov: --device is now --gpu" in result.stderr
