@@ -71,11 +71,23 @@ app.command("exporter", help=exporter.HELP)(exporter.exporter)  # Prometheus (do
 app.add_typer(queue.queue_app, name="queue")  # `memgov queue` (docs/queue.md, docs/placement.md)
 
 
+REQUIRED = ("numpy", "psutil", "filelock")
+"""memgov's own dependencies that a command imports on use (pyproject.toml)."""
+
+
 def main() -> None:
     try:
         app()
     except BrokenPipeError:  # `memgov status | head`
         sys.exit(0)
+    except ModuleNotFoundError as exc:  # an environment that lost a dependency of memgov's
+        if exc.name not in REQUIRED:
+            raise
+        print(
+            f"memgov: {exc.name} is missing, a dependency of memgov-gpu: pip install {exc.name}",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 __all__ = ["app", "main"]
