@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,18 @@ def held(folder: Path, seconds: float = 3) -> list[str]:
     (a barrier in ``folder`` that no count reaches): long enough for pack's sampling (a second
     apart on a loaded host) to see the job's processes, which a job of a few steps can outrun."""
     return ["--barrier", str(folder), "--barrier-n", "999", "--barrier-timeout", f"{seconds:g}"]
+
+
+def mnist_args(
+    out: Path, *options: str, n: int = 2, epochs: int = 1, trainer: Sequence[str] = TINY
+) -> list[str]:
+    """`memgov pack` arguments: ``n`` jobs of experiments/mnist on the CPU, ``epochs`` epochs each,
+    no progress display, report into ``out``; ``options`` are further pack options and ``trainer``
+    the trainer's arguments (``--`` first)."""
+    return [
+        *("--n", str(n), "--device", "cpu", *options, str(MNIST)),
+        *("--epochs", str(epochs), "--out", str(out), "--no-progress", *trainer),
+    ]
 
 
 def pack_cmd(*args: str) -> list[str]:

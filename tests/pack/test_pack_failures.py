@@ -16,7 +16,7 @@ import pytest
 
 import memgov
 
-from ._util import MNIST, ROOT, TINY, pack_cmd, report, run_pack
+from ._util import MNIST, ROOT, mnist_args, pack_cmd, report, run_pack
 
 needs_root_unshare = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -49,22 +49,7 @@ def test_refused_budget_is_the_reason(tmp_path: Path, monkeypatch: pytest.Monkey
     held = memgov.claim("1536MiB", name="holder-in-test")
     out = tmp_path / "out"
     try:
-        done = run_pack(
-            "--n",
-            "2",
-            "--device",
-            "cpu",
-            "--claim",
-            "1GiB",
-            "--no-solo",
-            str(MNIST),
-            "--epochs",
-            "1",
-            "--out",
-            str(out),
-            "--no-progress",
-            *TINY,
-        )
+        done = run_pack(*mnist_args(out, "--claim", "1GiB", "--no-solo"))
     finally:
         held.release()
     assert done.returncode == 1, done.stderr
@@ -81,22 +66,7 @@ def test_refused_budget_is_the_reason(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_a_killed_job_fails_alone_with_its_reason(tmp_path: Path, runner: str) -> None:
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        pack_cmd(
-            "--n",
-            "2",
-            "--device",
-            "cpu",
-            "--runner",
-            runner,
-            "--no-solo",
-            str(MNIST),
-            "--epochs",
-            "1",
-            "--out",
-            str(out),
-            "--no-progress",
-            *TINY,
-        ),
+        pack_cmd(*mnist_args(out, "--runner", runner, "--no-solo")),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -223,21 +193,7 @@ def test_ctrl_c_as_a_job_starts_still_stops_that_job(tmp_path: Path) -> None:
 def test_timeout_stops_the_jobs_with_that_reason(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = run_pack(
-        "--n",
-        "1",
-        "--device",
-        "cpu",
-        "--timeout",
-        "2",
-        str(MNIST),
-        "--epochs",
-        "50",
-        "--out",
-        str(out),
-        "--no-progress",
-        "--",
-        "--limit",
-        "4096",
+        *mnist_args(out, "--timeout", "2", n=1, epochs=50, trainer=["--", "--limit", "4096"])
     )
     assert done.returncode == 1, done.stderr
     job = report(out)["jobs"][0]

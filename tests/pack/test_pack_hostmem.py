@@ -12,7 +12,7 @@ import pytest
 from memgov._errors import ConfigError
 from memgov.pack import PackConfig, hostmem
 
-from ._util import MNIST, TINY, report, run_pack
+from ._util import MNIST, mnist_args, report, run_pack
 
 GiB = 2**30
 
@@ -132,22 +132,7 @@ def _per_job_that_fits_once() -> int:
 def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> None:
     out = tmp_path / "out"
     per_job = _per_job_that_fits_once()
-    done = run_pack(
-        "--n",
-        "2",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--host-per-job",
-        f"{per_job >> 20}MiB",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--no-progress",
-        *TINY,
-    )
+    done = run_pack(*mnist_args(out, "--no-solo", "--host-per-job", f"{per_job >> 20}MiB"))
     assert done.returncode == 0, done.stderr
     data = report(out)
     assert (data["ok"], data["failed"]) == (2, 0)
@@ -163,22 +148,7 @@ def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> 
 
 def test_a_job_that_can_never_fit_is_refused_with_the_reason(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_pack(
-        "--n",
-        "2",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--host-per-job",
-        "64TiB",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--no-progress",
-        *TINY,
-    )
+    done = run_pack(*mnist_args(out, "--no-solo", "--host-per-job", "64TiB"))
     assert done.returncode == 1, done.stderr
     data = report(out)
     assert (data["ok"], data["failed"], data["reasons"]) == (0, 2, {"host_memory": 2})
@@ -196,21 +166,7 @@ def test_a_job_stopped_after_an_epoch_still_sizes_the_next_pack(
     # ran), so the history keeps it and the next pack does not fall back to the 2 GiB default.
     out = tmp_path / "out"
     done = run_pack(
-        "--n",
-        "1",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--timeout",
-        "45",  # the import of torch on a loaded host, then epochs of a second or less
-        "--no-progress",
-        str(MNIST),
-        "--epochs",
-        "100000",
-        "--out",
-        str(out),
-        *TINY,
-        timeout=150,
+        *mnist_args(out, "--no-solo", "--timeout", "45", n=1, epochs=100000), timeout=150
     )
     data = report(out)
     job = data["jobs"][0]
