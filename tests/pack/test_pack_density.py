@@ -48,31 +48,19 @@ def test_jobs_at_once_are_capped_by_clients_or_contexts() -> None:
 
 def test_capacity_names_the_binding_limit() -> None:
     run = {"footprint_max_mib": 884.0, "uss_per_job_mib": 640.0}
-    got = stats.capacity(
-        run,
-        device_total=143771 * 2**20,
-        device_free_before=143000 * 2**20,
-        claim_bytes=1037 * 2**20,
-        ledger_capacity=143000 * 2**20,
-        host_available=120 * 2**30,
-        mps_limit=None,
-        contexts=72,
-        cores=16,
-        concurrent=72,
-    )
+    # One 140 GiB GPU, 1 GiB claims, 16 cores; the cases differ in the MPS and context limits.
+    host: dict[str, int] = {
+        "device_total": 143771 * 2**20,
+        "device_free_before": 143000 * 2**20,
+        "claim_bytes": 1037 * 2**20,
+        "ledger_capacity": 143000 * 2**20,
+        "host_available": 120 * 2**30,
+        "cores": 16,
+    }
+    got = stats.capacity(run, **host, mps_limit=None, contexts=72, concurrent=72)
     assert got["binding"] == "contexts" and got["jobs_fit"]["contexts"] == 72
     assert got["cores"] == {"cores": 16, "jobs_at_once": 72, "shared": True}
-    got = stats.capacity(
-        run,
-        device_total=143771 * 2**20,
-        device_free_before=143000 * 2**20,
-        claim_bytes=1037 * 2**20,
-        ledger_capacity=143000 * 2**20,
-        host_available=120 * 2**30,
-        mps_limit=3 * 48,
-        cores=16,
-        concurrent=140,
-    )
+    got = stats.capacity(run, **host, mps_limit=3 * 48, concurrent=140)
     assert got["binding"] == "gpu_memory_by_claim" and got["jobs_fit"]["mps_clients"] == 144
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import memgov
 
-from ._util import MNIST, ROOT, mnist_args, pack_cmd, report, run_pack
+from ._util import MNIST, ROOT, mnist_args, pack_cmd, pack_running, report, run_pack
 
 needs_root_unshare = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -65,21 +65,11 @@ def test_refused_budget_is_the_reason(tmp_path: Path, monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("runner", ["process", pytest.param("namespace", marks=needs_root_unshare)])
 def test_a_killed_job_fails_alone_with_its_reason(tmp_path: Path, runner: str) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        pack_cmd(*mnist_args(out, "--runner", runner, "--no-solo")),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with pack_running(*mnist_args(out, "--runner", runner, "--no-solo")) as proc:
         # Killed while the trainers start up: the other one still has all its work ahead.
         victim = _trainers(psutil.Process(proc.pid), 2)[-1]
         victim.send_signal(signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 1, stderr
     jobs = report(out)["jobs"]
     bad = [j for j in jobs if j["status"] != "ok"]
@@ -99,38 +89,13 @@ def test_a_killed_job_fails_alone_with_its_reason(tmp_path: Path, runner: str) -
 @pytest.mark.parametrize("runner", ["process", pytest.param("namespace", marks=needs_root_unshare)])
 def test_ctrl_c_stops_every_job_and_leaves_no_process(tmp_path: Path, runner: str) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        pack_cmd(
-            "--n",
-            "2",
-            "--device",
-            "cpu",
-            "--runner",
-            runner,
-            "--no-solo",
-            str(MNIST),
-            "--epochs",
-            "50",
-            "--out",
-            str(out),
-            "--",
-            "--limit",
-            "4096",
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    argv = ("--n", "2", "--device", "cpu", "--runner", runner, "--no-solo", str(MNIST))
+    with pack_running(*argv, "--epochs", "50", "--out", str(out), "--", "--limit", "4096") as proc:
         pack = psutil.Process(proc.pid)
         _trainers(pack, 2)
         tree = pack.children(recursive=True)  # unshare and sh too, for the namespace runner
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, stderr
     assert "interrupted; partial report in" in stderr
     left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

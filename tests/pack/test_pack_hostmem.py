@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -50,46 +51,25 @@ def test_gate_learns_the_solo_job_only_where_nothing_better_is_known() -> None:
 
 
 def test_auto_runner_forks_the_jobs_when_processes_would_not_fit(tmp_path: Path) -> None:
-    from memgov.pack.plan import prepare
+    from memgov.pack.plan import Context, prepare
+
+    def prepared(name: str, **kw: Any) -> Context:
+        cfg = PackConfig(
+            experiment=MNIST, device="cpu", solo=False, history=False, out=tmp_path / name, **kw
+        )
+        return prepare(cfg)
 
     available = psutil.virtual_memory().available
     many = int(available // hostmem.DEFAULT_PER_JOB) + 1  # at 2 GiB each, one too many
-    cfg = PackConfig(
-        experiment=MNIST, device="cpu", n=many, solo=False, history=False, out=tmp_path / "many"
-    )
-    ctx = prepare(cfg)
+    ctx = prepared("many", n=many)
     assert ctx.runner.name == "preload", ctx.runner_why
     assert ctx.runner_why.startswith(f"auto: preload: {many} jobs at once as processes need")
     assert any(n.startswith("runner auto: preload") for n in ctx.notes())
-    few = prepare(
-        PackConfig(
-            experiment=MNIST, device="cpu", n=1, solo=False, history=False, out=tmp_path / "few"
-        )
-    )
+    few = prepared("few", n=1)
     assert few.runner.name == "process" and few.runner_why.startswith("auto: process: 1 jobs")
-    chosen = prepare(
-        PackConfig(
-            experiment=MNIST,
-            device="cpu",
-            n=many,
-            solo=False,
-            history=False,
-            runner="process",
-            out=tmp_path / "chosen",
-        )
-    )
+    chosen = prepared("chosen", n=many, runner="process")
     assert (chosen.runner.name, chosen.runner_why) == ("process", "--runner process")
-    tf = prepare(
-        PackConfig(
-            experiment=MNIST,
-            device="cpu",
-            n=many,
-            solo=False,
-            history=False,
-            framework="tensorflow",
-            out=tmp_path / "tf",
-        )
-    )
+    tf = prepared("tf", n=many, framework="tensorflow")
     assert tf.runner.name == "process" and "forks only torch, jax jobs" in tf.runner_why
 
 
