@@ -120,7 +120,7 @@ def _wait_for_sibling(job: str, label: str, notes: list[str]) -> tuple[float | N
     if job in _gave_up or _ancestor(holder):
         return None, holder
     start = time.monotonic()
-    if not _quiet():
+    if not _settings.quiet():
         sys.stderr.write(
             f"memgov: auto: waiting up to {FIRST_RUN_WAIT_S:g} s for the first run of {label} "
             f"(pid {holder}) to end, to be sized from its peak\n"
@@ -159,13 +159,6 @@ def _ancestor(pid: int) -> bool:
         except (OSError, ValueError, IndexError):
             return False
     return False
-
-
-def _quiet() -> bool:
-    try:
-        return bool(_settings.get("MEMGOV_QUIET"))
-    except Exception:
-        return False
 
 
 def _first_run(device: Device, capacity: int, label: str, notes: list[str], peak: int) -> Sized:

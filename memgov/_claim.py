@@ -214,7 +214,7 @@ def claim(
             for result, touched in made:
                 _undo(result, touched)
         raise
-    if auto and "auto" in result.reports and not _quiet():
+    if auto and "auto" in result.reports and not _settings.quiet():
         sys.stderr.write(f"memgov: {result.reports['auto']}\n")
         sys.stderr.flush()
     return result
@@ -295,13 +295,6 @@ def _govern(
     )
     _adapters.govern(budget, result.reports)
     return budget
-
-
-def _quiet() -> bool:
-    try:
-        return bool(_settings.get("MEMGOV_QUIET"))
-    except ConfigError:
-        return False
 
 
 def _end_run(claim: Claim) -> None:

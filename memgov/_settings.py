@@ -401,6 +401,15 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
     return row.parse(raw, name)
 
 
+def quiet() -> bool:
+    """MEMGOV_QUIET; a value that does not parse leaves memgov's notes on (it is refused where
+    the settings are checked)."""
+    try:
+        return bool(get("MEMGOV_QUIET"))
+    except Exception:
+        return False
+
+
 def is_set(name: str) -> bool:
     return bool(os.environ.get(name, "").strip())
 

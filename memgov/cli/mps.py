@@ -6,13 +6,11 @@ memgov._mps is imported inside each command, so `memgov --help` stays cheap.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
-from memgov._errors import MemgovError
-from memgov.cli._common import JsonFlag, fail
+from memgov.cli._common import JsonFlag, attempt
 
 mps_app = typer.Typer(
     name="mps",
@@ -23,14 +21,6 @@ mps_app = typer.Typer(
 Timeout = Annotated[
     float, typer.Option("--timeout", min=0.5, help="Seconds to wait for the daemon.")
 ]
-
-
-def _call(action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run one memgov._mps action; its errors become a one-line message and exit status 2."""
-    try:
-        return action()
-    except (MemgovError, OSError) as exc:
-        raise fail(exc) from None
 
 
 def _print(info: dict[str, Any], as_json: bool) -> None:
@@ -90,7 +80,7 @@ def start(
     """Start control daemons for the host's GPUs, with their folders under memgov's folder."""
     from memgov import _mps
 
-    info = _call(lambda: _mps.start(timeout=timeout, daemons=daemons))
+    info = attempt(lambda: _mps.start(timeout=timeout, daemons=daemons), OSError)
     _print(info, as_json)
     if not as_json:
         for k, seconds in sorted(info.get("start_s", {}).items()):
@@ -102,7 +92,7 @@ def status(as_json: JsonFlag = False) -> None:
     """Whether memgov's daemon answers, its servers and their client processes."""
     from memgov import _mps
 
-    _print(_call(_mps.status), as_json)
+    _print(attempt(_mps.status, OSError), as_json)
 
 
 @mps_app.command("stop")
@@ -120,7 +110,7 @@ def stop(
     """Stop memgov's daemons and their servers (quit, then SIGTERM/SIGKILL what is left)."""
     from memgov import _mps
 
-    report = _call(lambda: _mps.stop(force=force, timeout=timeout))
+    report = attempt(lambda: _mps.stop(force=force, timeout=timeout), OSError)
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
     else:

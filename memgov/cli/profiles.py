@@ -10,7 +10,7 @@ import typer
 
 from memgov._errors import MemgovError
 from memgov._parse import printable
-from memgov.cli._common import JsonFlag, fail, print_json
+from memgov.cli._common import JsonFlag, attempt, fail, print_json
 
 profiles_app = typer.Typer(
     help="Measured peaks per job, which size `auto` claims: list, show one, forget one.",
@@ -28,10 +28,7 @@ def listing(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         return
     from memgov import _profiles
 
-    try:
-        found, problems = _profiles.every()
-    except MemgovError as exc:
-        raise fail(exc) from None
+    found, problems = attempt(_profiles.every)
     rows = [summary(p) for p in found]
     if as_json:
         print_json({"profiles": rows, "problems": problems})
@@ -54,10 +51,7 @@ def show(job: JobArg, as_json: JsonFlag = False) -> None:
     """One job's runs: peak, how each ended, its claim and where that came from."""
     from memgov import _profiles
 
-    try:
-        profile = _profiles.read(job)
-    except MemgovError as exc:
-        raise fail(exc) from None
+    profile = attempt(lambda: _profiles.read(job))
     if profile is None:
         raise fail(MemgovError(f"no profile for job {job!r} (`memgov profiles` lists them)"))
     data = {**summary(profile), "history": profile.runs}
@@ -81,10 +75,7 @@ def forget(job: JobArg, as_json: JsonFlag = False) -> None:
     """Remove a job's profile: its next `auto` claim is a first run again."""
     from memgov import _profiles
 
-    try:
-        removed = _profiles.forget(job)
-    except MemgovError as exc:
-        raise fail(exc) from None
+    removed = attempt(lambda: _profiles.forget(job))
     if as_json:
         print_json({"job": job, "removed": removed})
         return

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from memgov._errors import MemgovError
-from memgov.cli._common import JsonFlag, fail, print_json
+from memgov.cli._common import JsonFlag, attempt, fail, print_json
 
 queue_app = typer.Typer(
     help="A job queue on the GPUs (add, list, cancel, log, run, serve); simulate a policy.",
@@ -75,10 +75,7 @@ def _json(ctx: typer.Context, as_json: bool) -> bool:
 def _list(as_json: bool) -> None:
     import memgov.queue as q
 
-    try:
-        found, problems = q.jobs()
-    except MemgovError as exc:
-        raise fail(exc) from None
+    found, problems = attempt(q.jobs)
     if as_json:
         print_json({"jobs": [j.to_json() | {"env": None} for j in found], "problems": problems})
         return
@@ -146,10 +143,7 @@ def cancel(ctx: typer.Context, job_id: JobId, as_json: JsonFlag = False) -> None
     as_json = _json(ctx, as_json)
     import memgov.queue as q
 
-    try:
-        said = q.cancel(job_id)
-    except MemgovError as exc:
-        raise fail(exc) from None
+    said = attempt(lambda: q.cancel(job_id))
     if as_json:
         print_json({"id": job_id, "done": said})
         return
@@ -282,10 +276,7 @@ def serve(
     def tell(event: dict[str, Any]) -> None:
         typer.echo(json.dumps(event, sort_keys=True) if as_json else _event_line(event))
 
-    try:
-        report = q.serve(policy, grace_s=grace, tell=tell, max_slowdown=max_slowdown)
-    except MemgovError as exc:
-        raise fail(exc) from None
+    report = attempt(lambda: q.serve(policy, grace_s=grace, tell=tell, max_slowdown=max_slowdown))
     data = report.to_json()
     if not as_json:
         _show(data, as_json)

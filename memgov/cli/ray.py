@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from memgov._errors import MemgovError
-from memgov.cli._common import JsonFlag
+from memgov.cli._common import JsonFlag, attempt, fail
 from memgov.cli._packoptions import command, own
 
 if TYPE_CHECKING:
@@ -49,11 +49,7 @@ def node_resources(as_json: JsonFlag = False) -> None:
     from memgov.ray._node import node_resources as declared_now
     from memgov.ray._node import ray_start_flags
 
-    try:
-        declared = declared_now()
-    except MemgovError as exc:
-        typer.echo(f"memgov: {exc}", err=True)
-        raise typer.Exit(2) from None
+    declared = attempt(declared_now)
     if as_json:
         typer.echo(
             json.dumps({**declared, "flags": ray_start_flags(declared)}, indent=2, sort_keys=True)
@@ -135,8 +131,7 @@ def pack(
         cfg = config("ray", options, experiment=experiment, trainer_args=list(trainer_args or []))
         check_options(cfg, "ray")
     except MemgovError as exc:
-        typer.echo(f"memgov: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     require_ray("pack")
     from memgov.ray._pack import run
 
@@ -194,6 +189,9 @@ ray_app.command("pack")(
 )
 
 
+_COUNTS = ("jobs", "ok", "failed", "samples_per_s")
+
+
 def pack_table(report: RayReport) -> Any:
     from rich.table import Table
 
@@ -203,26 +201,13 @@ def pack_table(report: RayReport) -> Any:
     )
     for column in ("scope", "where", "jobs", "ok", "failed", "samples/s"):
         table.add_column(column)
-    for row in report["per_node"]:
-        table.add_row(
-            "node",
-            f"{row['node']} {row['node_id'][:12]}",
-            str(row["jobs"]),
-            str(row["ok"]),
-            str(row["failed"]),
-            str(row["samples_per_s"]),
-        )
-    table.add_section()
-    for row in report["per_gpu"]:
-        table.add_row(
-            "GPU",
-            row["gpu"],
-            str(row["jobs"]),
-            str(row["ok"]),
-            str(row["failed"]),
-            str(row["samples_per_s"]),
-        )
-    table.add_section()
+    for scope, rows, where in (
+        ("node", report["per_node"], lambda row: f"{row['node']} {row['node_id'][:12]}"),
+        ("GPU", report["per_gpu"], lambda row: row["gpu"]),
+    ):
+        for row in rows:
+            table.add_row(scope, where(row), *(str(row[k]) for k in _COUNTS))
+        table.add_section()
     for job in report["jobs"]:
         what = "ok" if job["status"] == "ok" else f"{job['reason']}: {job['detail']}"
         table.add_row(

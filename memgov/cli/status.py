@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from memgov._errors import MemgovError
-from memgov.cli._common import JsonFlag, fail, print_json
+from memgov.cli._common import JsonFlag, attempt, fail, print_json
 
 
 def status(
@@ -113,10 +113,7 @@ def devices(as_json: JsonFlag = False) -> None:
     from memgov._devices import devices as list_devices
     from memgov._status import device_dict
 
-    try:
-        found = [device_dict(d) for d in list_devices()]
-    except MemgovError as exc:
-        raise fail(exc) from None
+    found = attempt(lambda: [device_dict(d) for d in list_devices()])
     if as_json:
         print_json({"devices": found})
         return

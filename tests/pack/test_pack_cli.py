@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ._util import MNIST, TINY, report, run_pack
+from ._util import MNIST, TINY, mnist_args, report, run_pack
 
 KEYS = (
     "n",
@@ -110,24 +110,7 @@ def test_parallel_bounds_the_jobs_at_once_and_the_rest_start_as_others_end(
     # --parallel is a gate of the engine pack runs on (memgov/queue/engine.py): the third job
     # starts only when one of the first two has ended.
     out = tmp_path / "out"
-    done = run_pack(
-        "--n",
-        "3",
-        "--parallel",
-        "2",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--epochs",
-        "1",
-        "--host-per-job",
-        "off",
-        "--no-progress",
-        "--out",
-        str(out),
-        str(MNIST),
-        *TINY,
-    )
+    done = run_pack(*mnist_args(out, "--parallel", "2", "--no-solo", "--host-per-job", "off", n=3))
     assert done.returncode == 0, done.stderr
     data = report(out)
     assert (data["ok"], data["parallel"], data["aggregate_basis"]) == (

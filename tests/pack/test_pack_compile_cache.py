@@ -15,7 +15,7 @@ from memgov._errors import ConfigError
 from memgov.pack import warmup
 from memgov.pack.runners import DockerRunner
 
-from ._util import MNIST, TINY, report, run_pack
+from ._util import MNIST, TINY, mnist_args, report, run_pack
 
 
 def test_cache_folder_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,23 +99,9 @@ def test_bad_compile_cache_is_a_clear_error_before_any_job(tmp_path: Path) -> No
 def test_jobs_load_what_the_warm_up_job_compiled(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = run_pack(
-        "--n",
-        "2",
-        "--framework",
-        "jax",
-        "--device",
-        "cpu",
-        "--no-solo",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--no-progress",
-        "--",
-        "--limit",
-        "64",
-        "--no-eval",
+        *mnist_args(
+            out, "--framework", "jax", "--no-solo", trainer=["--", "--limit", "64", "--no-eval"]
+        ),
         timeout=280,
     )
     assert done.returncode == 0, done.stderr

@@ -15,7 +15,7 @@ import pytest
 from memgov.pack import PackConfig, plan, results
 from memgov.pack.config import cores
 
-from ._util import MNIST, ROOT, TINY, pack_cmd, report, run_pack
+from ._util import MNIST, ROOT, TINY, mnist_args, pack_cmd, report, run_pack
 
 
 def test_cpu_default_is_small_and_its_solo_job_is_a_fair_reference(tmp_path: Path) -> None:
@@ -145,20 +145,7 @@ def test_bad_out_is_a_clean_error(tmp_path: Path) -> None:
 def test_bundled_experiment_by_name(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = subprocess.run(
-        pack_cmd(
-            "--n",
-            "1",
-            "--device",
-            "cpu",
-            "--no-solo",
-            "--epochs",
-            "1",
-            "--out",
-            str(out),
-            "--no-progress",
-            "mnist",
-            *TINY,
-        ),
+        pack_cmd(*mnist_args(out, "--no-solo", n=1, experiment="mnist")),
         capture_output=True,
         text=True,
         timeout=120,

@@ -19,7 +19,7 @@ from memgov.pack.config import PackConfig
 from memgov.pack.jobs import classify
 from memgov.pack.plan import _plans
 
-from ._util import MNIST, TINY, report, run_pack
+from ._util import MNIST, mnist_args, report, run_pack
 
 
 def cfg(**kw: object) -> PackConfig:
@@ -48,31 +48,19 @@ def test_jobs_at_once_are_capped_by_clients_or_contexts() -> None:
 
 def test_capacity_names_the_binding_limit() -> None:
     run = {"footprint_max_mib": 884.0, "uss_per_job_mib": 640.0}
-    got = stats.capacity(
-        run,
-        device_total=143771 * 2**20,
-        device_free_before=143000 * 2**20,
-        claim_bytes=1037 * 2**20,
-        ledger_capacity=143000 * 2**20,
-        host_available=120 * 2**30,
-        mps_limit=None,
-        contexts=72,
-        cores=16,
-        concurrent=72,
-    )
+    # One 140 GiB GPU, 1 GiB claims, 16 cores; the cases differ in the MPS and context limits.
+    host: dict[str, int] = {
+        "device_total": 143771 * 2**20,
+        "device_free_before": 143000 * 2**20,
+        "claim_bytes": 1037 * 2**20,
+        "ledger_capacity": 143000 * 2**20,
+        "host_available": 120 * 2**30,
+        "cores": 16,
+    }
+    got = stats.capacity(run, **host, mps_limit=None, contexts=72, concurrent=72)
     assert got["binding"] == "contexts" and got["jobs_fit"]["contexts"] == 72
     assert got["cores"] == {"cores": 16, "jobs_at_once": 72, "shared": True}
-    got = stats.capacity(
-        run,
-        device_total=143771 * 2**20,
-        device_free_before=143000 * 2**20,
-        claim_bytes=1037 * 2**20,
-        ledger_capacity=143000 * 2**20,
-        host_available=120 * 2**30,
-        mps_limit=3 * 48,
-        cores=16,
-        concurrent=140,
-    )
+    got = stats.capacity(run, **host, mps_limit=3 * 48, concurrent=140)
     assert got["binding"] == "gpu_memory_by_claim" and got["jobs_fit"]["mps_clients"] == 144
 
 
@@ -144,22 +132,7 @@ def test_a_job_past_the_context_limit_is_refused_with_that_reason(
     held = memgov.claim("1GiB", name="holder-in-test")  # the one context the GPU takes
     out = tmp_path / "out"
     try:
-        done = run_pack(
-            "--n",
-            "1",
-            "--device",
-            "cpu",
-            "--claim",
-            "1GiB",
-            "--no-solo",
-            str(MNIST),
-            "--epochs",
-            "1",
-            "--out",
-            str(out),
-            "--no-progress",
-            *TINY,
-        )
+        done = run_pack(*mnist_args(out, "--claim", "1GiB", "--no-solo", n=1))
     finally:
         held.release()
     assert done.returncode == 1, done.stderr
@@ -174,25 +147,7 @@ def test_jobs_past_the_context_limit_queue_with_wait(
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:64GiB")
     monkeypatch.setenv("MEMGOV_CONTEXTS", "1")
     out = tmp_path / "out"
-    done = run_pack(
-        "--n",
-        "2",
-        "--device",
-        "cpu",
-        "--claim",
-        "1GiB",
-        "--no-solo",
-        "--wait",
-        "90",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--no-progress",
-        *TINY,
-        timeout=240,
-    )
+    done = run_pack(*mnist_args(out, "--claim", "1GiB", "--no-solo", "--wait", "90"), timeout=240)
     assert done.returncode == 0, done.stderr + done.stdout
     data = report(out)
     assert (data["ok"], data["n"]) == (2, 2)
@@ -232,45 +187,13 @@ def test_an_automatic_claim_shrinks_so_every_job_fits_at_once(
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:9GiB")
     monkeypatch.setenv("MEMGOV_RESERVE", "0")
     out = tmp_path / "out"
-    done = run_pack(
-        "--n",
-        "8",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--no-progress",
-        "--batch",
-        "32",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        *TINY,
-        timeout=300,
-    )
+    done = run_pack(*mnist_args(out, "--no-solo", "--batch", "32", n=8), timeout=300)
     assert done.returncode == 0, done.stderr
     data = report(out)
     assert data["claim"]["mib"] == 1152 and "so that 8 jobs fit" in data["claim"]["source"]
     assert (data["ok"], data["failed"]) == (8, 0)
     # Where the footprints do not allow it (here: 2 jobs fit anyway), the claim stays as is.
     out2 = tmp_path / "out2"
-    done = run_pack(
-        "--n",
-        "2",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--no-progress",
-        "--batch",
-        "32",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out2),
-        *TINY,
-        timeout=300,
-    )
+    done = run_pack(*mnist_args(out2, "--no-solo", "--batch", "32"), timeout=300)
     assert done.returncode == 0, done.stderr
     assert report(out2)["claim"]["mib"] == 1164

@@ -16,7 +16,7 @@ import pytest
 
 import memgov
 
-from ._util import MNIST, ROOT, TINY, pack_cmd, report, run_pack
+from ._util import MNIST, ROOT, mnist_args, pack_cmd, pack_running, report, run_pack
 
 needs_root_unshare = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -49,22 +49,7 @@ def test_refused_budget_is_the_reason(tmp_path: Path, monkeypatch: pytest.Monkey
     held = memgov.claim("1536MiB", name="holder-in-test")
     out = tmp_path / "out"
     try:
-        done = run_pack(
-            "--n",
-            "2",
-            "--device",
-            "cpu",
-            "--claim",
-            "1GiB",
-            "--no-solo",
-            str(MNIST),
-            "--epochs",
-            "1",
-            "--out",
-            str(out),
-            "--no-progress",
-            *TINY,
-        )
+        done = run_pack(*mnist_args(out, "--claim", "1GiB", "--no-solo"))
     finally:
         held.release()
     assert done.returncode == 1, done.stderr
@@ -80,36 +65,11 @@ def test_refused_budget_is_the_reason(tmp_path: Path, monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("runner", ["process", pytest.param("namespace", marks=needs_root_unshare)])
 def test_a_killed_job_fails_alone_with_its_reason(tmp_path: Path, runner: str) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        pack_cmd(
-            "--n",
-            "2",
-            "--device",
-            "cpu",
-            "--runner",
-            runner,
-            "--no-solo",
-            str(MNIST),
-            "--epochs",
-            "1",
-            "--out",
-            str(out),
-            "--no-progress",
-            *TINY,
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with pack_running(*mnist_args(out, "--runner", runner, "--no-solo")) as proc:
         # Killed while the trainers start up: the other one still has all its work ahead.
         victim = _trainers(psutil.Process(proc.pid), 2)[-1]
         victim.send_signal(signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 1, stderr
     jobs = report(out)["jobs"]
     bad = [j for j in jobs if j["status"] != "ok"]
@@ -129,38 +89,13 @@ def test_a_killed_job_fails_alone_with_its_reason(tmp_path: Path, runner: str) -
 @pytest.mark.parametrize("runner", ["process", pytest.param("namespace", marks=needs_root_unshare)])
 def test_ctrl_c_stops_every_job_and_leaves_no_process(tmp_path: Path, runner: str) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        pack_cmd(
-            "--n",
-            "2",
-            "--device",
-            "cpu",
-            "--runner",
-            runner,
-            "--no-solo",
-            str(MNIST),
-            "--epochs",
-            "50",
-            "--out",
-            str(out),
-            "--",
-            "--limit",
-            "4096",
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    argv = ("--n", "2", "--device", "cpu", "--runner", runner, "--no-solo", str(MNIST))
+    with pack_running(*argv, "--epochs", "50", "--out", str(out), "--", "--limit", "4096") as proc:
         pack = psutil.Process(proc.pid)
         _trainers(pack, 2)
         tree = pack.children(recursive=True)  # unshare and sh too, for the namespace runner
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, stderr
     assert "interrupted; partial report in" in stderr
     left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -223,21 +158,7 @@ def test_ctrl_c_as_a_job_starts_still_stops_that_job(tmp_path: Path) -> None:
 def test_timeout_stops_the_jobs_with_that_reason(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = run_pack(
-        "--n",
-        "1",
-        "--device",
-        "cpu",
-        "--timeout",
-        "2",
-        str(MNIST),
-        "--epochs",
-        "50",
-        "--out",
-        str(out),
-        "--no-progress",
-        "--",
-        "--limit",
-        "4096",
+        *mnist_args(out, "--timeout", "2", n=1, epochs=50, trainer=["--", "--limit", "4096"])
     )
     assert done.returncode == 1, done.stderr
     job = report(out)["jobs"][0]

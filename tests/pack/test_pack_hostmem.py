@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from memgov._errors import ConfigError
 from memgov.pack import PackConfig, hostmem
 
-from ._util import MNIST, TINY, report, run_pack
+from ._util import MNIST, mnist_args, report, run_pack
 
 GiB = 2**30
 
@@ -50,46 +51,25 @@ def test_gate_learns_the_solo_job_only_where_nothing_better_is_known() -> None:
 
 
 def test_auto_runner_forks_the_jobs_when_processes_would_not_fit(tmp_path: Path) -> None:
-    from memgov.pack.plan import prepare
+    from memgov.pack.plan import Context, prepare
+
+    def prepared(name: str, **kw: Any) -> Context:
+        cfg = PackConfig(
+            experiment=MNIST, device="cpu", solo=False, history=False, out=tmp_path / name, **kw
+        )
+        return prepare(cfg)
 
     available = psutil.virtual_memory().available
     many = int(available // hostmem.DEFAULT_PER_JOB) + 1  # at 2 GiB each, one too many
-    cfg = PackConfig(
-        experiment=MNIST, device="cpu", n=many, solo=False, history=False, out=tmp_path / "many"
-    )
-    ctx = prepare(cfg)
+    ctx = prepared("many", n=many)
     assert ctx.runner.name == "preload", ctx.runner_why
     assert ctx.runner_why.startswith(f"auto: preload: {many} jobs at once as processes need")
     assert any(n.startswith("runner auto: preload") for n in ctx.notes())
-    few = prepare(
-        PackConfig(
-            experiment=MNIST, device="cpu", n=1, solo=False, history=False, out=tmp_path / "few"
-        )
-    )
+    few = prepared("few", n=1)
     assert few.runner.name == "process" and few.runner_why.startswith("auto: process: 1 jobs")
-    chosen = prepare(
-        PackConfig(
-            experiment=MNIST,
-            device="cpu",
-            n=many,
-            solo=False,
-            history=False,
-            runner="process",
-            out=tmp_path / "chosen",
-        )
-    )
+    chosen = prepared("chosen", n=many, runner="process")
     assert (chosen.runner.name, chosen.runner_why) == ("process", "--runner process")
-    tf = prepare(
-        PackConfig(
-            experiment=MNIST,
-            device="cpu",
-            n=many,
-            solo=False,
-            history=False,
-            framework="tensorflow",
-            out=tmp_path / "tf",
-        )
-    )
+    tf = prepared("tf", n=many, framework="tensorflow")
     assert tf.runner.name == "process" and "forks only torch, jax jobs" in tf.runner_why
 
 
@@ -132,22 +112,7 @@ def _per_job_that_fits_once() -> int:
 def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> None:
     out = tmp_path / "out"
     per_job = _per_job_that_fits_once()
-    done = run_pack(
-        "--n",
-        "2",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--host-per-job",
-        f"{per_job >> 20}MiB",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--no-progress",
-        *TINY,
-    )
+    done = run_pack(*mnist_args(out, "--no-solo", "--host-per-job", f"{per_job >> 20}MiB"))
     assert done.returncode == 0, done.stderr
     data = report(out)
     assert (data["ok"], data["failed"]) == (2, 0)
@@ -163,22 +128,7 @@ def test_jobs_that_do_not_fit_together_run_one_after_another(tmp_path: Path) -> 
 
 def test_a_job_that_can_never_fit_is_refused_with_the_reason(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_pack(
-        "--n",
-        "2",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--host-per-job",
-        "64TiB",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--no-progress",
-        *TINY,
-    )
+    done = run_pack(*mnist_args(out, "--no-solo", "--host-per-job", "64TiB"))
     assert done.returncode == 1, done.stderr
     data = report(out)
     assert (data["ok"], data["failed"], data["reasons"]) == (0, 2, {"host_memory": 2})
@@ -196,21 +146,7 @@ def test_a_job_stopped_after_an_epoch_still_sizes_the_next_pack(
     # ran), so the history keeps it and the next pack does not fall back to the 2 GiB default.
     out = tmp_path / "out"
     done = run_pack(
-        "--n",
-        "1",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--timeout",
-        "45",  # the import of torch on a loaded host, then epochs of a second or less
-        "--no-progress",
-        str(MNIST),
-        "--epochs",
-        "100000",
-        "--out",
-        str(out),
-        *TINY,
-        timeout=150,
+        *mnist_args(out, "--no-solo", "--timeout", "45", n=1, epochs=100000), timeout=150
     )
     data = report(out)
     job = data["jobs"][0]

@@ -24,7 +24,7 @@ import pytest
 
 from memgov.pack.preload import PreloadRunner
 
-from ._util import MNIST, TINY, held, pack_cmd, report, run_pack
+from ._util import MNIST, TINY, held, mnist_args, pack_running, report, run_pack
 
 PROBE = """\
 import json, os, sys, time
@@ -367,22 +367,9 @@ def test_pack_with_preload_reports_like_the_process_runner(tmp_path: Path, short
 
 def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path, short_tmp: Path) -> None:
     done = run_pack(
-        "--n",
-        "2",
-        "--runner",
-        "preload",
-        "--device",
-        "cpu",
-        "--no-solo",
-        "--epochs",
-        "1000",
-        "--timeout",
-        "4",
-        "--no-progress",
-        "--out",
-        str(tmp_path / "p"),
-        str(MNIST),
-        *TINY,
+        *mnist_args(
+            tmp_path / "p", "--runner", "preload", "--no-solo", "--timeout", "4", epochs=1000
+        )
     )
     assert done.returncode == 1, done.stderr
     assert _ours(short_tmp) == []
@@ -392,38 +379,13 @@ def test_pack_timeout_stops_forked_jobs_like_spawned_ones(tmp_path: Path, short_
 
 def test_ctrl_c_at_pack_stops_forked_jobs_and_the_zygote(tmp_path: Path, short_tmp: Path) -> None:
     out = tmp_path / "p"
-    pack = subprocess.Popen(
-        pack_cmd(
-            "--n",
-            "2",
-            "--runner",
-            "preload",
-            "--device",
-            "cpu",
-            "--no-solo",
-            "--epochs",
-            "1000",
-            "--no-progress",
-            "--out",
-            str(out),
-            str(MNIST),
-            *TINY,
-        ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-    )
-    try:
+    with pack_running(*mnist_args(out, "--runner", "preload", "--no-solo", epochs=1000)) as pack:
         deadline = time.monotonic() + 120
         while len(list(short_tmp.glob("memgov-preload-*/pids/job-0?"))) < 2:
             assert pack.poll() is None and time.monotonic() < deadline, "jobs never forked"
             time.sleep(0.1)
         pack.send_signal(signal.SIGINT)
         _out, err = pack.communicate(timeout=60)
-    finally:
-        if pack.poll() is None:
-            pack.kill()
     assert pack.returncode == 130, err
     assert _ours(short_tmp) == [], "zygote, launcher or job left running after Ctrl-C"
     assert not any(short_tmp.glob("memgov-preload-*"))

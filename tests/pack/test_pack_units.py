@@ -19,7 +19,7 @@ from memgov.pack.jobs import Job, JobSpec, classify
 from memgov.pack.monitor import JobSample
 from memgov.pack.runners import Runner
 
-from ._util import MNIST, TINY, report, run_pack
+from ._util import MNIST, mnist_args, report, run_pack
 
 MiB = 2**20
 
@@ -188,19 +188,7 @@ def test_history_writes_whole_files_and_a_held_lock_fails_not_hangs(
 def test_claim_auto_uses_recorded_peaks(tmp_path: Path) -> None:
     history.record(history.key("mnist", "torch", 32), [900 * MiB])
     out = tmp_path / "out"
-    done = run_pack(
-        "--n",
-        "1",
-        "--device",
-        "cpu",
-        str(MNIST),
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--no-progress",
-        *TINY,
-    )
+    done = run_pack(*mnist_args(out, n=1))
     assert done.returncode == 0, done.stderr
     # The people's summary: one column per run, one row per figure.
     assert "samples/s, all jobs" in done.stdout and str(out / "report.json") in done.stdout
