@@ -171,11 +171,12 @@ def test_a_stopped_waiter_is_passed_over_and_queues_again_once_resumed(
     finally:
         os.kill(stopped.proc.pid, signal.SIGCONT)
     # Resumed, it lost its place: it queues again (a new ticket) behind what passed it.
-    wait_until(
+    wait_until(  # as long as the admissions' expects: one poll of a resumed process, loaded host
         lambda: (
             [q.record for q in book.snapshot().queue if q.name == "stopped"]
             not in ([], [first_ticket])
-        )
+        ),
+        timeout=60,
     )
     assert stopped.events.empty()
     late.release()
