@@ -35,16 +35,20 @@ def test_memgov_device_cuda_1_is_governed(env, py):
     assert "warning" not in result.stderr
 
 
-def test_memgov_run_device_cuda_1(env):
+@pytest.mark.parametrize("option", ["--gpu", "--device"])
+def test_memgov_run_gpu_cuda_1(env, option):
+    """One name for the GPU in every command (--gpu, as pack and queue add); --device, the old
+    spelling of memgov run, still works for a release and says so in one line."""
     env["MEMGOV_DEVICES"] = "sim0:16GiB,sim1:16GiB"
     result = subprocess.run(
-        [*MEMGOV, "run", "--claim", "1GiB", "--gpu", "cuda:1", "--",
+        [*MEMGOV, "run", "--claim", "1GiB", option, "cuda:1", "--",
          sys.executable, "-c", "import torch\n" + SHOW],
         env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == "sim1"
     assert "warning" not in result.stderr
+    assert ("memgov: --device is now --gpu" in result.stderr) == (option == "--device")
 
 
 @pytest.mark.parametrize(
@@ -63,17 +67,3 @@ def test_memgov_run_refuses_a_device_that_matches_nothing(env, tmp_path, device,
     assert result.returncode == 2
     assert text in result.stderr
     assert not (tmp_path / "ran").exists()  # CMD never started
-
-
-def test_memgov_run_takes_the_old_device_option_with_a_notice(env):
-    """One name for the GPU in every command (--gpu, as pack and queue add); --device, the old
-    spelling of memgov run, still works for a release and says so in one line."""
-    env["MEMGOV_DEVICES"] = "sim0:16GiB,sim1:16GiB"
-    result = subprocess.run(
-        [*MEMGOV, "run", "--claim", "1GiB", "--device", "cuda:1", "--",
-         sys.executable, "-c", "import torch\n" + SHOW],
-        env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == "sim1"
-    assert "memgov: --device is now --gpu" in result.stderr
