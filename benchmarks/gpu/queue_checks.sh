@@ -27,6 +27,9 @@
 #   QUEUE_COLD=1     no baseline: every policy from an empty MEMGOV_DIR (a first day), no solo
 #                    reference (makespan and mean JCT only)
 #   QUEUE_MPS=1      start `memgov mps start` before the runs (hard limits), stop it after
+#   QUEUE_MAX_SLOWDOWN  e.g. 1.5: one more run, the last, `--policy memgov --max-slowdown
+#                    1.5` (its report queue_MIX_memgov-max1.5.json; the measured p90 slowdown
+#                    needs the solo reference, so not with QUEUE_COLD=1)
 # Files in $OUT (the device tool returns 8 at most): queue_MIX_POLICY.json (each report),
 # queue_MIX_logs.tar.gz (the mix file, every run's output, every job's log),
 # queue_MIX_state.tar.gz (what sjf-exclusive learned: QUEUE_PROFILES for a later call).
@@ -58,6 +61,7 @@ case " ${asked[*]} " in *" memgov "*) order+=(memgov) ;; esac
 for p in "${asked[@]}"; do
   case " ${order[*]} sjf-exclusive " in *" $p "*) ;; *) order+=("$p") ;; esac
 done
+[ -n "${QUEUE_MAX_SLOWDOWN:-}" ] && order+=("memgov-max${QUEUE_MAX_SLOWDOWN}")
 BUDGET=${QUEUE_BUDGET_S:-520}
 WORK=$(mktemp -d /tmp/memgov-queue-XXXXXX)
 PY=${PYTHON:-python3}
@@ -122,10 +126,12 @@ for policy in "${order[@]}"; do
   fi
   solo=()
   [ "$policy" != sjf-exclusive ] && [ -n "$SOLO" ] && solo=(--solo "$SOLO")
+  choice=(--policy "$policy")
+  case $policy in memgov-max*) choice=(--policy memgov --max-slowdown "${policy#memgov-max}") ;; esac
   report=$OUT/queue_${MIX}_${policy}.json
   echo "=== $policy (MEMGOV_DIR=$MEMGOV_DIR, ${solo[*]:-no solo reference}), $(date -u +%T), $left s left"
   t0=$SECONDS
-  timeout --kill-after=15 $((left - 10)) "${MEMGOV[@]}" queue run --policy "$policy" \
+  timeout --kill-after=15 $((left - 10)) "${MEMGOV[@]}" queue run "${choice[@]}" \
     --out "$report" "${solo[@]}" "$mixdir/$MIX.toml" >"$WORK/run-$policy.log" 2>&1
   rc=$?
   echo "rc=$rc, $((SECONDS - t0)) s"; tail -n 45 "$WORK/run-$policy.log"

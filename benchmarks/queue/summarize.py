@@ -42,7 +42,9 @@ def row(report: dict[str, Any], baseline_s: float | None, source: str) -> dict[s
     jcts = [float(j["jct_s"]) for j in jobs if j.get("jct_s") is not None]
     decisions = report.get("decisions") or {}
     return {
-        "policy": report.get("policy", "?"),
+        "policy": report.get("policy", "?")
+        + (f" --max-slowdown {report['max_slowdown']}" if report.get("max_slowdown") else ""),
+        "max_slowdown": report.get("max_slowdown"),
         "makespan_s": makespan,
         "ratio": round(makespan / baseline_s, 3) if makespan and baseline_s else None,
         "mean_jct_s": round(sum(jcts) / len(jcts), 2) if jcts else None,
@@ -158,6 +160,14 @@ def goals(rows: list[dict[str, Any]], mix: str | None) -> list[str]:
                     mine[key] <= best * (1 + GOAL_WITHIN),
                 ),
             )
+    for bounded in (r for r in rows if r["max_slowdown"] and r["p90_slowdown"] is not None):
+        checks.append(
+            (
+                f"{bounded['policy']}: measured p90 slowdown {bounded['p90_slowdown']:.2f}x "
+                f"at or under the bound",
+                bounded["p90_slowdown"] <= bounded["max_slowdown"],
+            )
+        )
     return [f"memgov goal: {what}: {'met' if ok else 'NOT met'}" for what, ok in checks]
 
 

@@ -423,7 +423,7 @@ class RayQueue:
         self._sample(force=True)
         self._learn()
         report = build_report(
-            self.policy.name,
+            self.policy,
             self.jobs,
             self.latencies,
             self.sampler,

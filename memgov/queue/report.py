@@ -24,6 +24,7 @@ from memgov._ledger import DeviceLedger
 if TYPE_CHECKING:
     from memgov._devices import Device
     from memgov.decide.learn import Learned
+    from memgov.decide.policies import Policy
     from memgov.queue.model import Job
 
 SAMPLE_S = 1.0
@@ -124,6 +125,8 @@ class Report:
     learned: dict[str, Any] = field(default_factory=dict)
     interrupted: int | None = None
     """The signal that stopped the runner (its unfinished jobs were queued again), or None."""
+    max_slowdown: float | None = None
+    """The bound the user asked for (`--max-slowdown`), or None."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -139,6 +142,7 @@ class Report:
             "devices": self.devices,
             "learned": self.learned,
             "interrupted": self.interrupted,
+            "max_slowdown": self.max_slowdown,
         }
 
     def write(self, path: str | Path) -> None:
@@ -146,7 +150,7 @@ class Report:
 
 
 def build_report(
-    policy: str,
+    policy: Policy,
     jobs: list[Job],
     latencies: list[float],
     sampler: Sampler,
@@ -176,7 +180,8 @@ def build_report(
     )
     first = devices[0]
     return Report(
-        policy=policy,
+        policy=policy.name,
+        max_slowdown=getattr(policy, "max_slowdown", None),
         makespan_s=round(max(ends), 3) if ends else 0.0,
         jobs=rows,
         decisions=decision_stats(latencies),

@@ -556,7 +556,7 @@ class Runner:
         mine = (lambda j: j.id in self.touched) if self.options.batch is None else self._scope
         jobs = [j for j in self.jobs.values() if mine(j) and j.attempts]
         report = build_report(
-            self.policy.name,
+            self.policy,
             jobs,
             self.latencies,
             self.sampler,
