@@ -642,8 +642,9 @@ def budget(job: Job, types: list[int], policy: decide.Policy) -> tuple[int, int]
     capacity = fits[0]
     if getattr(policy, "exclusive", False):
         return capacity * MIB, capacity  # one job per GPU
-    if claim == "auto":
-        return auto_budget(job.job, capacity)[0], capacity
+    if job.claim == "auto":  # after an OOM: grown, or the peak a sibling's run taught since
+        learned = auto_budget(job.job, capacity)[0]
+        return (max(job.next_claim, learned) if job.next_claim else learned), capacity
     if isinstance(claim, str):
         return Size(claim, "claim").on(capacity * MIB), capacity
     return claim, capacity

@@ -107,7 +107,7 @@ class Runner:
         self.tracked: dict[int, Tracked] = {}
         self.jobs: dict[int, Job] = {}
         self.learned = decide.Learned.from_json(self.store.read_extra("learned.json"))
-        self.sizes: dict[int, tuple[int, str]] = {}
+        self.sizes: dict[int, _autosize.Sized] = {}
         self.engine = Engine(self, self.policy)
         """The loop that decides, launches and follows (memgov/queue/engine.py): this runner is
         its front end, launching each attempt under a shepherd and following it in the store."""
@@ -313,17 +313,17 @@ class Runner:
 
     def _claim(self, job: Job) -> int:
         """The bytes the job's next attempt claims."""
-        if job.next_claim:
-            return job.next_claim
-        device = self.devices[job.gpu] if job.gpu is not None else self.devices[0]
         if isinstance(job.claim, int):
             return job.claim
         if job.claim != "auto":
             return Size(job.claim, "claim").on(max(d.total for d in self.devices))
         if job.id not in self.sizes:
-            sized = _autosize.size_for(device, job.job, job.name)
-            self.sizes[job.id] = (sized.bytes, sized.line)
-        return self.sizes[job.id][0]
+            device = self.devices[job.gpu] if job.gpu is not None else self.devices[0]
+            self.sizes[job.id] = _autosize.size_for(device, job.job, job.name)
+        sized = self.sizes[job.id]
+        if job.next_claim:  # after an OOM: grown, or the peak a sibling's run taught since
+            return max(job.next_claim, sized.bytes) if sized.kind == "profile" else job.next_claim
+        return sized.bytes
 
     # -- starting -------------------------------------------------------------------------------
 
@@ -541,7 +541,9 @@ class Runner:
         return ends.by_exit(code, lambda: self._ran_out(job, result), detail)
 
     def _ran_out(self, job: Job, result: dict[str, Any]) -> bool:
-        tail, _size = self.store.read_log(job.id, 16 * 1024)
+        tail, size = self.store.read_log(job.id, 16 * 1024)
+        banner = int(result.get("output_at") or 0) - (size - len(tail))
+        tail = tail[max(0, banner) :]  # the command's output only, not the banner naming it
         run = ends.profile_run(job.job, result.get("pid"))
         return ends.ran_out(run, tail.decode(errors="replace"))
 

@@ -108,6 +108,9 @@ def main() -> int:
         if stop.asked is None:
             store.update_live(held, live_payload(orders, "starting"))
             _banner(log, orders)
+            # where the command's own output begins: the banner names the command, and a
+            # command line that says "MemoryError" must not read as an out-of-memory end
+            result["output_at"] = os.lseek(log, 0, os.SEEK_END)
             result["start"] = time.time()  # the command's own time, not the shepherd's start-up
             proc = _start(orders, log)
             result["pid"] = proc.pid

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import memgov.queue as q
+from memgov import _profiles
 from memgov.queue.model import Attempt
 from memgov.queue.queuefile import job_spec
 from memgov.queue.store import Store
@@ -230,6 +231,42 @@ def test_an_oom_under_a_learned_size_is_retried_larger_at_most_twice(tmp_path: P
     assert report["ooms"] == 5 and report["retries"] == 3
     claims = [a.claim_bytes for a in Store().get(rows["always"]["id"]).attempts]
     assert claims[1] >= 1.5 * claims[0] and claims[2] >= 1.5 * claims[1]
+
+
+def test_a_retry_claims_at_least_the_peak_a_siblings_run_taught_meanwhile(tmp_path: Path) -> None:
+    # The first attempt records, as a sibling of the same job finishing would, a run with a peak
+    # far above its own claim x OOM_GROWTH, then runs out of memory: the re-try claims what the
+    # profile says the job needs, not only 1.5 x the size that was too small.
+    counter = tmp_path / "n"
+    code = (
+        "import os, pathlib, sys, time\n"
+        "from memgov import _profiles\n"
+        f"p = pathlib.Path({str(counter)!r})\n"
+        "n = int(p.read_text()) if p.exists() else 0\n"
+        "p.write_text(str(n + 1))\n"
+        "if n == 0:\n"
+        "    run = {'peak': 12 * 2**30, 'end': 'exit', 'time': time.time(), 'claim': 14 * 2**30,"
+        " 'pid': 1, 'simulated': True}\n"
+        "    _profiles.record(os.environ['MEMGOV_JOB'], 'sibling', [run])\n"
+        "    print('torch.OutOfMemoryError: CUDA out of memory.', file=sys.stderr)\n"
+        "    sys.exit(1)\n"
+    )
+    jobs = [{"name": "big", "cmd": [sys.executable, "-c", code], "claim": "auto"}]
+    report = q.run(write_queue(tmp_path / "q.toml", jobs), "fifo").to_json()
+    (row,) = report["jobs"]
+    assert (row["end"], row["ooms"], row["retries"]) == ("ok", 1, 1)
+    first, second = (a.claim_bytes for a in Store().get(row["id"]).attempts)
+    assert first * 1.5 < 12 * 2**30  # the first-run size, grown, would not reach the peak
+    assert second >= _profiles.margin(12 * 2**30)  # the peak + 10 % + 64 MiB
+
+
+def test_a_command_line_that_names_an_oom_is_not_an_oom(tmp_path: Path) -> None:
+    # the log's banner names the command; only the command's own output can say it ran out
+    code = "import sys  # handles torch.OutOfMemoryError elsewhere\nsys.exit(3)"
+    jobs = [{"name": "x", "cmd": ["python3", "-c", code], "claim": "auto"}]
+    report = q.run(write_queue(tmp_path / "q.toml", jobs), "fifo").to_json()
+    (row,) = report["jobs"]
+    assert (row["end"], row["ooms"], row["retries"]) == ("failed", 0, 0)
 
 
 def test_add_list_log_and_json_through_the_cli(tmp_path: Path) -> None:
