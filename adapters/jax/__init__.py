@@ -23,7 +23,7 @@ import math
 import os
 import sys
 
-from memgov.adapter import Budget, format_size
+from memgov.adapter import Budget, Facts, format_size
 
 OVERHEAD = 600 * 2**20
 """Device memory of a JAX process outside XLA's pool: CUDA context, cuDNN/cuBLAS, XLA's own
@@ -37,9 +37,35 @@ log = logging.getLogger("memgov")
 _planned: dict[str, str] = {}
 
 
+CACHE_MAX_BYTES = 4 * 2**30
+"""The bound of a compilation cache ``memgov pack`` shares: with a bound JAX takes a file lock
+around every read and write of the cache (jax/_src/lru_cache.py), so packed jobs can share it."""
+
+
 class JaxAdapter:
     name = "jax"
     module = "jax"
+    facts = Facts(
+        distributions=("jax", "jaxlib"),
+        env=(
+            "XLA_PYTHON_CLIENT_PREALLOCATE",
+            *FRACTION_VARS,
+            "XLA_PYTHON_CLIENT_ALLOCATOR",
+        ),
+        greedy_env={"XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
+        # 890-901 MiB per MNIST job without preallocation; its allocator holds more slack.
+        default_claim=3 * 2**30 // 2,
+        forkable=True,
+        extra="jax",
+        # jax.config's names, upper case, read from the environment (memgov/pack/warmup.py):
+        # every program cached, whatever its compile time and size, in a bounded cache.
+        compile_cache_dir="JAX_COMPILATION_CACHE_DIR",
+        compile_cache_env={
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(CACHE_MAX_BYTES),
+        },
+    )
 
     def configure_env(self, budget: Budget) -> str | None:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
