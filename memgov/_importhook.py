@@ -54,47 +54,28 @@ def frameworks() -> tuple[str, ...]:
     sys.path. Read from their ``entry_points.txt`` files directly (0.73 ms with 86 distributions
     installed) and not through importlib.metadata, whose import alone costs 15 ms
     (results/cpu-2core/2026-12-07-adapter-registry.txt): auto-enable asks at every governed
-    interpreter's start. tests/adapters/test_contract.py checks that both
-    find the same names."""
-    key = tuple(sys.path)
-    found = _registered.get(key)
-    if found is None:
-        found = _registered[key] = tuple(sorted(set(_scan(key))))
-    return found
-
-
-_registered: dict[tuple[str, ...], tuple[str, ...]] = {}
-
-
-def _scan(path: Sequence[str]) -> list[str]:
-    names: list[str] = []
-    for folder in path:
+    interpreter's start."""
+    names: set[str] = set()
+    for folder in sys.path:
         try:
-            entries = os.listdir(folder or ".")
+            entries = [
+                e for e in os.listdir(folder or ".") if e.endswith((".dist-info", ".egg-info"))
+            ]
         except OSError:  # a zip file, a folder gone: no adapter registered there
             continue
         for entry in entries:
-            if entry.endswith((".dist-info", ".egg-info")):
-                names.extend(_names_in(os.path.join(folder or ".", entry, "entry_points.txt")))
-    return names
-
-
-def _names_in(file: str) -> list[str]:
-    """The entry points named in :data:`GROUP`'s section of one entry_points.txt (INI)."""
-    try:
-        with open(file, encoding="utf-8") as text:
-            lines = text.read().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return []
-    names: list[str] = []
-    inside = False
-    for raw in lines:
-        line = raw.strip()
-        if line.startswith("["):
-            inside = line == f"[{GROUP}]"
-        elif inside and "=" in line and not line.startswith(("#", ";")):
-            names.append(line.partition("=")[0].strip())
-    return names
+            try:
+                with open(os.path.join(folder or ".", entry, "entry_points.txt"), "rb") as file:
+                    lines = file.read().decode().splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            inside = False
+            for line in map(str.strip, lines):  # INI: [group] then "name = module:attr" lines
+                if line.startswith("["):
+                    inside = line == f"[{GROUP}]"
+                elif inside and "=" in line and not line.startswith(("#", ";")):
+                    names.add(line.partition("=")[0].strip())
+    return tuple(sorted(names))
 
 
 def when_imported(name: str, callback: Callback) -> None:

@@ -69,29 +69,25 @@ class Budget:
 
 @dataclass(frozen=True)
 class Facts:
-    """What memgov's front ends know of one framework: the adapter's ``facts`` attribute (one
-    table, read by auto-enable, ``memgov pack`` and ``memgov doctor``; the defaults fit a
-    framework that needs none of it)."""
+    """What memgov's front ends know of one framework: the adapter's ``facts`` attribute, the one
+    table that auto-enable, ``memgov pack`` and ``memgov doctor`` read (docs/adapters.md)."""
 
     distributions: tuple[str, ...] = ()
-    """Distributions whose versions ``memgov doctor`` lists (default: the module's name)."""
+    """Whose versions ``memgov doctor`` lists (default: the module's name)."""
     env: tuple[str, ...] = ()
-    """The framework's own variables that memgov or the user may set (its memory and thread
-    settings): doctor shows them; pack's greedy jobs run without them (framework defaults)."""
+    """Its own memory and thread variables: doctor shows them, pack's greedy jobs drop them."""
     greedy_env: Mapping[str, str] = field(default_factory=dict)
-    """The framework's defaults where ``import memgov`` changes them (no preallocation): what a
-    greedy job in memgov's image gets back."""
+    """Its defaults where ``import memgov`` changes them, for greedy jobs in memgov's image."""
     default_claim: int | None = None
-    """Bytes per job of ``memgov pack --claim auto`` before any run is recorded (None: 1 GiB)."""
+    """Bytes per job of ``memgov pack --claim auto`` with no history (None: 1 GiB)."""
     forkable: bool = False
-    """Its import leaves no thread running through fork: ``pack --runner preload`` can fork it."""
+    """Its import leaves no thread running through fork (``pack --runner preload``)."""
     extra: str | None = None
-    """The memgov-gpu extra that installs the framework (pack's hint for a job that lacks it)."""
+    """The memgov-gpu extra that installs it (pack's hint for a job that lacks it)."""
     compile_cache_dir: str | None = None
-    """The variable naming a persistent compilation cache folder, where the framework has one
-    that ``memgov pack`` can share among its jobs (``--compile-cache``)."""
+    """The variable naming its persistent compilation cache, where pack can share one."""
     compile_cache_env: Mapping[str, str] = field(default_factory=dict)
-    """The cache's other settings for those jobs."""
+    """That cache's other settings for pack's jobs."""
 
 
 @runtime_checkable

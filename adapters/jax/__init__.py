@@ -37,33 +37,23 @@ log = logging.getLogger("memgov")
 _planned: dict[str, str] = {}
 
 
-CACHE_MAX_BYTES = 4 * 2**30
-"""The bound of a compilation cache ``memgov pack`` shares: with a bound JAX takes a file lock
-around every read and write of the cache (jax/_src/lru_cache.py), so packed jobs can share it."""
-
-
 class JaxAdapter:
     name = "jax"
     module = "jax"
     facts = Facts(
         distributions=("jax", "jaxlib"),
-        env=(
-            "XLA_PYTHON_CLIENT_PREALLOCATE",
-            *FRACTION_VARS,
-            "XLA_PYTHON_CLIENT_ALLOCATOR",
-        ),
+        env=("XLA_PYTHON_CLIENT_PREALLOCATE", *FRACTION_VARS, "XLA_PYTHON_CLIENT_ALLOCATOR"),
         greedy_env={"XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
         # 890-901 MiB per MNIST job without preallocation; its allocator holds more slack.
         default_claim=3 * 2**30 // 2,
         forkable=True,
         extra="jax",
-        # jax.config's names, upper case, read from the environment (memgov/pack/warmup.py):
-        # every program cached, whatever its compile time and size, in a bounded cache.
+        # Every program kept, in a bounded cache (JAX then locks its files): memgov/pack/warmup.py.
         compile_cache_dir="JAX_COMPILATION_CACHE_DIR",
         compile_cache_env={
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
-            "JAX_COMPILATION_CACHE_MAX_SIZE": str(CACHE_MAX_BYTES),
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 * 2**30),
         },
     )
 

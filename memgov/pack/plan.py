@@ -416,7 +416,10 @@ def _runner_choice(
 
 
 def _why_not_forked(cfg: PackConfig, argv: list[str], folder: Path) -> str | None:
-    forkable = runners.forkable()
+    from memgov import _adapters
+
+    # Its import leaves no thread running through fork (TensorFlow's jemalloc thread does).
+    forkable = [name for name, facts in _adapters.facts().items() if facts.forkable]
     if cfg.framework not in forkable:
         return f"forks only {', '.join(forkable)} jobs (--framework {cfg.framework})"
     if len(argv) < 2 or argv[1].startswith("-") or not (folder / argv[1]).is_file():

@@ -61,26 +61,6 @@ DOCKER_WORKDIR = "/experiment"
 INSPECT_EVERY_S = 1.0
 
 
-def forkable() -> list[str]:
-    """Frameworks whose import leaves no thread running through fork (``preload`` forks them;
-    TensorFlow's jemalloc thread makes its zygote spawn instead: docs/pack.md): their adapters'
-    facts."""
-    from memgov import _adapters
-
-    return [name for name, facts in _adapters.facts().items() if facts.forkable]
-
-
-def greedy_in_image() -> dict[str, str]:
-    """A greedy job in memgov's image: no claim, and the frameworks' defaults that ``import
-    memgov`` changes (the adapters' facts) put back."""
-    from memgov import _adapters
-
-    env = {"MEMGOV_CLAIM": "off"}
-    for facts in _adapters.facts().values():
-        env.update(facts.greedy_env)
-    return env
-
-
 class RunnerError(ConfigError):
     """A runner that cannot work on this machine, with what it needs."""
 
@@ -265,7 +245,11 @@ class DockerRunner(Runner):
             line += ["--ipc=host", "-v", f"{self.mps_pipe}:{self.mps_pipe}"]
         wanted = dict(env)
         if "MEMGOV_CLAIM" not in wanted:  # greedy: undo the image's claim and memgov's defaults
-            wanted.update(greedy_in_image())
+            from memgov import _adapters
+
+            wanted["MEMGOV_CLAIM"] = "off"
+            for facts in _adapters.facts().values():  # the frameworks' own (their greedy_env)
+                wanted.update(facts.greedy_env)
         for key, value in sorted(wanted.items()):
             if key != "CUDA_VISIBLE_DEVICES":  # --gpus decides what the container sees
                 line += ["-e", f"{key}={value}"]

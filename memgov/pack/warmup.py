@@ -57,9 +57,14 @@ def cache_folder(choice: str, framework: str, out: Path) -> tuple[Path | None, s
     text = choice.strip()
     if text.lower() == "off":
         return None, "--compile-cache off"
-    variable = _cache_variable(framework)
+    from memgov import _adapters
+
+    cached = {
+        name: f.compile_cache_dir for name, f in _adapters.facts().items() if f.compile_cache_dir
+    }
+    variable = cached.get(framework)
     if variable is None:
-        shared = ", ".join(_cached())
+        shared = ", ".join(cached)
         return None, f"no compilation cache pack can share for {framework} (only {shared})"
     if text.lower() == "auto":
         own = os.environ.get(variable, "").strip()
@@ -99,20 +104,6 @@ def cache_env(folder: Path, framework: str) -> dict[str, str]:
     facts = _adapters.facts()[framework]
     assert facts.compile_cache_dir is not None  # cache_folder() gave a folder
     return {facts.compile_cache_dir: str(folder), **facts.compile_cache_env}
-
-
-def _cached() -> list[str]:
-    """The frameworks whose persistent compilation cache pack can share (their adapters' facts)."""
-    from memgov import _adapters
-
-    return [name for name, facts in _adapters.facts().items() if facts.compile_cache_dir]
-
-
-def _cache_variable(framework: str) -> str | None:
-    from memgov import _adapters
-
-    facts = _adapters.facts().get(framework)
-    return None if facts is None else facts.compile_cache_dir
 
 
 def warm_up(
