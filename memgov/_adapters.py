@@ -3,7 +3,8 @@
 The contract itself (:class:`~memgov.adapter.Budget`, the :class:`~memgov.adapter.Adapter`
 protocol) is public, in :mod:`memgov.adapter`; adapters import nothing else from memgov. Plugins are
 found through the entry-point group ``memgov.adapters`` and loaded once per process, with this
-module.
+module. :func:`facts` is the one table of framework facts that pack and doctor read (auto-enable
+reads only the names, memgov._importhook.frameworks()).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from memgov import _importhook, _settings
-from memgov.adapter import GROUP, Adapter, Budget, Report
+from memgov.adapter import GROUP, Adapter, Budget, Facts, Report
 
 log = logging.getLogger("memgov")
 _viewed: Budget | None = None
@@ -60,6 +61,18 @@ def available() -> list[Adapter]:
 
 def load_failures() -> list[str]:
     return list(_failures)
+
+
+def facts() -> dict[str, Facts]:
+    """Every installed adapter's :class:`~memgov.adapter.Facts`, by its name (the framework's)."""
+    found = {}
+    for adapter in _loaded:
+        known = getattr(adapter, "facts", None)
+        known = known if isinstance(known, Facts) else Facts()
+        if not known.distributions:
+            known = dataclasses.replace(known, distributions=(adapter.module,))
+        found[adapter.name] = known
+    return found
 
 
 def any_cuda_initialized() -> bool:

@@ -3,7 +3,9 @@
 ``memgov-autoenable.pth`` (installed into site-packages, see setup.py) calls :func:`start` at
 interpreter start-up only when MEMGOV_CLAIM or a GPU scheduler's budget variable is set. start()
 registers import hooks and nothing else: pip and every Python program that imports no GPU
-framework are left alone. When the first ``import torch`` / ``tensorflow`` / ``jax`` begins, before
+framework are left alone. The frameworks are those with an adapter registered (their entry points'
+names: memgov._importhook.frameworks()). When the first ``import torch`` / ``tensorflow`` /
+``jax`` (or another registered framework's) begins, before
 the framework's code runs, the CPU share is decided, so the thread variables are set before the
 libraries that read them load (numpy's OpenBLAS starts one thread per core at load otherwise:
 docs/threads.md). When that import has succeeded, the budget is claimed and the adapters applied,
@@ -37,11 +39,6 @@ PTH_NAME = "memgov-autoenable.pth"
 """Its line (setup.py writes it) is memgov._settings.pth_line(): it wakes auto-enable when one of
 memgov._settings.TRIGGERS is set (MEMGOV_CLAIM or a GPU scheduler's budget variable)."""
 
-FRAMEWORKS = ("torch", "tensorflow", "jax")
-"""Imports that trigger the claim: the adapters' ``module`` names. Fixed here rather than read
-from the entry points, whose discovery costs 27-29 ms (results/HISTORY.md), too much for every
-interpreter start."""
-
 _lock = threading.Lock()
 _state: dict[str, Any] = {"started": False, "fired": False}
 outcome: dict[str, Any] = {}
@@ -73,7 +70,9 @@ def start() -> None:
             if _state["started"]:
                 return
             _state["started"] = True
-        for name in FRAMEWORKS:
+        from memgov import _importhook
+
+        for name in _importhook.frameworks():
             _hook(name)
     except Exception as exc:  # a start-up hook must never stop the interpreter
         _warn(f"auto-enable could not start: {type(exc).__name__}: {exc}")
@@ -86,8 +85,10 @@ def start_preloaded(preloaded: list[ModuleType]) -> None:
     MEMGOV_STRICT=1 is raised from the job's import statement that called this)."""
     with _lock:
         _state["started"] = True
+    from memgov import _importhook
+
     names = {module.__name__ for module in preloaded}
-    for name in FRAMEWORKS:
+    for name in _importhook.frameworks():
         if name not in names:
             _hook(name)
     for module in preloaded:

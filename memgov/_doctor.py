@@ -16,13 +16,9 @@ from typing import Any
 
 from memgov._errors import MemgovError
 
-FRAMEWORK_DISTS = ("torch", "tensorflow", "tensorflow-cpu", "jax", "jaxlib")
-ENV_SHOWN = (
-    "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "OMP_NUM_THREADS",
-    "CUDA_MPS_PIPE_DIRECTORY", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
-)  # fmt: skip
-"""Other programs' variables doctor shows beside memgov's own (every row of the settings table)."""
+ENV_SHOWN = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "CUDA_MPS_PIPE_DIRECTORY")
+"""Other programs' variables doctor shows beside memgov's own (every row of the settings table)
+and the frameworks' (their adapters' facts)."""
 PRIVATE_FS = ("overlay", "tmpfs", "aufs", "fuse-overlayfs")
 """File systems of a container's own root or scratch space: a ledger there is the container's,
 unless the mount is a folder bound from elsewhere (its root is not the file system's own)."""
@@ -61,9 +57,11 @@ def diagnose() -> dict[str, Any]:
 def _environment() -> dict[str, Any]:
     """The variables doctor shows: those the user (or a scheduler) set, and apart, with the
     reason, those memgov set itself in a governed process this one descends from."""
-    from memgov import _settings
+    from memgov import _adapters, _settings
 
-    shown = {k: os.environ[k] for k in (*_settings.names(), *ENV_SHOWN) if k in os.environ}
+    frameworks = [name for facts in _adapters.facts().values() for name in facts.env]
+    names = (*_settings.names(), *ENV_SHOWN, *frameworks)
+    shown = {k: os.environ[k] for k in names if k in os.environ}
     ours = set_by_memgov(os.environ)
     return {
         "environment": {k: v for k, v in shown.items() if k not in ours},
@@ -131,7 +129,7 @@ def _frameworks() -> dict[str, Any]:
     from memgov import _adapters
 
     versions = {}
-    for dist in FRAMEWORK_DISTS:
+    for dist in [d for facts in _adapters.facts().values() for d in facts.distributions]:
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

@@ -519,4 +519,4 @@ def frameworks_loaded() -> list[str]:
     decides the share, is not: its code, and its libraries' thread pools, are still to come)."""
     from memgov import _importhook
 
-    return [name for name in ("torch", "tensorflow", "jax") if _importhook.imported(name)]
+    return [name for name in _importhook.frameworks() if _importhook.imported(name)]

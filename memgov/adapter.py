@@ -1,8 +1,10 @@
 """The public contract between memgov and a framework adapter (the only memgov module adapters use).
 
 An adapter makes one framework keep to a claim's budget. It is a class with no constructor
-arguments, published in the entry-point group :data:`GROUP` (``memgov.adapters``); memgov finds it
-there, so a new framework is a folder and an entry point (docs/adapters.md, docs/architecture.md).
+arguments, published in the entry-point group :data:`GROUP` (``memgov.adapters``) under the name
+of its framework's top-level module; memgov finds it there, so a new framework is a folder and an
+entry point (docs/adapters.md, docs/architecture.md). What memgov's front ends know of the
+framework (auto-enable, ``memgov pack``, ``memgov doctor``) is the adapter's :class:`Facts`.
 tests/adapters/test_contract.py checks every installed adapter against this contract.
 
 Each adapter sees one :class:`Budget` twice: ``configure_env`` before its framework is imported
@@ -15,16 +17,18 @@ CUDA.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from memgov._importhook import GROUP
 from memgov._sizes import format_size, parse_size
 
 __all__ = [
     "GROUP",
     "Adapter",
     "Budget",
+    "Facts",
     "Report",
     "budget_view",
     "format_size",
@@ -32,9 +36,6 @@ __all__ = [
     "parse_size",
     "setting",
 ]
-
-GROUP = "memgov.adapters"
-"""The entry-point group memgov loads adapters from."""
 
 Report = Callable[[str], None]
 """Replaces an adapter's report line later (a claim's ``reports`` and auto mode show the latest)."""
@@ -66,6 +67,29 @@ class Budget:
     (torch caps its allocator only when CUDA initialises). memgov binds it to this adapter."""
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What memgov's front ends know of one framework: the adapter's ``facts`` attribute, the one
+    table that auto-enable, ``memgov pack`` and ``memgov doctor`` read (docs/adapters.md)."""
+
+    distributions: tuple[str, ...] = ()
+    """Whose versions ``memgov doctor`` lists (default: the module's name)."""
+    env: tuple[str, ...] = ()
+    """Its own memory and thread variables: doctor shows them, pack's greedy jobs drop them."""
+    greedy_env: Mapping[str, str] = field(default_factory=dict)
+    """Its defaults where ``import memgov`` changes them, for greedy jobs in memgov's image."""
+    default_claim: int | None = None
+    """Bytes per job of ``memgov pack --claim auto`` with no history (None: 1 GiB)."""
+    forkable: bool = False
+    """Its import leaves no thread running through fork (``pack --runner preload``)."""
+    extra: str | None = None
+    """The memgov-gpu extra that installs it (pack's hint for a job that lacks it)."""
+    compile_cache_dir: str | None = None
+    """The variable naming its persistent compilation cache, where pack can share one."""
+    compile_cache_env: Mapping[str, str] = field(default_factory=dict)
+    """That cache's other settings for pack's jobs."""
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """One framework's adapter. ``apply`` reports start with ``f"{name}: "``."""
@@ -73,7 +97,8 @@ class Adapter(Protocol):
     name: str
     """The entry point's name, and the key of this adapter's line in ``Claim.reports``."""
     module: str
-    """Top-level module whose import triggers ``apply`` (e.g. "torch")."""
+    """Top-level module whose import triggers ``apply`` (e.g. "torch"): the entry point's name,
+    which auto-enable reads without loading the adapter."""
 
     def configure_env(self, budget: Budget) -> str | None:
         """Set environment variables the framework reads at import or start-up. No imports.
@@ -87,6 +112,8 @@ class Adapter(Protocol):
     def cuda_initialized(self) -> bool:
         """Whether this framework has initialised CUDA in this process. Never imports it."""
 
+    # Optional: ``facts``, a :class:`Facts` (absent: ``Facts()``).
+    #
     # Optional: ``lower(budget) -> str | None``. A claim that gives memory back (a first-run
     # ``auto`` claim, docs/profiles.md) calls it with the smaller budget once the framework is
     # imported; it returns a report line when its cap now fits, None when it cannot lower it. An

@@ -23,7 +23,7 @@ import math
 import os
 import sys
 
-from memgov.adapter import Budget, format_size
+from memgov.adapter import Budget, Facts, format_size
 
 OVERHEAD = 600 * 2**20
 """Device memory of a JAX process outside XLA's pool: CUDA context, cuDNN/cuBLAS, XLA's own
@@ -40,6 +40,22 @@ _planned: dict[str, str] = {}
 class JaxAdapter:
     name = "jax"
     module = "jax"
+    facts = Facts(
+        distributions=("jax", "jaxlib"),
+        env=("XLA_PYTHON_CLIENT_PREALLOCATE", *FRACTION_VARS, "XLA_PYTHON_CLIENT_ALLOCATOR"),
+        greedy_env={"XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
+        # 890-901 MiB per MNIST job without preallocation; its allocator holds more slack.
+        default_claim=3 * 2**30 // 2,
+        forkable=True,
+        extra="jax",
+        # Every program kept, in a bounded cache (JAX then locks its files): memgov/pack/warmup.py.
+        compile_cache_dir="JAX_COMPILATION_CACHE_DIR",
+        compile_cache_env={
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 * 2**30),
+        },
+    )
 
     def configure_env(self, budget: Budget) -> str | None:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any
 
-from memgov.adapter import Budget, format_size
+from memgov.adapter import Budget, Facts, format_size
 
 OVERHEAD = 600 * 2**20
 """Device memory outside TF's allocator (CUDA context, cuDNN, cuBLAS). Not measured for TF here;
@@ -38,6 +38,15 @@ log = logging.getLogger("memgov")
 class TensorFlowAdapter:
     name = "tensorflow"
     module = "tensorflow"
+    facts = Facts(
+        distributions=("tensorflow", "tensorflow-cpu"),
+        env=("TF_FORCE_GPU_ALLOW_GROWTH", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"),
+        greedy_env={"TF_FORCE_GPU_ALLOW_GROWTH": "false"},
+        # 1,205 MiB per MNIST job on an RTX 3090 (the project's survey); its allocator holds
+        # more slack. Not forkable: its jemalloc thread runs through fork (docs/pack.md).
+        default_claim=3 * 2**30 // 2,
+        extra="tensorflow",
+    )
 
     def configure_env(self, budget: Budget) -> str | None:
         # Read by TF's C++ allocator when it starts; setdefault keeps an explicit choice.

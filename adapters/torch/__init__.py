@@ -20,6 +20,7 @@ from typing import Any
 
 from memgov.adapter import (
     Budget,
+    Facts,
     budget_view,
     format_size,
     imported_before_claim,
@@ -45,6 +46,14 @@ _state: dict[str, Any] = {}
 class TorchAdapter:
     name = "torch"
     module = "torch"
+    facts = Facts(
+        distributions=("torch",),
+        env=ALLOC_CONF_VARS,
+        # 884 MiB measured per MNIST job on an H200 (whole process, context included).
+        default_claim=2**30,
+        forkable=True,
+        extra="torch",
+    )
 
     def configure_env(self, budget: Budget) -> str | None:
         return None

@@ -138,14 +138,15 @@ def _reseed() -> None:
 
 
 def _arm_autoenable() -> None:
-    from memgov import _autoenable
+    from memgov import _autoenable, _importhook
 
     original_import = builtins.__import__
     original_import_module = importlib.import_module
-    preloaded = [sys.modules[n] for n in _autoenable.FRAMEWORKS if n in sys.modules]
+    frameworks = _importhook.frameworks()
+    preloaded = [sys.modules[n] for n in frameworks if n in sys.modules]
 
     def fire(name: str) -> None:
-        if name.partition(".")[0] not in _autoenable.FRAMEWORKS:
+        if name.partition(".")[0] not in frameworks:
             return
         builtins.__import__ = original_import
         importlib.import_module = original_import_module

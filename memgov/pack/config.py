@@ -46,12 +46,9 @@ MPS_CHOICES = ("auto", "on", "off")
 DEVICES = ("gpu", "cpu")
 BASELINES = ("none", "naive")
 GiB = 2**30
-DEFAULT_CLAIM = {"torch": GiB, "jax": 3 * GiB // 2, "tensorflow": 3 * GiB // 2}
-"""``--claim auto`` with no history yet. torch: 884 MiB measured per MNIST job on an H200 (whole
-process, context included); JAX 890-901 MiB without preallocation, TensorFlow 1,205 MiB on an RTX
-3090 (the project's survey, docs/adapters.md), so 1.5 GiB for both, whose allocators hold more
-slack."""
-DEFAULT_CLAIM_OTHER = GiB
+DEFAULT_CLAIM = GiB
+"""``--claim auto`` with no history yet, for a framework whose adapter's facts give no
+``default_claim`` (those measured: each adapter's facts)."""
 CLAIM_ALSO = "auto (measured peaks, see docs/pack.md)"
 """What else --claim accepts, said in a bad size's error."""
 MAX_JOBS = 1024
@@ -484,11 +481,11 @@ class PackConfig:
 
 
 def check_framework(python: str, framework: str) -> None:
-    """Refuse an interpreter without the framework memgov knows by that name (torch,
-    tensorflow, jax), before any job starts: each would fail at its import otherwise."""
-    from memgov._autoenable import FRAMEWORKS
+    """Refuse an interpreter without the framework memgov has an adapter of by that name, before
+    any job starts: each would fail at its import otherwise."""
+    from memgov import _importhook
 
-    if framework not in FRAMEWORKS:
+    if framework not in _importhook.frameworks():
         return  # an experiment's own framework name: its jobs say what they miss
     probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({framework!r}) is None)"
     try:

@@ -13,25 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgov import _settings, _threads
+from memgov import _adapters, _settings, _threads
 
 THREAD_VARS = _threads.ENV_VARS
 GOVERNANCE_VARS = _settings.names(job=True)
 """The settings decided for each governed process (memgov's settings table): pack sets them per
 mode, never passing on its own environment's."""
-FRAMEWORK_DEFAULT_VARS = (
-    *THREAD_VARS,
-    "TF_NUM_INTRAOP_THREADS",
-    "TF_NUM_INTEROP_THREADS",
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_CLIENT_MEM_FRACTION",
-    "XLA_PYTHON_CLIENT_ALLOCATOR",
-    "TF_FORCE_GPU_ALLOW_GROWTH",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_ALLOC_CONF",
-)
-"""Removed in greedy mode, so the frameworks really run at their defaults."""
 BUDGET_PREFIXES = (*_settings.TRIGGERS, "CUDA_MPS_")
 """Variables that wake auto-enable or steer MPS: greedy drops them all; the other modes drop
 CUDA_MPS_* (pack decides MPS itself)."""
@@ -70,14 +57,15 @@ def inherited(
     """``environ`` (default: this process's) minus what pack decides for ``mode``; ``keep_mps``
     keeps the CUDA_MPS_* variables of a job that uses its machine's MPS."""
     env = dict(os.environ if environ is None else environ)
+    # Removed in greedy mode, so the frameworks really run at their defaults: the thread
+    # variables and each framework's own (its adapter's facts).
+    defaults = {*THREAD_VARS, *(v for f in _adapters.facts().values() for v in f.env)}
     for name in list(env):
         # Thread variables of pack's own environment are pack's, not a choice for its jobs:
         # governed jobs get memgov's share (or --threads N), greedy ones the defaults.
         mps = name.startswith("CUDA_MPS_") and not keep_mps
         decided = name in GOVERNANCE_VARS or name in THREAD_VARS or mps
-        default = mode == "greedy" and (
-            name in FRAMEWORK_DEFAULT_VARS or name.startswith(BUDGET_PREFIXES)
-        )
+        default = mode == "greedy" and (name in defaults or name.startswith(BUDGET_PREFIXES))
         if decided or default:
             del env[name]
     env["PYTHONUNBUFFERED"] = "1"

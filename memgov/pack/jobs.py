@@ -245,18 +245,18 @@ def classify(
     return "error", f"exit code {code}; stderr: {last}{_install_hint(tail)}"
 
 
-EXTRAS = {"numpy": "torch", "torch": "torch", "tensorflow": "tensorflow", "jax": "jax"}
-"""A module a bundled trainer imports -> the memgov-gpu extra that installs it (numpy: the
-MNIST trainers read their data with it; tensorflow and jax bring their own)."""
-
-
 def _install_hint(tail: list[str]) -> str:
-    """How to install what the job could not import, where memgov's extras have it."""
+    """How to install the framework the job could not import, where memgov's extras have it
+    (its adapter's facts)."""
+    from memgov import _adapters
+
+    facts = _adapters.facts()
     for line in reversed(tail):
         _, found, name = line.partition("ModuleNotFoundError: No module named ")
         module = name.strip().strip("'\"").split(".")[0]
-        if found and module in EXTRAS:
-            return f' (pip install "memgov-gpu[{EXTRAS[module]}]" installs {module})'
+        extra = facts[module].extra if found and module in facts else None
+        if extra:
+            return f' (pip install "memgov-gpu[{extra}]" installs {module})'
     return ""
 
 

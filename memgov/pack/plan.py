@@ -22,7 +22,6 @@ from memgov.pack import history, hostmem, jobenv, manifest, runners
 from memgov.pack.config import (
     CLAIM_ALSO,
     DEFAULT_CLAIM,
-    DEFAULT_CLAIM_OTHER,
     GiB,
     PackConfig,
     check_framework,
@@ -136,7 +135,7 @@ class Context:
         if self.compile_cache is not None and governed:
             from memgov.pack import warmup
 
-            env.update(warmup.cache_env(self.compile_cache))
+            env.update(warmup.cache_env(self.compile_cache, self.cfg.framework))
         return env
 
     @property
@@ -417,8 +416,12 @@ def _runner_choice(
 
 
 def _why_not_forked(cfg: PackConfig, argv: list[str], folder: Path) -> str | None:
-    if cfg.framework not in runners.FORKABLE:
-        return f"forks only {', '.join(runners.FORKABLE)} jobs (--framework {cfg.framework})"
+    from memgov import _adapters
+
+    # Its import leaves no thread running through fork (TensorFlow's jemalloc thread does).
+    forkable = [name for name, facts in _adapters.facts().items() if facts.forkable]
+    if cfg.framework not in forkable:
+        return f"forks only {', '.join(forkable)} jobs (--framework {cfg.framework})"
     if len(argv) < 2 or argv[1].startswith("-") or not (folder / argv[1]).is_file():
         return f"forks only `python SCRIPT` commands, not {' '.join(argv[:2])}"
     return None
@@ -454,7 +457,10 @@ def _claim(
     found = history.auto_size(key)
     if found is not None:
         return found
-    size = DEFAULT_CLAIM.get(cfg.framework, DEFAULT_CLAIM_OTHER)
+    from memgov import _adapters
+
+    facts = _adapters.facts().get(cfg.framework)
+    size = (facts and facts.default_claim) or DEFAULT_CLAIM
     return size, (
         f"default for {cfg.framework} ({format_size(size)}): no measured peaks for "
         f"{key} yet (a pack on a GPU records them)"

@@ -42,7 +42,6 @@ well under a second; long only on a machine starting 140 other processes)."""
 STOP_S = 5.0
 SOCKET_PATH_MAX = 100
 """A UNIX socket's path holds at most 107 bytes (sun_path)."""
-FRAMEWORK_MODULES = {"torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
 AUTOENABLE_PREFIXES = _settings.TRIGGERS
 """What wakes auto-enable: the zygote's environment has none of it (it must claim nothing)."""
 PYTHON_NAME = re.compile(r"python[0-9.]*$")
@@ -57,7 +56,7 @@ class PreloadRunner(Runner):
         return cls(request.framework)
 
     def __init__(self, framework: str) -> None:
-        self.module = FRAMEWORK_MODULES.get(framework, framework)
+        self.module = framework  # an adapter's name is its framework's module (docs/adapters.md)
         self._zygote: subprocess.Popen[bytes] | None = None
         self._python: str | None = None
         self._dir: Path | None = None

@@ -56,17 +56,9 @@ RUNNERS = {
 """Every runner by name, and the module that defines it (imported when the runner is made)."""
 RUNNER_CHOICES = ("auto", *RUNNERS)
 """``--runner``: a runner by name, or ``auto`` (process or preload by host memory: plan.py)."""
-FORKABLE = ("torch", "jax")
-"""Frameworks whose import leaves no thread running through fork (``preload`` forks them;
-TensorFlow's jemalloc thread makes its zygote spawn instead: docs/pack.md)."""
 DOCKER_IMAGE = "memgov-mnist"
 DOCKER_WORKDIR = "/experiment"
 INSPECT_EVERY_S = 1.0
-GREEDY_IN_IMAGE = {
-    "MEMGOV_CLAIM": "off",
-    "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
-    "TF_FORCE_GPU_ALLOW_GROWTH": "false",
-}
 
 
 class RunnerError(ConfigError):
@@ -253,7 +245,11 @@ class DockerRunner(Runner):
             line += ["--ipc=host", "-v", f"{self.mps_pipe}:{self.mps_pipe}"]
         wanted = dict(env)
         if "MEMGOV_CLAIM" not in wanted:  # greedy: undo the image's claim and memgov's defaults
-            wanted.update(GREEDY_IN_IMAGE)
+            from memgov import _adapters
+
+            wanted["MEMGOV_CLAIM"] = "off"
+            for facts in _adapters.facts().values():  # the frameworks' own (their greedy_env)
+                wanted.update(facts.greedy_env)
         for key, value in sorted(wanted.items()):
             if key != "CUDA_VISIBLE_DEVICES":  # --gpus decides what the container sees
                 line += ["-e", f"{key}={value}"]

@@ -4,19 +4,21 @@ N copies of a JAX job compile the same programs. Started together on a shared ho
 compile at once: on an H200 host (16 cores) 25 JAX MNIST jobs spent 28-39 s in their first epoch
 (XLA compilation and GPU autotuning, 25 at a time) against ~1 s for each epoch after it
 (results/h200/2026-11-23-threads-jax.json.gz). So for frameworks with a persistent compilation
-cache (:data:`CACHED`: JAX) pack gives the governed jobs of a pack one cache folder and, before a
-run's jobs start, runs a **warm-up job**: the run's first job (same command, arguments and
-environment) until its ``start`` report, then stops it. A trainer that compiles before it reports
-``start`` (experiments/mnist's JAX trainer does: ``prepare``) has then put every program of the run
-in the cache, and the run's jobs load them instead of compiling them. The warm-up is skipped when
-an earlier run of the same pack (the solo job) already reached ``start`` with the cache.
+cache (an adapter's ``Facts.compile_cache_dir``: JAX's) pack gives the governed jobs of a pack
+one cache folder and, before a run's jobs start, runs a **warm-up job**: the run's first job
+(same command, arguments and environment) until its ``start`` report, then stops it. A trainer
+that compiles before it reports ``start`` (experiments/mnist's JAX trainer does: ``prepare``) has
+then put every program of the run in the cache, and the run's jobs load them instead of compiling
+them. The warm-up is skipped when an earlier run of the same pack (the solo job) already reached
+``start`` with the cache.
 
-JAX reads the cache settings from the environment (jax.config's names, upper case):
+JAX reads the cache settings from the environment (jax.config's names, upper case; its adapter's
+facts list them):
 
 - ``JAX_COMPILATION_CACHE_DIR``: the folder;
 - ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0`` and ``..._MIN_ENTRY_SIZE_BYTES=-1``: every
   program is kept (by default only those that took >= 1 s to compile);
-- ``JAX_COMPILATION_CACHE_MAX_SIZE``: a bound, :data:`MAX_BYTES`. With a bound JAX takes a file
+- ``JAX_COMPILATION_CACHE_MAX_SIZE``: a bound, 4 GiB. With a bound JAX takes a file
   lock around every read and write of the cache (jax/_src/lru_cache.py); without one it writes
   an entry in place, unlocked, so a job could read another job's half-written entry.
 XLA's GPU autotuning results go to the same folder (``jax_persistent_cache_enable_xla_caches``,
@@ -44,9 +46,6 @@ from memgov._errors import ConfigError
 from memgov.pack.jobs import Job, JobSpec
 from memgov.pack.runners import Runner
 
-CACHED = ("jax",)
-"""Frameworks whose persistent compilation cache pack knows how to share."""
-MAX_BYTES = 4 * 2**30
 WARM_UP_TIMEOUT_S = 600.0
 """The longest a warm-up job may take to report ``start`` (--timeout, when shorter, wins)."""
 STOP_GRACE_S = 10.0
@@ -58,15 +57,19 @@ def cache_folder(choice: str, framework: str, out: Path) -> tuple[Path | None, s
     text = choice.strip()
     if text.lower() == "off":
         return None, "--compile-cache off"
-    if framework not in CACHED:
-        shared = ", ".join(CACHED)
+    from memgov import _adapters
+
+    cached = {
+        name: f.compile_cache_dir for name, f in _adapters.facts().items() if f.compile_cache_dir
+    }
+    variable = cached.get(framework)
+    if variable is None:
+        shared = ", ".join(cached)
         return None, f"no compilation cache pack can share for {framework} (only {shared})"
     if text.lower() == "auto":
-        own = os.environ.get("JAX_COMPILATION_CACHE_DIR", "").strip()
+        own = os.environ.get(variable, "").strip()
         if own:
-            return _checked(Path(own), "JAX_COMPILATION_CACHE_DIR"), (
-                "JAX_COMPILATION_CACHE_DIR from pack's environment"
-            )
+            return _checked(Path(own), variable), f"{variable} from pack's environment"
         return _checked(out / "compile-cache", "--compile-cache auto"), (
             "--compile-cache auto: a new folder in the report folder"
         )
@@ -94,14 +97,13 @@ def _checked(folder: Path, what: str) -> Path:
     return folder.resolve()
 
 
-def cache_env(folder: Path) -> dict[str, str]:
-    """The variables that give a job the shared cache."""
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(folder),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
-        "JAX_COMPILATION_CACHE_MAX_SIZE": str(MAX_BYTES),
-    }
+def cache_env(folder: Path, framework: str) -> dict[str, str]:
+    """The variables that give a job of ``framework`` the shared cache."""
+    from memgov import _adapters
+
+    facts = _adapters.facts()[framework]
+    assert facts.compile_cache_dir is not None  # cache_folder() gave a folder
+    return {facts.compile_cache_dir: str(folder), **facts.compile_cache_env}
 
 
 def warm_up(

@@ -3,18 +3,15 @@
 Parametrized over the entry points of the ``memgov.adapters`` group, so an adapter added as a folder
 and an entry point is checked without touching this file. Each check runs in a fresh interpreter:
 whether loading an adapter imports its framework can only be seen in a process that has not.
-The last test builds a fourth adapter as a plugin outside this package (its own folder and
-entry point, found through ``sys.path``) and governs a stand-in framework with it.
+tests/adapters/test_plugin.py adds a toy framework's adapter as a plugin outside this package and
+governs it through every front end.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import textwrap
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
 
@@ -95,55 +92,17 @@ def test_applies_a_claim_and_reports_one_line(name, env, py):
     assert facts["cuda_after_import"] is False  # no GPU here, and importing must not start one
 
 
-FOURTH = {
-    "fakefw/__init__.py": "LIMIT = None\n",
-    "memgov_fakefw/__init__.py": textwrap.dedent(
-        """
-        import sys
-        from memgov.adapter import Budget, format_size
-
-        class FakeAdapter:
-            name = "fakefw"
-            module = "fakefw"
-
-            def configure_env(self, budget: Budget) -> None:
-                return None
-
-            def apply(self, budget: Budget) -> str:
-                sys.modules["fakefw"].LIMIT = budget.bytes
-                self.later = budget.report  # a framework that reports once it starts
-                return "fakefw: pending"
-
-            def cuda_initialized(self) -> bool:
-                return False
-        """
-    ),
-    "memgov_fakefw-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: memgov-fakefw\n"
-    "Version: 1.0\n",
-    "memgov_fakefw-1.0.dist-info/entry_points.txt": "[memgov.adapters]\n"
-    "fakefw = memgov_fakefw:FakeAdapter\n",
-}
-
-
-def test_a_fourth_framework_is_a_folder_and_an_entry_point(tmp_path: Path, env, py):
-    plugin = tmp_path / "plugin"
-    for relative, text in FOURTH.items():
-        (plugin / relative).parent.mkdir(parents=True, exist_ok=True)
-        (plugin / relative).write_text(text)
-    env["PYTHONPATH"] = os.pathsep.join([str(plugin), env.get("PYTHONPATH", "")])
+def test_auto_enable_reads_the_same_registry(env, py):
+    """Auto-enable names the frameworks to hook without importlib.metadata (too slow for every
+    interpreter start): it must find what importlib.metadata finds, each adapter's entry point
+    named after its framework's module."""
     code = """
-import json, memgov
-from memgov import _adapters
-claim = memgov.claim("1GiB")
-import fakefw
-before = claim.reports.get("fakefw")
-adapter = next(a for a in _adapters.available() if a.name == "fakefw")
-adapter.later("fakefw: capped at 1 GiB")
-print(json.dumps({"limit": fakefw.LIMIT, "before": before, "after": claim.reports["fakefw"],
-                  "all": sorted(a.name for a in _adapters.available())}))
+import json
+from importlib.metadata import entry_points
+from memgov import _importhook
+points = {p.name: p.load()().module for p in entry_points(group=_importhook.GROUP)}
+print(json.dumps({"fast": list(_importhook.frameworks()), "points": points}))
 """
     facts = run_json(py, code, env)
-    assert facts["limit"] == 2**30
-    assert facts["before"] == "fakefw: pending"
-    assert facts["after"] == "fakefw: capped at 1 GiB"  # the report hook reached the claim
-    assert "fakefw" in facts["all"] and "torch" in facts["all"]
+    assert facts["fast"] == sorted(facts["points"])
+    assert all(name == module for name, module in facts["points"].items())

@@ -56,7 +56,7 @@ def test_a_folder_of_another_user_is_refused(tmp_path: Path) -> None:
 
 
 def test_cache_env_bounds_the_cache_so_jax_locks_it(tmp_path: Path) -> None:
-    env = warmup.cache_env(tmp_path)
+    env = warmup.cache_env(tmp_path, "jax")
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path)
     assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
     assert env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] == "-1"
