@@ -24,6 +24,17 @@ PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
 """A child pytest session's command: quiet, no cache written into the repository."""
 
 
+def run_memgov(*argv: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m memgov ARGV`` with exactly ``env``, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "memgov", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 class Child:
     """A claimer.py process; its stdout events are read by a thread so no read ever blocks."""
 
