@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,31 @@ def memgov_cli(*args: str, timeout: float = 120, **kw: Any) -> subprocess.Comple
         timeout=timeout,
         env=env,
         **kw,
+    )
+
+
+def lines(path: Path) -> list[str]:
+    """The words of a mark file (a sleeper's names), none before it exists."""
+    return path.read_text().split() if path.exists() else []
+
+
+def wait_for(check: Callable[[], object], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def cli_proc(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``memgov ARGS`` started in its own session (a test signals its group), stdin closed."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "memgov", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        start_new_session=True,
     )
 
 
