@@ -103,6 +103,17 @@ class Child:
                 self.proc.stdin.close()
 
 
+def terminate(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM a process still running, SIGKILL it if it has not ended ``timeout`` s later."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def ledger(uuid: str = "sim0") -> DeviceLedger:
     return DeviceLedger(next(d for d in devices() if d.uuid == uuid))
 
