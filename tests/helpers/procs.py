@@ -24,7 +24,9 @@ PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
 """A child pytest session's command: quiet, no cache written into the repository."""
 
 
-def run_memgov(*argv: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_memgov(
+    *argv: str, env: dict[str, str], timeout: float, **run: Any
+) -> subprocess.CompletedProcess[str]:
     """``python -m memgov ARGV`` with exactly ``env``, its output captured as text."""
     return subprocess.run(
         [sys.executable, "-m", "memgov", *argv],
@@ -32,7 +34,29 @@ def run_memgov(*argv: str, env: dict[str, str], timeout: float) -> subprocess.Co
         capture_output=True,
         text=True,
         timeout=timeout,
+        **run,
     )
+
+
+def memgov_without(module: str) -> str:
+    """A ``python -c`` program: memgov's command line (the arguments after the program) where
+    ``module`` cannot be imported, as on a machine without it."""
+    return f"""
+import importlib.abc, sys
+
+
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r} or name.startswith({module + "."!r}):
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Hide())
+from memgov.cli import main
+sys.argv = ["memgov", *sys.argv[1:]]
+main()
+"""
 
 
 class Child:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.procs import run_memgov
+
 GIB = 2**30
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,14 +45,7 @@ def write_queue(path: Path, jobs: list[dict[str, Any]], policy: str | None = Non
 
 def memgov_cli(*args: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **kw.pop("env", {}), "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "memgov", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        **kw,
-    )
+    return run_memgov(*args, env=env, timeout=timeout, **kw)
 
 
 def lines(path: Path) -> list[str]:
