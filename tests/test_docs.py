@@ -4,6 +4,7 @@ as coming, and install hints name the distribution (memgov-gpu), not the unrelat
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import typer.main
@@ -62,22 +63,16 @@ def test_install_hints_name_the_distribution() -> None:
 RESULTS_LINK = re.compile(r"(?<!\w)results/[\w.{},*/-]+")
 
 
-def _alternatives(pattern: str) -> list[str]:
-    """A link's brace alternatives: a-{b,c}.txt -> a-b.txt, a-c.txt."""
-    match = re.search(r"\{([^{}]*)\}", pattern)
-    if match is None:
-        return [pattern]
-    head, tail = pattern[: match.start()], pattern[match.end() :]
-    return [name for alt in match[1].split(",") for name in _alternatives(head + alt + tail)]
-
-
 def test_every_results_file_the_docs_name_exists() -> None:
     """A figure's raw file is linked as results/MACHINE/DATE-NAME.EXT (braces and * allowed)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from place_results import expand  # a link's braces expand as the tool that files them reads
+
     missing = []
     for path in [*DOCS, ROOT / "results" / "HISTORY.md"]:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for link in RESULTS_LINK.findall(line):
-                for name in _alternatives(link.rstrip(".,:;")):
+                for name in expand(link.rstrip(".,:;")):
                     if name.rstrip("/") != "results" and not list(ROOT.glob(name)):
                         missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
     assert not missing, "no such results file:\n" + "\n".join(missing)

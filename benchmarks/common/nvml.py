@@ -1,8 +1,9 @@
 """The NVML samplers every GPU benchmark uses (one module: they run in the host PID namespace).
 
-FootprintSampler: each process's peak footprint on one GPU, the device's peak and its use over
-time. LoadSampler: host CPU load and GPU utilization, timestamped. process_usage: one reading of
-every process's footprint, for scripts that sample more than memory (mps_density.py).
+Background: a sampler's thread, running inside ``with``. FootprintSampler: each process's peak
+footprint on one GPU, the device's peak and its use over time. LoadSampler: host CPU load and GPU
+utilization, timestamped. process_usage: one reading of every process's footprint, for scripts
+that sample more than memory (mps_density.py).
 Import with ``sys.path.insert(0, str(BENCHMARKS / "common"))`` then ``from nvml import ...``.
 """
 
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
 MIB = 2**20
+B = TypeVar("B", bound="Background")
 NOT_AVAILABLE = 2**63
 """NVML reports a process's memory as 2**64 - 1 where it cannot see it (no permission, MPS)."""
 
@@ -36,7 +38,26 @@ def process_usage(handle: Any) -> dict[int, int]:
     return procs
 
 
-class FootprintSampler:
+class Background:
+    """A sampling thread (``_run``, ending once ``_stop`` is set), run while inside ``with``."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: B) -> B:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class FootprintSampler(Background):
     """Samples every process's NVML footprint on one GPU in a thread; keeps per-PID peaks, the
     device's peak and a timeline of (seconds, device MiB used, processes).
 
@@ -53,8 +74,7 @@ class FootprintSampler:
         self.samples = 0
         self.timeline: list[tuple[float, float, int]] = []
         self._t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def device(self) -> dict[str, Any]:
         """The GPU's name, total memory and driver (a dry run names itself)."""
@@ -92,21 +112,16 @@ class FootprintSampler:
             self._read()
             time.sleep(self.period_s)
 
-    def __enter__(self) -> FootprintSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._read()
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self._read()  # a last sample: the peak of a run that ended between two
 
     def peak_mib(self, pid: int) -> float | None:
         value = self.peaks.get(pid)
         return None if value is None else round(value / MIB, 1)
 
 
-class LoadSampler:
+class LoadSampler(Background):
     """Host CPU busy fraction, runnable tasks and GPU utilization every ``period_s``, timestamped
     (wall clock), so a run's samples can be cut to the window a figure comes from.
 
@@ -124,8 +139,7 @@ class LoadSampler:
                 self._handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
             except pynvml.NVMLError:
                 self._handle = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     @staticmethod
     def _stat() -> tuple[int, int, int, int]:
@@ -158,14 +172,6 @@ class LoadSampler:
                 }
             )
             before, t_before = now, t_now
-
-    def __enter__(self) -> LoadSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def means(self, lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
         """Mean of each series over the samples taken in [lo, hi] (all samples by default)."""

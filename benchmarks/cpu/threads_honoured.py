@@ -42,56 +42,41 @@ def report(setting, after_import):
 """
 )
 
+
+def workload(imports: str, setup: str, repeat: int, setting: str = '"-"') -> str:
+    """A fresh interpreter's program: IMPORTS, the threads counted, SETUP (it defines work()), one
+    warm-up run, then REPEAT runs reported with SETTING (a Python expression)."""
+    return (
+        f'\nimport {imports}\nafter_import = len(os.listdir("/proc/self/task"))\n{setup}\n'
+        f"REPEAT = {repeat}\nwork()\nreport({setting}, after_import)\n"
+    )
+
+
+NUMPY = "x = np.random.rand(1500, 1500)\ndef work(): float((x @ x).sum())"
 WORK = {
-    "torch": """
-import torch
-after_import = len(os.listdir("/proc/self/task"))
-x = torch.randn(1500, 1500)
-def work(): (x @ x).sum().item()
-REPEAT = 20
-work()
-report(f"get_num_threads={torch.get_num_threads()}", after_import)
-""",
-    "tensorflow": """
-import tensorflow as tf
-after_import = len(os.listdir("/proc/self/task"))
-x = tf.random.normal((1500, 1500))
-def work(): float(tf.reduce_sum(tf.matmul(x, x)))
-REPEAT = 20
-work()
-report(f"intra_op={tf.config.threading.get_intra_op_parallelism_threads()}", after_import)
-""",
-    "jax": """
-import jax, jax.numpy as jnp
-after_import = len(os.listdir("/proc/self/task"))
-f = jax.jit(lambda a: jnp.tanh(a @ a).sum())
-x = jnp.ones((1500, 1500))
-def work(): f(x).block_until_ready()
-REPEAT = 20
-work()
-report("-", after_import)
-""",
+    "torch": workload(
+        "torch",
+        "x = torch.randn(1500, 1500)\ndef work(): (x @ x).sum().item()",
+        20,
+        'f"get_num_threads={torch.get_num_threads()}"',
+    ),
+    "tensorflow": workload(
+        "tensorflow as tf",
+        "x = tf.random.normal((1500, 1500))\ndef work(): float(tf.reduce_sum(tf.matmul(x, x)))",
+        20,
+        'f"intra_op={tf.config.threading.get_intra_op_parallelism_threads()}"',
+    ),
+    "jax": workload(
+        "jax, jax.numpy as jnp",
+        "f = jax.jit(lambda a: jnp.tanh(a @ a).sum())\nx = jnp.ones((1500, 1500))\n"
+        "def work(): f(x).block_until_ready()",
+        20,
+    ),
     # numpy's OpenBLAS pool is sized when numpy loads; memgov claims as the first torch/tf/jax
     # import begins, so the order matters: numpy first (its pool already made), or torch first
     # (torch loads numpy after the claim).
-    "numpy (torch first)": """
-import torch, numpy as np
-after_import = len(os.listdir("/proc/self/task"))
-x = np.random.rand(1500, 1500)
-def work(): float((x @ x).sum())
-REPEAT = 10
-work()
-report("-", after_import)
-""",
-    "numpy (numpy first)": """
-import numpy as np, torch
-after_import = len(os.listdir("/proc/self/task"))
-x = np.random.rand(1500, 1500)
-def work(): float((x @ x).sum())
-REPEAT = 10
-work()
-report("-", after_import)
-""",
+    "numpy (torch first)": workload("torch, numpy as np", NUMPY, 10),
+    "numpy (numpy first)": workload("numpy as np, torch", NUMPY, 10),
 }
 
 NEIGHBOUR = "import sys, memgov; memgov.claim('1GiB'); print('ready', flush=True); sys.stdin.read()"

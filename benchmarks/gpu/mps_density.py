@@ -62,7 +62,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
-from nvml import process_usage
+from nvml import Background, process_usage
 
 ROOT = Path(__file__).resolve().parents[2]
 MNIST = ROOT / "experiments" / "mnist"
@@ -179,7 +179,7 @@ print(json.dumps({"uss_mib": stages, "rss_mib": round(info.rss / 2**20, 1),
 
 
 # -- watching the machine ------------------------------------------------------------------------
-class Watch:
+class Watch(Background):
     """MemAvailable, GPU memory (NVML), BAR1 and MPS server processes, every 0.5 s, for one step.
 
     When MemAvailable falls below LOW_MEMORY it calls ``on_low`` once (the step is stopped)."""
@@ -194,16 +194,7 @@ class Watch:
         self.peak_bar1_used = None
         self.peak_procs = 0
         self.servers: dict[int, dict[str, Any]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__()
 
     def _run(self) -> None:
         t0 = time.monotonic()

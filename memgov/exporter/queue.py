@@ -68,30 +68,16 @@ def read() -> Queues:
 
 
 def _read_user(queue_fd: int, uid: int, found: Queues) -> None:
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     where = f"_queue/{uid}"
-    try:
-        user_fd = os.open(str(uid), flags, dir_fd=queue_fd)
-    except PermissionError:
-        return  # another user's private store, and this exporter is not root: not shown
-    except OSError as exc:
-        found.problems.append(f"{where}: {exc.strerror or exc} (a symlink or not a folder?)")
+    # PermissionError: another user's private store, and this exporter is not root: not shown
+    user_fd = _owned_folder(str(uid), queue_fd, uid, where, found, PermissionError)
+    if user_fd is None:
         return
     try:
-        if os.fstat(user_fd).st_uid != uid:
-            found.problems.append(f"{where}: not uid {uid}'s folder")
+        jobs_fd = _owned_folder("jobs", user_fd, uid, f"{where}/jobs", found, FileNotFoundError)
+        if jobs_fd is None:
             return
         try:
-            jobs_fd = os.open("jobs", flags, dir_fd=user_fd)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            found.problems.append(f"{where}/jobs: {exc.strerror or exc}")
-            return
-        try:
-            if os.fstat(jobs_fd).st_uid != uid:
-                found.problems.append(f"{where}/jobs: not uid {uid}'s folder")
-                return
             queue = found.users.setdefault(uid, UserQueue())
             now = time.time()
             for name in sorted(os.listdir(jobs_fd))[:MAX_JOBS]:
@@ -101,6 +87,27 @@ def _read_user(queue_fd: int, uid: int, found: Queues) -> None:
             os.close(jobs_fd)
     finally:
         os.close(user_fd)
+
+
+def _owned_folder(
+    name: str, dir_fd: int, uid: int, where: str, found: Queues, unseen: type[OSError]
+) -> int | None:
+    """``name`` in ``dir_fd`` opened as a folder of ``uid``'s, never through a symlink; None where
+    it is not one: quietly for ``unseen``, else with the problem said in ``found``."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except unseen:
+        return None
+    except OSError as exc:
+        hint = " (a symlink or not a folder?)" if unseen is PermissionError else ""
+        found.problems.append(f"{where}: {exc.strerror or exc}{hint}")
+        return None
+    if os.fstat(fd).st_uid == uid:
+        return fd
+    os.close(fd)
+    found.problems.append(f"{where}: not uid {uid}'s folder")
+    return None
 
 
 def _count(

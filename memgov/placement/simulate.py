@@ -48,18 +48,10 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "seed": self.seed,
-            "arrived": self.arrived,
-            "placed": self.placed,
-            "failed": self.failed,
-            "total_gpus": self.total_gpus,
-            "final_percent": self.final_percent,
-            "curve": {str(k): v for k, v in self.curve.items()},
-            "seconds": round(self.seconds, 3),
-            **self.extra,
-        }
+        """Every field in its order (curve's keys as text, seconds rounded), then ``extra``'s."""
+        fields = {k: v for k, v in vars(self).items() if k != "extra"}
+        curve = {str(k): v for k, v in self.curve.items()}
+        return {**fields, "curve": curve, "seconds": round(self.seconds, 3), **self.extra}
 
 
 def arrivals(

@@ -142,29 +142,15 @@ def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
         listed = run(*way, "devices", "--json")
         assert listed.returncode == 0 and '"devices"' in listed.stdout, listed.stderr
 
-    out = tmp_path / "report"
-    packed = run(
-        memgov,
-        "pack",
-        "--device",
-        "cpu",
-        "--n",
-        "2",
-        "--epochs",
-        "1",
-        "--no-solo",
-        "--no-progress",
-        "--out",
-        str(out),
-        "mnist",
-        "--",
-        "--limit",
-        "256",
-        "--eval-limit",
-        "64",
-    )
-    assert packed.returncode == 0, packed.stdout + packed.stderr
-    report = json.loads((out / "report.json").read_text())
+    def pack(out: Path, *options: str) -> dict:
+        """A two-job CPU pack of the bundled mnist from the installed command; its report."""
+        small = ("--device", "cpu", "--n", "2", "--epochs", "1", "--no-solo", "--no-progress")
+        trainer = ("--limit", "256", "--eval-limit", "64")
+        packed = run(memgov, "pack", *small, *options, "--out", str(out), "mnist", "--", *trainer)
+        assert packed.returncode == 0, packed.stdout + packed.stderr
+        return json.loads((out / "report.json").read_text())
+
+    report = pack(tmp_path / "report")
     bundled = site_packages(fresh) / "memgov" / "experiments" / "mnist" / "experiment.toml"
     assert report["manifest"] == str(bundled)
     assert [j["status"] for j in report["jobs"]] == ["ok", "ok"]
@@ -172,31 +158,7 @@ def test_wheel_outside_checkout_runs_version_and_cpu_pack(tmp_path):
 
     # --runner preload from the wheel: its zygote and launcher modules ship, and the forked
     # trainers (which never import memgov) are governed as spawned ones are.
-    out = tmp_path / "report-preload"
-    packed = run(
-        memgov,
-        "pack",
-        "--device",
-        "cpu",
-        "--n",
-        "2",
-        "--epochs",
-        "1",
-        "--no-solo",
-        "--no-progress",
-        "--runner",
-        "preload",
-        "--out",
-        str(out),
-        "mnist",
-        "--",
-        "--limit",
-        "256",
-        "--eval-limit",
-        "64",
-    )
-    assert packed.returncode == 0, packed.stdout + packed.stderr
-    report = json.loads((out / "report.json").read_text())
+    report = pack(tmp_path / "report-preload", "--runner", "preload")
     assert [j["status"] for j in report["jobs"]] == ["ok", "ok"]
     assert all(j["claim_mib"] for j in report["jobs"])
     assert report["runner_details"]["zygote_forked"] == 2, report["runner_details"]

@@ -11,13 +11,14 @@ import threading
 import pytest
 
 from memgov import _nvml
+from tests.helpers.procs import run_memgov
 
 MEMGOV = [sys.executable, "-m", "memgov"]
 HINT = 'simulate some to try memgov: MEMGOV_DEVICES="sim0:16GiB" memgov status'
 
 
 def memgov(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MEMGOV, *argv], env=env, capture_output=True, text=True, timeout=60)
+    return run_memgov(*argv, env=env, timeout=60)
 
 
 @pytest.fixture
@@ -44,17 +45,11 @@ def test_no_gpu_json_stays_json_and_says_why(no_gpu):
     assert HINT in data["no_gpu"]
 
 
-def test_doctor_fails_on_a_ledger_no_claim_can_use(env, tmp_path):
+def test_doctor_fails_on_a_ledger_no_claim_can_use(env, py, tmp_path):
     claims = tmp_path / "ledger" / "v1" / "sim0" / "claims"
     claims.parent.mkdir(parents=True)
     claims.write_text("not a folder")  # every claim on sim0 fails on it
-    claim = subprocess.run(
-        [sys.executable, "-c", "import memgov; memgov.claim('1GiB')"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    claim = py("import memgov; memgov.claim('1GiB')", env, timeout=60)
     assert claim.returncode != 0 and "LedgerError" in claim.stderr
     result = memgov(env, "doctor")
     assert result.returncode == 1

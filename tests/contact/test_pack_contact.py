@@ -5,24 +5,18 @@ extra)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from memgov import _nvml
+from tests.helpers.procs import run_memgov
 
 MNIST = str(Path(__file__).resolve().parents[2] / "experiments" / "mnist")
 
 
 def pack(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memgov", "pack", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_memgov("pack", *argv, env=env, timeout=600)
 
 
 def failed_lines(result: subprocess.CompletedProcess[str]) -> list[str]:

@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.procs import run_memgov
+
 JOB = Path(__file__).resolve().parents[1] / "profiles" / "job.py"
 
 
 def memgov(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memgov", *argv], env=env, capture_output=True, text=True, timeout=60
-    )
+    return run_memgov(*argv, env=env, timeout=60)
 
 
 def test_jobs_of_one_label_are_told_apart_by_their_command(env):

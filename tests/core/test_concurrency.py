@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import memgov
+from memgov._ledger import DeviceLedger
 from tests.helpers.procs import Child, Monitor, ledger, wait_until
 
 GIB = 2**30
@@ -70,14 +71,22 @@ def test_twenty_waiting_claimers_all_finish_in_turn(
     assert snap.claims == [] and snap.queue == []
 
 
-def test_waiting_is_first_come_first_served(children: list[Child], monitor: Monitor) -> None:
+def held_and_queued(
+    children: list[Child], name: str, wait: str
+) -> tuple[DeviceLedger, Child, Child]:
+    """sim0's ledger with a 60 GiB holder admitted and a 32 GiB claim ``name`` queued behind it."""
     book = ledger()
     holder = Child(["60GiB", "--name", "holder"])
     children.append(holder)
     holder.expect("admitted")
-    big = Child(["32GiB", "--wait", "30", "--name", "big"])
-    children.append(big)
+    queued = Child(["32GiB", "--wait", wait, "--name", name])
+    children.append(queued)
     wait_until(lambda: len(book.snapshot().queue) == 1)
+    return book, holder, queued
+
+
+def test_waiting_is_first_come_first_served(children: list[Child], monitor: Monitor) -> None:
+    book, holder, big = held_and_queued(children, "big", wait="30")
     small = [Child(["4GiB", "--wait", "30", "--name", f"small{i}"]) for i in range(3)]
     children.extend(small)
     wait_until(lambda: len(book.snapshot().queue) == 4)
@@ -143,13 +152,7 @@ def test_no_deadlock_and_no_over_commit_under_churn(
 def test_a_stopped_waiter_is_passed_over_and_queues_again_once_resumed(
     children: list[Child], monitor: Monitor
 ) -> None:
-    book = ledger()
-    holder = Child(["60GiB", "--name", "holder"])
-    children.append(holder)
-    holder.expect("admitted")
-    ahead = Child(["32GiB", "--wait", "120", "--name", "ahead"])
-    children.append(ahead)
-    wait_until(lambda: len(book.snapshot().queue) == 1)
+    book, holder, ahead = held_and_queued(children, "ahead", wait="120")
     stopped = Child(["32GiB", "--wait", "120", "--name", "stopped"])
     children.append(stopped)
     wait_until(lambda: len(book.snapshot().queue) == 2)

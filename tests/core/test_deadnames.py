@@ -55,6 +55,17 @@ def plant(folder: Path, count: int, content: bytes = b"") -> None:
         (folder / f"{i:020d}-{i % 4096:012x}.json").write_bytes(content)
 
 
+def scanned(fd: int, name: str) -> Any:
+    """What a remembering scan of the folder ``fd`` finds of the file ``name``."""
+    return {s.name: s for s in _records.scan(fd, remember=True)}[name]
+
+
+def remembered(fd: int, name: str) -> bool:
+    """Whether ``name`` is among the folder ``fd``'s names known dead for good."""
+    info = os.fstat(fd)
+    return name in _deadnames.known((info.st_dev, info.st_ino))
+
+
 @pytest.fixture
 def claims_dir(private_ledger: Path) -> Path:
     ledger().snapshot()  # creates the folders as memgov does
@@ -104,12 +115,11 @@ def test_an_update_seen_mid_way_is_not_dead_for_good(
     fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         monkeypatch.setattr(_records, "_open_probe", probe_then_update)
-        raced = {s.name: s for s in _records.scan(fd, remember=True)}[held.name]
+        raced = scanned(fd, held.name)
         monkeypatch.setattr(_records, "_open_probe", real_probe)
         assert not raced.alive and not raced.final
-        info = os.fstat(fd)
-        assert held.name not in _deadnames.known((info.st_dev, info.st_ino))
-        again = {s.name: s for s in _records.scan(fd, remember=True)}[held.name]
+        assert not remembered(fd, held.name)
+        again = scanned(fd, held.name)
         assert again.alive and again.data is not None and again.data["mode"] == "hard"
     finally:
         os.close(fd)
@@ -144,12 +154,10 @@ def test_a_locked_record_whose_holder_only_looks_gone_is_never_dead_for_good(
     try:
         with monkeypatch.context() as patched:
             patched.setattr(_records, "holder_alive", lambda data: False)
-            seen = {s.name: s for s in _records.scan(fd, remember=True)}[held.name]
+            seen = scanned(fd, held.name)
         assert not seen.alive and not seen.final
-        info = os.fstat(fd)
-        assert held.name not in _deadnames.known((info.st_dev, info.st_ino))
-        again = {s.name: s for s in _records.scan(fd, remember=True)}[held.name]
-        assert again.alive
+        assert not remembered(fd, held.name)
+        assert scanned(fd, held.name).alive
     finally:
         os.close(fd)
         book.remove("claims", held)

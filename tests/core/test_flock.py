@@ -42,6 +42,13 @@ def free(path: Path) -> bool:
         os.close(fd)
 
 
+def left_nothing_behind(lock_path: Path, busy: int) -> None:
+    """The waiter that gave up holds no descriptor: once the holder lets go, the lock is free."""
+    assert _flock.open_count() == 0
+    os.close(busy)
+    assert free(lock_path)
+
+
 @pytest.fixture
 def lock_path(tmp_path: Path) -> Path:
     return tmp_path / "admission.lock"
@@ -102,9 +109,7 @@ def test_waiter_times_out_naming_the_holder_and_leaves_nothing(lock_path: Path, 
         pass
     assert time.monotonic() - started < 5
     assert threading.active_count() == threads  # no helper thread: nothing blocks in flock
-    assert _flock.open_count() == 0
-    os.close(busy)
-    assert free(lock_path)
+    left_nothing_behind(lock_path, busy)
 
 
 def test_interrupted_waiter_leaves_no_lock_behind(
@@ -117,9 +122,7 @@ def test_interrupted_waiter_leaves_no_lock_behind(
     with pytest.raises(KeyboardInterrupt), AdmissionLock(lock_path, timeout=30):
         pass
     monkeypatch.undo()
-    assert _flock.open_count() == 0
-    os.close(busy)
-    assert free(lock_path)
+    left_nothing_behind(lock_path, busy)
 
 
 def test_failing_flock_is_reported_at_once(

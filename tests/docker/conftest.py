@@ -34,6 +34,7 @@ import pytest
 
 from tests.docker import leftovers
 from tests.helpers.host_changes import changes_host
+from tests.helpers.procs import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "memgov-base:bookworm"
@@ -89,13 +90,7 @@ def _start_dockerd(
 
 
 def _stop(daemon: subprocess.Popen[bytes]) -> None:
-    if daemon.poll() is None:
-        daemon.terminate()  # dockerd stops its containers and its containerd on SIGTERM
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+    terminate(daemon, timeout=60)  # dockerd stops its containers and its containerd on SIGTERM
 
 
 @pytest.fixture(scope="session")

@@ -57,22 +57,19 @@ def _docker(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def pack_argv(image: str, *options: str) -> list[str]:
+    """``memgov pack`` in containers of IMAGE on the CPU (the docker tests' packs), then OPTIONS."""
+    runner = ["--runner", "docker", "--image", image, "--device", "cpu"]
+    return [sys.executable, "-m", "memgov", "pack", *runner, *options]
+
+
 def run(out: Path, image: str = "memgov-mnist") -> dict[str, Any]:
     ledger = out / "ledger"
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MEMGOV_DIR": str(ledger)}
     env.pop("MEMGOV_DEVICES", None)
-    argv = [
-        sys.executable,
-        "-m",
-        "memgov",
-        "pack",
-        "--runner",
-        "docker",
-        "--image",
+    argv = pack_argv(
         image,
-        "--device",
-        "cpu",
         "--n",
         "3",
         "--epochs",
@@ -89,7 +86,7 @@ def run(out: Path, image: str = "memgov-mnist") -> dict[str, Any]:
         "128",
         "--eval-limit",
         "32",
-    ]
+    )
     result: dict[str, Any] = {"command": argv}
     with open(out / "pack.log", "wb") as log:
         pack = subprocess.Popen(

@@ -37,26 +37,9 @@ def _pack(
     env: dict[str, str] | None = None,
     trainer: list[str] = TINY,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    argv = [
-        sys.executable,
-        "-m",
-        "memgov",
-        "pack",
-        "--runner",
-        "docker",
-        "--image",
-        image,
-        "--device",
-        "cpu",
-        "--epochs",
-        "1",
-        "--no-progress",
-        "--out",
-        str(out),
-        *args,
-        str(MNIST),
-        *trainer,
-    ]
+    argv = killstop_check.pack_argv(
+        image, "--epochs", "1", "--no-progress", "--out", str(out), *args, str(MNIST), *trainer
+    )
     done = subprocess.run(
         argv,
         capture_output=True,

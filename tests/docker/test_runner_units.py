@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from memgov.pack.runners import DockerRunner, cgroup_members
 
 
@@ -41,30 +43,34 @@ def _fake(tmp_path: Path, theirs: str, mine: str, procs: dict[str, str]) -> tupl
     return proc, cgroups
 
 
-def test_cgroup_members_v1_reads_the_containers_pids_group(tmp_path: Path) -> None:
-    theirs = "12:pids:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n"
-    mine = "12:pids:/\n4:memory:/\n1:name=systemd:/\n0::/\n"
-    proc, cgroups = _fake(tmp_path, theirs, mine, {"pids/docker/abc": "42\n57\n"})
-    assert cgroup_members(42, proc, cgroups) == [42, 57]
-
-
-def test_cgroup_members_v2_and_hybrid(tmp_path: Path) -> None:
-    proc, cgroups = _fake(
-        tmp_path,
+CGROUPS = {
+    "v1-the-containers-pids-group": (
+        "12:pids:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n",
+        "12:pids:/\n4:memory:/\n1:name=systemd:/\n0::/\n",
+        {"pids/docker/abc": "42\n57\n"},
+        [42, 57],
+    ),
+    "v2-and-hybrid": (
         "0::/system.slice/docker-abc.scope\n",
         "0::/user.slice\n",
         {"unified/system.slice/docker-abc.scope": "42\n43\n"},
-    )
-    assert cgroup_members(42, proc, cgroups) == [42, 43]
-
-
-def test_cgroup_members_refuses_pack_s_own_group(tmp_path: Path) -> None:
+        [42, 43],
+    ),
     # Same cgroup as pack (no container around the PID): listing it would count every process.
-    proc, cgroups = _fake(
-        tmp_path,
+    "packs-own-group-refused": (
         "12:pids:/user\n0::/user\n",
         "12:pids:/user\n0::/user\n",
         {"pids/user": "1\n42\n", "user": "1\n42\n"},
-    )
-    assert cgroup_members(42, proc, cgroups) is None
+        None,
+    ),
+}
+"""PID 42's and pack's /proc/PID/cgroup, the cgroup folders' members, what cgroup_members says."""
+
+
+@pytest.mark.parametrize(("theirs", "mine", "procs", "members"), CGROUPS.values(), ids=CGROUPS)
+def test_cgroup_members(
+    tmp_path: Path, theirs: str, mine: str, procs: dict[str, str], members: list[int] | None
+) -> None:
+    proc, cgroups = _fake(tmp_path, theirs, mine, procs)
+    assert cgroup_members(42, proc, cgroups) == members
     assert cgroup_members(os.getpid() + 10**7, proc, cgroups) is None  # no such process

@@ -26,6 +26,8 @@ pytest.importorskip("prometheus_client", reason="the exporter's extra: memgov-gp
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.procs import terminate
+
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 START_TIMEOUT_S = 120.0
 """A bound on start-up (imports and the first refresh), not a timing: the test machine is shared."""
@@ -113,13 +115,7 @@ def start_exporter(
 
 
 def stop_exporter(exporter: Exporter) -> None:
-    if exporter.proc.poll() is None:
-        exporter.proc.terminate()
-        try:
-            exporter.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            exporter.proc.kill()
-            exporter.proc.wait()
+    terminate(exporter.proc, timeout=10)
 
 
 @pytest.fixture

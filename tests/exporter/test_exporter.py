@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,26 +32,18 @@ def claims(scrape: Scrape, metric: str = "memgov_claim_budget_bytes") -> dict[st
     return {labels["name"]: value for labels, value in scrape.get(metric, [])}
 
 
-@pytest.fixture
-def holders() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    yield started
-    for child in started:
-        child.close()
-
-
-def hold(holders: list[Child], size: str, name: str, *extra: str) -> Child:
+def hold(children: list[Child], size: str, name: str, *extra: str) -> Child:
     child = Child([size, "--name", name, *extra])
-    holders.append(child)
+    children.append(child)
     child.expect("admitted")
     return child
 
 
 def test_each_claim_is_shown_and_a_killed_holder_disappears(
-    sim: str, exporter: Callable[..., Exporter], holders: list[Child]
+    sim: str, exporter: Callable[..., Exporter], children: list[Child]
 ) -> None:
-    a = hold(holders, "4GiB", "trainer-a")
-    hold(holders, "2GiB", "trainer-b")
+    a = hold(children, "4GiB", "trainer-a")
+    hold(children, "2GiB", "trainer-b")
     server = exporter()
     scrape = server.scrape()
     assert claims(scrape) == {"trainer-a": 4 * GIB, "trainer-b": 2 * GIB}
@@ -79,24 +71,24 @@ def test_each_claim_is_shown_and_a_killed_holder_disappears(
     scrape = server.scrape_after(killed)
     assert claims(scrape) == {"trainer-b": 2 * GIB}
     assert scrape["memgov_gpu_claimed_bytes"][0][1] == 2 * GIB
-    hold(holders, "1GiB", "trainer-c")
+    hold(children, "1GiB", "trainer-c")
     admitted = time.time()
     assert claims(server.scrape_after(admitted)) == {"trainer-b": 2 * GIB, "trainer-c": GIB}
 
 
 def test_a_death_or_a_new_claim_refreshes_at_once(
-    sim: str, exporter: Callable[..., Exporter], holders: list[Child]
+    sim: str, exporter: Callable[..., Exporter], children: list[Child]
 ) -> None:
     """With a refresh interval far beyond this test's waits, only the change triggers can make
     the body follow: a watched holder's death (pidfd) and a new record (the folder's times)."""
-    a = hold(holders, "4GiB", "trainer-a")
-    hold(holders, "2GiB", "trainer-b")
+    a = hold(children, "4GiB", "trainer-a")
+    hold(children, "2GiB", "trainer-b")
     server = exporter(args=("--refresh", "600"))
     assert claims(server.scrape()) == {"trainer-a": 4 * GIB, "trainer-b": 2 * GIB}
     a.kill()
     a.proc.wait(timeout=10)
     wait_until(lambda: "trainer-a" not in claims(server.scrape()), timeout=30)
-    hold(holders, "1GiB", "trainer-c")
+    hold(children, "1GiB", "trainer-c")
     wait_until(lambda: "trainer-c" in claims(server.scrape()), timeout=30)
     assert claims(server.scrape()) == {"trainer-b": 2 * GIB, "trainer-c": GIB}
     refreshes = {lb["reason"]: v for lb, v in server.scrape()["memgov_exporter_refreshes_total"]}
@@ -104,10 +96,10 @@ def test_a_death_or_a_new_claim_refreshes_at_once(
 
 
 def test_a_scrape_only_sends_the_prepared_body(
-    sim: str, exporter: Callable[..., Exporter], holders: list[Child]
+    sim: str, exporter: Callable[..., Exporter], children: list[Child]
 ) -> None:
     """Between refreshes every scrape gets the same bytes: nothing is read or rendered for it."""
-    hold(holders, "1GiB", "trainer-a")
+    hold(children, "1GiB", "trainer-a")
     server = exporter()
     first = server.text()
     stamp = parse(first)["memgov_exporter_last_refresh_timestamp_seconds"][0][1]
@@ -121,10 +113,10 @@ def test_a_scrape_only_sends_the_prepared_body(
 
 
 def test_use_comes_from_nvml_by_host_pid(
-    fake_nvml: FakeNvml, exporter: Callable[..., Exporter], holders: list[Child]
+    fake_nvml: FakeNvml, exporter: Callable[..., Exporter], children: list[Child]
 ) -> None:
-    a = hold(holders, "4GiB", "trainer-a")
-    b = hold(holders, "2GiB", "trainer-b")
+    a = hold(children, "4GiB", "trainer-a")
+    b = hold(children, "2GiB", "trainer-b")
     fake_nvml.set({a.proc.pid: 3 * GIB, b.proc.pid: GIB // 2, os.getpid(): GIB})
     scrape = exporter().scrape()
     assert claims(scrape, "memgov_claim_used_bytes") == {
@@ -162,9 +154,9 @@ def _record(name: str, device: str = "sim0", **extra: object) -> dict[str, objec
 
 
 def test_planted_files_cannot_break_a_scrape(
-    sim: str, exporter: Callable[..., Exporter], holders: list[Child]
+    sim: str, exporter: Callable[..., Exporter], children: list[Child]
 ) -> None:
-    hold(holders, "2GiB", "honest")
+    hold(children, "2GiB", "honest")
     folder = ledger().path / "claims"
     evil = 'q"uote\\back\nline\x1b[31m \udcff ' + "x" * 4000
     fds = [
@@ -207,20 +199,20 @@ def test_planted_files_cannot_break_a_scrape(
 def test_counters_count_refusals_waits_and_reclaims(
     sim: str,
     exporter: Callable[..., Exporter],
-    holders: list[Child],
+    children: list[Child],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:8GiB")
-    big = hold(holders, "6GiB", "big")
+    big = hold(children, "6GiB", "big")
     refused = Child(["4GiB", "--name", "refused"])
-    holders.append(refused)
+    children.append(refused)
     refused.expect("refused")
     timed_out = Child(["4GiB", "--name", "late", "--wait", "0.3"])
-    holders.append(timed_out)
+    children.append(timed_out)
     timed_out.expect("refused")
     big.kill()
     big.proc.wait(timeout=10)
-    hold(holders, "4GiB", "after")  # its admission reclaims the dead holder's record
+    hold(children, "4GiB", "after")  # its admission reclaims the dead holder's record
     scrape = exporter().scrape()
     by_reason = {lb["reason"]: v for lb, v in scrape["memgov_admission_refusals_total"]}
     assert by_reason["no_room"] == 1 and by_reason["timeout"] == 1
@@ -231,9 +223,9 @@ def test_counters_count_refusals_waits_and_reclaims(
     waited = {lb["outcome"]: v for lb, v in scrape["memgov_admission_wait_seconds_sum"]}
     assert waited["timeout"] >= 0.3
     waiter = Child(["5GiB", "--name", "queued", "--wait", "60"])  # 4 GiB free: it must queue
-    holders.append(waiter)
+    children.append(waiter)
     wait_until(lambda: len(ledger().snapshot().queue) == 1, timeout=120)
-    holders[-2].release()  # "after" leaves; the waiter gets in
+    children[-2].release()  # "after" leaves; the waiter gets in
     waiter.expect("admitted")
     scrape = exporter().scrape()
     counts = {lb["outcome"]: v for lb, v in scrape["memgov_admission_wait_seconds_count"]}
@@ -284,9 +276,9 @@ def test_claims_failed_by_a_held_lock_are_counted(
 
 
 def test_textfile_is_written_whole_and_never_through_a_link(
-    sim: str, tmp_path: Path, holders: list[Child]
+    sim: str, tmp_path: Path, children: list[Child]
 ) -> None:
-    hold(holders, "2GiB", "trainer-a")
+    hold(children, "2GiB", "trainer-a")
     folder = tmp_path / "textfile"
     folder.mkdir()
     victim = tmp_path / "victim"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile.conftest import User, base, shared, users  # noqa: F401  (fixtures)
+from tests.hostile.conftest import User, base, shared, start, users  # noqa: F401  (fixtures)
 
 from .conftest import start_exporter, stop_exporter
 
@@ -55,8 +55,6 @@ def test_textfile_never_follows_a_users_symlink_higher_up_its_path(
     assert real.returncode == 0, real.stderr
     assert (secret / "textfile" / "memgov.prom").is_file()
 
-
-ACTOR = Path(__file__).resolve().parents[1] / "hostile" / "actor.py"
 
 ADD_JOBS = """
 import time
@@ -107,18 +105,6 @@ def as_user(user: User, code: str) -> str:
     return done.stdout.strip()
 
 
-def _start(user: User, code: str) -> subprocess.Popen[str]:
-    """CODE as USER in the background; returns once it printed its first line ("{}")."""
-    proc = subprocess.Popen(
-        [sys.executable, str(ACTOR), str(user.uid), code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "{}", proc.stdout
-    return proc
-
-
 def test_every_users_queue_and_waiting_claims_are_shown_from_their_own_files(
     users: dict[str, User],  # noqa: F811
     shared: Path,  # noqa: F811
@@ -145,10 +131,10 @@ with open(os.path.join({str(queues / str(c.uid) / "jobs")!r}, "1.json"), "w") as
         ),
     )
     # A claim of a's fills the GPU; one of b's waits for it in the admission queue.
-    holder = _start(
+    holder = start(
         a, "import memgov, time\nmemgov.claim('60GiB')\nprint('{}', flush=True)\ntime.sleep(300)\n"
     )
-    waiter = _start(
+    waiter = start(
         b,
         "import memgov, time, threading\nprint('{}', flush=True)\n"
         "memgov.claim('8GiB', wait=300)\ntime.sleep(300)\n",

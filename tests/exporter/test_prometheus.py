@@ -26,7 +26,7 @@ import pytest
 
 from memgov._ledger import folder_name
 from tests.helpers import host_changes
-from tests.helpers.procs import Child
+from tests.helpers.procs import Child, terminate
 
 from .conftest import Exporter, FakeNvml, free_port
 from .test_exporter import _plant_live, _record
@@ -109,13 +109,7 @@ class Prometheus:
         return {r["metric"].get("name", ""): float(r["value"][1]) for r in result}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout=30)
 
 
 def _until(what: str, check: Callable[[], bool], server: Prometheus) -> None:

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from memgov import _nvml
+from tests.helpers.procs import run_memgov
 
 NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 pytestmark = [
@@ -68,13 +69,7 @@ def env_for(ledger: Path) -> dict[str, str]:
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memgov.cli", "mps", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_memgov("mps", *args, env=env, timeout=60)
 
 
 def gone(before: set[int], timeout: float = 5.0) -> set[int]:

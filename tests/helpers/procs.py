@@ -24,6 +24,41 @@ PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
 """A child pytest session's command: quiet, no cache written into the repository."""
 
 
+def run_memgov(
+    *argv: str, env: dict[str, str], timeout: float, **run: Any
+) -> subprocess.CompletedProcess[str]:
+    """``python -m memgov ARGV`` with exactly ``env``, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "memgov", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **run,
+    )
+
+
+def memgov_without(module: str) -> str:
+    """A ``python -c`` program: memgov's command line (the arguments after the program) where
+    ``module`` cannot be imported, as on a machine without it."""
+    return f"""
+import importlib.abc, sys
+
+
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r} or name.startswith({module + "."!r}):
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Hide())
+from memgov.cli import main
+sys.argv = ["memgov", *sys.argv[1:]]
+main()
+"""
+
+
 class Child:
     """A claimer.py process; its stdout events are read by a thread so no read ever blocks."""
 
@@ -90,6 +125,17 @@ class Child:
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM a process still running, SIGKILL it if it has not ended ``timeout`` s later."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def ledger(uuid: str = "sim0") -> DeviceLedger:

@@ -7,8 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.helpers.procs import run_memgov
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +45,31 @@ def write_queue(path: Path, jobs: list[dict[str, Any]], policy: str | None = Non
 
 def memgov_cli(*args: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **kw.pop("env", {}), "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
+    return run_memgov(*args, env=env, timeout=timeout, **kw)
+
+
+def lines(path: Path) -> list[str]:
+    """The words of a mark file (a sleeper's names), none before it exists."""
+    return path.read_text().split() if path.exists() else []
+
+
+def wait_for(check: Callable[[], object], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def cli_proc(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``memgov ARGS`` started in its own session (a test signals its group), stdin closed."""
+    return subprocess.Popen(
         [sys.executable, "-m", "memgov", *args],
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        env=env,
-        **kw,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        start_new_session=True,
     )
 
 

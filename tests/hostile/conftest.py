@@ -49,6 +49,18 @@ class User:
         return json.loads(lines[-1]) if lines else None
 
 
+def start(user: User, code: str) -> subprocess.Popen[str]:
+    """CODE as USER in the background; returns once it printed its first line ("{}")."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ACTOR), str(user.uid), code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "{}", proc.stdout
+    return proc
+
+
 MADE_BY = "memgov tests, session "
 """The comment of each user a test session makes, with its pid: a session killed before its
 teardown leaves its users, and the next one then knows them as a test's, not the host's."""

@@ -26,21 +26,9 @@ from memgov._errors import LockTimeout
 from memgov._ledger import DeviceLedger, new_record_name
 from tests.helpers.procs import Child, wait_until
 
-from .conftest import ACTOR, User
+from .conftest import ACTOR, User, start
 
 GIB = 2**30
-
-
-def start(user: User, code: str) -> subprocess.Popen[str]:
-    """CODE as USER in the background; returns once it printed its first line ("{}")."""
-    proc = subprocess.Popen(
-        [sys.executable, str(ACTOR), str(user.uid), code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "{}"
-    return proc
 
 
 def test_a_holder_whose_main_thread_ended_keeps_its_claim(

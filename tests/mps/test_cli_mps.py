@@ -5,24 +5,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from memgov import _mps
 from memgov._mpsctl import MpsError
+from tests.helpers.procs import run_memgov
 
 
 def mps(*args: str, path: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": str(path)}  # a PATH without the MPS control program
-    return subprocess.run(
-        [sys.executable, "-m", "memgov.cli", "mps", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    return run_memgov("mps", *args, env=env, timeout=60)
 
 
 def test_start_fails_clearly_without_the_control_program(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import memgov_without
+
 from ._util import MNIST, TINY, mnist_args, report, run_pack
 
 KEYS = (
@@ -190,22 +192,7 @@ def test_docker_runner_refused_without_an_engine(tmp_path: Path) -> None:
     assert ("no `docker` on PATH" in done.stderr) or ("no container engine answers" in done.stderr)
 
 
-HIDE_MATPLOTLIB = """
-import importlib.abc, sys
-
-
-class NoMatplotlib(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, NoMatplotlib())
-from memgov.cli import main
-sys.argv = ["memgov", *sys.argv[1:]]
-main()
-"""
+HIDE_MATPLOTLIB = memgov_without("matplotlib")
 
 
 def test_without_matplotlib_pack_says_once_how_to_get_the_plot(tmp_path: Path) -> None:

@@ -5,22 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers.procs import run_memgov
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def memgov(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "memgov", "queue", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    return run_memgov("queue", *args, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
 
 
 def files(tmp_path: Path) -> list[str]:

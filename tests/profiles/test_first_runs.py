@@ -20,7 +20,7 @@ from typing import Any
 import memgov.queue as q
 from memgov import _profiles
 from tests.helpers.queuejobs import write_queue
-from tests.profiles.test_profiles import _live_peak
+from tests.profiles.test_profiles import _live_peak, holding
 
 JOB = Path(__file__).with_name("job.py")
 MiB, GiB = 2**20, 2**30
@@ -137,13 +137,7 @@ def test_an_oom_on_a_simulated_gpu_is_never_counted_as_a_neighbours(tmp_path, mo
 
 
 def test_a_copy_waiting_for_a_first_run_that_is_sigkilled_is_sized_from_its_last_peak(env) -> None:
-    first = subprocess.Popen(
-        [sys.executable, str(JOB), "150", "--job", "killed-first", "--hold", "stdin"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    first = holding(env, "150", "--job", "killed-first")
     second = None
     try:
         assert first.stdout is not None

@@ -20,6 +20,20 @@ from memgov import _autosize, _jobid, _profiles
 from memgov._errors import ConfigError, ProfileError
 
 JOB = Path(__file__).with_name("job.py")
+
+
+def holding(env: dict[str, str], *args: str, **popen: Any) -> subprocess.Popen[str]:
+    """job.py ARGS --hold stdin: it holds what it claimed until a line comes on its stdin."""
+    return subprocess.Popen(
+        [sys.executable, str(JOB), *args, "--hold", "stdin"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
 MiB = 2**20
 
 
@@ -150,13 +164,7 @@ def test_an_error_that_is_not_memory_is_recorded_as_error(env) -> None:
 
 
 def test_a_sigkilled_process_still_gets_its_peak_recorded(env, private_ledger) -> None:
-    child = subprocess.Popen(
-        [sys.executable, str(JOB), "150", "--job", "killed", "--hold", "stdin"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    child = holding(env, "150", "--job", "killed")
     try:
         assert child.stdout is not None
         while json.loads(child.stdout.readline())["event"] != "used":
@@ -187,14 +195,7 @@ def _live_peak(live: Path) -> int:
 
 def test_give_back_shrinks_a_first_run_claim_once_its_peak_is_flat(env) -> None:
     env = {**env, "MEMGOV_GIVE_BACK": "1"}
-    child = subprocess.Popen(
-        [sys.executable, str(JOB), "80", "--job", "giver", "--hold", "stdin"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = holding(env, "80", "--job", "giver", stderr=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdin is not None
         first = json.loads(child.stdout.readline())
@@ -239,13 +240,7 @@ def test_auto_enable_sizes_from_the_profile(env, py) -> None:
 def test_a_first_run_takes_half_of_what_is_free_never_a_neighbours_budget(env) -> None:
     # 14 of 16 GiB held by a neighbour: the first run asks half of the 2 GiB left (at least
     # 1 GiB), and the neighbour keeps all of its budget.
-    neighbour = subprocess.Popen(
-        [sys.executable, str(JOB), "1", "--size", "14GiB", "--hold", "stdin", "--job", "neighbour"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    neighbour = holding(env, "1", "--size", "14GiB", "--job", "neighbour")
     try:
         assert neighbour.stdout is not None and neighbour.stdin is not None
         json.loads(neighbour.stdout.readline())

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,30 +20,15 @@ from memgov._devices import candidates
 from memgov._ledger import DeviceLedger
 from memgov.queue.queuefile import job_spec
 from memgov.queue.store import Store
-from tests.helpers.queuejobs import ROOT, memgov_cli, sleeper, write_queue
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
-
-
-def wait_for(check: Callable[[], object], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
-
-
-def cli_proc(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "memgov", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-        start_new_session=True,
-    )
+from tests.helpers.queuejobs import (
+    ROOT,
+    cli_proc,
+    lines,
+    memgov_cli,
+    sleeper,
+    wait_for,
+    write_queue,
+)
 
 
 def state(pid: int) -> str | None:

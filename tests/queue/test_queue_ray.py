@@ -33,6 +33,7 @@ from memgov.queue.model import Job  # noqa: E402
 from memgov.queue.onray import discover, remember, run_on_ray  # noqa: E402
 from memgov.ray._request import cluster_types  # noqa: E402
 from tests.helpers.queuejobs import GIB, ROOT, memgov_cli, write_queue  # noqa: E402
+from tests.helpers.ray_nodes import declared  # noqa: E402
 
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}
 
@@ -47,20 +48,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path
     try:
         for name, spec in NODES.items():
             env = {"MEMGOV_DEVICES": spec, "MEMGOV_DIR": str(ledgers[name])}
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
-                declared = memgov.ray.node_resources()
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
+            resources = declared(env)
             made.add_node(
                 num_cpus=3,
-                num_gpus=declared["num_gpus"],
-                resources=declared["resources"],
+                num_gpus=resources["num_gpus"],
+                resources=resources["resources"],
                 env_vars=env,
             )
         ray.init(address=made.address, logging_level="ERROR", log_to_driver=False)

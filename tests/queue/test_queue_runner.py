@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,29 +19,15 @@ from memgov import _profiles
 from memgov.queue.model import Attempt
 from memgov.queue.queuefile import job_spec
 from memgov.queue.store import Store
-from tests.helpers.queuejobs import ROOT, memgov_cli, sleeper, write_queue
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
-
-
-def wait_for(check: Callable[[], object], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
-
-
-def cli_proc(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "memgov", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-        start_new_session=True,
-    )
+from tests.helpers.queuejobs import (
+    ROOT,
+    cli_proc,
+    lines,
+    memgov_cli,
+    sleeper,
+    wait_for,
+    write_queue,
+)
 
 
 def test_a_runner_killed_mid_queue_and_restarted_loses_no_job_and_runs_none_twice(

@@ -32,6 +32,7 @@ from memgov._devices import Device, simulated_devices  # noqa: E402
 from memgov._errors import BudgetExceeded, ConfigError  # noqa: E402
 from memgov._ledger import DeviceLedger  # noqa: E402
 from tests.helpers.procs import Child, wait_until  # noqa: E402
+from tests.helpers.ray_nodes import declared  # noqa: E402
 
 GIB = 2**30
 NODES = {"n16": "n16g0:16GiB", "n80": "n80g0:80GiB", "n2x16": "n2g0:16GiB,n2g1:16GiB"}
@@ -56,19 +57,6 @@ class Node:
         return [DeviceLedger(d, root=self.ledger_dir) for d in self.devices()]
 
 
-def _declared(node: Node) -> dict[str, Any]:
-    saved = {k: os.environ.get(k) for k in node.env}
-    os.environ.update(node.env)
-    try:
-        return memgov.ray.node_resources()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Node]]:
     from ray.cluster_utils import Cluster
@@ -78,11 +66,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Node
     made = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:
         for node in nodes.values():
-            declared = _declared(node)
+            resources = declared(node.env)
             handle = made.add_node(
                 num_cpus=CPUS_PER_NODE,
-                num_gpus=declared["num_gpus"],
-                resources={**declared["resources"], f"node_{node.name}": 1},
+                num_gpus=resources["num_gpus"],
+                resources={**resources["resources"], f"node_{node.name}": 1},
                 env_vars=node.env,
             )
             node.node_id = handle.node_id

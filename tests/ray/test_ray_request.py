@@ -12,6 +12,7 @@ import pytest
 
 from memgov._errors import ConfigError
 from memgov.ray._request import build, cluster_types, type_resource
+from tests.helpers.procs import memgov_without
 
 
 def test_importing_memgov_ray_imports_no_ray() -> None:
@@ -141,22 +142,7 @@ def test_the_docs_ray_start_line_works_as_written(env: dict[str, str], tmp_path:
     }
 
 
-NO_RAY = """
-import importlib.abc, sys
-
-
-class NoRay(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "ray" or name.startswith("ray."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, NoRay())
-from memgov.cli import main
-sys.argv = ["memgov", *sys.argv[1:]]
-main()
-"""
+NO_RAY = memgov_without("ray")
 
 
 @pytest.mark.parametrize(
