@@ -15,7 +15,8 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from memgov import _importhook, _settings
+from memgov._base import importhook as _importhook
+from memgov._base import settings as _settings
 from memgov.adapter import GROUP, Adapter, Budget, Report
 
 log = logging.getLogger("memgov")
@@ -135,7 +136,7 @@ def view(device_uuid: str, driver_free: int | None) -> tuple[int, int] | None:
     budget = _viewed
     if budget is None or budget.bytes is None or device_uuid != budget.device_uuid:
         return None
-    from memgov import _nvml
+    from memgov._gpu import nvml as _nvml
 
     # NVML's per-process figure counts the whole process (context included); the adapters'
     # estimates cover a process NVML cannot name (a PID namespace) and what a framework keeps

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 from memgov import _collector
 
 if TYPE_CHECKING:
-    from memgov._devices import Device
+    from memgov._gpu.devices import Device
 
 PTH_NAME = "memgov-autoenable.pth"
-"""Its line (setup.py writes it) is memgov._settings.pth_line(): it wakes auto-enable when one of
-memgov._settings.TRIGGERS is set (MEMGOV_CLAIM or a GPU scheduler's budget variable)."""
+"""Its line (setup.py writes it) is memgov._base.settings.pth_line(): it wakes auto-enable when one
+of memgov._base.settings.TRIGGERS is set (MEMGOV_CLAIM or a GPU scheduler's budget variable)."""
 
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 """Imports that trigger the claim: the adapters' ``module`` names. Fixed here rather than read
@@ -60,7 +60,7 @@ os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def triggered(environ: Any = None) -> bool:
-    from memgov._settings import TRIGGERS
+    from memgov._base.settings import TRIGGERS
 
     env = os.environ if environ is None else environ
     return any(key.startswith(TRIGGERS) for key in env)
@@ -96,14 +96,14 @@ def start_preloaded(preloaded: list[ModuleType]) -> None:
 
 def _hook(name: str) -> None:
     """Govern the framework ``name`` when its first import begins and ends."""
-    from memgov import _importhook
+    from memgov._base import importhook as _importhook
 
     _importhook.when_importing(name, _threads_first, _import_failed)
     _importhook.when_imported(name, _on_import)
 
 
 class Settings:
-    """The settings auto mode acts on, parsed by memgov._settings (a plain class: dataclasses
+    """The settings auto mode acts on, parsed by memgov._base.settings (a plain class: dataclasses
     imports inspect, slow)."""
 
     def __init__(
@@ -117,18 +117,18 @@ class Settings:
     ) -> None:
         self.claim = claim
         """None (unset: scheduler budgets decide), "growth", "auto", "off" or a checked
-        memgov._sizes.Size (named MEMGOV_CLAIM in its errors)."""
+        memgov._base.sizes.Size (named MEMGOV_CLAIM in its errors)."""
         self.device = device
         self.wait = wait
         self.strict = strict
         self.quiet = quiet
         self.threads = threads
-        """MEMGOV_THREADS parsed (memgov._settings.Threads)."""
+        """MEMGOV_THREADS parsed (memgov._base.settings.Threads)."""
 
 
 def strict_mode() -> bool:
     """MEMGOV_STRICT; garbage in it warns (not strict: auto mode must not crash the program)."""
-    from memgov import _settings
+    from memgov._base import settings as _settings
 
     try:
         return bool(_settings.get("MEMGOV_STRICT"))
@@ -141,8 +141,8 @@ def read_settings(strict: bool) -> Settings:
     """The settings, after checking every user setting in the table, those this run would not
     use too (a typo shows now, not on the day the setting matters); raises ConfigError naming
     each variable memgov cannot use and the forms it accepts."""
-    from memgov import _settings
-    from memgov._errors import ConfigError
+    from memgov._base import settings as _settings
+    from memgov._base.errors import ConfigError
 
     values, problems = _settings.read_all(skip=("MEMGOV_STRICT",))  # strict_mode() read it
     if problems:
@@ -160,8 +160,8 @@ def read_settings(strict: bool) -> Settings:
 def auto_size(device: Device) -> tuple[int, str] | None:
     """A GPU scheduler's budget for MEMGOV_CLAIM unset: (bytes, where it came from), or None
     (growth); its variables' problems warn (strict: raise). ``auto`` goes further (a profile,
-    a first run): memgov/_autosize.py."""
-    from memgov import _schedulers
+    a first run): memgov/_profiles/autosize.py."""
+    from memgov._gpu import schedulers as _schedulers
 
     reading = _schedulers.read(device.total, device.visible_index)
     _report_problems(reading.problems)
@@ -195,7 +195,9 @@ def _threads_first(module: ModuleType) -> None:
 def _decide_threads() -> bool:
     """Decide the share; whether the collector stays paused through the import (auto-enable
     governs it and MEMGOV_GC_FREEZE is on)."""
-    from memgov import _claim, _settings, _threads
+    from memgov import _claim
+    from memgov._base import settings as _settings
+    from memgov._cpu import threads as _threads
 
     if _claim.current() is not None:
         return False  # the program claimed itself: its claim decided the share
@@ -237,7 +239,7 @@ def _govern_once(module: ModuleType) -> bool:
         with _collector.Paused():
             _govern(module.__name__, strict)
     except Exception as exc:
-        from memgov._errors import MemgovError
+        from memgov._base.errors import MemgovError
 
         outcome["error"] = f"{type(exc).__name__}: {exc}"
         if strict:
@@ -253,7 +255,8 @@ def _govern_once(module: ModuleType) -> bool:
 
 
 def _govern(framework: str, strict: bool) -> None:
-    from memgov import _claim, _devices
+    from memgov import _claim
+    from memgov._gpu import devices as _devices
 
     if _claim.current() is not None:
         outcome["mode"] = "explicit"  # the program called memgov.claim() itself, first
@@ -286,8 +289,8 @@ def _govern(framework: str, strict: bool) -> None:
         size, source = found
         device_arg = device.uuid
     elif settings.claim == "auto":
-        # claim() sizes it (scheduler, profile, first run: memgov/_autosize.py) and says how;
-        # read here first so that a scheduler variable's garbage warns (or, strict, raises).
+        # claim() sizes it (scheduler, profile, first run: memgov/_profiles/autosize.py) and says
+        # how; read here first so that a scheduler variable's garbage warns (or, strict, raises).
         auto_size(_devices.candidates(settings.device)[0])
         size, source = "auto", "MEMGOV_CLAIM=auto"
     else:
@@ -304,8 +307,8 @@ def _govern(framework: str, strict: bool) -> None:
 def _device_arg(raw: str | None) -> str | int | None:
     if raw is None:
         return None
-    from memgov import _devices
-    from memgov._errors import ConfigError, NoDeviceError
+    from memgov._base.errors import ConfigError, NoDeviceError
+    from memgov._gpu import devices as _devices
 
     try:
         _devices.candidates(raw)
@@ -316,7 +319,8 @@ def _device_arg(raw: str | None) -> str | int | None:
 
 def _growth(settings: Settings, why: str, quiet: bool) -> None:
     """No cap and no claim: frameworks only stop preallocating the whole GPU."""
-    from memgov import _adapters, _threads
+    from memgov import _adapters
+    from memgov._cpu import threads as _threads
 
     reports: dict[str, str] = {}
     outcome.update(mode=outcome.get("mode", "growth"), source=why, reports=reports)
@@ -345,7 +349,8 @@ SLOW_ADMISSION_S = 0.5
 
 def _print_reports(reports: dict[str, str]) -> None:
     """Print each adapter's report once it has applied (now, or when its framework is imported)."""
-    from memgov import _adapters, _importhook
+    from memgov import _adapters
+    from memgov._base import importhook as _importhook
 
     if "threads" in reports:
         _say(reports["threads"])
@@ -370,7 +375,7 @@ def parent_holder() -> str | None:
 
 def holder_alive(value: str) -> bool:
     """Whether MEMGOV_HOLDER names a claim record whose holder still holds its lock."""
-    from memgov._ledger import claim_alive
+    from memgov._ledger.ledger import claim_alive
 
     uuid, _, record = value.partition("/")
     return bool(uuid) and claim_alive(uuid, record)
@@ -379,7 +384,7 @@ def holder_alive(value: str) -> bool:
 def _report_problems(problems: list[str]) -> None:
     if not problems:
         return
-    from memgov._errors import ConfigError
+    from memgov._base.errors import ConfigError
 
     if outcome.get("strict"):
         raise ConfigError("; ".join(problems))

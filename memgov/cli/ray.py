@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 from memgov.cli._common import JsonFlag, attempt, fail
 from memgov.cli._packoptions import command, own
 
@@ -85,7 +85,7 @@ def status(
 def cluster_table(data: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    from memgov._sizes import format_size
+    from memgov._base.sizes import format_size
 
     table = Table(title="memgov status (Ray cluster)")
     for column in ("node", "GPU", "total", "claimed", "outside", "free", "claims", "queued"):

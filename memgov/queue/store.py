@@ -10,9 +10,9 @@
     $MEMGOV_DIR/v1/_queue/<uid>/.lock         serialises this user's writers
     $MEMGOV_DIR/v1/_queue/<uid>/learned.json  solo times and co-location slowdowns learned
 
-The same rules as the profile store (memgov/_profiles.py): a ``<uid>`` folder another user made
-first, a symlink, or a file that is not this user's is refused with an error naming it; every
-open is O_NOFOLLOW relative to a checked folder; every write is ``_records.write_atomic``;
+The same rules as the profile store (memgov/_profiles/store.py): a ``<uid>`` folder another user
+made first, a symlink, or a file that is not this user's is refused with an error naming it; every
+open is O_NOFOLLOW relative to a checked folder; every write is ``_flock.write_atomic``;
 content is parsed with the ledger's bounds. A bad job file is never overwritten: listing names
 it as a problem, and only ``memgov queue cancel ID`` removes it. Another user can neither read
 nor change this store (0700), so nobody else can see, cancel or alter these jobs.
@@ -30,9 +30,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _parse, _records
-from memgov._errors import LedgerError, QueueError
-from memgov._flock import AdmissionLock
+from memgov._base import config as _config
+from memgov._base.errors import LedgerError, QueueError
+from memgov._files import flock as _flock
+from memgov._files.flock import AdmissionLock
+from memgov._ledger import parse as _parse
+from memgov._ledger import records as _records
 from memgov.queue.model import Job
 
 PARTS = ("v1", "_queue")
@@ -66,7 +69,7 @@ class Store:
         and this user's."""
         root = self.root or _config.ledger_dir()
         path = self.path
-        with _records.open_dir(root, PARTS, create=create) as parent:
+        with _flock.open_dir(root, PARTS, create=create) as parent:
             fd = _open_private(parent, path.name, path, create)
             try:
                 if sub is None:
@@ -117,7 +120,7 @@ class Store:
         problems: list[str] = []
         with self.folder("jobs") as fd:
             for name in sorted(os.listdir(fd), key=lambda n: (_number(n) or 0, n)):
-                if name.startswith(_records.TMP_PREFIX):
+                if name.startswith(_flock.TMP_PREFIX):
                     continue
                 try:
                     found.append(self._load(fd, name))
@@ -269,7 +272,7 @@ class Store:
     def hold_runner(self, payload: dict[str, Any]) -> _records.Held:
         """Become this user's runner; QueueError when another one runs (it would run the same
         jobs twice)."""
-        from memgov._ledger import new_record_name
+        from memgov._ledger.ledger import new_record_name
 
         with self.writing():
             for other in self.runners():
@@ -299,7 +302,7 @@ def _write(fd: int, name: str, data: dict[str, Any]) -> None:
     if len(raw) > MAX_BYTES:
         raise QueueError(f"{name}: {len(raw)} bytes, more than a queue file holds ({MAX_BYTES})")
     try:
-        _records.write_atomic(fd, name, raw, mode=FILE_MODE)
+        _flock.write_atomic(fd, name, raw, mode=FILE_MODE)
     except OSError as exc:
         raise QueueError(f"cannot write {name} in your queue: {_why(exc)}") from None
 

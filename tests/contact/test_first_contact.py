@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from memgov import _nvml
+from memgov._gpu import nvml as _nvml
 
 MEMGOV = [sys.executable, "-m", "memgov"]
 HINT = 'simulate some to try memgov: MEMGOV_DEVICES="sim0:16GiB" memgov status'

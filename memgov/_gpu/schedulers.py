@@ -35,8 +35,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from memgov import _settings
-from memgov._sizes import format_size
+from memgov._base import settings as _settings
+from memgov._base.sizes import format_size
 
 MARGIN_FRACTION = 0.05
 MARGIN_MIN = 64 * 2**20

@@ -1,0 +1,2 @@
+"""What jobs used: the profile store, job ids, sizing ``auto`` claims. Imports _base, _files,
+_gpu and _ledger."""
