@@ -46,11 +46,11 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 # Imported here, not where used: claim() starts a run, and an import inside it would hold that
 # module's import lock while another thread may fork (memgov/_claim.py). Nothing here imports
-# memgov._claim, which imports this module.
+# memgov._claim, which imports this module: a run knows its claim as a Claimed.
 from memgov import _adapters
 from memgov._base import settings as _settings
 from memgov._base.sizes import format_size
@@ -60,7 +60,6 @@ from memgov._ledger import records as _records
 from memgov._profiles import store as _profiles
 
 if TYPE_CHECKING:
-    from memgov._claim import Claim
     from memgov.adapter import Budget
 
 SAMPLE_S = 1.0
@@ -70,6 +69,23 @@ NVML_EVERY_MAX_S = 15.0
 RISE = 16 * 2**20
 """A peak that grows less than this (or 1 %) since the last rise counts as flat for give back."""
 
+
+class Claimed(Protocol):
+    """What a run reads of its claim and asks of it (memgov._claim.Claim is one)."""
+
+    id: str
+    device: str
+    bytes: int
+    name: str
+    mode: str
+    reports: dict[str, str]
+
+    @property
+    def released(self) -> bool: ...
+
+    def shrink(self, size: int) -> None: ...
+
+
 _run: Run | None = None
 
 ORPHAN_SAMPLES = 2
@@ -78,7 +94,7 @@ ORPHAN_SAMPLES = 2
 
 @dataclasses.dataclass
 class Run:
-    claim: Claim
+    claim: Claimed
     budget: Budget
     job: str
     label: str
@@ -160,7 +176,7 @@ def _wake(run: Run) -> None:
         run.wake.release()
 
 
-def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> None:
+def start(claim: Claimed, budget: Budget, job: str, label: str, sized: str) -> None:
     """Begin recording this process's run of ``job`` under ``claim``; never raises."""
     global _run
     run = Run(claim, budget, job, label, sized, " ".join(_command())[:1024])

@@ -127,7 +127,7 @@ STRAYS_HELD_AT_FORK = (
     """
 import fcntl, os, threading
 from memgov._base import config as _config
-from memgov._ledger import records as _records
+from memgov._files import flock as _flock
 
 """
     + LEDGER_FDS
@@ -278,7 +278,7 @@ OWN_LEDGER_FILE_AT_FORK = (
     """
 import os
 from memgov._base import config as _config
-from memgov._ledger import records as _records
+from memgov._files import flock as _flock
 
 """
     + LEDGER_FDS

@@ -61,6 +61,7 @@ def test_importing_memgov_stays_cheap() -> None:
     loaded = set(out.stdout.split())
     assert {m for m in loaded if m.startswith("memgov")} == {
         "memgov",
+        "memgov._base",
         "memgov._base.errors",
         "memgov._base.sizes",
     }
