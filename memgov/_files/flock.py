@@ -40,7 +40,7 @@ from typing import Any
 
 from memgov._base import config as _config
 from memgov._base import signals as _signals
-from memgov._base.errors import LedgerError, LockTimeout, ProfileError
+from memgov._base.errors import LedgerError, LockTimeout, MemgovError, ProfileError
 from memgov._files import trust as _trust
 
 LOCK_MODE = 0o644
@@ -668,15 +668,24 @@ def private_folder(create: bool = True) -> Iterator[tuple[int, Path]]:
         # The private folder is used inside the ledger operation: a fork meanwhile finds it
         # (memgov/_files/flock.py, forked children).
         with open_dir(root, PARTS, create=create) as parent:
-            _open_private(stack, parent, uid, path, create)
+            open_private(stack, parent, uid, path, create, ProfileError, "profile")
             yield _trust.top(stack), path
     finally:
         _trust.close_all(stack)
 
 
-def _open_private(stack: _trust.Stack, parent: int, name: str, path: Path, create: bool) -> None:
-    """Push this user's private folder ``name`` of ``parent`` onto ``stack`` (made if
-    ``create``); never through a link, never another user's."""
+def open_private(
+    stack: _trust.Stack,
+    parent: int,
+    name: str,
+    path: Path,
+    create: bool,
+    error: type[MemgovError],
+    kind: str,
+) -> None:
+    """Push this user's private folder ``name`` of ``parent`` onto ``stack`` (made, mode 0700, if
+    ``create``); never through a link, never another user's: else ``error`` names the ``kind``
+    of folder (the profile store, the job queue's)."""
     try:
         _trust._open(stack, parent, name)
     except FileNotFoundError:
@@ -684,19 +693,19 @@ def _open_private(stack: _trust.Stack, parent: int, name: str, path: Path, creat
             raise
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, PRIVATE_MODE, dir_fd=parent)
-        return _open_private(stack, parent, name, path, create=False)
+        return open_private(stack, parent, name, path, False, error, kind)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise ProfileError(
-                f"profile folder {path} is a symlink or not a folder; memgov "
-                "never follows symlinks: ignored"
+            raise error(
+                f"{kind} folder {path} is a symlink or not a folder; memgov never follows "
+                "symlinks: it does not use it"
             ) from None
-        raise ProfileError(f"profile folder {path}: {exc.strerror or exc}") from None
+        raise error(f"{kind} folder {path}: {exc.strerror or exc}") from None
     info = os.fstat(_trust.top(stack))
     if info.st_uid != os.geteuid():
-        raise ProfileError(
-            f"profile folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
-            "another user made it, so its profiles are ignored; root's `memgov gc` removes it "
+        raise error(
+            f"{kind} folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
+            "another user made it, so memgov does not use it; root's `memgov gc` removes it "
             f"(or `sudo rm -r {path}`)"
         )
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:

@@ -33,6 +33,7 @@ from typing import Any
 from memgov._base import config as _config
 from memgov._base.errors import LedgerError, QueueError
 from memgov._files import flock as _flock
+from memgov._files import trust as _trust
 from memgov._files.flock import AdmissionLock
 from memgov._ledger import parse as _parse
 from memgov._ledger import records as _records
@@ -40,7 +41,6 @@ from memgov.queue.model import Job
 
 PARTS = ("v1", "_queue")
 """``_queue``: a name no device folder takes (like ``_profiles``); root's gc makes it 1777."""
-PRIVATE_MODE = 0o700
 FILE_MODE = 0o600
 MAX_BYTES = 512 * 1024
 """A job file holds its environment (what `memgov queue add` saw): a few KiB, bounded."""
@@ -70,18 +70,15 @@ class Store:
         root = self.root or _config.ledger_dir()
         path = self.path
         with _flock.open_dir(root, PARTS, create=create) as parent:
-            fd = _open_private(parent, path.name, path, create)
+            stack: _trust.Stack = []  # each folder closed when freed, whatever interrupts
             try:
-                if sub is None:
-                    yield fd
-                    return
-                inner = _open_private(fd, sub, path / sub, create)
-                try:
-                    yield inner
-                finally:
-                    os.close(inner)
+                _flock.open_private(stack, parent, path.name, path, create, QueueError, "queue")
+                if sub is not None:
+                    top = _trust.top(stack)
+                    _flock.open_private(stack, top, sub, path / sub, create, QueueError, "queue")
+                yield _trust.top(stack)
             finally:
-                os.close(fd)
+                _trust.close_all(stack)
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -367,37 +364,6 @@ def _check_file(fd: int, where: Path) -> int:
 
 def _why(exc: OSError) -> str:
     return "a symlink (not followed)" if exc.errno == errno.ELOOP else str(exc.strerror or exc)
-
-
-def _open_private(parent: int, name: str, path: Path, create: bool) -> int:
-    """A folder of this store: this user's, mode 0700, never through a symlink."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, dir_fd=parent)
-    except FileNotFoundError:
-        if not create:
-            raise
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, PRIVATE_MODE, dir_fd=parent)
-        return _open_private(parent, name, path, create=False)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise QueueError(
-                f"queue folder {path} is a symlink or not a folder; memgov never follows "
-                "symlinks: refused"
-            ) from None
-        raise QueueError(f"queue folder {path}: {exc.strerror or exc}") from None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid():
-        os.close(fd)
-        raise QueueError(
-            f"queue folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
-            "another user made it, so memgov will not use it; ask root to remove it "
-            f"(`memgov gc` as root removes it, or `sudo rm -r {path}`)"
-        )
-    if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
-        os.fchmod(fd, PRIVATE_MODE)  # the umask made it wider: it is ours, make it private
-    return fd
 
 
 __all__ = ["LedgerError", "Store"]
