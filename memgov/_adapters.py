@@ -15,8 +15,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from memgov._base import importhook as _importhook
-from memgov._base import settings as _settings
+from memgov._base import importhook as _importhook, settings as _settings
 from memgov.adapter import GROUP, Adapter, Budget, Report
 
 log = logging.getLogger("memgov")

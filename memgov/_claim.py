@@ -18,18 +18,15 @@ from typing import Any, NamedTuple
 # import lock, which a child forked meanwhile by another thread inherits held for good: its own
 # claim would wait for it forever (tests/hostile/test_forks.py). Nothing claim() runs imports.
 from memgov import _adapters, _runs
-from memgov._base import settings as _settings
-from memgov._base import signals as _signals
+from memgov._base import settings as _settings, signals as _signals
 from memgov._base.errors import ConfigError, MemgovError
 from memgov._base.sizes import Size, format_size
 from memgov._cpu import threads as _threads
-from memgov._gpu import devices as _devices
-from memgov._gpu import enforce as _enforce
+from memgov._gpu import devices as _devices, enforce as _enforce
 from memgov._ledger import admission as _admission
 from memgov._ledger.ledger import DeviceLedger
 from memgov._ledger.records import Held
-from memgov._profiles import autosize as _autosize
-from memgov._profiles import jobid as _jobid
+from memgov._profiles import autosize as _autosize, jobid as _jobid
 
 AUTO_ACCEPTED = (
     "'auto' (a GPU scheduler's budget, else the job's measured profile, else a first-run share "

@@ -124,8 +124,7 @@ def _devices() -> tuple[list[dict[str, Any]], str | None]:
 
 
 def _nvml() -> dict[str, Any]:
-    from memgov._gpu import devices as _devices
-    from memgov._gpu import nvml as _nvml
+    from memgov._gpu import devices as _devices, nvml as _nvml
 
     if _devices.simulated_spec() is not None:
         return {"available": None, "note": "MEMGOV_DEVICES is set: simulated devices, NVML unused"}

@@ -110,11 +110,13 @@ class Breakdown:
     def install(self) -> None:
         from memgov import _claim, _runs
         from memgov._files import flock as _flock
-        from memgov._ledger import admission as _admission
-        from memgov._ledger import deadnames as _deadnames
-        from memgov._ledger import ledger as _ledger
-        from memgov._ledger import records as _records
-        from memgov._ledger import wake as _wake
+        from memgov._ledger import (
+            admission as _admission,
+            deadnames as _deadnames,
+            ledger as _ledger,
+            records as _records,
+            wake as _wake,
+        )
 
         time_lock_holds()  # counts the flood files judged under the lock (LOOKS_HELD)
 

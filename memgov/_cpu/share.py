@@ -31,8 +31,7 @@ from memgov._base import config as _config
 from memgov._base.errors import LedgerError
 from memgov._cpu.cpus import Usable
 from memgov._files import flock as _flock
-from memgov._ledger import deadnames as _deadnames
-from memgov._ledger import records as _records
+from memgov._ledger import deadnames as _deadnames, records as _records
 from memgov._ledger.attribution import pidns_of
 
 PARTS = (_records.VERSION_DIR, "cpu")

@@ -45,9 +45,7 @@ from pathlib import Path
 
 from memgov._base import settings as _settings
 from memgov._base.errors import ConfigError, LedgerError
-from memgov._cpu import cpus as _cpus
-from memgov._cpu import load as _cpuload
-from memgov._cpu import share as _cpushare
+from memgov._cpu import cpus as _cpus, load as _cpuload, share as _cpushare
 
 ENV_VARS = (
     "OMP_NUM_THREADS",

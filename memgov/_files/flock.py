@@ -38,8 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memgov._base import config as _config
-from memgov._base import signals as _signals
+from memgov._base import config as _config, signals as _signals
 from memgov._base.errors import LedgerError, LockTimeout, MemgovError, ProfileError
 from memgov._files import trust as _trust
 

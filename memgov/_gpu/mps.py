@@ -108,8 +108,7 @@ def _one_status(k: int) -> dict[str, Any]:
 def _clients_per_gpu(clients: list[int]) -> dict[str, int]:
     if not clients:
         return {}
-    from memgov._gpu import devices as _devices
-    from memgov._gpu import nvml as _nvml
+    from memgov._gpu import devices as _devices, nvml as _nvml
 
     if _devices.simulated_spec() is not None:
         return {}

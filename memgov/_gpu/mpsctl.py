@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgov._base import config as _config
-from memgov._base import settings as _settings
+from memgov._base import config as _config, settings as _settings
 from memgov._base.errors import MpsError
 
 CONTROL = "nvidia-cuda-mps-control"

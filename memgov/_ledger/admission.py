@@ -24,14 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from memgov._base import config as _config
-from memgov._base import signals as _signals
+from memgov._base import config as _config, signals as _signals
 from memgov._base.errors import BudgetExceeded, LockTimeout
 from memgov._base.sizes import format_size
-from memgov._gpu import devices as _devices
-from memgov._gpu import enforce as _enforce
-from memgov._ledger import deadnames as _deadnames
-from memgov._ledger import stats as _stats
+from memgov._gpu import devices as _devices, enforce as _enforce
+from memgov._ledger import deadnames as _deadnames, stats as _stats
 from memgov._ledger.ledger import (
     STOPPED_WAITER_S,
     DeviceLedger,

@@ -36,8 +36,7 @@ from memgov._files import flock as _flock
 from memgov._files.flock import AdmissionLock
 from memgov._gpu import nvml as _nvml
 from memgov._gpu.devices import Device, refresh
-from memgov._ledger import deadnames as _deadnames
-from memgov._ledger import records as _records
+from memgov._ledger import deadnames as _deadnames, records as _records
 from memgov._ledger.attribution import Attribution, Holder, attribute, pidns_of
 from memgov._ledger.parse import printable
 

@@ -29,8 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memgov._base import config as _config
-from memgov._base import settings as _settings
+from memgov._base import config as _config, settings as _settings
 from memgov._base.sizes import format_size
 from memgov._gpu import schedulers as _schedulers
 from memgov._ledger.ledger import DeviceLedger

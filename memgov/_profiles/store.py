@@ -39,8 +39,7 @@ from memgov._base import config as _config
 from memgov._base.errors import LedgerError, ProfileError
 from memgov._files import flock as _flock
 from memgov._files.flock import AdmissionLock, open_owned, try_lock
-from memgov._ledger import parse as _parse
-from memgov._ledger import records as _records
+from memgov._ledger import parse as _parse, records as _records
 
 LIVE = "live"
 VERSION = 1

@@ -339,8 +339,7 @@ def simulate(
     as_json = _json(ctx, as_json)
     try:
         from memgov.decide import get as get_policy
-        from memgov.placement import load_nodes, load_trace
-        from memgov.placement import simulate as run_simulation
+        from memgov.placement import load_nodes, load_trace, simulate as run_simulation
     except ImportError as exc:
         raise fail(
             RuntimeError(

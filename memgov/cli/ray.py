@@ -46,8 +46,7 @@ def require_ray(command: str) -> None:
 @ray_app.command("node-resources")
 def node_resources(as_json: JsonFlag = False) -> None:
     """Flags for `ray start` on this node: --num-gpus and --resources (gpu_memory, GPU type)."""
-    from memgov.ray._node import node_resources as declared_now
-    from memgov.ray._node import ray_start_flags
+    from memgov.ray._node import node_resources as declared_now, ray_start_flags
 
     declared = attempt(declared_now)
     if as_json:

@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 
 from memgov import _status
 from memgov._base.errors import MemgovError
-from memgov._gpu import devices as _devices
-from memgov._gpu import mpsctl as _mpsctl
-from memgov._gpu import nvml as _nvml
+from memgov._gpu import devices as _devices, mpsctl as _mpsctl, nvml as _nvml
 from memgov._gpu.devices import Device, devices
 from memgov._ledger import stats as _stats
 from memgov._ledger.ledger import DeviceLedger, Entry, Snapshot

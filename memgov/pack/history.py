@@ -17,8 +17,7 @@ import re
 import time
 from typing import Any
 
-from memgov._profiles import autosize as _autosize
-from memgov._profiles import store as _profiles
+from memgov._profiles import autosize as _autosize, store as _profiles
 
 KEEP = _profiles.KEEP
 MARGIN_FRACTION = _profiles.MARGIN_FRACTION

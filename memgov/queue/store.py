@@ -32,11 +32,9 @@ from typing import Any
 
 from memgov._base import config as _config
 from memgov._base.errors import LedgerError, QueueError
-from memgov._files import flock as _flock
-from memgov._files import trust as _trust
+from memgov._files import flock as _flock, trust as _trust
 from memgov._files.flock import AdmissionLock
-from memgov._ledger import parse as _parse
-from memgov._ledger import records as _records
+from memgov._ledger import parse as _parse, records as _records
 from memgov.queue.model import Job
 
 PARTS = ("v1", "_queue")

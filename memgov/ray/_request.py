@@ -114,8 +114,7 @@ def auto_budget(job: str | None, capacity_mib: int) -> tuple[int, str]:
     """``budget="auto"`` in the driver (Ray needs a number before it schedules): the job's
     profile in this host's store (peak + 10 % + 64 MiB), else a first run of a quarter of the
     GPU type, which the worker's ledger still admits only where it is free."""
-    from memgov._profiles import autosize as _autosize
-    from memgov._profiles import store as _profiles
+    from memgov._profiles import autosize as _autosize, store as _profiles
 
     if job is None:
         raise ConfigError(

@@ -16,8 +16,7 @@ import pytest
 
 import memgov
 from memgov import _claim
-from memgov._gpu import devices as _devices
-from memgov._gpu import nvml as _nvml
+from memgov._gpu import devices as _devices, nvml as _nvml
 from memgov._ledger import ledger as _ledger
 
 

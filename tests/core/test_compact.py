@@ -17,8 +17,7 @@ import pytest
 
 import memgov
 from memgov import _status
-from memgov._ledger import compact as _compact
-from memgov._ledger import records as _records
+from memgov._ledger import compact as _compact, records as _records
 from memgov._ledger.wake import Waker
 from tests.helpers.folders import keeps_room, plant
 from tests.helpers.procs import Child, ledger, wait_until

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from memgov._files import flock as _flock
-from memgov._ledger import deadnames as _deadnames
-from memgov._ledger import records as _records
+from memgov._ledger import deadnames as _deadnames, records as _records
 from memgov._ledger.ledger import record_payload
 from tests.helpers.procs import ledger
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 import memgov
-from memgov._gpu import devices as _devices
-from memgov._gpu import nvml as _nvml
+from memgov._gpu import devices as _devices, nvml as _nvml
 from memgov._gpu.devices import candidates, devices
 
 GIB = 2**30

@@ -22,8 +22,7 @@ import memgov
 from memgov import _status
 from memgov._cpu import share as _cpushare
 from memgov._files import flock as _flock
-from memgov._ledger import deadnames as _deadnames
-from memgov._ledger import records as _records
+from memgov._ledger import deadnames as _deadnames, records as _records
 from memgov._ledger.attribution import pidns_of
 from memgov._ledger.ledger import new_record_name, record_payload
 from tests.helpers.procs import HELPERS, Child, ledger
@@ -572,8 +571,7 @@ def test_a_second_interrupt_in_the_clean_up_still_leaves_the_holder_the_visible_
 def test_a_share_record_update_cut_short_after_its_rename_keeps_what_it_wrote(
     private_ledger: Path,
 ) -> None:
-    from memgov._cpu import cpus as _cpus
-    from memgov._cpu import share as _cpushare
+    from memgov._cpu import cpus as _cpus, share as _cpushare
 
     registration = _cpushare.register(_cpus.usable(), 2, "test", "holder")
     try:

@@ -156,8 +156,7 @@ def test_a_real_server_is_under_its_daemon_so_claims_need_not_ask(private_ledger
     control daemon (its child) as the client's user, and memgov's daemon has its pipe folder in
     its environment. With a client of this user connected, the check answers without a query."""
     pytest.importorskip("torch")
-    from memgov._gpu import mps as _mps
-    from memgov._gpu import mpsctl as _mpsctl
+    from memgov._gpu import mps as _mps, mpsctl as _mpsctl
 
     env = env_for(private_ledger)
     started = cli("start", "--json", env=env)

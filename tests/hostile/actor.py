@@ -27,8 +27,10 @@ def _load_cli() -> None:
 
     import memgov.cli
     from memgov import _doctor, _status  # noqa: F401
-    from memgov._cpu import share as _cpushare  # noqa: F401
-    from memgov._cpu import threads as _threads  # noqa: F401
+    from memgov._cpu import (
+        share as _cpushare,  # noqa: F401
+        threads as _threads,  # noqa: F401
+    )
     from memgov.cli import doctor, status  # noqa: F401
 
     for command in (["--help"], ["status", "--help"], ["gc", "--help"], ["doctor", "--help"]):

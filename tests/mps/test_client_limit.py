@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov._gpu import enforce as _enforce
-from memgov._gpu import mpsctl as _mpsctl
+from memgov._gpu import enforce as _enforce, mpsctl as _mpsctl
 from memgov._gpu.devices import candidates
 from memgov._ledger import admission as _admission
 from memgov._ledger.ledger import DeviceLedger

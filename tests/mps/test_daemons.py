@@ -26,9 +26,7 @@ import psutil
 import pytest
 
 import memgov
-from memgov._gpu import enforce as _enforce
-from memgov._gpu import mps as _mps
-from memgov._gpu import mpsctl as _mpsctl
+from memgov._gpu import enforce as _enforce, mps as _mps, mpsctl as _mpsctl
 from memgov._gpu.devices import Device, candidates
 from memgov._ledger import admission as _admission
 from memgov._ledger.ledger import DeviceLedger

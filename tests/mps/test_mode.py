@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov._gpu import enforce as _enforce
-from memgov._gpu import mpsctl as _mpsctl
+from memgov._gpu import enforce as _enforce, mpsctl as _mpsctl
 from memgov._gpu.devices import Device
 from memgov._ledger.ledger import DeviceLedger
 

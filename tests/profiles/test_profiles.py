@@ -18,9 +18,7 @@ import pytest
 
 from memgov._base.errors import ConfigError, ProfileError
 from memgov._files import flock as _flock
-from memgov._profiles import autosize as _autosize
-from memgov._profiles import jobid as _jobid
-from memgov._profiles import store as _profiles
+from memgov._profiles import autosize as _autosize, jobid as _jobid, store as _profiles
 
 JOB = Path(__file__).with_name("job.py")
 MiB = 2**20
