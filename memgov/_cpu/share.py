@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -212,7 +211,7 @@ def sweep(root: Path | None = None) -> int:
                 young = item.name.startswith(_flock.TMP_PREFIX) and not _records.stale(
                     fd, item.name
                 )
-                folder_like = item.problem == "not a regular file" and _is_dir(fd, item.name)
+                folder_like = item.problem == "not a regular file" and _flock.is_dir(fd, item.name)
                 if item.name and not item.alive and not young and not folder_like:
                     gone += _records.remove_dead(fd, item) is None
             return gone
@@ -242,13 +241,6 @@ def _peer(name: str, data: dict[str, Any] | None) -> Peer | None:
         holder=str(data.get("holder", "")),
         why=str(data.get("why", "")),
     )
-
-
-def _is_dir(fd: int, name: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
 
 
 @dataclass(frozen=True)

@@ -667,32 +667,26 @@ def private_folder(create: bool = True) -> Iterator[tuple[int, Path]]:
         # The private folder is used inside the ledger operation: a fork meanwhile finds it
         # (memgov/_files/flock.py, forked children).
         with open_dir(root, PARTS, create=create) as parent:
-            open_private(stack, parent, uid, path, create, ProfileError, "profile")
+            open_private(stack, parent, path, create, ProfileError, "profile")
             yield _trust.top(stack), path
     finally:
         _trust.close_all(stack)
 
 
 def open_private(
-    stack: _trust.Stack,
-    parent: int,
-    name: str,
-    path: Path,
-    create: bool,
-    error: type[MemgovError],
-    kind: str,
+    stack: _trust.Stack, parent: int, path: Path, create: bool, error: type[MemgovError], kind: str
 ) -> None:
-    """Push this user's private folder ``name`` of ``parent`` onto ``stack`` (made, mode 0700, if
+    """Push this user's private folder ``path`` (in ``parent``) onto ``stack`` (made, mode 0700, if
     ``create``); never through a link, never another user's: else ``error`` names the ``kind``
     of folder (the profile store, the job queue's)."""
     try:
-        _trust._open(stack, parent, name)
+        _trust._open(stack, parent, path.name)
     except FileNotFoundError:
         if not create:
             raise
         with contextlib.suppress(FileExistsError):
-            os.mkdir(name, PRIVATE_MODE, dir_fd=parent)
-        return open_private(stack, parent, name, path, False, error, kind)
+            os.mkdir(path.name, PRIVATE_MODE, dir_fd=parent)
+        return open_private(stack, parent, path, False, error, kind)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise error(
@@ -709,6 +703,14 @@ def open_private(
         )
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
         os.fchmod(_trust.top(stack), PRIVATE_MODE)  # the umask or an old memgov: make it private
+
+
+def is_dir(folder_fd: int, name: str) -> bool:
+    """Whether ``name`` of the folder is a folder itself (not through a link)."""
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def write_atomic(

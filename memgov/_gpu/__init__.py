@@ -1,2 +1,1 @@
-"""The GPUs: NVML, the devices, the GPU schedulers' budgets, MPS and its control pipe, enforcement.
-Imports _base and _files."""
+"""The GPUs: NVML, devices, the GPU schedulers' budgets, MPS and its pipe, enforcement."""

@@ -1,2 +1,1 @@
-"""The host ledger: record parsing, attribution, dead names, records, compaction, the device
-ledger, wake-ups, counters, admission. Imports _base, _files and _gpu."""
+"""The host ledger: record fields, attribution, dead names, records, compaction, admission."""

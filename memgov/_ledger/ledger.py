@@ -22,7 +22,6 @@ import os
 import re
 import select
 import socket
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -434,13 +433,6 @@ def record_payload(
     }
 
 
-def _is_dir(folder_fd: int, name: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
 def _old(folder_fd: int, name: str) -> bool:
     return _records.stale(folder_fd, name)
 
@@ -529,7 +521,7 @@ class _Filing:
 
     def _dead(self, seen: _records.Seen, fd: int, folder: Path, section: str) -> None:
         debris = seen.name.startswith(_flock.TMP_PREFIX)
-        folder_like = seen.problem == "not a regular file" and _is_dir(fd, seen.name)
+        folder_like = seen.problem == "not a regular file" and _flock.is_dir(fd, seen.name)
         if not self.clean or folder_like or (debris and not _old(fd, seen.name)):
             if seen.problem and not debris:
                 self._leave(folder, seen, f"{seen.problem} (uid {_uid(seen.owner)})")

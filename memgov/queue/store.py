@@ -70,10 +70,10 @@ class Store:
         with _flock.open_dir(root, PARTS, create=create) as parent:
             stack: _trust.Stack = []  # each folder closed when freed, whatever interrupts
             try:
-                _flock.open_private(stack, parent, path.name, path, create, QueueError, "queue")
+                _flock.open_private(stack, parent, path, create, QueueError, "queue")
                 if sub is not None:
                     top = _trust.top(stack)
-                    _flock.open_private(stack, top, sub, path / sub, create, QueueError, "queue")
+                    _flock.open_private(stack, top, path / sub, create, QueueError, "queue")
                 yield _trust.top(stack)
             finally:
                 _trust.close_all(stack)
@@ -329,18 +329,9 @@ def read_json(fd: int, name: str, where: Path) -> dict[str, Any] | None:
 def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     if len(raw) > MAX_BYTES:
         return None, f"larger than {MAX_BYTES} bytes"
-    try:
-        text = raw.decode()
-        if _parse.too_deep(text):
-            return None, "nested too deep"
-        data = json.loads(
-            text,
-            parse_int=_parse._bounded_int,
-            parse_float=_parse._bounded_float,
-            parse_constant=_parse._no_constant,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError, OverflowError) as exc:
-        return None, f"corrupt JSON: {str(exc)[:120]}"
+    data, problem = _parse.load_bounded(raw)
+    if problem is not None:
+        return None, problem
     if not isinstance(data, dict):
         return None, "not a JSON object"
     return data, ""
