@@ -25,8 +25,8 @@ unlocked file (_records._pinned). A file this user cannot open is judged from th
 table, read before its stat, and only once older than the table by STALE_S (_records._unreadable).
 
 The names are kept per folder (its device and inode) in memory, and between processes in this
-user's private store (memgov/_profiles/store.py: ``_profiles/<uid>/``, 0700, owned by the user and
-checked), so that a new process does not look again at every file of another user's flood: it
+user's private store (memgov/_files/flock.py private_folder: ``_profiles/<uid>/``, 0700, owned
+by the user and checked), so that a new process does not look again at every file of another user's flood: it
 reads one file of names instead. Only this user's own file is read; a file that cannot be read
 is worth nothing and costs nothing but the looks it would have saved. It is written without
 fsync (a cache: lost or empty after a crash, nothing is wrong) and only outside the admission
