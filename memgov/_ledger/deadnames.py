@@ -26,11 +26,11 @@ table, read before its stat, and only once older than the table by STALE_S (_rec
 
 The names are kept per folder (its device and inode) in memory, and between processes in this
 user's private store (memgov/_files/flock.py private_folder: ``_profiles/<uid>/``, 0700, owned
-by the user and checked), so that a new process does not look again at every file of another user's flood: it
-reads one file of names instead. Only this user's own file is read; a file that cannot be read
-is worth nothing and costs nothing but the looks it would have saved. It is written without
-fsync (a cache: lost or empty after a crash, nothing is wrong) and only outside the admission
-lock (``flush``).
+by the user and checked), so that a new process does not look again at every file of another
+user's flood: it reads one file of names instead. Only this user's own file is read; a file
+that cannot be read is worth nothing and costs nothing but the looks it would have saved. It is
+written without fsync (a cache: lost or empty after a crash, nothing is wrong) and only outside
+the admission lock (``flush``).
 
 The store is a log: each flush appends the names learned since the last one (O_APPEND, one
 write), and each reader reads only what was appended since its last read (whole lines only: an
