@@ -565,8 +565,7 @@ def _why(path: Path, exc: OSError) -> str:
     return f"cannot lock {path}: {exc.strerror or exc}"
 
 
-# -- folders and whole files (the records, the dead names, the profile store and MPS's state use
-# them) --
+# -- folders and whole files: the records', the dead names', the profile store's and MPS's --
 
 TMP_PREFIX = ".tmp-"
 SHARED_DIR_MODE = 0o1777
@@ -676,9 +675,8 @@ def private_folder(create: bool = True) -> Iterator[tuple[int, Path]]:
 def open_private(
     stack: _trust.Stack, parent: int, path: Path, create: bool, error: type[MemgovError], kind: str
 ) -> None:
-    """Push this user's private folder ``path`` (in ``parent``) onto ``stack`` (made, mode 0700, if
-    ``create``); never through a link, never another user's: else ``error`` names the ``kind``
-    of folder (the profile store, the job queue's)."""
+    """Push this user's folder ``path`` of ``parent`` onto ``stack`` (made 0700 if ``create``),
+    never through a link, never another user's: else ``error``, naming the ``kind`` of folder."""
     try:
         _trust._open(stack, parent, path.name)
     except FileNotFoundError:

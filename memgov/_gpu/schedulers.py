@@ -151,8 +151,7 @@ def _hami(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | 
 
 
 def _whole(env: Mapping[str, str], name: str, who: str, accepted: str) -> tuple[str, int] | None:
-    """``name``'s value and its whole number >= 1; None when unset; else a ValueError naming
-    ``who`` (the scheduler) and what is ``accepted``."""
+    """``name``'s value and whole number >= 1, None if unset; else ``who``'s ValueError."""
     raw = _value(env, name)
     if raw is None:
         return None
