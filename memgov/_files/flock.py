@@ -123,9 +123,9 @@ OWNED_DIRS = (LAYOUT_DIR, "mps")
 _roots: dict[str, tuple[str, ...]] = {}
 """Every ledger folder this process opened, as given -> the names the kernel gives it."""
 _inside: list[object] = []
-"""One token per ledger operation in progress in any thread (memgov/_ledger/records.py open_dir),
-added and removed by single C calls (list append and remove): a descriptor no registered FileIO owns
-exists only while one is."""
+"""One token per ledger operation in progress in any thread (open_dir, below), added and removed
+by single C calls (list append and remove): a descriptor no registered FileIO owns exists only
+while one is."""
 _null: list[tuple[int, int, int]] = []
 """/dev/null, opened once (O_CLOEXEC) before the first ledger operation, with its (device,
 inode): a forked child needs no new descriptor to blank a stray, and checks that the number is
