@@ -594,8 +594,8 @@ def _startup_samples():
             # memgov's innermost frame; its import hook's loader runs the whole of `import
             # torch` inside it, so it names memgov's part only where nothing else of it does
             module = str(frame.f_globals.get("__name__", ""))
-            if memgov is None and module.startswith("memgov") and module !=
-            "memgov._base.importhook":
+            hook = module == "memgov._base.importhook"
+            if memgov is None and module.startswith("memgov") and not hook:
                 memgov = "%s:%s" % (os.path.basename(name), frame.f_code.co_name)
             frame = frame.f_back
         return inner, line or "(before the script)", memgov
@@ -642,11 +642,11 @@ def _startup_samples():
 # neighbours arrive but never raises them; SCRIPTS_NO_RUNS: the claim starts no run (no sampler
 # thread, no live file, no fold into the profile at exit).
 _PATCHES = {
-    "SCRIPTS_NO_NVML": ("_nvml", "processes", lambda: lambda *args, **kwargs: None),
+    "SCRIPTS_NO_NVML": ("_gpu.nvml", "processes", lambda: lambda *args, **kwargs: None),
     "SCRIPTS_NO_GROWTH": (
-        "_threads",
+        "_cpu.threads",
         "_Growth",
-        lambda: type("NoGrowth", (__import__("memgov._cpu.threads")._threads._Growth,), {
+        lambda: type("NoGrowth", (__import__("memgov._cpu.threads")._cpu.threads._Growth,), {
             "target": lambda self, wanted, fair, now, neighbours=1: min(wanted, fair),
         }),
     ),
