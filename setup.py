@@ -32,10 +32,10 @@ from setuptools.command.build_py import build_py
 PTH_NAME = "memgov-autoenable.pth"
 HERE = Path(__file__).resolve().parent
 # The line comes from memgov's settings table (the variables that wake auto-enable), imported
-# from this source tree: memgov/__init__.py and memgov/_settings.py load only the standard
+# from this source tree: memgov/__init__.py and memgov/_base/settings.py load only the standard
 # library and memgov's errors and sizes.
 sys.path.insert(0, str(HERE))
-from memgov._settings import pth_line  # noqa: E402
+from memgov._base.settings import pth_line  # noqa: E402
 
 PTH_LINE = pth_line()
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from memgov._errors import (
+from memgov._base.errors import (
     BudgetExceeded,
     ConfigError,
     LedgerError,
@@ -23,7 +23,7 @@ from memgov._errors import (
     ProfileError,
     QueueError,
 )
-from memgov._sizes import format_size, parse_size
+from memgov._base.sizes import format_size, parse_size
 
 __version__ = "0.1.0"
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from memgov._claim import Claim, claim, current
-    from memgov._devices import Device, devices
+    from memgov._gpu.devices import Device, devices
 
 # The promise of importing memgov, budget or not: no framework grabs the whole GPU up front.
 # Environment only (read when TensorFlow / JAX start their GPU runtime), and setdefault, so an
@@ -79,8 +79,8 @@ _LAZY = {
     "Claim": "memgov._claim",
     "claim": "memgov._claim",
     "current": "memgov._claim",
-    "Device": "memgov._devices",
-    "devices": "memgov._devices",
+    "Device": "memgov._gpu.devices",
+    "devices": "memgov._gpu.devices",
 }
 
 

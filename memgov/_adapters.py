@@ -4,7 +4,7 @@ The contract itself (:class:`~memgov.adapter.Budget`, the :class:`~memgov.adapte
 protocol) is public, in :mod:`memgov.adapter`; adapters import nothing else from memgov. Plugins are
 found through the entry-point group ``memgov.adapters`` and loaded once per process, with this
 module. :func:`facts` is the one table of framework facts that pack and doctor read (auto-enable
-reads only the names, memgov._importhook.frameworks()).
+reads only the names, memgov._base.importhook.frameworks()).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from memgov import _importhook, _settings
+from memgov._base import importhook as _importhook, settings as _settings
 from memgov.adapter import GROUP, Adapter, Budget, Facts, Report
 
 log = logging.getLogger("memgov")
@@ -148,7 +148,7 @@ def view(device_uuid: str, driver_free: int | None) -> tuple[int, int] | None:
     budget = _viewed
     if budget is None or budget.bytes is None or device_uuid != budget.device_uuid:
         return None
-    from memgov import _nvml
+    from memgov._gpu import nvml as _nvml
 
     # NVML's per-process figure counts the whole process (context included); the adapters'
     # estimates cover a process NVML cannot name (a PID namespace) and what a framework keeps

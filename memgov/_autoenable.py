@@ -4,7 +4,7 @@
 interpreter start-up only when MEMGOV_CLAIM or a GPU scheduler's budget variable is set. start()
 registers import hooks and nothing else: pip and every Python program that imports no GPU
 framework are left alone. The frameworks are those with an adapter registered (their entry points'
-names: memgov._importhook.frameworks()). When the first ``import torch`` / ``tensorflow`` /
+names: memgov._base.importhook.frameworks()). When the first ``import torch`` / ``tensorflow`` /
 ``jax`` (or another registered framework's) begins, before
 the framework's code runs, the CPU share is decided, so the thread variables are set before the
 libraries that read them load (numpy's OpenBLAS starts one thread per core at load otherwise:
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 from memgov import _collector
 
 if TYPE_CHECKING:
-    from memgov._devices import Device
+    from memgov._gpu.devices import Device
 
 PTH_NAME = "memgov-autoenable.pth"
-"""Its line (setup.py writes it) is memgov._settings.pth_line(): it wakes auto-enable when one of
-memgov._settings.TRIGGERS is set (MEMGOV_CLAIM or a GPU scheduler's budget variable)."""
+"""Its line (setup.py writes it) is memgov._base.settings.pth_line(): it wakes auto-enable when one
+of memgov._base.settings.TRIGGERS is set (MEMGOV_CLAIM or a GPU scheduler's budget variable)."""
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"started": False, "fired": False}
@@ -57,7 +57,7 @@ os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def triggered(environ: Any = None) -> bool:
-    from memgov._settings import TRIGGERS
+    from memgov._base.settings import TRIGGERS
 
     env = os.environ if environ is None else environ
     return any(key.startswith(TRIGGERS) for key in env)
@@ -70,7 +70,7 @@ def start() -> None:
             if _state["started"]:
                 return
             _state["started"] = True
-        from memgov import _importhook
+        from memgov._base import importhook as _importhook
 
         for name in _importhook.frameworks():
             _hook(name)
@@ -85,7 +85,7 @@ def start_preloaded(preloaded: list[ModuleType]) -> None:
     MEMGOV_STRICT=1 is raised from the job's import statement that called this)."""
     with _lock:
         _state["started"] = True
-    from memgov import _importhook
+    from memgov._base import importhook as _importhook
 
     names = {module.__name__ for module in preloaded}
     for name in _importhook.frameworks():
@@ -97,14 +97,14 @@ def start_preloaded(preloaded: list[ModuleType]) -> None:
 
 def _hook(name: str) -> None:
     """Govern the framework ``name`` when its first import begins and ends."""
-    from memgov import _importhook
+    from memgov._base import importhook as _importhook
 
     _importhook.when_importing(name, _threads_first, _import_failed)
     _importhook.when_imported(name, _on_import)
 
 
 class Settings:
-    """The settings auto mode acts on, parsed by memgov._settings (a plain class: dataclasses
+    """The settings auto mode acts on, parsed by memgov._base.settings (a plain class: dataclasses
     imports inspect, slow)."""
 
     def __init__(
@@ -118,18 +118,18 @@ class Settings:
     ) -> None:
         self.claim = claim
         """None (unset: scheduler budgets decide), "growth", "auto", "off" or a checked
-        memgov._sizes.Size (named MEMGOV_CLAIM in its errors)."""
+        memgov._base.sizes.Size (named MEMGOV_CLAIM in its errors)."""
         self.device = device
         self.wait = wait
         self.strict = strict
         self.quiet = quiet
         self.threads = threads
-        """MEMGOV_THREADS parsed (memgov._settings.Threads)."""
+        """MEMGOV_THREADS parsed (memgov._base.settings.Threads)."""
 
 
 def strict_mode() -> bool:
     """MEMGOV_STRICT; garbage in it warns (not strict: auto mode must not crash the program)."""
-    from memgov import _settings
+    from memgov._base import settings as _settings
 
     try:
         return bool(_settings.get("MEMGOV_STRICT"))
@@ -142,8 +142,8 @@ def read_settings(strict: bool) -> Settings:
     """The settings, after checking every user setting in the table, those this run would not
     use too (a typo shows now, not on the day the setting matters); raises ConfigError naming
     each variable memgov cannot use and the forms it accepts."""
-    from memgov import _settings
-    from memgov._errors import ConfigError
+    from memgov._base import settings as _settings
+    from memgov._base.errors import ConfigError
 
     values, problems = _settings.read_all(skip=("MEMGOV_STRICT",))  # strict_mode() read it
     if problems:
@@ -161,8 +161,8 @@ def read_settings(strict: bool) -> Settings:
 def auto_size(device: Device) -> tuple[int, str] | None:
     """A GPU scheduler's budget for MEMGOV_CLAIM unset: (bytes, where it came from), or None
     (growth); its variables' problems warn (strict: raise). ``auto`` goes further (a profile,
-    a first run): memgov/_autosize.py."""
-    from memgov import _schedulers
+    a first run): memgov/_profiles/autosize.py."""
+    from memgov._gpu import schedulers as _schedulers
 
     reading = _schedulers.read(device.total, device.visible_index)
     _report_problems(reading.problems)
@@ -196,7 +196,9 @@ def _threads_first(module: ModuleType) -> None:
 def _decide_threads() -> bool:
     """Decide the share; whether the collector stays paused through the import (auto-enable
     governs it and MEMGOV_GC_FREEZE is on)."""
-    from memgov import _claim, _settings, _threads
+    from memgov import _claim
+    from memgov._base import settings as _settings
+    from memgov._cpu import threads as _threads
 
     if _claim.current() is not None:
         return False  # the program claimed itself: its claim decided the share
@@ -238,7 +240,7 @@ def _govern_once(module: ModuleType) -> bool:
         with _collector.Paused():
             _govern(module.__name__, strict)
     except Exception as exc:
-        from memgov._errors import MemgovError
+        from memgov._base.errors import MemgovError
 
         outcome["error"] = f"{type(exc).__name__}: {exc}"
         if strict:
@@ -254,7 +256,8 @@ def _govern_once(module: ModuleType) -> bool:
 
 
 def _govern(framework: str, strict: bool) -> None:
-    from memgov import _claim, _devices
+    from memgov import _claim
+    from memgov._gpu import devices as _devices
 
     if _claim.current() is not None:
         outcome["mode"] = "explicit"  # the program called memgov.claim() itself, first
@@ -287,8 +290,8 @@ def _govern(framework: str, strict: bool) -> None:
         size, source = found
         device_arg = device.uuid
     elif settings.claim == "auto":
-        # claim() sizes it (scheduler, profile, first run: memgov/_autosize.py) and says how;
-        # read here first so that a scheduler variable's garbage warns (or, strict, raises).
+        # claim() sizes it (scheduler, profile, first run: memgov/_profiles/autosize.py) and says
+        # how; read here first so that a scheduler variable's garbage warns (or, strict, raises).
         auto_size(_devices.candidates(settings.device)[0])
         size, source = "auto", "MEMGOV_CLAIM=auto"
     else:
@@ -305,8 +308,8 @@ def _govern(framework: str, strict: bool) -> None:
 def _device_arg(raw: str | None) -> str | int | None:
     if raw is None:
         return None
-    from memgov import _devices
-    from memgov._errors import ConfigError, NoDeviceError
+    from memgov._base.errors import ConfigError, NoDeviceError
+    from memgov._gpu import devices as _devices
 
     try:
         _devices.candidates(raw)
@@ -317,7 +320,8 @@ def _device_arg(raw: str | None) -> str | int | None:
 
 def _growth(settings: Settings, why: str, quiet: bool) -> None:
     """No cap and no claim: frameworks only stop preallocating the whole GPU."""
-    from memgov import _adapters, _threads
+    from memgov import _adapters
+    from memgov._cpu import threads as _threads
 
     reports: dict[str, str] = {}
     outcome.update(mode=outcome.get("mode", "growth"), source=why, reports=reports)
@@ -346,7 +350,8 @@ SLOW_ADMISSION_S = 0.5
 
 def _print_reports(reports: dict[str, str]) -> None:
     """Print each adapter's report once it has applied (now, or when its framework is imported)."""
-    from memgov import _adapters, _importhook
+    from memgov import _adapters
+    from memgov._base import importhook as _importhook
 
     if "threads" in reports:
         _say(reports["threads"])
@@ -371,7 +376,7 @@ def parent_holder() -> str | None:
 
 def holder_alive(value: str) -> bool:
     """Whether MEMGOV_HOLDER names a claim record whose holder still holds its lock."""
-    from memgov._ledger import claim_alive
+    from memgov._ledger.ledger import claim_alive
 
     uuid, _, record = value.partition("/")
     return bool(uuid) and claim_alive(uuid, record)
@@ -380,7 +385,7 @@ def holder_alive(value: str) -> bool:
 def _report_problems(problems: list[str]) -> None:
     if not problems:
         return
-    from memgov._errors import ConfigError
+    from memgov._base.errors import ConfigError
 
     if outcome.get("strict"):
         raise ConfigError("; ".join(problems))

@@ -17,22 +17,16 @@ from typing import Any, NamedTuple
 # process's descriptors spent (tests/hostile/test_users.py); and an import holds that module's
 # import lock, which a child forked meanwhile by another thread inherits held for good: its own
 # claim would wait for it forever (tests/hostile/test_forks.py). Nothing claim() runs imports.
-from memgov import (
-    _adapters,
-    _admission,
-    _autosize,
-    _devices,
-    _enforce,
-    _jobid,
-    _runs,
-    _settings,
-    _signals,
-    _threads,
-)
-from memgov._errors import ConfigError, MemgovError
-from memgov._ledger import DeviceLedger
-from memgov._records import Held
-from memgov._sizes import Size, format_size
+from memgov import _adapters, _runs
+from memgov._base import settings as _settings, signals as _signals
+from memgov._base.errors import ConfigError, MemgovError
+from memgov._base.sizes import Size, format_size
+from memgov._cpu import threads as _threads
+from memgov._gpu import devices as _devices, enforce as _enforce
+from memgov._ledger import admission as _admission
+from memgov._ledger.ledger import DeviceLedger
+from memgov._ledger.records import Held
+from memgov._profiles import autosize as _autosize, jobid as _jobid
 
 AUTO_ACCEPTED = (
     "'auto' (a GPU scheduler's budget, else the job's measured profile, else a first-run share "
@@ -86,7 +80,7 @@ class Claim:
     admission_s: float = 0.0
     """Seconds from the request to the written record (``reports["admission"]`` says where)."""
     job: str = ""
-    """The job whose profile this process's run goes into (memgov/_jobid.py)."""
+    """The job whose profile this process's run goes into (memgov/_profiles/jobid.py)."""
     sized: str = "given"
     """Where the size came from: given, scheduler, profile or first-run (``auto``)."""
     _ledger: DeviceLedger | None = field(default=None, repr=False)
@@ -172,7 +166,7 @@ def claim(
     "auto": a GPU scheduler's budget, else the job's measured profile, else a first-run share
     of the free budget (docs/profiles.md); an auto claim prints where its size came from.
     ``job``: the name this process's run is recorded under (default: MEMGOV_JOB, else derived
-    from the command, memgov/_jobid.py); its profile sizes later ``auto`` claims.
+    from the command, memgov/_profiles/jobid.py); its profile sizes later ``auto`` claims.
     ``device``: None (first visible GPU), an index (cuda:N), a GPU UUID, or "auto" (most free).
     ``wait``: None fails at once; seconds queue first-come-first-served for that long.
     ``compute``: percent of the GPU's SMs (1-100) this process may use; needs hard mode.
@@ -196,7 +190,7 @@ def claim(
     made: list[tuple[Claim, dict[str, str | None]]] = []
     try:
         # A signal's handler runs once the claim is made or undone, never between two of its
-        # statements (the wait for a place in the queue excepted: memgov/_signals.py).
+        # statements (the wait for a place in the queue excepted: memgov/_base/signals.py).
         with _signals.deferred():
             try:
                 result, touched, chosen = _claim_now(

@@ -1,7 +1,8 @@
 """`memgov doctor`: what memgov sees in this environment, and what it would do.
 
 Reads only: no claim, no framework import (versions come from package metadata), NVML only
-through memgov._nvml. Every check catches its own failure, so a broken part is reported, not fatal.
+through memgov._gpu.nvml. Every check catches its own failure, so a broken part is reported, not
+fatal.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 
 ENV_SHOWN = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "CUDA_MPS_PIPE_DIRECTORY")
 """Other programs' variables doctor shows beside memgov's own (every row of the settings table)
@@ -28,7 +29,8 @@ p99 1.4-1.5x its clean figure, against 3.0-3.2x on ext4 (docs/ledger.md, "Floods
 
 
 def diagnose() -> dict[str, Any]:
-    from memgov import __version__, _autoenable, _settings
+    from memgov import __version__, _autoenable
+    from memgov._base import settings as _settings
 
     devices, device_problem = _devices()
     first = next((d for d in devices if d.get("visible_index") is not None), None)
@@ -57,7 +59,8 @@ def diagnose() -> dict[str, Any]:
 def _environment() -> dict[str, Any]:
     """The variables doctor shows: those the user (or a scheduler) set, and apart, with the
     reason, those memgov set itself in a governed process this one descends from."""
-    from memgov import _adapters, _settings
+    from memgov import _adapters
+    from memgov._base import settings as _settings
 
     frameworks = [name for facts in _adapters.facts().values() for name in facts.env]
     names = (*_settings.names(), *ENV_SHOWN, *frameworks)
@@ -73,7 +76,10 @@ def _environment() -> dict[str, Any]:
 
 def set_by_memgov(environ: Mapping[str, str]) -> dict[str, str]:
     """Which variables memgov set, and how it knows: its own marks, compared with the values."""
-    from memgov import ENV_SET_MARK, NO_GREEDY_PREALLOCATION, _enforce, _settings, _threads
+    from memgov import ENV_SET_MARK, NO_GREEDY_PREALLOCATION
+    from memgov._base import settings as _settings
+    from memgov._cpu import threads as _threads
+    from memgov._gpu import enforce as _enforce
 
     why = {r.name: "memgov's note for its children" for r in _settings.TABLE if r.internal}
     why = {k: v for k, v in why.items() if k in environ}
@@ -107,7 +113,7 @@ def _ledger_problem() -> str | None:
 
 
 def _devices() -> tuple[list[dict[str, Any]], str | None]:
-    from memgov._devices import devices
+    from memgov._gpu.devices import devices
     from memgov._status import device_dict
 
     try:
@@ -117,7 +123,7 @@ def _devices() -> tuple[list[dict[str, Any]], str | None]:
 
 
 def _nvml() -> dict[str, Any]:
-    from memgov import _devices, _nvml
+    from memgov._gpu import devices as _devices, nvml as _nvml
 
     if _devices.simulated_spec() is not None:
         return {"available": None, "note": "MEMGOV_DEVICES is set: simulated devices, NVML unused"}
@@ -142,7 +148,7 @@ def _frameworks() -> dict[str, Any]:
 
 
 def _threads() -> dict[str, Any]:
-    from memgov import _threads
+    from memgov._cpu import threads as _threads
 
     try:
         return _threads.explain()
@@ -153,7 +159,7 @@ def _threads() -> dict[str, Any]:
 def views() -> list[str]:
     """What a governed process's frameworks and tools report as its device's memory
     (docs/adapters.md, "What a governed process sees"), one line each."""
-    from memgov import _settings
+    from memgov._base import settings as _settings
 
     try:
         on = bool(_settings.get("MEMGOV_VIEWS"))
@@ -175,7 +181,8 @@ def _mps() -> dict[str, Any]:
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
     control = shutil.which("nvidia-cuda-mps-control")
     running = os.path.exists(os.path.join(pipe, "control"))
-    from memgov import _config, _mpsctl
+    from memgov._base import config as _config
+    from memgov._gpu import mpsctl as _mpsctl
 
     limits: dict[str, Any] = {}
     try:  # a bad setting is reported, never a crash of doctor
@@ -198,7 +205,8 @@ def _mps() -> dict[str, Any]:
 
 def _budget(device: dict[str, Any] | None) -> dict[str, Any]:
     """Where auto mode would take this process's budget from."""
-    from memgov import _schedulers, _settings
+    from memgov._base import settings as _settings
+    from memgov._gpu import schedulers as _schedulers
 
     raw = os.environ.get("MEMGOV_CLAIM", "").strip()
     found: dict[str, Any] = {"MEMGOV_CLAIM": raw or None, "scheduler": [], "problems": []}
@@ -277,7 +285,7 @@ def _exists(path: Path) -> bool:
 
 def ledger_sharing(path: Path | None = None) -> dict[str, Any]:
     """Whether the ledger folder is shared with other containers, or private to this one."""
-    from memgov import _config
+    from memgov._base import config as _config
 
     try:
         folder = path or _config.ledger_dir()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import NoReturn
 
-from memgov._errors import ConfigError, MemgovError
-from memgov._sizes import Size
+from memgov._base.errors import ConfigError, MemgovError
+from memgov._base.sizes import Size
 
 
 def command_env(
@@ -25,7 +25,7 @@ def command_env(
 ) -> dict[str, str]:
     """The environment CMD gets; raises ConfigError for options memgov cannot use (checked by
     the rules of the variables they become, named as options)."""
-    from memgov import _settings
+    from memgov._base import settings as _settings
 
     env = dict(os.environ if environ is None else environ)
     chosen = _settings.claim_setting(claim, "--claim")
@@ -57,7 +57,7 @@ def _check_devices(chosen: str | Size, device: str | None) -> None:
     CMD and leave it running ungoverned. Without any GPU here CMD says so itself."""
     if device is None and not isinstance(chosen, Size):
         return  # nothing to check: growth, auto and off start no NVML here
-    from memgov import _devices
+    from memgov._gpu import devices as _devices
 
     try:
         found = _devices.candidates(device)

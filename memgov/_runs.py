@@ -18,10 +18,10 @@ training work that needs the same driver; the peak stays exact for what torch al
 measure()), and the last sample, taken when the run ends, always asks NVML.
 
 Crash safety: the run lives in a flock-held file of this user's profile store
-(memgov/_profiles.py, ``live/``), rewritten whenever the peak grows. A process that ends normally
-(or releases its claim) folds its run into its profile itself; one killed by a signal leaves its
-file unlocked, and the next reader of the store (an ``auto`` claim, ``memgov profiles``) folds
-its last sampled peak in as ``killed``. An out-of-memory error that ends the program is caught
+(memgov/_profiles/store.py, ``live/``), rewritten whenever the peak grows. A process that ends
+normally (or releases its claim) folds its run into its profile itself; one killed by a signal
+leaves its file unlocked, and the next reader of the store (an ``auto`` claim, ``memgov profiles``)
+folds its last sampled peak in as ``killed``. An out-of-memory error that ends the program is caught
 by a ``sys.excepthook`` wrapper and recorded as ``oom``, so the next ``auto`` asks for more; with
 what it asked for when it ran out (``asked``), where torch's error says.
 
@@ -46,16 +46,20 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 # Imported here, not where used: claim() starts a run, and an import inside it would hold that
 # module's import lock while another thread may fork (memgov/_claim.py). Nothing here imports
-# memgov._claim, which imports this module.
-from memgov import _adapters, _nvml, _profiles, _records, _settings, _threads
-from memgov._sizes import format_size
+# memgov._claim, which imports this module: a run knows its claim as a Claimed.
+from memgov import _adapters
+from memgov._base import settings as _settings
+from memgov._base.sizes import format_size
+from memgov._cpu import threads as _threads
+from memgov._gpu import nvml as _nvml
+from memgov._ledger import records as _records
+from memgov._profiles import store as _profiles
 
 if TYPE_CHECKING:
-    from memgov._claim import Claim
     from memgov.adapter import Budget
 
 SAMPLE_S = 1.0
@@ -65,6 +69,23 @@ NVML_EVERY_MAX_S = 15.0
 RISE = 16 * 2**20
 """A peak that grows less than this (or 1 %) since the last rise counts as flat for give back."""
 
+
+class Claimed(Protocol):
+    """What a run reads of its claim and asks of it (memgov._claim.Claim is one)."""
+
+    id: str
+    device: str
+    bytes: int
+    name: str
+    mode: str
+    reports: dict[str, str]
+
+    @property
+    def released(self) -> bool: ...
+
+    def shrink(self, size: int) -> None: ...
+
+
 _run: Run | None = None
 
 ORPHAN_SAMPLES = 2
@@ -73,7 +94,7 @@ ORPHAN_SAMPLES = 2
 
 @dataclasses.dataclass
 class Run:
-    claim: Claim
+    claim: Claimed
     budget: Budget
     job: str
     label: str
@@ -155,7 +176,7 @@ def _wake(run: Run) -> None:
         run.wake.release()
 
 
-def start(claim: Claim, budget: Budget, job: str, label: str, sized: str) -> None:
+def start(claim: Claimed, budget: Budget, job: str, label: str, sized: str) -> None:
     """Begin recording this process's run of ``job`` under ``claim``; never raises."""
     global _run
     run = Run(claim, budget, job, label, sized, " ".join(_command())[:1024])
@@ -246,8 +267,8 @@ def _fold(run: Run, end: str) -> None:
             _profiles.update_live(run.held, run.payload())
         return
     finally:
-        # Siblings waiting for this first run (memgov/_autosize.py) go on once its run is in
-        # the profile (or, unrecordable, in its live file for the next reader to fold).
+        # Siblings waiting for this first run (memgov/_profiles/autosize.py) go on once its run is
+        # in the profile (or, unrecordable, in its live file for the next reader to fold).
         _profiles.end_first(run.job)
     with contextlib.suppress(Exception):
         _profiles.end_live(run.held)

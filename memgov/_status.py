@@ -7,12 +7,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _nvml, _records, _stats
-from memgov._attribution import Attribution, attribute
-from memgov._devices import Device, devices, refresh
-from memgov._errors import LedgerError
-from memgov._ledger import DeviceLedger, Snapshot
-from memgov._trust import set_up_advice
+from memgov._base import config as _config
+from memgov._base.errors import LedgerError
+from memgov._files import flock as _flock
+from memgov._files.trust import set_up_advice
+from memgov._gpu import nvml as _nvml
+from memgov._gpu.devices import Device, devices, refresh
+from memgov._ledger import stats as _stats
+from memgov._ledger.attribution import Attribution, attribute
+from memgov._ledger.ledger import DeviceLedger, Snapshot
 
 
 def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
@@ -26,13 +29,13 @@ def snapshots(clean: bool = False, set_up: bool = False) -> list[Snapshot]:
     where only root may make it) is a LedgerError saying so: never "no claims"."""
     if set_up:
         for shared in (("v1", "cpu"), *PER_USER):  # every user's, sticky
-            with _records.open_dir(_config.ledger_dir(), shared, create=True):
+            with _flock.open_dir(_config.ledger_dir(), shared, create=True):
                 pass
     return [snapshot(device, clean=clean, set_up=set_up) for device in devices()]
 
 
 PER_USER = (("v1", "_profiles"), ("v1", "_queue"))
-"""Sticky folders of one private folder per user, named by its uid (memgov/_profiles.py,
+"""Sticky folders of one private folder per user, named by its uid (memgov/_profiles/store.py,
 memgov/queue/store.py)."""
 
 
@@ -47,7 +50,7 @@ def clear_squatters() -> tuple[list[str], list[str]]:
     root = _config.ledger_dir()
     for parts in PER_USER:
         try:
-            with _records.open_dir(root, parts, create=False) as fd:
+            with _flock.open_dir(root, parts, create=False) as fd:
                 for name in os.listdir(fd):
                     where = root.joinpath(*parts, name)
                     try:
@@ -118,7 +121,7 @@ def snapshot(
             swept.problems.extend(ahead.problems)
     with ledger.locked():
         if set_up:
-            with _records.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
+            with _flock.open_dir(ledger.root, (*ledger.parts, _stats.FOLDER), create=True):
                 pass
         snap = ledger.scan(clean=clean, memo=None if clean else "use")
         if clean:
@@ -140,7 +143,7 @@ def _sections_usable(ledger: DeviceLedger) -> None:
     for section in ("claims", "queue"):  # the folders a claim reads (DeviceLedger.read)
         with (
             contextlib.suppress(FileNotFoundError),  # missing: the first claim makes it
-            _records.open_dir(ledger.root, (*ledger.parts, section), create=False),
+            _flock.open_dir(ledger.root, (*ledger.parts, section), create=False),
         ):
             pass
 
@@ -148,13 +151,12 @@ def _sections_usable(ledger: DeviceLedger) -> None:
 def _present(ledger: DeviceLedger) -> bool:
     """Whether the device's folder exists (checked like every ledger path). If it does not, a
     claim makes it: a LedgerError says so when it cannot (only root may, or no one here)."""
-    from memgov import _records
 
     existing: tuple[Path, os.stat_result] | None = None
     for depth in range(len(ledger.parts) + 1):
         path = ledger.root.joinpath(*ledger.parts[:depth])
         try:
-            with _records.open_dir(ledger.root, ledger.parts[:depth], create=False) as fd:
+            with _flock.open_dir(ledger.root, ledger.parts[:depth], create=False) as fd:
                 existing = (path, os.fstat(fd))
         except FileNotFoundError:
             break
@@ -182,8 +184,7 @@ def _present(ledger: DeviceLedger) -> bool:
 
 def ledger_problem() -> str | None:
     """Why claims cannot use the ledger here (doctor), or None when they can."""
-    from memgov import _records
-    from memgov._errors import MemgovError
+    from memgov._base.errors import MemgovError
 
     try:
         found = devices()
@@ -193,7 +194,7 @@ def ledger_problem() -> str | None:
         for device in found:
             _sections_usable(DeviceLedger(device))
         if not found:
-            with _records.open_dir(_config.ledger_dir(), (), create=False):
+            with _flock.open_dir(_config.ledger_dir(), (), create=False):
                 pass
     except FileNotFoundError:
         return None  # no ledger yet: the first claim makes it
@@ -235,7 +236,8 @@ def device_dict(device: Device) -> dict[str, Any]:
 def snapshot_dict(snap: Snapshot, threads: dict[str, int | None] | None = None) -> dict[str, Any]:
     """Stable keys: devices[].uuid, total, used, claimed, free, claims[].name, pid, bytes.
 
-    ``threads``: claim holder ("<uuid>/<record>") -> its CPU threads now (memgov/_threads.py)."""
+    ``threads``: claim holder ("<uuid>/<record>") -> its CPU threads now
+    (memgov/_cpu/threads.py)."""
     return {
         **device_dict(snap.device),
         "claimed": snap.claimed,
@@ -281,7 +283,7 @@ def status() -> dict[str, Any]:
 
 def claim_threads() -> dict[str, int | None]:
     """Each live claim's CPU threads, from the governed processes' records (read only)."""
-    from memgov import _cpushare
+    from memgov._cpu import share as _cpushare
 
     try:
         return {p.holder: p.threads for p in _cpushare.peers(clean=False) if p.holder}

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from memgov._importhook import GROUP
-from memgov._sizes import format_size, parse_size
+from memgov._base.importhook import GROUP
+from memgov._base.sizes import format_size, parse_size
 
 __all__ = [
     "GROUP",
@@ -134,7 +134,7 @@ def own_device_memory(device_uuid: str) -> int | None:
     """
     import os
 
-    from memgov import _nvml  # lazy: NVML is initialised on first use, never at import
+    from memgov._gpu import nvml as _nvml  # lazy: NVML is initialised on first use, never at import
 
     return (_nvml.processes(device_uuid) or {}).get(os.getpid())
 
@@ -157,7 +157,7 @@ def setting(name: str) -> Any:
     MEMGOV_TORCH_MARGIN; None when unset); raises memgov.ConfigError naming the variable and what
     it accepts. An adapter's own variable gets a row there, so docs and ``memgov doctor`` list it.
     """
-    from memgov import _settings
+    from memgov._base import settings as _settings
 
     return _settings.get(name)
 
@@ -170,14 +170,14 @@ ThreadFollower = Callable[[int], "tuple[int, str] | None"]
 
 def threads_now(default: int | None) -> int | None:
     """The thread count to apply now: the followed share may have moved since the claim."""
-    from memgov import _threads
+    from memgov._cpu import threads as _threads
 
     return _threads.now(default)
 
 
 def on_threads_change(callback: ThreadFollower) -> None:
     """Run ``callback(threads)`` on the main thread whenever this process's share changes."""
-    from memgov import _threads
+    from memgov._cpu import threads as _threads
 
     _threads.on_change(callback)
 
@@ -185,6 +185,6 @@ def on_threads_change(callback: ThreadFollower) -> None:
 def imported_before_claim() -> list[str]:
     """Frameworks imported before the thread budget was decided: the user may have set their
     threads already, and that choice wins."""
-    from memgov import _threads
+    from memgov._cpu import threads as _threads
 
     return _threads.preloaded()

@@ -169,7 +169,7 @@ def private_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own MEMGOV_DIR, so no test ever touches the host's real ledger."""
     path = tmp_path / "ledger"
     monkeypatch.setenv("MEMGOV_DIR", str(path))
-    # The thread variables too: an in-process claim sets them (memgov/_threads.py), and
+    # The thread variables too: an in-process claim sets them (memgov/_cpu/threads.py), and
     # monkeypatch removes them again after the test, so no later test inherits them.
     for name in (
         "MEMGOV_RESERVE",
@@ -187,7 +187,7 @@ def private_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # Names this process knew dead are kept by folder inode, which a later test's folder may
     # reuse: harmless for live records (a record's name is never reused), not for a test that
     # plants files under fixed names and expects them reported.
-    from memgov import _deadnames
+    from memgov._ledger import deadnames as _deadnames
 
     _deadnames.forget()
     return path

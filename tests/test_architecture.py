@@ -36,6 +36,19 @@ class Layer:
     """If set, the only memgov modules it may import at all (the adapters' public contract)."""
 
 
+WINGS = ("base", "files", "gpu", "ledger", "cpu", "profiles")
+"""The core's wings, bottom first (memgov/_<wing>/, docs/architecture.md "The core's wings")."""
+WING_IMPORTS = {
+    "base": {"base"},
+    "files": {"base", "files"},
+    "gpu": {"base", "files", "gpu"},
+    "ledger": {"base", "files", "gpu", "ledger"},
+    # The two top wings stand side by side: neither imports the other.
+    "cpu": {"base", "files", "gpu", "ledger", "cpu"},
+    "profiles": {"base", "files", "gpu", "ledger", "profiles"},
+}
+CORE = frozenset({"core", *WINGS})
+"""The facade (memgov/*.py, layer "core") and the wings under it: what the tools may import."""
 CORE_AND_CONTRACT = frozenset({"core"})
 LAYERS = (
     # The command line: typer apps and rich rendering, over everything else (memgov/cli/, one
@@ -46,14 +59,14 @@ LAYERS = (
     Layer(
         "pack",
         ("memgov/pack/*.py",),
-        may_import=frozenset({"core", "decide", "pack", "queue", "ray"}),
+        may_import=CORE | {"decide", "pack", "queue", "ray"},
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
     ),
     # The Ray integration (memgov.ray, one module or a folder).
     Layer(
         "ray",
         ("memgov/ray.py", "memgov/ray/*.py"),
-        may_import=frozenset({"core", "pack", "ray"}),
+        may_import=CORE | {"pack", "ray"},
         not_at_module_level=CLI_LIBRARIES + PLOTTING,
     ),
     # The Prometheus exporter (memgov exporter): the only layer that imports prometheus_client,
@@ -61,7 +74,7 @@ LAYERS = (
     Layer(
         "exporter",
         ("memgov/exporter/*.py",),
-        may_import=frozenset({"core", "exporter"}),
+        may_import=CORE | {"exporter"},
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
     ),
     # The trace simulator (memgov.placement): a front end of the decision core that replays a
@@ -69,7 +82,7 @@ LAYERS = (
     Layer(
         "placement",
         ("memgov/placement/*.py",),
-        may_import=frozenset({"core", "decide", "placement"}),
+        may_import=CORE | {"decide", "placement"},
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + ("matplotlib",),
     ),
     # The job queue (memgov.queue): store, runner, shepherd, engine, report. Over the core and the
@@ -77,7 +90,7 @@ LAYERS = (
     Layer(
         "queue",
         ("memgov/queue/*.py",),
-        may_import=frozenset({"core", "decide", "queue", "ray"}),
+        may_import=CORE | {"decide", "queue", "ray"},
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
     ),
     # The decision core (memgov.decide): one policy interface and registry for the queue, pack,
@@ -85,16 +98,26 @@ LAYERS = (
     Layer(
         "decide",
         ("memgov/decide/*.py",),
-        may_import=frozenset({"core", "decide"}),
+        may_import=CORE | {"decide"},
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + ("matplotlib",),
     ),
-    # The library: the public facade (memgov/__init__.py, memgov/adapter.py) and the private
-    # modules behind it. Imported in every interpreter that auto-enable governs.
+    # The library: the public facade (memgov/__init__.py, memgov/adapter.py, claim, auto-enable,
+    # status, doctor) over the core's wings, each of which imports only the wings under it.
+    # Imported in every interpreter that auto-enable governs.
     Layer(
         "core",
         ("memgov/*.py",),
-        may_import=CORE_AND_CONTRACT,
+        may_import=CORE,
         not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
+    ),
+    *(
+        Layer(
+            wing,
+            (f"memgov/_{wing}/*.py",),
+            may_import=frozenset(WING_IMPORTS[wing]),
+            not_at_module_level=FRAMEWORKS + CLI_LIBRARIES + PLOTTING,
+        )
+        for wing in WINGS
     ),
     # Framework adapters: plugins that see memgov only through its public contract.
     Layer(
@@ -126,6 +149,8 @@ def memgov_layer(module: str) -> str:
         return "cli"
     if len(parts) > 1 and parts[1] in ("pack", "ray", "exporter", "placement", "queue", "decide"):
         return parts[1]
+    if len(parts) > 1 and parts[1].removeprefix("_") in WINGS and parts[1].startswith("_"):
+        return parts[1][1:]
     return "core"
 
 
@@ -165,9 +190,11 @@ def imports(path: Path) -> list[Import]:
             if node.level:  # relative: resolve against this file's package
                 anchor = package.split(".")[: -node.level]
                 base = ".".join([*anchor, base] if base else anchor)
-            if base == "memgov":
+            modules = [f"{base}.{a.name}" for a in node.names if _is_module(f"{base}.{a.name}")]
+            if base == "memgov" or (modules and len(modules) == len(node.names)):
+                # from memgov import x, from memgov._ledger import records: each names a module
                 found.extend(
-                    Import(f"memgov.{a.name}", node.lineno, module_level) for a in node.names
+                    Import(f"{base}.{a.name}", node.lineno, module_level) for a in node.names
                 )
             else:
                 found.append(Import(base, node.lineno, module_level))
@@ -179,6 +206,13 @@ def imports(path: Path) -> list[Import]:
 
     visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), True)
     return found
+
+
+def _is_module(dotted: str) -> bool:
+    return (
+        dotted.startswith("memgov.")
+        and (ROOT / dotted.replace(".", "/")).with_suffix(".py").is_file()
+    )
 
 
 def test_every_file_has_a_layer() -> None:
@@ -229,28 +263,102 @@ def test_the_command_line_lives_in_its_folder() -> None:
     assert (ROOT / "memgov" / "cli" / "__init__.py").is_file()
 
 
-@pytest.mark.parametrize("path", files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_imports_keep_to_the_layers(path: Path) -> None:
-    relative = str(path.relative_to(ROOT))
+def broken(relative: str, found: list[Import]) -> list[str]:
+    """The imports of the file ``relative`` that its layer does not allow."""
     layer = layer_of(relative)
-    if layer is None:
-        pytest.skip("no layer (test_every_file_has_a_layer fails for it)")
-    broken = []
-    for imp in imports(path):
+    assert layer is not None, relative
+    wrong = []
+    for imp in found:
         top = imp.module.split(".")[0]
         where = f"{relative}:{imp.line} imports {imp.module}"
         if top == "memgov":
             target = memgov_layer(imp.module)
             if layer.may_import is not None and target not in layer.may_import:
-                broken.append(f"{where} ({layer.name} may not import {target})")
+                wrong.append(f"{where} ({layer.name} may not import {target})")
             if layer.memgov_modules is not None and imp.module not in layer.memgov_modules:
                 allowed = sorted(layer.memgov_modules)
-                broken.append(f"{where} ({layer.name} may import only {allowed} of memgov)")
+                wrong.append(f"{where} ({layer.name} may import only {allowed} of memgov)")
         elif top.startswith("memgov_") and layer.name != "adapters":
-            broken.append(f"{where} (adapters are plugins: reach them through memgov._adapters)")
+            wrong.append(f"{where} (adapters are plugins: reach them through memgov._adapters)")
         elif imp.module_level and top in layer.not_at_module_level:
-            broken.append(f"{where} at module level ({layer.name}: import it inside the function)")
-    assert not broken, "\n".join(broken)
+            wrong.append(f"{where} at module level ({layer.name}: import it inside the function)")
+    return wrong
+
+
+@pytest.mark.parametrize("path", files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_keep_to_the_layers(path: Path) -> None:
+    relative = str(path.relative_to(ROOT))
+    if layer_of(relative) is None:
+        pytest.skip("no layer (test_every_file_has_a_layer fails for it)")
+    assert not broken(relative, imports(path)), "\n".join(broken(relative, imports(path)))
+
+
+def test_an_import_back_up_a_wing_fails() -> None:
+    # The wings' order is checked like the packages': a wing that imports one above it (here
+    # MPS, in _gpu, taking the ledger's records; the ground taking a GPU) or the facade fails.
+    up = [
+        ("memgov/_gpu/mps.py", "memgov._ledger.records"),
+        ("memgov/_base/settings.py", "memgov._gpu.devices"),
+        ("memgov/_ledger/records.py", "memgov._claim"),
+        ("memgov/_cpu/share.py", "memgov._profiles.store"),
+        ("memgov/_profiles/store.py", "memgov._cpu.threads"),
+    ]
+    for relative, module in up:
+        assert broken(relative, [Import(module, 1, False)]), (relative, module)
+    assert not broken("memgov/_ledger/records.py", [Import("memgov._files.flock", 1, True)])
+    found = {i.module for i in imports(ROOT / "memgov" / "_ledger" / "records.py")}
+    assert "memgov._ledger.deadnames" in found  # from memgov._ledger import deadnames as ...
+
+
+ONE_CIRCLE = {frozenset({"memgov/adapter.py", "memgov/_adapters.py"})}
+"""The core's one circle (docs/architecture.md): the adapter contract's helpers call the loader
+(memgov.adapter.view), which loads adapters written against that contract."""
+
+
+def test_the_core_has_one_circle() -> None:
+    # Every import of the core's files, also those inside functions (an import made late still
+    # ties two modules), but not those under TYPE_CHECKING, which never run.
+    core = [p for p in files() if getattr(layer_of(str(p.relative_to(ROOT))), "name", "") in CORE]
+    graph: dict[str, set[str]] = {}
+    for path in core:
+        targets = set()
+        for imp in imports(path):
+            if _is_module(imp.module):
+                targets.add(imp.module.replace(".", "/") + ".py")
+        graph[str(path.relative_to(ROOT))] = targets & {str(p.relative_to(ROOT)) for p in core}
+    assert {frozenset(c) for c in _circles(graph)} <= ONE_CIRCLE, _circles(graph)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components of more than one file (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                top = stack.pop()
+                component.add(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
 
 
 # Written in pieces so that this file does not match itself.

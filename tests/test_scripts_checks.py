@@ -116,8 +116,8 @@ def test_an_unknown_condition_is_refused_with_the_accepted_names(checks: ModuleT
 def test_the_hand_set_limits_are_the_values_memgov_sets(checks: ModuleType) -> None:
     """hand_mps_env is memgov's environment without memgov: its MPS limit and thread variables
     come from memgov's own definitions, and memgov stays off."""
-    from memgov._enforce import pinned_limit
-    from memgov._threads import ENV_VARS
+    from memgov._cpu.threads import ENV_VARS
+    from memgov._gpu.enforce import pinned_limit
 
     env = checks.condition("hand_mps_env", "1600MiB", 160 * 2**30)["env"]
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == pinned_limit(1600 * 2**20, 0) == "0=1600M"

@@ -25,7 +25,9 @@ CLAIMER, FLOODER = 54321, 54322
 CHILD = r"""
 import cProfile, io, json, os, pstats, sys, time
 import memgov
-from memgov import _adapters, _claim, _profiles, _runs, _status, _threads  # noqa: F401
+from memgov import _adapters, _claim, _runs, _status  # noqa: F401
+from memgov._profiles import store as _profiles  # noqa: F401
+from memgov._cpu import threads as _threads  # noqa: F401
 _adapters.available()
 os.setgroups([]); os.setgid(CLAIMER); os.setuid(CLAIMER)
 cycles, top = int(sys.argv[1]), int(sys.argv[2])

@@ -97,8 +97,8 @@ class Monitor(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        from memgov._devices import devices
-        from memgov._ledger import DeviceLedger
+        from memgov._gpu.devices import devices
+        from memgov._ledger.ledger import DeviceLedger
 
         self.ledger = DeviceLedger(devices()[0])
         self.samples = 0

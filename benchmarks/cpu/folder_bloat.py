@@ -5,7 +5,7 @@
 Three claims folders, each in a fresh ledger on one simulated 16 GiB device and each holding
 PRESENT empty record-named files (a flood's current wave): "fresh" (never held more),
 "bloated" (FLOOD files planted and removed first: the folder's blocks stay on ext4 and xfs),
-"rebuilt" (a bloated one after `memgov gc`, which rebuilds it: memgov/_compact.py). In ROUNDS
+"rebuilt" (a bloated one after `memgov gc`, which rebuilds it: memgov/_ledger/compact.py). In ROUNDS
 rounds, the three in turn: one listing (os.listdir, as every scan does; median of 200) and one
 record written as memgov writes one (a 0600 file created, filled, renamed into place, then
 removed; median of 200). Prints the folder sizes and each figure's median over the rounds. No

@@ -7,7 +7,7 @@ A claim on a simulated GPU, a thread reading the CPU shares back to back (the th
 work without its pauses: a folder walked, listed, every record probed), and the main thread
 forking ``--forks`` children, each of which counts its descriptors under the ledger folder and
 exits. Then, in one process with ``--fds`` more descriptors open, the mean time of the part of
-the hook that looks for descriptors no registered object owns (memgov/_flock.py), where that
+the hook that looks for descriptors no registered object owns (memgov/_files/flock.py), where that
 code has it. ``--tree`` puts another checkout's memgov first on the path (to compare with
 main's).
 """
@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RACE = """
 import os, sys, threading
 import memgov
-from memgov import _config, _cpushare
+from memgov._base import config as _config
+from memgov._cpu import share as _cpushare
 
 claim = memgov.claim("1GiB")
 real = os.path.realpath(_config.ledger_dir())
@@ -66,7 +67,7 @@ WHERE = "import memgov; print(memgov.__file__)"
 HOOK = """
 import os, sys, time
 import memgov
-from memgov import _flock
+from memgov._files import flock as _flock
 
 claim = memgov.claim("1GiB")
 extra = [os.open(os.devnull, os.O_RDONLY) for _ in range(int(sys.argv[1]))]

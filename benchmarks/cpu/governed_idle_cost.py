@@ -26,7 +26,7 @@ IDLE = "import sys, memgov; memgov.claim('1GiB'); print('ready', flush=True); sy
 SCAN = """
 import json, os, sys, time
 from pathlib import Path
-from memgov import _cpushare
+from memgov._cpu import share as _cpushare
 root = Path(os.environ["MEMGOV_DIR"])
 _cpushare.peers(root=root)
 t, c = time.perf_counter(), time.process_time()

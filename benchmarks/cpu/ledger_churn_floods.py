@@ -51,7 +51,8 @@ def become(uid: int) -> None:
 
     import filelock
 
-    from memgov import _adapters, _claim, _status, _threads  # noqa: F401
+    from memgov import _adapters, _claim, _status  # noqa: F401
+    from memgov._cpu import threads as _threads  # noqa: F401
 
     _adapters.available()
     # In the run's folder (removed at its end): a claimer SIGKILLed here leaves nothing behind.
@@ -107,7 +108,15 @@ class Breakdown:
         setattr(owner, attr, timed)
 
     def install(self) -> None:
-        from memgov import _admission, _claim, _deadnames, _flock, _ledger, _records, _runs, _wake
+        from memgov import _claim, _runs
+        from memgov._files import flock as _flock
+        from memgov._ledger import (
+            admission as _admission,
+            deadnames as _deadnames,
+            ledger as _ledger,
+            records as _records,
+            wake as _wake,
+        )
 
         time_lock_holds()  # counts the flood files judged under the lock (LOOKS_HELD)
 
@@ -199,7 +208,7 @@ holds it now: what the flood costs a hold, whatever the machine's load."""
 
 
 def count_looks_under_the_lock() -> None:
-    from memgov import _records
+    from memgov._ledger import records as _records
 
     real = _records._read
 
@@ -219,7 +228,7 @@ a hold much longer than its CPU time waited for a core, not for work."""
 def time_lock_holds() -> list[float]:
     """Wrap the admission lock so that every hold of it in this process is timed (--breakdown:
     root's gc and the monitor hold it too, and a hold delays the head of the queue)."""
-    from memgov import _flock
+    from memgov._files import flock as _flock
 
     holds: list[float] = []
     holds_cpu: list[float] = []
@@ -264,8 +273,8 @@ def timed_gc() -> None:
 
 def monitor(seconds: float) -> None:
     become(MONITOR)
-    from memgov._devices import devices
-    from memgov._ledger import DeviceLedger
+    from memgov._gpu.devices import devices
+    from memgov._ledger.ledger import DeviceLedger
 
     ledger = DeviceLedger(devices()[0])
     holds = time_lock_holds() if os.environ.get(BREAKDOWN_ENV) else []
@@ -427,7 +436,7 @@ def phase(
             text=True,
         )
         first_gc_s = time.monotonic() - started
-        # Whether it rebuilt claims/ (memgov/_compact.py; absent from a gc before that code)
+        # Whether it rebuilt claims/ (memgov/_ledger/compact.py; absent from a gc before that code)
         first_gc_rebuilt = json.loads(first.stdout).get("rebuilt")
     done = threading.Event()
     gc_runs = [0]

@@ -391,7 +391,7 @@ def phase_beside(runner: Runner, budget: float, neighbours: int) -> dict[str, An
 
 
 def device_info(smoke: bool) -> dict[str, Any]:
-    from memgov import _devices
+    from memgov._gpu import devices as _devices
 
     d = _devices.devices()[0]
     return {"name": d.name, "uuid": d.uuid, "total_mib": d.total // MiB, "smoke": smoke}

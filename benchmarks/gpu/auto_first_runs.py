@@ -136,7 +136,9 @@ def own_oom(args: argparse.Namespace, base: dict[str, str]) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", OWN_OOM], env=env, capture_output=True, text=True, timeout=120
     )
-    from memgov import _profiles  # the jobs' store: main() pointed MEMGOV_DIR at their ledger
+    from memgov._profiles import (
+        store as _profiles,  # the jobs' store: main() pointed MEMGOV_DIR at their ledger
+    )
 
     profile = _profiles.read("own-oom")
     run = profile.runs[-1] if profile and profile.runs else {}

@@ -99,7 +99,7 @@ if sys.argv[1:] == ["hold"]:
 
 CONTEXT = r"""
 import json, time
-from memgov import _mps
+from memgov._gpu import mps as _mps
 with _mps.daemon() as info:
     print(json.dumps({"event": "up", "daemon_pid": info["daemon_pid"]}), flush=True)
     time.sleep(120)
@@ -426,7 +426,7 @@ def main() -> int:
     os.environ["MEMGOV_DIR"] = str(root / "main")  # this process's own _mps calls use it too
     for name in [k for k in os.environ if k.startswith("CUDA_MPS_")]:
         del os.environ[name]
-    from memgov import _mps
+    from memgov._gpu import mps as _mps
 
     report: dict[str, Any] = {
         "check": "hard limits through MPS",

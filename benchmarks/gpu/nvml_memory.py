@@ -3,7 +3,7 @@
     python3 benchmarks/gpu/nvml_memory.py [--readings 10] [--out PATH.json]
 
 The interpreter first imports what `python -m memgov.exporter` imports (no NVML yet), then
-pynvml, initialises NVML through memgov._nvml, and makes --readings readings as the exporter's
+pynvml, initialises NVML through memgov._gpu.nvml, and makes --readings readings as the exporter's
 refresher makes them (memgov.exporter.model.read, in a thread of their own: the ledger of
 MEMGOV_DIR and every GPU's processes from NVML). After each step it reads its own smaps_rollup
 (RSS, PSS, USS, anonymous), the resident pages of libnvidia-ml.so and of /dev/nvidia* mappings,
@@ -71,7 +71,7 @@ def trim() -> float:
 def measure(readings: int) -> list[dict[str, Any]]:
     steps = [snapshot("start (python, this script)")]
     import memgov.exporter.serve  # noqa: F401  (what the serving process imports)
-    from memgov import _nvml
+    from memgov._gpu import nvml as _nvml
     from memgov.exporter import model
 
     steps.append(snapshot("imports of python -m memgov.exporter"))

@@ -162,7 +162,7 @@ CONDITIONS = (
 
 def _cap(claim: str, total: int) -> dict[str, str]:
     """torch's allocator capped at the claim, as an expert keeping jobs apart sets it."""
-    from memgov._sizes import parse_size
+    from memgov._base.sizes import parse_size
 
     return {"PYTORCH_ALLOC_CONF": f"per_process_memory_fraction:{parse_size(claim) / total:.4f}"}
 
@@ -170,15 +170,15 @@ def _cap(claim: str, total: int) -> dict[str, str]:
 def _mps_limit(claim: str) -> dict[str, str]:
     """MPS's memory limit at the claim, the value memgov sets (its own function), with memgov
     off: memgov reads that variable as a scheduler's budget and would govern."""
-    from memgov._enforce import PIN_ENV, pinned_limit
-    from memgov._sizes import parse_size
+    from memgov._base.sizes import parse_size
+    from memgov._gpu.enforce import PIN_ENV, pinned_limit
 
     return {PIN_ENV: pinned_limit(parse_size(claim), 0), "MEMGOV_CLAIM": "off"}
 
 
 def _memgov_daemon(base: dict[str, str]) -> dict[str, str]:
     """What points a hand-tuned job at memgov's daemon 0 ($MEMGOV_DIR/mps/pipe and log,
-    memgov/_mpsctl.py paths(); governed jobs find it themselves)."""
+    memgov/_gpu/mpsctl.py paths(); governed jobs find it themselves)."""
     root = Path(base["MEMGOV_DIR"]) / "mps"
     return {
         "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
@@ -188,8 +188,8 @@ def _memgov_daemon(base: dict[str, str]) -> dict[str, str]:
 
 def condition(name: str, claim: str, total: int) -> dict[str, Any]:
     """Environment and MPS daemon of one condition (threads_checks.mps_for starts the daemon)."""
-    from memgov._sizes import parse_size
-    from memgov._threads import ENV_VARS
+    from memgov._base.sizes import parse_size
+    from memgov._cpu.threads import ENV_VARS
 
     hand = {"OMP_NUM_THREADS": "1"}
     memgov = {"MEMGOV_CLAIM": claim}
@@ -594,7 +594,8 @@ def _startup_samples():
             # memgov's innermost frame; its import hook's loader runs the whole of `import
             # torch` inside it, so it names memgov's part only where nothing else of it does
             module = str(frame.f_globals.get("__name__", ""))
-            if memgov is None and module.startswith("memgov") and module != "memgov._importhook":
+            hook = module == "memgov._base.importhook"
+            if memgov is None and module.startswith("memgov") and not hook:
                 memgov = "%s:%s" % (os.path.basename(name), frame.f_code.co_name)
             frame = frame.f_back
         return inner, line or "(before the script)", memgov
@@ -641,11 +642,11 @@ def _startup_samples():
 # neighbours arrive but never raises them; SCRIPTS_NO_RUNS: the claim starts no run (no sampler
 # thread, no live file, no fold into the profile at exit).
 _PATCHES = {
-    "SCRIPTS_NO_NVML": ("_nvml", "processes", lambda: lambda *args, **kwargs: None),
+    "SCRIPTS_NO_NVML": ("_gpu.nvml", "processes", lambda: lambda *args, **kwargs: None),
     "SCRIPTS_NO_GROWTH": (
-        "_threads",
+        "_cpu.threads",
         "_Growth",
-        lambda: type("NoGrowth", (__import__("memgov._threads")._threads._Growth,), {
+        lambda: type("NoGrowth", (__import__("memgov._cpu.threads")._cpu.threads._Growth,), {
             "target": lambda self, wanted, fair, now, neighbours=1: min(wanted, fair),
         }),
     ),

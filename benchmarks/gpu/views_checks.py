@@ -47,7 +47,7 @@ import json, os, subprocess, sys
 import memgov
 claim = memgov.claim(sys.argv[1])
 import torch, pynvml
-from memgov import _nvml
+from memgov._gpu import nvml as _nvml
 dry = sys.argv[2] == "dry"
 out = {"mode": claim.mode, "budget": claim.bytes, "reports": claim.reports}
 if not dry:
@@ -217,7 +217,7 @@ def main() -> int:
             )
         phase("soft", args, soft, report)
         if not args.dry and not args.no_hard:
-            from memgov import _mps
+            from memgov._gpu import mps as _mps
 
             report["mps_start"] = _mps.start()
             try:

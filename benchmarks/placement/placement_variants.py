@@ -28,9 +28,7 @@ import numpy as np
 from memgov.decide import get as get_policy
 from memgov.decide.fragmentation import TypicalJobs, fragment_after
 from memgov.decide.model import MILLI, ClusterState
-from memgov.decide.policies import FGD as FGDPolicy
-from memgov.decide.policies import Memgov as MemgovPolicy
-from memgov.decide.policies import Policy, Scores
+from memgov.decide.policies import FGD as FGDPolicy, Memgov as MemgovPolicy, Policy, Scores
 from memgov.placement import Demand, load_nodes, load_trace, simulate
 from memgov.placement.simulate import replay
 

@@ -82,8 +82,8 @@ def trial(config: dict[str, Any]) -> None:
 def sample(
     nodes: dict[str, tuple[str, Path]], stop: threading.Event, out: list[dict[str, Any]]
 ) -> None:
-    from memgov._devices import simulated_devices
-    from memgov._ledger import DeviceLedger
+    from memgov._gpu.devices import simulated_devices
+    from memgov._ledger.ledger import DeviceLedger
 
     ledgers = [
         (name, DeviceLedger(d, root=root))

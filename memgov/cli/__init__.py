@@ -31,8 +31,7 @@ def _print_version(value: bool) -> None:
     if value:
         import os
 
-        from memgov import __file__ as package_file
-        from memgov import __version__
+        from memgov import __file__ as package_file, __version__
 
         where = os.path.dirname(package_file)
         typer.echo(

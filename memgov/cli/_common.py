@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 
 T = TypeVar("T")
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import typer
 
-from memgov._parse import printable
-from memgov._sizes import format_size
+from memgov._base.sizes import format_size
+from memgov._ledger.parse import printable
 from memgov.cli._common import JsonFlag, print_json
 
 
@@ -42,7 +42,7 @@ def render(report: dict[str, Any]) -> list[str]:
     if report["devices_problem"]:
         lines.append(f"devices: {report['devices_problem']}")
     if not report["devices"]:
-        from memgov._devices import no_gpu_hint
+        from memgov._gpu.devices import no_gpu_hint
 
         lines.append(f"hint: {no_gpu_hint()}")
     fw = report["frameworks"]

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 from memgov.cli._common import fail
 from memgov.exporter import DEFAULT_LISTEN, DEFAULT_PORT
 

@@ -1,6 +1,6 @@
 """`memgov mps start | stop | status`: memgov's MPS control daemon (docs/hard-limits.md).
 
-memgov._mps is imported inside each command, so `memgov --help` stays cheap.
+memgov._gpu.mps is imported inside each command, so `memgov --help` stays cheap.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def start(
     ] = 1,
 ) -> None:
     """Start control daemons for the host's GPUs, with their folders under memgov's folder."""
-    from memgov import _mps
+    from memgov._gpu import mps as _mps
 
     info = attempt(lambda: _mps.start(timeout=timeout, daemons=daemons), OSError)
     _print(info, as_json)
@@ -90,7 +90,7 @@ def start(
 @mps_app.command("status")
 def status(as_json: JsonFlag = False) -> None:
     """Whether memgov's daemon answers, its servers and their client processes."""
-    from memgov import _mps
+    from memgov._gpu import mps as _mps
 
     _print(attempt(_mps.status, OSError), as_json)
 
@@ -108,7 +108,7 @@ def stop(
     ] = False,
 ) -> None:
     """Stop memgov's daemons and their servers (quit, then SIGTERM/SIGKILL what is left)."""
-    from memgov import _mps
+    from memgov._gpu import mps as _mps
 
     report = attempt(lambda: _mps.stop(force=force, timeout=timeout), OSError)
     if as_json:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 from memgov.cli._packoptions import command, own
 
 HELP = """Run N copies of an experiment on one GPU, governed, and report footprints and speed.

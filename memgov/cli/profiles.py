@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from memgov._errors import MemgovError
-from memgov._parse import printable
+from memgov._base.errors import MemgovError
+from memgov._ledger.parse import printable
 from memgov.cli._common import JsonFlag, attempt, fail, print_json
 
 profiles_app = typer.Typer(
@@ -26,7 +26,7 @@ def listing(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Every job of yours with a profile: runs, largest peak, and what `auto` would claim."""
     if ctx.invoked_subcommand is not None:
         return
-    from memgov import _profiles
+    from memgov._profiles import store as _profiles
 
     found, problems = attempt(_profiles.every)
     rows = [summary(p) for p in found]
@@ -49,7 +49,7 @@ def listing(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 @profiles_app.command("show")
 def show(job: JobArg, as_json: JsonFlag = False) -> None:
     """One job's runs: peak, how each ended, its claim and where that came from."""
-    from memgov import _profiles
+    from memgov._profiles import store as _profiles
 
     profile = attempt(lambda: _profiles.read(job))
     if profile is None:
@@ -73,7 +73,7 @@ def show(job: JobArg, as_json: JsonFlag = False) -> None:
 @profiles_app.command("forget")
 def forget(job: JobArg, as_json: JsonFlag = False) -> None:
     """Remove a job's profile: its next `auto` claim is a first run again."""
-    from memgov import _profiles
+    from memgov._profiles import store as _profiles
 
     removed = attempt(lambda: _profiles.forget(job))
     if as_json:
@@ -86,8 +86,8 @@ def forget(job: JobArg, as_json: JsonFlag = False) -> None:
 
 def summary(profile: Any) -> dict[str, Any]:
     """A profile's figures, as `memgov profiles --json` prints them (stable keys)."""
-    from memgov import _autosize
-    from memgov._sizes import format_size
+    from memgov._base.sizes import format_size
+    from memgov._profiles import autosize as _autosize
 
     peaks = [r["peak"] for r in profile.runs if r.get("peak")]
     # What `auto` claims from these runs: on a real GPU, or (runs on simulated GPUs only) there.

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 from memgov.cli._common import JsonFlag, attempt, fail, print_json
 
 queue_app = typer.Typer(
@@ -89,7 +89,7 @@ def _list(as_json: bool) -> None:
 
 def _job_line(job: Any) -> str:
     last = job.last
-    from memgov._sizes import format_size
+    from memgov._base.sizes import format_size
 
     claim = format_size(job.claim) if isinstance(job.claim, int) else str(job.claim)
     ran = f", last run {last.claim_bytes / 2**20:,.0f} MiB on gpu {last.gpu}" if last else ""
@@ -237,7 +237,7 @@ def _can_finish(out: Path | None, plot: Path | None, ray: str | None) -> None:
         try:
             import ray as _ray  # noqa: F401
         except ImportError as exc:
-            from memgov._errors import ConfigError
+            from memgov._base.errors import ConfigError
             from memgov.cli.ray import RAY_INSTALL
 
             raise ConfigError(
@@ -247,7 +247,7 @@ def _can_finish(out: Path | None, plot: Path | None, ray: str | None) -> None:
 
 def _writable(option: str, path: Path) -> None:
     """An output file can be written where it is asked for: said before any job runs."""
-    from memgov._errors import ConfigError
+    from memgov._base.errors import ConfigError
 
     accepted = "accepted a file path in a folder that exists and you can write"
     if path.is_dir():
@@ -285,7 +285,7 @@ def serve(
 
 
 def _event_line(event: dict[str, Any]) -> str:
-    from memgov._sizes import format_size
+    from memgov._base.sizes import format_size
 
     kind = event["event"]
     if kind == "serving":
@@ -339,8 +339,7 @@ def simulate(
     as_json = _json(ctx, as_json)
     try:
         from memgov.decide import get as get_policy
-        from memgov.placement import load_nodes, load_trace
-        from memgov.placement import simulate as run_simulation
+        from memgov.placement import load_nodes, load_trace, simulate as run_simulation
     except ImportError as exc:
         raise fail(
             RuntimeError(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 from memgov.cli._common import JsonFlag, attempt, fail
 from memgov.cli._packoptions import command, own
 
@@ -46,8 +46,7 @@ def require_ray(command: str) -> None:
 @ray_app.command("node-resources")
 def node_resources(as_json: JsonFlag = False) -> None:
     """Flags for `ray start` on this node: --num-gpus and --resources (gpu_memory, GPU type)."""
-    from memgov.ray._node import node_resources as declared_now
-    from memgov.ray._node import ray_start_flags
+    from memgov.ray._node import node_resources as declared_now, ray_start_flags
 
     declared = attempt(declared_now)
     if as_json:
@@ -85,7 +84,7 @@ def status(
 def cluster_table(data: dict[str, Any]) -> Any:
     from rich.table import Table
 
-    from memgov._sizes import format_size
+    from memgov._base.sizes import format_size
 
     table = Table(title="memgov status (Ray cluster)")
     for column in ("node", "GPU", "total", "claimed", "outside", "free", "claims", "queued"):

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memgov._sizes import format_size
+from memgov._base.sizes import format_size
 
 PLAIN_WIDTH = 4096
 """Without a terminal (CI logs, `| tee`, files) rich would wrap at 80 columns, splitting paths and

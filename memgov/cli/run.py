@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 from memgov.cli._common import fail
 
 RUN_SETTINGS = {"allow_interspersed_args": False}

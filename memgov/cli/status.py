@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 from memgov.cli._common import JsonFlag, attempt, fail, print_json
 
 
@@ -82,7 +82,8 @@ def gc(as_json: JsonFlag = False) -> None:
     also the set-up of a ledger shared by several users: it makes every device's folders."""
     import os
 
-    from memgov import _cpushare, _status
+    from memgov import _status
+    from memgov._cpu import share as _cpushare
 
     try:
         snaps = _status.snapshots(clean=True, set_up=os.geteuid() == 0)
@@ -110,7 +111,7 @@ def gc(as_json: JsonFlag = False) -> None:
 
 def devices(as_json: JsonFlag = False) -> None:
     """The GPUs memgov sees (NVML, or simulated with MEMGOV_DEVICES)."""
-    from memgov._devices import devices as list_devices
+    from memgov._gpu.devices import devices as list_devices
     from memgov._status import device_dict
 
     found = attempt(lambda: [device_dict(d) for d in list_devices()])
@@ -125,6 +126,6 @@ def devices(as_json: JsonFlag = False) -> None:
 
 
 def _no_gpu_hint() -> str:
-    from memgov._devices import no_gpu_hint
+    from memgov._gpu.devices import no_gpu_hint
 
     return no_gpu_hint()

@@ -3,8 +3,8 @@ show when they share a GPU.
 
 **Solo times.** A job that ran alone on its GPU (on average fewer than SOLO_SHARING other queue
 jobs beside it) gives its run time as a solo time of its job (the profile's name: the same
-command, memgov/_jobid.py) and of its kind. Expected durations come from these, else from the
-job's ``duration`` hint, else they are unknown.
+command, memgov/_profiles/jobid.py) and of its kind. Expected durations come from these, else from
+the job's ``duration`` hint, else they are unknown.
 
 **Slowdown.** A job i sharing its GPU with the set S runs ``s_i = 1 + sum over o in S of
 alpha[kind_i, kind_o]`` times slower than alone. The prior is ``alpha = PRIOR_ALPHA`` (0.15) for

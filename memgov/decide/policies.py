@@ -39,7 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 from memgov.decide.fragmentation import (
     LOOK_AHEAD_JOBS,
     ExpectedWaste,

@@ -2,7 +2,7 @@
 
 A part of its own, as nvitop ships its exporter apart: ``pip install 'memgov-gpu[exporter]'``
 adds prometheus_client, which only this subpackage imports. ``model`` reads what memgov knows
-(the ledger through memgov's own readers, NVML, the counters of ``memgov._stats``) into plain
+(the ledger through memgov's own readers, NVML, the counters of ``memgov._ledger.stats``) into plain
 data and needs no prometheus_client; ``families`` turns one reading into metric families, once per
 scrape; ``serve`` answers /metrics over HTTP or writes node_exporter's textfile. docs/metrics.md
 lists every metric.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 
 DEFAULT_PORT = 10492
 """Not dcgm-exporter's 9400 nor node_exporter's 9100: the Prometheus project's list of exporter

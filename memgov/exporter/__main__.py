@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 from memgov.exporter import INSTALL
 
 try:

@@ -21,8 +21,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from memgov import _stats
-from memgov._parse import printable
+from memgov._ledger import stats as _stats
+from memgov._ledger.parse import printable
 from memgov.exporter import model
 from memgov.exporter.holders import user_name
 

@@ -1,9 +1,9 @@
 """Who holds a claim: user, container and pod, from the ledger and, where visible, /proc.
 
 A record names its holder's PID in the holder's own PID namespace and that namespace's inode
-(memgov._ledger). Where the exporter can see that process (the same PID namespace, or the host's,
-which sees every process), its cgroup path says which container and Kubernetes pod it runs in.
-Where it cannot (the exporter in a pod without ``hostPID``), those labels stay empty, except
+(memgov._ledger.ledger). Where the exporter can see that process (the same PID namespace, or the
+host's, which sees every process), its cgroup path says which container and Kubernetes pod it runs
+in. Where it cannot (the exporter in a pod without ``hostPID``), those labels stay empty, except
 ``pod`` in Kubernetes (below). Nothing here needs privileges: /proc/PID/cgroup is world-readable.
 """
 
@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
-from memgov._attribution import HOST_PIDNS, identity, pidns_of
-from memgov._ledger import Entry
+from memgov._ledger.attribution import HOST_PIDNS, identity, pidns_of
+from memgov._ledger.ledger import Entry
 
 MAX_CGROUP_BYTES = 64 * 1024
 _CONTAINER_ID = re.compile(

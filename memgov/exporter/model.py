@@ -1,11 +1,12 @@
 """One reading of everything the exporter shows, as plain data (no prometheus_client here).
 
 The ledger is read with memgov status's own readers (memgov._status: the records through
-memgov._ledger and memgov._records), without the admission lock and without removing anything:
-a scrape never waits behind admissions, never changes the ledger, and a device whose ledger
-cannot be read is shown as unreadable while the others are still shown. Another user's files
+memgov._ledger.ledger and memgov._ledger.records), without the admission lock and without removing
+anything: a scrape never waits behind admissions, never changes the ledger, and a device whose
+ledger cannot be read is shown as unreadable while the others are still shown. Another user's files
 (garbage, symlinks, huge or foreign records) are skipped by those readers and counted as
-problems. The counters are memgov._stats's; NVML is read by memgov._devices as for status.
+problems. The counters are memgov._ledger.stats's; NVML is read by memgov._gpu.devices as for
+status.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from memgov import _devices, _mpsctl, _nvml, _stats, _status
-from memgov._devices import Device, devices
-from memgov._errors import MemgovError
-from memgov._ledger import DeviceLedger, Entry, Snapshot
+from memgov import _status
+from memgov._base.errors import MemgovError
+from memgov._gpu import devices as _devices, mpsctl as _mpsctl, nvml as _nvml
+from memgov._gpu.devices import Device, devices
+from memgov._ledger import stats as _stats
+from memgov._ledger.ledger import DeviceLedger, Entry, Snapshot
 from memgov.exporter import queue
 from memgov.exporter.holders import Holder, HolderFinder, forget_all_but
 

@@ -3,7 +3,7 @@
     $MEMGOV_DIR/v1/_queue/<uid>/jobs/N.json    one job (memgov/queue/store.py)
 
 The exporter reads the job files' ``state`` and arrival (``not_before``) only, with the same rules
-as for the counters of memgov._stats: a ``<uid>`` folder or file that is not that user's, a
+as for the counters of memgov._ledger.stats: a ``<uid>`` folder or file that is not that user's, a
 symlink, a special file, an oversized or malformed file is skipped and counted as a problem,
 never followed or trusted. It does not import memgov.queue: the store's own reader reads the
 calling user's store only (every check is against this process's uid), and the serving process
@@ -19,8 +19,10 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from memgov import _config, _flock, _parse, _records
-from memgov._errors import LedgerError
+from memgov._base import config as _config
+from memgov._base.errors import LedgerError
+from memgov._files import flock as _flock
+from memgov._ledger import parse as _parse
 
 PARTS = ("v1", "_queue")
 """memgov/queue/store.py's folder of the users' stores."""
@@ -54,7 +56,7 @@ def read() -> Queues:
     """Every user's queue that this process may read."""
     found = Queues()
     try:
-        with _records.open_dir(_config.ledger_dir(), PARTS, create=False) as fd:
+        with _flock.open_dir(_config.ledger_dir(), PARTS, create=False) as fd:
             names = sorted(n for n in os.listdir(fd) if n.isdigit() and len(n) <= 10)
             for name in names[:MAX_USERS]:
                 _read_user(fd, int(name), found)

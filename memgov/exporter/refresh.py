@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from memgov import _nvml
-from memgov._ledger import DeviceLedger
+from memgov._gpu import nvml as _nvml
+from memgov._ledger.ledger import DeviceLedger
 from memgov.exporter.families import MemgovCollector
 from memgov.exporter.model import Reading
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from memgov import _records
-from memgov._errors import ConfigError, LedgerError
+from memgov._base.errors import ConfigError, LedgerError
+from memgov._files import flock as _flock
 from memgov.exporter import DEFAULT_LISTEN, DEFAULT_PORT
 from memgov.exporter.refresh import Refresher
 
@@ -268,7 +268,7 @@ def write_textfile(folder: Path, refresher: Refresher | None = None) -> Path:
     data = refresher.body.text
     fd = open_folder(folder)
     try:
-        _records.write_atomic(fd, TEXTFILE_NAME, data, mode=0o644)
+        _flock.write_atomic(fd, TEXTFILE_NAME, data, mode=0o644)
     except OSError as exc:
         raise LedgerError(
             f"--textfile {str(folder)!r}: cannot write {TEXTFILE_NAME}: {exc.strerror or exc}"

@@ -138,7 +138,8 @@ def _reseed() -> None:
 
 
 def _arm_autoenable() -> None:
-    from memgov import _autoenable, _importhook
+    from memgov import _autoenable
+    from memgov._base import importhook as _importhook
 
     original_import = builtins.__import__
     original_import_module = importlib.import_module

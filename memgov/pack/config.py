@@ -17,7 +17,7 @@ Modes:
   instead of letting it run ungoverned.
 
 Fast by default: each governed job gets its share of the CPU from memgov's thread budget
-(memgov/_threads.py: usable cores / governed processes on them, followed as jobs come and go),
+(memgov/_cpu/threads.py: usable cores / governed processes on them, followed as jobs come and go),
 the same mechanism as any governed process, because N jobs with one thread per core each spin
 against each other (docs/pack.md: 8 torch jobs, 3,129 samples/s at framework defaults against 21,987
 for one job alone). ``--threads N`` fixes it (``MEMGOV_THREADS=N``). The jobs' environment is
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgov import _settings
-from memgov._errors import ConfigError
-from memgov._sizes import Size
+from memgov._base import settings as _settings
+from memgov._base.errors import ConfigError
+from memgov._base.sizes import Size
 from memgov.pack.runners import DOCKER_IMAGE, RUNNER_CHOICES
 
 MODES = ("greedy", "growth", "claim")
@@ -483,7 +483,7 @@ class PackConfig:
 def check_framework(python: str, framework: str) -> None:
     """Refuse an interpreter without the framework memgov has an adapter of by that name, before
     any job starts: each would fail at its import otherwise."""
-    from memgov import _importhook
+    from memgov._base import importhook as _importhook
 
     if framework not in _importhook.frameworks():
         return  # an experiment's own framework name: its jobs say what they miss

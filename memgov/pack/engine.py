@@ -7,7 +7,7 @@ its ``fifo`` policy starts copies first fit, as pack's two gates admit them (:cl
 at most ``parallel`` at once, the rest start as others finish; :class:`HostRoom`: the host's
 memory, hostmem.py), and :class:`OneRun` launches them with pack's runner, reads their reports
 live, samples footprints, and ends with a record (stats.py); results.py files it in the report.
-An MPS daemon that pack starts (memgov._mps) runs around the governed runs and is stopped in a
+An MPS daemon that pack starts (memgov._gpu.mps) runs around the governed runs and is stopped in a
 ``finally``: also on Ctrl-C, SIGTERM or SIGHUP (all turned into exceptions here), after the
 jobs have been stopped.
 """
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from memgov import _config, decide
-from memgov._signals import raise_on_signals
+from memgov import decide
+from memgov._base import config as _config
+from memgov._base.signals import raise_on_signals
 from memgov.decide import Candidate, Gpu
 from memgov.decide.learn import Learned
 from memgov.pack import hostmem, stats, warmup
@@ -132,7 +133,7 @@ class OneRun:
         self.concurrent = min(plan.n, plan.parallel)
         governed = plan.mode != "greedy"
         # The expected share (for --pin and the report); the jobs decide their own threads with
-        # memgov's thread budget (memgov/_threads.py), unless --threads N (or a CPU pack's solo
+        # memgov's thread budget (memgov/_cpu/threads.py), unless --threads N (or a CPU pack's solo
         # job, given one packed job's threads as a fair reference) fixes them.
         self.threads = plan.threads or threads_for(ctx.cfg, self.concurrent) if governed else None
         fixed = plan.threads or ctx.cfg.threads if governed else None
@@ -354,8 +355,8 @@ def _sweep_ledger(ctx: Context) -> list[str]:
     would remove them; removing them now leaves the ledger folder as the run found it."""
     if ctx.device is None:
         return []
-    from memgov._errors import MemgovError
-    from memgov._ledger import DeviceLedger
+    from memgov._base.errors import MemgovError
+    from memgov._ledger.ledger import DeviceLedger
 
     ledger = DeviceLedger(ctx.device)
     try:

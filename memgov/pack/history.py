@@ -1,14 +1,14 @@
 """Measured peaks of finished pack jobs, so ``memgov pack --claim auto`` can size the next claim.
 
 One store, not two: pack keeps its measurements in the profile store of the user who runs it
-(memgov/_profiles.py: ``$MEMGOV_DIR/v1/_profiles/<uid>/``, private, bounded, written whole or
+(memgov/_profiles/store.py: ``$MEMGOV_DIR/v1/_profiles/<uid>/``, private, bounded, written whole or
 not at all), as the runs of a job named ``<experiment>-<framework>-b<batch>`` (device peaks) and
 ``...-host-...`` (host USS). ``memgov profiles`` lists them beside every other job's.
 
 Each run is the whole-process peak (NVML, CUDA context included) of a job that finished cleanly
 under a memgov budget (never greedy runs: a framework's preallocation is not a need, and never
 rogue jobs). The auto size is the profiles' rule, ``max(peaks) x 1.10 + 64 MiB`` rounded up to
-a whole MiB (memgov/_autosize.py).
+a whole MiB (memgov/_profiles/autosize.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 import time
 from typing import Any
 
-from memgov import _autosize, _profiles
+from memgov._profiles import autosize as _autosize, store as _profiles
 
 KEEP = _profiles.KEEP
 MARGIN_FRACTION = _profiles.MARGIN_FRACTION

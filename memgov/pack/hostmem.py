@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov._sizes import format_size
+from memgov._base.sizes import format_size
 
 DEFAULT_PER_JOB = 2 * 2**30
 RESERVE_MIN = 2 * 2**30
@@ -118,7 +118,7 @@ class HostGate:
 
 def gate(setting: str | None, recorded: list[int], total: int) -> HostGate | None:
     """The gate for ``--host-per-job`` (None or "auto": from ``recorded`` peaks; "off": none)."""
-    from memgov._sizes import parse_size
+    from memgov._base.sizes import parse_size
 
     text = (setting or "auto").strip().lower()
     if text == "off":

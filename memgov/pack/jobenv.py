@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgov import _adapters, _settings, _threads
+from memgov import _adapters
+from memgov._base import settings as _settings
+from memgov._cpu import threads as _threads
 
 THREAD_VARS = _threads.ENV_VARS
 GOVERNANCE_VARS = _settings.names(job=True)

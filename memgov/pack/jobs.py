@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from memgov import _signals
+from memgov._base import signals as _signals
 from memgov.pack.runners import Runner
 
 REASONS = (

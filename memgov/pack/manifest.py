@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memgov import _nvml
-from memgov._attribution import identity
-from memgov._devices import Device
-from memgov._ledger import DeviceLedger
+from memgov._gpu import nvml as _nvml
+from memgov._gpu.devices import Device
+from memgov._ledger.attribution import identity
+from memgov._ledger.ledger import DeviceLedger
 
 FAST_S = 0.2
 """NVML footprints, device use and the ledger's claims."""

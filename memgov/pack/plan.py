@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _devices
-from memgov._devices import Device
-from memgov._errors import ConfigError, MemgovError
-from memgov._sizes import Size, format_size
+from memgov._base import config as _config
+from memgov._base.errors import ConfigError, MemgovError
+from memgov._base.sizes import Size, format_size
+from memgov._gpu import devices as _devices
+from memgov._gpu.devices import Device
 from memgov.pack import history, hostmem, jobenv, manifest, runners
 from memgov.pack.config import (
     CLAIM_ALSO,
@@ -199,7 +200,7 @@ class Context:
 
     @contextlib.contextmanager
     def mps_daemon(self) -> Iterator[dict[str, Any]]:
-        from memgov import _mps
+        from memgov._gpu import mps as _mps
 
         with _mps.daemon(daemons=self.mps_daemons) as info:
             yield {
@@ -216,7 +217,7 @@ class Context:
             }
 
     def mps_paths(self) -> tuple[Path, Path]:
-        from memgov import _mpsctl
+        from memgov._gpu import mpsctl as _mpsctl
 
         p = _mpsctl.paths()
         return p.pipe, p.log
@@ -254,7 +255,7 @@ def prepare(cfg: PackConfig) -> Context:
         _fair_solo(cfg, plans)
     import psutil
 
-    from memgov import _mpsctl
+    from memgov._gpu import mpsctl as _mpsctl
 
     ctx = Context(
         cfg=cfg,
@@ -325,7 +326,7 @@ def _on_device(cfg: PackConfig, name: str, batch: int, cpu: bool, most: int) -> 
     mps, reason, limit = _mps_choice(cfg, cpu)
     snap = None
     if device is not None and cfg.mode == "claim":
-        from memgov._ledger import DeviceLedger
+        from memgov._ledger.ledger import DeviceLedger
 
         snap = DeviceLedger(device).snapshot()
         largest = history.largest(history.key(name, cfg.framework, batch))
@@ -494,7 +495,7 @@ def learn_claim(ctx: Context, footprint: int | None) -> None:
         return
     if not (ctx.claim_source or "").startswith("default"):
         return
-    from memgov._ledger import DeviceLedger
+    from memgov._ledger.ledger import DeviceLedger
 
     free = DeviceLedger(ctx.device).snapshot().free
     size, source = (
@@ -531,7 +532,7 @@ def _fit_to_device(
         return claim, source  # an explicit --claim is never changed
     if top is None:
         return claim, source
-    from memgov import _mpsctl
+    from memgov._gpu import mpsctl as _mpsctl
 
     if mps:
         free -= _mpsctl.daemons_for(n) * MPS_SERVER_ALLOWANCE
@@ -547,7 +548,7 @@ def _fit_to_device(
 
 
 def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
-    from memgov import _mpsctl
+    from memgov._gpu import mpsctl as _mpsctl
 
     limit = _mpsctl.client_limit()
     if cfg.mode == "greedy":
@@ -571,7 +572,7 @@ def _mps_choice(cfg: PackConfig, cpu: bool) -> tuple[bool, str, int]:
 
 
 def _mps_pipe() -> Path:
-    from memgov import _mpsctl
+    from memgov._gpu import mpsctl as _mpsctl
 
     return _mpsctl.paths().pipe
 
@@ -587,7 +588,7 @@ def _plans(
     """The runs of the pack. Jobs at once are capped by what the GPU takes: under MPS, clients
     (``limit`` per daemon, at most MAX_DAEMONS daemons or ``--mps-daemons``); without it, CUDA
     contexts (``contexts``, MEMGOV_CONTEXTS). The rest queue and start as others end."""
-    from memgov._mpsctl import MAX_DAEMONS
+    from memgov._gpu.mpsctl import MAX_DAEMONS
 
     def parallel(n: int, under_mps: bool) -> tuple[int, str | None]:
         wanted = min(cfg.parallel or n, n)

@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from memgov import _settings, _signals
+from memgov._base import settings as _settings, signals as _signals
 from memgov.pack.runners import Runner, RunnerRequest
 
 ZYGOTE_START_S = 60.0

@@ -12,9 +12,9 @@ import datetime
 import sys
 from typing import Any
 
-from memgov import _mpsctl
-from memgov._errors import MemgovError
-from memgov._sizes import mib
+from memgov._base.errors import MemgovError
+from memgov._base.sizes import mib
+from memgov._gpu import mpsctl as _mpsctl
 from memgov.pack import history, stats
 from memgov.pack.config import cores
 from memgov.pack.monitor import Sampler

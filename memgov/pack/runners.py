@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 
 RUNNERS = {
     "process": "memgov.pack.runners",

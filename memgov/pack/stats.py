@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, TypedDict
 
-from memgov._sizes import mib
+from memgov._base.sizes import mib
 from memgov.pack.jobs import Job
 from memgov.pack.monitor import JobSample
 from memgov.pack.runners import Runner

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 from memgov.pack.jobs import Job, JobSpec
 from memgov.pack.runners import Runner
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memgov._errors import ConfigError, QueueError
+from memgov._base.errors import ConfigError, QueueError
 from memgov.queue.model import FINISHED, Job
 from memgov.queue.queuefile import JobSpec, QueueFile, job_spec, load
 from memgov.queue.report import Report, table
@@ -133,7 +133,8 @@ def run(
     A file whose run was interrupted (the runner killed or stopped) is resumed, not added again:
     its unfinished jobs run, its finished ones are kept.
     """
-    from memgov import _devices, decide
+    from memgov import decide
+    from memgov._gpu import devices as _devices
     from memgov.queue.runner import Options, Runner
 
     _devices.candidates("auto")  # no GPU: said before anything is queued

@@ -18,8 +18,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from memgov import _profiles
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
+from memgov._profiles import store as _profiles
 from memgov.decide.learn import Learned
 from memgov.queue.model import MAX_RETRIES, OOM_GROWTH, Attempt, Job
 from memgov.queue.shepherd import LAUNCHING

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memgov._errors import QueueError
+from memgov._base.errors import QueueError
 
 VERSION = 1
 STATES = ("queued", "running", "done", "failed", "cancelled")
@@ -73,7 +73,7 @@ class Job:
     not_before: float = 0.0
     """Wall time before which the runner does not start it (its arrival)."""
     job: str = ""
-    """Its name in the profile store (memgov/_jobid.py), which sizes ``auto`` claims."""
+    """Its name in the profile store (memgov/_profiles/jobid.py), which sizes ``auto`` claims."""
     state: str = "queued"
     attempts: list[Attempt] = field(default_factory=list)
     retries: int = 0

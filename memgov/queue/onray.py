@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from memgov import decide
-from memgov._devices import Device
-from memgov._errors import ConfigError, MemgovError, QueueError
+from memgov._base.errors import ConfigError, MemgovError, QueueError
+from memgov._gpu.devices import Device
 from memgov.queue import ends
 from memgov.queue.model import FINISHED, Attempt, Job
 from memgov.queue.queuefile import JobSpec, load
@@ -151,7 +151,7 @@ def _job_env(orders: dict[str, Any], device: str) -> dict[str, str]:
 
 
 def _simulated() -> bool:
-    from memgov import _devices
+    from memgov._gpu import devices as _devices
 
     return _devices.simulated_spec() is not None
 
@@ -178,7 +178,7 @@ class NodeGpus:
     """A Ray actor on one node: its GPUs, and their memory when asked (the report's samples)."""
 
     def __init__(self) -> None:
-        from memgov import _devices
+        from memgov._gpu import devices as _devices
 
         try:
             self.devices = _devices.devices()
@@ -200,7 +200,7 @@ class NodeGpus:
 
 def _free(device: Device) -> int:
     """The budget the device's ledger admits now (0 while its ledger cannot be read)."""
-    from memgov._ledger import DeviceLedger
+    from memgov._ledger.ledger import DeviceLedger
 
     try:
         return DeviceLedger(device).snapshot().free
@@ -629,7 +629,7 @@ class RayQueue:
 def budget(job: Job, types: list[int], policy: decide.Policy) -> tuple[int, int]:
     """The job's next budget (bytes) and the GPU type (capacity, MiB) it is asked on: the
     smallest type that holds it. QueueError when no GPU of the cluster can."""
-    from memgov._sizes import Size
+    from memgov._base.sizes import Size
     from memgov.ray._request import auto_budget
 
     claim = job.next_claim or job.claim  # after an OOM: the grown size (memgov/queue/ends.py)
@@ -654,7 +654,7 @@ def remember(job: Job, run: dict[str, Any] | None) -> None:
     """Add the attempt's profile run (recorded on its node) to the driver's profile store, which
     sizes the job's next ``auto`` budget; a run that is there already (the driver shares the
     node's store) is not added twice. A bad store only leaves the size unlearned."""
-    from memgov import _profiles
+    from memgov._profiles import store as _profiles
 
     if run is None:
         return

@@ -27,8 +27,8 @@ from typing import Any
 
 import tomllib
 
-from memgov._errors import ConfigError
-from memgov._sizes import Size
+from memgov._base.errors import ConfigError
+from memgov._base.sizes import Size
 from memgov.decide.policies import resolve
 
 MAX_FILE_BYTES = 1024 * 1024

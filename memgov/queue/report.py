@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memgov import _nvml
-from memgov._errors import ConfigError
-from memgov._ledger import DeviceLedger
+from memgov._base.errors import ConfigError
+from memgov._gpu import nvml as _nvml
+from memgov._ledger.ledger import DeviceLedger
 
 if TYPE_CHECKING:
-    from memgov._devices import Device
+    from memgov._gpu.devices import Device
     from memgov.decide.learn import Learned
     from memgov.decide.policies import Policy
     from memgov.queue.model import Job

@@ -39,11 +39,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgov import _autosize, _devices, _run, _signals, decide
-from memgov._devices import Device
-from memgov._errors import MemgovError, QueueError
-from memgov._ledger import DeviceLedger, new_record_name
-from memgov._sizes import Size
+from memgov import _run, decide
+from memgov._base import signals as _signals
+from memgov._base.errors import MemgovError, QueueError
+from memgov._base.sizes import Size
+from memgov._gpu import devices as _devices
+from memgov._gpu.devices import Device
+from memgov._ledger.ledger import DeviceLedger, new_record_name
+from memgov._profiles import autosize as _autosize
 from memgov.queue import ends
 from memgov.queue.engine import Engine
 from memgov.queue.model import FINISHED, Attempt, Job

@@ -3,7 +3,8 @@
 The shepherd is what makes a runner's death harmless. It reads its orders (command, folder,
 environment, log) on stdin, then:
 
-1. takes over the attempt's *live record* (``live/<name>.json``, flock-held: memgov/_records.py)
+1. takes over the attempt's *live record* (``live/<name>.json``, flock-held:
+memgov/_ledger/records.py)
    from the runner, which made it (``phase: launching``) and locked it before starting this
    process, which inherits the locked descriptor (``live_fd``): the lock is held without a gap
    from before the shepherd exists until it ends, so a record found unheld proves that no
@@ -42,9 +43,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from memgov import _config, _records
-from memgov._errors import LedgerError
-from memgov._ledger import folder_name
+from memgov._base import config as _config
+from memgov._base.errors import LedgerError
+from memgov._files import flock as _flock
+from memgov._ledger import records as _records
+from memgov._ledger.ledger import folder_name
 from memgov.queue.store import Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -207,7 +210,7 @@ class _Waited:
     def _created(self, section: str) -> list[float]:
         try:
             parts = (*self.parts, section)
-            with _records.open_dir(_config.ledger_dir(), parts, create=False) as fd:
+            with _flock.open_dir(_config.ledger_dir(), parts, create=False) as fd:
                 seen = _records.scan(fd)
         except (OSError, LedgerError):
             return []

@@ -10,9 +10,9 @@
     $MEMGOV_DIR/v1/_queue/<uid>/.lock         serialises this user's writers
     $MEMGOV_DIR/v1/_queue/<uid>/learned.json  solo times and co-location slowdowns learned
 
-The same rules as the profile store (memgov/_profiles.py): a ``<uid>`` folder another user made
-first, a symlink, or a file that is not this user's is refused with an error naming it; every
-open is O_NOFOLLOW relative to a checked folder; every write is ``_records.write_atomic``;
+The same rules as the profile store (memgov/_profiles/store.py): a ``<uid>`` folder another user
+made first, a symlink, or a file that is not this user's is refused with an error naming it; every
+open is O_NOFOLLOW relative to a checked folder; every write is ``_flock.write_atomic``;
 content is parsed with the ledger's bounds. A bad job file is never overwritten: listing names
 it as a problem, and only ``memgov queue cancel ID`` removes it. Another user can neither read
 nor change this store (0700), so nobody else can see, cancel or alter these jobs.
@@ -30,14 +30,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _parse, _records
-from memgov._errors import LedgerError, QueueError
-from memgov._flock import AdmissionLock
+from memgov._base import config as _config
+from memgov._base.errors import LedgerError, QueueError
+from memgov._files import flock as _flock, trust as _trust
+from memgov._files.flock import AdmissionLock
+from memgov._ledger import parse as _parse, records as _records
 from memgov.queue.model import Job
 
 PARTS = ("v1", "_queue")
 """``_queue``: a name no device folder takes (like ``_profiles``); root's gc makes it 1777."""
-PRIVATE_MODE = 0o700
 FILE_MODE = 0o600
 MAX_BYTES = 512 * 1024
 """A job file holds its environment (what `memgov queue add` saw): a few KiB, bounded."""
@@ -66,19 +67,16 @@ class Store:
         and this user's."""
         root = self.root or _config.ledger_dir()
         path = self.path
-        with _records.open_dir(root, PARTS, create=create) as parent:
-            fd = _open_private(parent, path.name, path, create)
+        with _flock.open_dir(root, PARTS, create=create) as parent:
+            stack: _trust.Stack = []  # each folder closed when freed, whatever interrupts
             try:
-                if sub is None:
-                    yield fd
-                    return
-                inner = _open_private(fd, sub, path / sub, create)
-                try:
-                    yield inner
-                finally:
-                    os.close(inner)
+                _flock.open_private(stack, parent, path, create, QueueError, "queue")
+                if sub is not None:
+                    top = _trust.top(stack)
+                    _flock.open_private(stack, top, path / sub, create, QueueError, "queue")
+                yield _trust.top(stack)
             finally:
-                os.close(fd)
+                _trust.close_all(stack)
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -117,7 +115,7 @@ class Store:
         problems: list[str] = []
         with self.folder("jobs") as fd:
             for name in sorted(os.listdir(fd), key=lambda n: (_number(n) or 0, n)):
-                if name.startswith(_records.TMP_PREFIX):
+                if name.startswith(_flock.TMP_PREFIX):
                     continue
                 try:
                     found.append(self._load(fd, name))
@@ -269,7 +267,7 @@ class Store:
     def hold_runner(self, payload: dict[str, Any]) -> _records.Held:
         """Become this user's runner; QueueError when another one runs (it would run the same
         jobs twice)."""
-        from memgov._ledger import new_record_name
+        from memgov._ledger.ledger import new_record_name
 
         with self.writing():
             for other in self.runners():
@@ -299,7 +297,7 @@ def _write(fd: int, name: str, data: dict[str, Any]) -> None:
     if len(raw) > MAX_BYTES:
         raise QueueError(f"{name}: {len(raw)} bytes, more than a queue file holds ({MAX_BYTES})")
     try:
-        _records.write_atomic(fd, name, raw, mode=FILE_MODE)
+        _flock.write_atomic(fd, name, raw, mode=FILE_MODE)
     except OSError as exc:
         raise QueueError(f"cannot write {name} in your queue: {_why(exc)}") from None
 
@@ -331,18 +329,9 @@ def read_json(fd: int, name: str, where: Path) -> dict[str, Any] | None:
 def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     if len(raw) > MAX_BYTES:
         return None, f"larger than {MAX_BYTES} bytes"
-    try:
-        text = raw.decode()
-        if _parse.too_deep(text):
-            return None, "nested too deep"
-        data = json.loads(
-            text,
-            parse_int=_parse._bounded_int,
-            parse_float=_parse._bounded_float,
-            parse_constant=_parse._no_constant,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError, OverflowError) as exc:
-        return None, f"corrupt JSON: {str(exc)[:120]}"
+    data, problem = _parse.load_bounded(raw)
+    if problem is not None:
+        return None, problem
     if not isinstance(data, dict):
         return None, "not a JSON object"
     return data, ""
@@ -364,37 +353,6 @@ def _check_file(fd: int, where: Path) -> int:
 
 def _why(exc: OSError) -> str:
     return "a symlink (not followed)" if exc.errno == errno.ELOOP else str(exc.strerror or exc)
-
-
-def _open_private(parent: int, name: str, path: Path, create: bool) -> int:
-    """A folder of this store: this user's, mode 0700, never through a symlink."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, dir_fd=parent)
-    except FileNotFoundError:
-        if not create:
-            raise
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, PRIVATE_MODE, dir_fd=parent)
-        return _open_private(parent, name, path, create=False)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise QueueError(
-                f"queue folder {path} is a symlink or not a folder; memgov never follows "
-                "symlinks: refused"
-            ) from None
-        raise QueueError(f"queue folder {path}: {exc.strerror or exc}") from None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid():
-        os.close(fd)
-        raise QueueError(
-            f"queue folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
-            "another user made it, so memgov will not use it; ask root to remove it "
-            f"(`memgov gc` as root removes it, or `sudo rm -r {path}`)"
-        )
-    if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
-        os.fchmod(fd, PRIVATE_MODE)  # the umask made it wider: it is ours, make it private
-    return fd
 
 
 __all__ = ["LedgerError", "Store"]

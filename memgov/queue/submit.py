@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from memgov import _jobid
-from memgov._errors import ConfigError, MemgovError
-from memgov._sizes import Size
+from memgov._base.errors import ConfigError, MemgovError
+from memgov._base.sizes import Size
+from memgov._profiles import jobid as _jobid
 from memgov.queue.model import Job
 from memgov.queue.queuefile import JobSpec
 from memgov.queue.store import Store
@@ -36,7 +36,7 @@ def _in_folder(folder: str) -> Iterator[None]:
 
 def profile_name(spec: JobSpec) -> str:
     """The job's name in the profile store: MEMGOV_JOB in its environment, else derived from
-    its command in its folder (a relative script resolves there: memgov/_jobid.py)."""
+    its command in its folder (a relative script resolves there: memgov/_profiles/jobid.py)."""
     given = spec.env.get("MEMGOV_JOB")
     if given and given.strip():
         return given.strip()
@@ -88,7 +88,7 @@ def check(specs: list[JobSpec], environ: dict[str, str]) -> None:
     Without any GPU here the runner says so itself. (A queue file's job that no GPU can hold
     fails at once when its run reaches it, saying why, while the others run; a Ray cluster's
     GPUs are not this host's.)"""
-    from memgov import _devices
+    from memgov._gpu import devices as _devices
 
     try:
         found = _devices.candidates("auto")

@@ -203,7 +203,7 @@ class _LazyRemote:
 
 
 def _retryable() -> tuple[type[BaseException], ...]:
-    from memgov._errors import BudgetExceeded
+    from memgov._base.errors import BudgetExceeded
 
     return (BudgetExceeded,)
 

@@ -17,8 +17,8 @@ from memgov.ray._request import MEMORY_RESOURCE, MIB, type_resource
 
 def node_resources() -> dict[str, Any]:
     """``num_gpus``, ``resources`` (for ``ray start`` / ``Cluster.add_node``) and notes."""
-    from memgov import _config
-    from memgov._devices import devices
+    from memgov._base import config as _config
+    from memgov._gpu.devices import devices
 
     found = devices()
     notes: list[str] = []

@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memgov import _settings
-from memgov._errors import ConfigError
-from memgov._sizes import Size, format_size, parse_size
+from memgov._base import settings as _settings
+from memgov._base.errors import ConfigError
+from memgov._base.sizes import Size, format_size, parse_size
 
 MIB = 2**20
 MEMORY_RESOURCE = "gpu_memory"
@@ -114,7 +114,7 @@ def auto_budget(job: str | None, capacity_mib: int) -> tuple[int, str]:
     """``budget="auto"`` in the driver (Ray needs a number before it schedules): the job's
     profile in this host's store (peak + 10 % + 64 MiB), else a first run of a quarter of the
     GPU type, which the worker's ledger still admits only where it is free."""
-    from memgov import _autosize, _profiles
+    from memgov._profiles import autosize as _autosize, store as _profiles
 
     if job is None:
         raise ConfigError(
@@ -137,7 +137,7 @@ def auto_budget(job: str | None, capacity_mib: int) -> tuple[int, str]:
 
 def _budget_bytes(budget: int | str, capacity_mib: int, where: str) -> int:
     """``budget`` in bytes on a GPU of ``capacity_mib``, checked as every size is against its
-    device (memgov._sizes.Size.on)."""
+    device (memgov._base.sizes.Size.on)."""
     size = Size(budget, "budget")
     try:
         return size.on(capacity_mib * MIB, where)

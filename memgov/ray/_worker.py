@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from memgov._errors import NoDeviceError
+from memgov._base.errors import NoDeviceError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,7 +45,7 @@ def assigned_device() -> Any:
     sees is the one. Simulated GPUs (MEMGOV_DEVICES, GPU-less CI): Ray's GPU id N is the Nth
     entry of the node's MEMGOV_DEVICES, as the node declared them with ``--num-gpus``.
     """
-    from memgov import _devices
+    from memgov._gpu import devices as _devices
 
     ids = assigned_gpu_ids()
     if not ids:

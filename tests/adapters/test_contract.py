@@ -99,7 +99,7 @@ def test_auto_enable_reads_the_same_registry(env, py):
     code = """
 import json
 from importlib.metadata import entry_points
-from memgov import _importhook
+from memgov._base import importhook as _importhook
 points = {p.name: p.load()().module for p in entry_points(group=_importhook.GROUP)}
 print(json.dumps({"fast": list(_importhook.frameworks()), "points": points}))
 """

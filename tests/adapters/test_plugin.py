@@ -126,7 +126,8 @@ def last_json(result: subprocess.CompletedProcess[str]) -> dict:
 def test_claim_caps_the_toy_framework_through_its_adapter(plugin_env, py):
     code = """
 import json, memgov
-from memgov import _adapters, _importhook
+from memgov import _adapters
+from memgov._base import importhook as _importhook
 claim = memgov.claim("1GiB")
 import toyfw
 print(json.dumps({"limit": toyfw.LIMIT, "threads": toyfw.THREADS,

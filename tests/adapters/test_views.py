@@ -47,7 +47,7 @@ if nvml_first:
 import memgov
 claim = memgov.claim("4GiB")
 import pynvml
-from memgov import _nvml
+from memgov._gpu import nvml as _nvml
 handle = pynvml.nvmlDeviceGetHandleByUUID("sim0")
 
 def figures():

@@ -136,7 +136,8 @@ def plain_fork(hang: bool) -> list[dict[str, object]]:
 
 def records() -> int:
     """Live records in this ledger (claims and CPU shares): the parent's two, while it lives."""
-    from memgov import _cpushare, _status
+    from memgov import _status
+    from memgov._cpu import share as _cpushare
 
     claims = [c for d in _status.status()["devices"] for c in d["claims"]]
     return len(claims) + len(_cpushare.peers())

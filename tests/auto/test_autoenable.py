@@ -448,7 +448,7 @@ def test_the_thread_variables_are_set_before_the_frameworks_libraries_load(env, 
 def holder_is(claim: str) -> str:
     """Program lines: print whether the CPU-share records name exactly the claim ``claim``."""
     return (
-        "from memgov import _cpushare\n"
+        "from memgov._cpu import share as _cpushare\n"
         "holders = [p.holder for p in _cpushare.peers(clean=False)]\n"
         f"print(holders == [f'{{{claim}.device}}/{{{claim}.record}}'])\n"
     )
@@ -460,7 +460,8 @@ def test_a_framework_whose_import_began_before_the_share_is_not_one_imported_bef
     claim at the import's end reuses that decision and names itself in its record."""
     env.update(MEMGOV_CLAIM="1GiB", MEMGOV_THREADS="1")
     code = (
-        "import torch, memgov\nfrom memgov import _threads\nheld = memgov.current()\n"
+        "import torch, memgov\nfrom memgov._cpu import threads as _threads\n"
+        "held = memgov.current()\n"
         "print(_threads.preloaded(), torch.get_num_threads())\n" + holder_is("held")
     )
     result = py(code, env)
@@ -624,7 +625,7 @@ def test_the_programs_garbage_from_before_the_import_is_freed_not_frozen(env, py
 # A framework import that raises, then the collector's state.
 IMPORT_RAISES = """
 import gc
-from memgov._errors import MemgovError
+from memgov._base.errors import MemgovError
 try:
     import {module}
 except {error}:

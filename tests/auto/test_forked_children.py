@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from memgov import _cpushare
-from memgov._devices import candidates
-from memgov._flock import pid_running
-from memgov._ledger import DeviceLedger
+from memgov._cpu import share as _cpushare
+from memgov._files.flock import pid_running
+from memgov._gpu.devices import candidates
+from memgov._ledger.ledger import DeviceLedger
 
 PROGRAM = Path(__file__).resolve().parent / "forked_children.py"
 KINDS = [

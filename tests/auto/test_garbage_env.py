@@ -52,7 +52,7 @@ PROGRAM = "import jax\nprint('survived')"
 
 
 def test_every_user_setting_of_the_table_is_tried() -> None:
-    from memgov import _settings
+    from memgov._base import settings as _settings
 
     tried = {var for var, _, _ in GARBAGE} | {"MEMGOV_STRICT"}  # its own test, below
     assert set(_settings.names(internal=False)) <= tried

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memgov import _autoenable, _settings
+from memgov import _autoenable
+from memgov._base import settings as _settings
 
 REPO = Path(__file__).resolve().parents[2]
 DISTRIBUTION = "memgov-gpu"

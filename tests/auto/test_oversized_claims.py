@@ -1,7 +1,7 @@
 """A claim larger than the device, on every path that takes one: memgov run, memgov pack,
 auto-enable, memgov.claim() and Ray's requests. Each is checked where every size meets a device
-(memgov/_devices.py, sizes_on; memgov/_sizes.py, Size.on): refused before anything starts, in
-one line naming the device's size and what is accepted."""
+(memgov/_gpu/devices.py, sizes_on; memgov/_base/sizes.py, Size.on): refused before anything starts,
+in one line naming the device's size and what is accepted."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 import memgov
-from memgov._errors import ConfigError
-from memgov._sizes import format_size
+from memgov._base.errors import ConfigError
+from memgov._base.sizes import format_size
 from memgov.ray._request import build
 
 from .test_forked_children import not_pythons

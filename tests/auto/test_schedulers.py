@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memgov import _schedulers
-from memgov._schedulers import below_enforced, read
+from memgov._gpu import schedulers as _schedulers
+from memgov._gpu.schedulers import below_enforced, read
 
 MIB, GIB = 2**20, 2**30
 TOTAL = 80 * GIB

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from memgov import _nvml
+from memgov._gpu import nvml as _nvml
 from tests.helpers.procs import run_memgov
 
 MEMGOV = [sys.executable, "-m", "memgov"]

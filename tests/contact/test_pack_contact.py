@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memgov import _nvml
+from memgov._gpu import nvml as _nvml
 from tests.helpers.procs import run_memgov
 
 MNIST = str(Path(__file__).resolve().parents[2] / "experiments" / "mnist")

@@ -9,7 +9,7 @@ import json
 import pytest
 from memgov_torch import user_fraction
 
-from memgov._schedulers import below_enforced
+from memgov._gpu.schedulers import below_enforced
 
 GIB = 2**30
 SHOW = "import torch, memgov, json; c = memgov.current(); print(json.dumps(c and c.bytes))"

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov import _claim, _devices, _ledger, _nvml
+from memgov import _claim
+from memgov._gpu import devices as _devices, nvml as _nvml
+from memgov._ledger import ledger as _ledger
 
 
 def _lock_free(path: Path) -> bool:

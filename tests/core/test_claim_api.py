@@ -12,8 +12,8 @@ import pytest
 
 import memgov
 from memgov._claim import HOLDER_ENV
-from memgov._ledger import DeviceLedger, record_payload
-from memgov._records import Held
+from memgov._ledger.ledger import DeviceLedger, record_payload
+from memgov._ledger.records import Held
 from tests.helpers.procs import ledger
 
 UID = os.getuid()
@@ -60,7 +60,7 @@ def test_claim_holds_until_released(private_ledger: Path) -> None:
 
 def test_claim_alive_answers_for_the_ledger(private_ledger: Path) -> None:
     # What auto-enable asks about MEMGOV_HOLDER; the ledger reads its own files.
-    from memgov._ledger import claim_alive
+    from memgov._ledger.ledger import claim_alive
 
     claim = memgov.claim("1GiB")
     assert claim_alive("sim0", claim.record)
@@ -287,7 +287,7 @@ def test_a_release_gives_the_budget_back_before_it_folds_the_run(
 ) -> None:
     # Folding the run into its profile is this process's bookkeeping (a last sample, a durable
     # write that waits for the disk): a claim queued behind this one must not wait for it.
-    from memgov import _profiles
+    from memgov._profiles import store as _profiles
 
     real, claims_then = _profiles.record, []
 
@@ -306,12 +306,12 @@ def test_an_interrupt_while_a_queued_claim_hands_over_leaves_nothing_held(
 ) -> None:
     """Admitted from the queue, a waiter shares what it judged (its store of dead names) before
     its ticket goes: Ctrl-C landing there leaves neither its claim nor its ticket behind."""
-    from memgov import _deadnames
+    from memgov._ledger import deadnames as _deadnames
 
     real = _deadnames.flush
 
     def interrupted() -> None:
-        if sys._getframe(1).f_code.co_filename.endswith("_admission.py"):  # not a look's
+        if sys._getframe(1).f_code.co_filename.endswith("_ledger/admission.py"):  # not a look's
             raise KeyboardInterrupt
         real()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from memgov._ledger import new_record_name
+from memgov._ledger.ledger import new_record_name
 from memgov.cli import app
 from tests.helpers.procs import Child, ledger, wait_until
 

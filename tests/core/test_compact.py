@@ -1,5 +1,5 @@
-"""gc rebuilds a claims folder that a flood left large (memgov/_compact.py): the live claims go
-on counting (their locks never drop), releases and waiters work across the rebuild, and where a
+"""gc rebuilds a claims folder that a flood left large (memgov/_ledger/compact.py): the live claims
+go on counting (their locks never drop), releases and waiters work across the rebuild, and where a
 rebuild cannot be done whole nothing changes."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov import _compact, _records, _status
-from memgov._wake import Waker
+from memgov import _status
+from memgov._ledger import compact as _compact, records as _records
+from memgov._ledger.wake import Waker
 from tests.helpers.folders import keeps_room, plant
 from tests.helpers.procs import Child, ledger, wait_until
 

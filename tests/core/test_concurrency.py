@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov._ledger import DeviceLedger
+from memgov._ledger.ledger import DeviceLedger
 from tests.helpers.procs import Child, Monitor, ledger, wait_until
 
 GIB = 2**30
@@ -191,7 +191,7 @@ def test_a_stopped_waiter_is_passed_over_and_queues_again_once_resumed(
 _LOCK_BOUND_CLAIMER = """
 import sys
 import memgov
-from memgov import _config
+from memgov._base import config as _config
 _config.LOCK_TIMEOUT_S = float(sys.argv[1])  # the bound of one holder, short for the test
 sys.stdin.readline()
 try:

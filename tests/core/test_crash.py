@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import memgov
-from memgov._attribution import pidns_of
+from memgov._ledger.attribution import pidns_of
 from tests.helpers.procs import Child, ledger, wait_until
 
 GIB = 2**30
@@ -157,7 +157,8 @@ def test_a_claim_removes_a_dead_record_once_it_has_released_the_admission_lock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Removing a file no one holds needs no lock; under it, every claimer waits for the unlink.
-    from memgov import _flock, _records
+    from memgov._files import flock as _flock
+    from memgov._ledger import records as _records
 
     with memgov.claim("1GiB"):  # this process has looked at the ledger: no look ahead is due
         pass

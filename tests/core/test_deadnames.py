@@ -1,5 +1,5 @@
-"""Names known dead for good (memgov/_deadnames.py): a flood costs a new process of a user whose
-processes already judged it a listing, not a look at each file; no verdict that may change is
+"""Names known dead for good (memgov/_ledger/deadnames.py): a flood costs a new process of a user
+whose processes already judged it a listing, not a look at each file; no verdict that may change is
 kept; no name another user shapes can make a live record's name look dead."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from memgov import _deadnames, _records
-from memgov._ledger import record_payload
+from memgov._files import flock as _flock
+from memgov._ledger import deadnames as _deadnames, records as _records
+from memgov._ledger.ledger import record_payload
 from tests.helpers.procs import ledger
 
 GIB = 2**30
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.usefixtures("sim")
 
 SCAN = """
 import json, os, sys
-from memgov import _deadnames, _flock, _records
+from memgov._ledger import deadnames as _deadnames
+from memgov._files import flock as _flock
+from memgov._ledger import records as _records
 looks = {"stat": 0, "open": 0}
 real_stat, real_open = os.stat, os.open
 def stat(*a, **k):
@@ -172,7 +175,7 @@ def test_names_a_scan_cannot_judge_for_good_do_not_reload_the_store_every_scan(
 
     held = []
     for i in range(_deadnames.RELOAD_AT + 10):
-        path = claims_dir / f"{_records.TMP_PREFIX}hung-{i}"
+        path = claims_dir / f"{_flock.TMP_PREFIX}hung-{i}"
         handle = path.open("w")
         fcntl.flock(handle, fcntl.LOCK_EX)
         held.append(handle)
@@ -202,9 +205,8 @@ def _names(first: int, count: int) -> set[str]:
 
 
 def _store_file(key: tuple[int, int]) -> Path:
-    from memgov import _profiles
 
-    with _profiles.folder(create=True) as (_fd, path):
+    with _flock.private_folder(create=True) as (_fd, path):
         return path / _deadnames._file(key)
 
 

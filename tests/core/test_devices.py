@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import memgov
-from memgov import _devices, _nvml
-from memgov._devices import candidates, devices
+from memgov._gpu import devices as _devices, nvml as _nvml
+from memgov._gpu.devices import candidates, devices
 
 GIB = 2**30
 
@@ -163,7 +163,8 @@ def test_a_simulated_gpu_cannot_take_the_cpu_share_folders_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # v1/cpu holds the CPU-share records: a GPU named cpu would keep its claims inside them.
-    from memgov import _cpushare, _settings
+    from memgov._base import settings as _settings
+    from memgov._cpu import share as _cpushare
 
     assert _cpushare.PARTS[-1] in _settings.RESERVED_NAMES
     monkeypatch.setenv("MEMGOV_DEVICES", "sim0:16GiB,cpu:8GiB")

@@ -16,7 +16,7 @@ import memgov.exporter
 import memgov.pack.manifest
 import memgov.pack.runners
 import memgov.placement.trace
-from memgov._sizes import Size, parse_size
+from memgov._base.sizes import Size, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
 

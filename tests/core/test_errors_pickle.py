@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 import memgov
-from memgov import _errors
-from memgov._mpsctl import MpsError
+from memgov._base import errors as _errors
+from memgov._gpu.mpsctl import MpsError
 from memgov.exporter import ExporterUnavailable
 from memgov.pack.manifest import ManifestError
 from memgov.pack.runners import RunnerError

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _flock, _records
-from memgov._flock import AdmissionLock
-from memgov._ledger import new_record_name
+from memgov._files import flock as _flock
+from memgov._files.flock import AdmissionLock
+from memgov._ledger import records as _records
+from memgov._ledger.ledger import new_record_name
 from tests.helpers.procs import ledger, wait_until
 
 pytestmark = pytest.mark.usefixtures("sim")
@@ -93,7 +94,7 @@ def test_record_probe_without_flock_is_a_clear_ledger_error(
     with pytest.raises(memgov.LedgerError, match="filesystem does not support flock"):
         ledger().snapshot()  # not a guess that the holder is alive (or dead)
     with (
-        _records.open_dir(ledger().path, ("claims",), create=False) as folder,
+        _flock.open_dir(ledger().path, ("claims",), create=False) as folder,
         pytest.raises(memgov.LedgerError, match="does not support flock"),
     ):
         _records.scan(folder)
@@ -181,7 +182,7 @@ def test_new_record_waits_for_a_scanner_probing_its_temporary_file(
 
     def scanner_probes_first(fd: int, op: int) -> Any:
         path = os.readlink(f"/proc/self/fd/{fd}")
-        if op & fcntl.LOCK_EX and _records.TMP_PREFIX in path and not probed.is_set():
+        if op & fcntl.LOCK_EX and _flock.TMP_PREFIX in path and not probed.is_set():
             probed.set()
             probe = os.open(path, os.O_RDONLY)
             REAL_FLOCK(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)

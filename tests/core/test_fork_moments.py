@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from memgov._errors import LedgerError
+from memgov._base.errors import LedgerError
 
 LOCKS_HELD_AT_FORK = """
 import os, signal, threading
-from memgov import _autoenable, _importhook, _nvml, _threads
+from memgov import _autoenable
+from memgov._base import importhook as _importhook
+from memgov._gpu import nvml as _nvml
+from memgov._cpu import threads as _threads
 
 _importhook.when_imported("memgov_never_imported", lambda module: None)  # the finder is in
 held, done = threading.Event(), threading.Event()
@@ -51,15 +54,17 @@ def test_child_forked_while_a_thread_holds_memgovs_locks_does_not_hang() -> None
 
 PROBE_HELD_AT_FORK = """
 import fcntl, os, sys, threading
-from memgov import _config, _cpushare, _records
-from memgov._devices import candidates
-from memgov._ledger import DeviceLedger
+from memgov._base import config as _config
+from memgov._cpu import share as _cpushare
+from memgov._ledger import records as _records
+from memgov._gpu.devices import candidates
+from memgov._ledger.ledger import DeviceLedger
 
-if sys.argv[1] == "cpu":  # a CPU-share record (memgov/_cpushare.py), read by peers()
+if sys.argv[1] == "cpu":  # a CPU-share record (memgov/_cpu/share.py), read by peers()
     # Probed by _records's reader, as claim records are.
     folder, module = _config.ledger_dir().joinpath(*_cpushare.PARTS), _records
     scan = lambda: _cpushare.peers(clean=False)
-else:  # a claim record (memgov/_records.py), read by the device ledger's scan
+else:  # a claim record (memgov/_ledger/records.py), read by the device ledger's scan
     ledger = DeviceLedger(candidates(None)[0])
     folder, module = ledger.path / "claims", _records
     scan = lambda: ledger.scan(clean=False)
@@ -121,7 +126,8 @@ def ledger_fds(root):
 STRAYS_HELD_AT_FORK = (
     """
 import fcntl, os, threading
-from memgov import _config, _records
+from memgov._base import config as _config
+from memgov._files import flock as _flock
 
 """
     + LEDGER_FDS
@@ -135,7 +141,7 @@ def hold():
     # another thread opened and locked without registering it: what a fork can find in the
     # middle of memgov's work.
     ledger = _config.ledger_dir()
-    with _records.open_dir(ledger, ("v1", "cpu"), create=True), _records.open_dir(
+    with _flock.open_dir(ledger, ("v1", "cpu"), create=True), _flock.open_dir(
         ledger, ("mps",), create=True
     ):
         record = os.path.join(real, "v1", "cpu", "probe")
@@ -190,9 +196,10 @@ def test_child_forked_while_threads_hold_unregistered_ledger_descriptors_keeps_n
 LOCK_OPEN_NOT_REGISTERED_AT_FORK = (
     """
 import os, threading
-from memgov import _config, _flock
-from memgov._devices import candidates
-from memgov._ledger import DeviceLedger
+from memgov._base import config as _config
+from memgov._files import flock as _flock
+from memgov._gpu.devices import candidates
+from memgov._ledger.ledger import DeviceLedger
 
 """
     + LEDGER_FDS
@@ -270,12 +277,13 @@ def test_children_forked_while_a_thread_scans_the_ledger_hold_none_of_it(sim: st
 OWN_LEDGER_FILE_AT_FORK = (
     """
 import os
-from memgov import _config, _records
+from memgov._base import config as _config
+from memgov._files import flock as _flock
 
 """
     + LEDGER_FDS
     + """
-with _records.open_dir(_config.ledger_dir(), ("v1", "_queue"), create=True):
+with _flock.open_dir(_config.ledger_dir(), ("v1", "_queue"), create=True):
     pass  # this process has used the ledger; no ledger operation is in progress below
 real = os.path.realpath(_config.ledger_dir())
 log = os.open(os.path.join(real, "v1", "_queue", "job.log"), os.O_WRONLY | os.O_CREAT)
@@ -309,13 +317,13 @@ def test_a_ledger_operation_that_fails_or_is_interrupted_leaves_no_count_behind(
     """Forks search for strays only while a ledger operation is counted in progress; one that
     ends by an exception (an interrupt is one) must take its count with it, or every later fork
     would search and blank the program's own ledger files."""
-    from memgov import _flock, _records
+    from memgov._files import flock as _flock
 
     for error in (RuntimeError, KeyboardInterrupt):
-        with pytest.raises(error), _records.open_dir(private_ledger, ("v1",), create=True):
+        with pytest.raises(error), _flock.open_dir(private_ledger, ("v1",), create=True):
             assert _flock._inside, "the operation is not counted while it runs"
             raise error
         assert _flock._inside == []
-    with pytest.raises(LedgerError), _records.open_dir(Path("relative/ledger"), ("v1",), True):
+    with pytest.raises(LedgerError), _flock.open_dir(Path("relative/ledger"), ("v1",), True):
         pass  # refused before anything is opened
     assert _flock._inside == []

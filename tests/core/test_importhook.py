@@ -1,4 +1,4 @@
-"""memgov/_importhook.py: code run right before a module's code, and right after it."""
+"""memgov/_base/importhook.py: code run right before a module's code, and right after it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 PROGRAM = """
 import sys
 sys.path.insert(0, {folder!r})
-from memgov import _importhook
+from memgov._base import importhook as _importhook
 
 events = []
 
@@ -51,7 +51,7 @@ def test_an_exception_before_the_code_fails_the_import_and_leaves_no_empty_modul
     code = f"""
 import sys
 sys.path.insert(0, {str(tmp_path)!r})
-from memgov import _importhook
+from memgov._base import importhook as _importhook
 
 
 def refuse(module):

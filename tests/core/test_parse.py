@@ -1,4 +1,4 @@
-"""Another user's JSON is read with bounds (memgov/_parse.py): its nesting is judged without
+"""Another user's JSON is read with bounds (memgov/_ledger/parse.py): its nesting is judged without
 recursion, brackets inside strings not counted, a text of few brackets without a walk."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from memgov._parse import MAX_DEPTH, load_bounded, too_deep
+from memgov._ledger.parse import MAX_DEPTH, load_bounded, too_deep
 
 
 def walked(text: str) -> int:

@@ -12,8 +12,8 @@ import pytest
 
 import memgov
 import memgov.adapter
-from memgov import _errors
-from memgov._mpsctl import MpsError
+from memgov._base import errors as _errors
+from memgov._gpu.mpsctl import MpsError
 
 ERRORS = sorted(
     name
@@ -23,7 +23,7 @@ ERRORS = sorted(
 
 
 def test_every_exception_memgov_raises_on_purpose_is_exported() -> None:
-    # memgov/_errors.py holds the core's errors; each is exported (pack's, Ray's and the
+    # memgov/_base/errors.py holds the core's errors; each is exported (pack's, Ray's and the
     # exporter's are exported from their packages: tests/core/test_errors.py).
     defined = sorted(
         name
@@ -61,8 +61,9 @@ def test_importing_memgov_stays_cheap() -> None:
     loaded = set(out.stdout.split())
     assert {m for m in loaded if m.startswith("memgov")} == {
         "memgov",
-        "memgov._errors",
-        "memgov._sizes",
+        "memgov._base",
+        "memgov._base.errors",
+        "memgov._base.sizes",
     }
     assert not loaded & {"torch", "tensorflow", "jax", "typer", "rich", "psutil", "pynvml"}
 

@@ -19,9 +19,12 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _cpushare, _deadnames, _records, _status
-from memgov._attribution import pidns_of
-from memgov._ledger import new_record_name, record_payload
+from memgov import _status
+from memgov._cpu import share as _cpushare
+from memgov._files import flock as _flock
+from memgov._ledger import deadnames as _deadnames, records as _records
+from memgov._ledger.attribution import pidns_of
+from memgov._ledger.ledger import new_record_name, record_payload
 from tests.helpers.procs import HELPERS, Child, ledger
 
 UID = os.getuid()
@@ -258,7 +261,8 @@ def test_a_governed_process_whose_record_predates_a_clock_step_keeps_its_cpu_sha
     # Its CPU-share record's time lies an hour before the clock: it is still a governed process
     # that shares the cores (not removed as dead by the others' scans).
     code = (
-        "import sys, time\nfrom memgov import _cpus, _cpushare\nreal = time.time\n"
+        "import sys, time\nfrom memgov._cpu import cpus as _cpus\n"
+        "from memgov._cpu import share as _cpushare\nreal = time.time\n"
         "time.time = lambda: real() - 3600\n"
         "reg = _cpushare.register(_cpus.usable(), 1, 'test', '')\ntime.time = real\n"
         "print('ready', flush=True)\nsys.stdin.readline()\n"
@@ -567,7 +571,7 @@ def test_a_second_interrupt_in_the_clean_up_still_leaves_the_holder_the_visible_
 def test_a_share_record_update_cut_short_after_its_rename_keeps_what_it_wrote(
     private_ledger: Path,
 ) -> None:
-    from memgov import _cpus, _cpushare
+    from memgov._cpu import cpus as _cpus, share as _cpushare
 
     registration = _cpushare.register(_cpus.usable(), 2, "test", "holder")
     try:
@@ -648,7 +652,7 @@ def test_a_temporary_file_left_by_an_interrupted_write_blocks_no_later_update(
         _records.replace(folder_fd, held, record(pid=os.getpid(), name="first"))
     left[0].close()
     # The old fixed name planted and locked by someone else blocks nothing either.
-    with open(held.folder / f"{_records.TMP_PREFIX}{held.name}", "wb") as planted:
+    with open(held.folder / f"{_flock.TMP_PREFIX}{held.name}", "wb") as planted:
         fcntl.flock(planted, fcntl.LOCK_EX)
         _records.replace(folder_fd, held, record(pid=os.getpid(), name="second"))
     _holds(held, "second")

@@ -1,5 +1,5 @@
-"""The settings table (memgov/_settings.py): every MEMGOV_* variable is a row, each row parses its
-own variable and names it in errors, and the docs, the .pth line and pack read the table."""
+"""The settings table (memgov/_base/settings.py): every MEMGOV_* variable is a row, each row parses
+its own variable and names it in errors, and the docs, the .pth line and pack read the table."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov import _autoenable, _settings
-from memgov._sizes import Size
+from memgov import _autoenable
+from memgov._base import settings as _settings
+from memgov._base.sizes import Size
 from tests.helpers.generated import check_shown
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "auto-enable.md"
-BEGIN = "<!-- settings table: begin (generated, do not edit: python -m memgov._settings) -->\n"
+BEGIN = "<!-- settings table: begin (generated, do not edit: python -m memgov._base.settings) -->\n"
 END = "<!-- settings table: end -->"
 
 GARBAGE = {
@@ -43,7 +44,7 @@ GARBAGE = {
 
 
 def test_the_docs_show_the_table() -> None:
-    check_shown(DOC, BEGIN, END, _settings.markdown, "memgov._settings")
+    check_shown(DOC, BEGIN, END, _settings.markdown, "memgov._base.settings")
 
 
 def test_every_memgov_variable_in_the_code_is_a_row() -> None:
@@ -157,7 +158,7 @@ def test_the_shared_ledger_is_the_default_where_root_made_it(
     folder anyone else made or may write, or a link, is not taken."""
     import os
 
-    from memgov import _config
+    from memgov._base import config as _config
 
     shared = tmp_path / "memgov-ledger"
     monkeypatch.setattr(_config, "SHARED_DIR", str(shared))

@@ -1,4 +1,4 @@
-"""Blocks a stopping signal must not cut in two (memgov/_signals.py ``deferred``): the signal
+"""Blocks a stopping signal must not cut in two (memgov/_base/signals.py ``deferred``): the signal
 takes effect, as it would have, once the block is done. Real signals, in a fresh interpreter."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 DRIVER = """
 import os, signal, sys
-from memgov import _signals
+from memgov._base import signals as _signals
 if sys.argv[2] == "raise":
     _signals.raise_on_signals()
 elif sys.argv[2] == "default":
@@ -55,7 +55,7 @@ def test_a_signal_inside_a_deferred_block_acts_after_it(
 
 
 def test_handlers_are_put_back_and_a_quiet_block_changes_nothing() -> None:
-    from memgov import _signals
+    from memgov._base import signals as _signals
 
     before = {s: signal.getsignal(s) for s in _signals.STOPPING}
     with _signals.deferred():
@@ -65,7 +65,7 @@ def test_handlers_are_put_back_and_a_quiet_block_changes_nothing() -> None:
 
 WINDOW = """
 import os, signal
-from memgov import _signals
+from memgov._base import signals as _signals
 
 class Alarm(Exception):
     pass
@@ -113,8 +113,8 @@ SIGNAL_AS_CLAIM_ENDS = """
 import os, signal
 import memgov
 from memgov import _runs
-from memgov._devices import candidates
-from memgov._ledger import DeviceLedger
+from memgov._gpu.devices import candidates
+from memgov._ledger.ledger import DeviceLedger
 
 class Alarm(Exception):
     pass

@@ -1,4 +1,5 @@
-"""Waiters wake for the removals that can let them in, not for a flood's (memgov/_wake.py)."""
+"""Waiters wake for the removals that can let them in, not for a flood's
+(memgov/_ledger/wake.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memgov._wake import Waker
+from memgov._ledger.wake import Waker
 
 
 def flooded(tmp_path: Path, count: int) -> tuple[Path, Path, list[Path], Waker]:

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from memgov import ConfigError
-from memgov.decide import Assignment, ClusterState, Demand, Node, choose, names
-from memgov.decide import get as get_policy
+from memgov.decide import Assignment, ClusterState, Demand, Node, choose, get as get_policy, names
 
 TWO_NODES = [
     Node("a", cpu_milli=32_000, memory_mib=65_536, gpus=2, model="T4"),

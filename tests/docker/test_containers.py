@@ -209,11 +209,11 @@ def test_the_remapped_root_is_dockremaps_lowest_subordinate_uid() -> None:
 
 def test_cpus_quota_gives_that_many_threads(docker_image: str) -> None:
     """`docker run --cpus N`: the governed trainer's share is N threads, not the host's cores.
-    The quota is read by memgov._cpus (the CPU thread budget); xfail where it is missing."""
+    The quota is read by memgov._cpu.cpus (the CPU thread budget); xfail where it is missing."""
     try:
-        import memgov._cpus  # noqa: F401
+        import memgov._cpu.cpus  # noqa: F401
     except ImportError:
-        pytest.xfail("cgroup CPU quota reading (memgov._cpus, thread-budget issue) not merged")
+        pytest.xfail("cgroup CPU quota reading (memgov._cpu.cpus, thread-budget issue) not merged")
     cores = len(os.sched_getaffinity(0))
     for cpus in sorted({1, min(2, cores)}):
         got = subprocess.run(

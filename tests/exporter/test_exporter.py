@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from memgov._ledger import new_record_name
+from memgov._ledger.ledger import new_record_name
 from memgov.exporter.holders import parse_cgroup
 from tests.helpers.procs import Child, ledger, wait_until
 
@@ -233,12 +233,14 @@ def test_counters_count_refusals_waits_and_reclaims(
 
 
 LOCK_HOLDER = (
-    "import time\nfrom memgov._devices import devices\nfrom memgov._ledger import DeviceLedger\n"
+    "import time\nfrom memgov._gpu.devices import devices\n"
+    "from memgov._ledger.ledger import DeviceLedger\n"
     "lock = DeviceLedger(devices()[0]).locked(1).__enter__()\nprint('held', flush=True)\n"
     "time.sleep(300)\n"
 )
 CLAIM_WITH_SHORT_LOCK_BOUND = (
-    "import sys\nfrom memgov import _config\n_config.LOCK_TIMEOUT_S = 0.5\nimport memgov\n"
+    "import sys\nfrom memgov._base import config as _config\n"
+    "_config.LOCK_TIMEOUT_S = 0.5\nimport memgov\n"
     "wait = float(sys.argv[1]) if sys.argv[1] != '-' else None\n"
     "try:\n memgov.claim('1GiB', wait=wait)\nexcept memgov.LockTimeout:\n print('LockTimeout')\n"
     "except memgov.BudgetExceeded:\n print('BudgetExceeded')\n"

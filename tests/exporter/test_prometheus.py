@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from memgov._ledger import folder_name
+from memgov._ledger.ledger import folder_name
 from tests.helpers import host_changes
 from tests.helpers.procs import Child, terminate
 

@@ -29,7 +29,7 @@ NEVER_IMPORTED = (
     "memgov.ray",
     "memgov.placement",
     "memgov._claim",
-    "memgov._admission",
+    "memgov._ledger.admission",
     "typer",
     "click",
     "rich",

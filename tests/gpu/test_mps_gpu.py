@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from memgov import _nvml
+from memgov._gpu import nvml as _nvml
 from tests.helpers.procs import run_memgov
 
 NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
@@ -42,7 +42,7 @@ print(c.mode, flush=True)
 
 CONTEXT = """
 import time
-from memgov import _mps
+from memgov._gpu import mps as _mps
 with _mps.daemon():
     print("up", flush=True)
     time.sleep(120)
@@ -126,8 +126,8 @@ def test_daemon_context_stops_on_signal(private_ledger: Path, sig: signal.Signal
 def test_no_daemon_in_the_pipe_folder_means_soft(
     private_ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memgov import _enforce
-    from memgov._devices import devices
+    from memgov._gpu import enforce as _enforce
+    from memgov._gpu.devices import devices
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(private_ledger / "no-daemon"))
     plan = _enforce.decide(devices()[:1], cuda_initialized=False)
@@ -151,7 +151,7 @@ def test_a_real_server_is_under_its_daemon_so_claims_need_not_ask(private_ledger
     control daemon (its child) as the client's user, and memgov's daemon has its pipe folder in
     its environment. With a client of this user connected, the check answers without a query."""
     pytest.importorskip("torch")
-    from memgov import _mps, _mpsctl
+    from memgov._gpu import mps as _mps, mpsctl as _mpsctl
 
     env = env_for(private_ledger)
     started = cli("start", "--json", env=env)

@@ -21,7 +21,7 @@ import sys
 import time
 
 import memgov
-from memgov._attribution import pidns_of
+from memgov._ledger.attribution import pidns_of
 
 
 def say(event: str, **data: object) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from memgov import _compact
+from memgov._ledger import compact as _compact
 
 _KEEPS_ROOM: dict[int, bool] = {}
 

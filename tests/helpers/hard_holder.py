@@ -8,9 +8,9 @@ import sys
 
 HOLDER = """
 import sys
-from memgov import _admission
-from memgov._devices import candidates
-from memgov._ledger import DeviceLedger
+from memgov._ledger import admission as _admission
+from memgov._gpu.devices import candidates
+from memgov._ledger.ledger import DeviceLedger
 (device,) = candidates(None)
 held = _admission.admit([DeviceLedger(device)], _admission.Request(
     {device.uuid: 2**30}, "holder", modes={device.uuid: ("hard", "test")}, daemons=DAEMONS

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from memgov._devices import devices
-from memgov._ledger import DeviceLedger, Snapshot
+from memgov._gpu.devices import devices
+from memgov._ledger.ledger import DeviceLedger, Snapshot
 
 HELPERS = Path(__file__).resolve().parent
 CLAIMER = HELPERS / "claimer.py"

@@ -26,7 +26,11 @@ def _load_cli() -> None:
     import io
 
     import memgov.cli
-    from memgov import _cpushare, _doctor, _status, _threads  # noqa: F401
+    from memgov import _doctor, _status  # noqa: F401
+    from memgov._cpu import (
+        share as _cpushare,  # noqa: F401
+        threads as _threads,  # noqa: F401
+    )
     from memgov.cli import doctor, status  # noqa: F401
 
     for command in (["--help"], ["status", "--help"], ["gc", "--help"], ["doctor", "--help"]):

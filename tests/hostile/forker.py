@@ -22,7 +22,8 @@ import threading
 import time
 
 import memgov
-from memgov import _flock, _threads
+from memgov._cpu import threads as _threads
+from memgov._files import flock as _flock
 
 
 def say(**data: object) -> None:

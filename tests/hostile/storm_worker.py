@@ -24,7 +24,7 @@ import time
 import traceback
 
 import memgov
-from memgov import _flock
+from memgov._files import flock as _flock
 
 MEMGOV_DIR = os.path.dirname(os.path.abspath(memgov.__file__))
 

@@ -72,7 +72,7 @@ while True:
     plant(CLAIMS, 500, f"{wave:04x}"); time.sleep(1.0)
 """
 """Another user's floods beside the churn: 40,000 dead record-named files in claims/ (enough
-for root's gc to rebuild the folder once it has removed them, memgov/_compact.py, while the
+for root's gc to rebuild the folder once it has removed them, memgov/_ledger/compact.py, while the
 claimers churn) and 20,000 in v1/cpu/ at the start, 500 more in claims/ every second, 5,000
 flocks of its own files."""
 

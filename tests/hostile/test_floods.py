@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _flock, _status
+from memgov import _status
+from memgov._files import flock as _flock
 from tests.helpers.procs import Child
 
 from .conftest import ACTOR, User
@@ -56,7 +57,7 @@ def gc_with_a_flood_after(step: str, when: str, flood: str) -> str:
     """Code that makes DeviceLedger.STEP run FLOOD (planting code indented by two) after it,
     where WHEN holds, then runs root's gc, leaving its view in ``snap``."""
     return (
-        "import os\nfrom memgov import _ledger, _status\n"
+        "import os\nfrom memgov import _status; from memgov._ledger import ledger as _ledger\n"
         f"real = _ledger.DeviceLedger.{step}\n"
         "def then_flood(self, *args, **kwargs):\n"
         " got = real(self, *args, **kwargs)\n"
@@ -164,7 +165,7 @@ def test_a_flood_of_flocks_is_never_read_by_a_scan(
             return real()
 
         monkeypatch.setattr(_flock, "lock_table", counted)
-        from memgov import _records
+        from memgov._ledger import records as _records
 
         monkeypatch.setattr(_records, "lock_table", _flock.lock_table)
         snap = _status.snapshots(clean=True)[0]
@@ -193,10 +194,11 @@ def test_another_users_unfinished_write_costs_no_read_of_the_lock_table(
         "os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))\nout(1)"
     )
     code = (
-        "from memgov import _flock, _records\nreads = []\nreal = _records.lock_table\n"
+        "from memgov._files import flock as _flock\n"
+        "from memgov._ledger import records as _records\nreads = []\nreal = _records.lock_table\n"
         "def counted():\n reads.append(1)\n return real()\n"
         "_records.lock_table = counted\n"
-        "from memgov._devices import devices\nfrom memgov._ledger import DeviceLedger\n"
+        "from memgov._gpu.devices import devices\nfrom memgov._ledger.ledger import DeviceLedger\n"
         "import memgov\nsnap = DeviceLedger(devices()[0]).snapshot()\n"
         "with memgov.claim('1GiB'): pass\nout([len(reads), snap.free])"
     )
@@ -206,7 +208,8 @@ def test_another_users_unfinished_write_costs_no_read_of_the_lock_table(
 
 
 LOOKS_UNDER_THE_LOCK = """
-from memgov import _flock, _records
+from memgov._files import flock as _flock
+from memgov._ledger import records as _records
 held, looks = [False], [0]
 enter, leave = _flock.AdmissionLock.__enter__, _flock.AdmissionLock.__exit__
 def entered(self):
@@ -235,7 +238,7 @@ def test_a_snapshot_judges_another_users_flood_before_the_admission_lock(
     # sizing, pack's planner) must not hold it for one look per file of another user's flood.
     plant(users["mgl_b"], shared / "v1" / "sim0" / "claims", 500)
     code = LOOKS_UNDER_THE_LOCK + (
-        "from memgov._devices import devices\nfrom memgov._ledger import DeviceLedger\n"
+        "from memgov._gpu.devices import devices\nfrom memgov._ledger.ledger import DeviceLedger\n"
         "snap = DeviceLedger(devices()[0]).snapshot()\nout([looks[0], snap.free])"
     )
     looks, free = users["mgl_a"].run(code, timeout=300)

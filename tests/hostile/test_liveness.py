@@ -20,10 +20,10 @@ import pytest
 
 import memgov
 from memgov import _status
-from memgov._attribution import pidns_of
-from memgov._devices import devices
-from memgov._errors import LockTimeout
-from memgov._ledger import DeviceLedger, new_record_name
+from memgov._base.errors import LockTimeout
+from memgov._gpu.devices import devices
+from memgov._ledger.attribution import pidns_of
+from memgov._ledger.ledger import DeviceLedger, new_record_name
 from tests.helpers.procs import Child, wait_until
 
 from .conftest import ACTOR, User, start
@@ -72,8 +72,8 @@ def test_a_holder_whose_main_thread_ended_keeps_its_claim(
 
 def test_a_c_forked_child_holding_the_admission_lock_is_named(shared: Path) -> None:
     code = (
-        "import ctypes, os, sys, time\nfrom memgov._devices import devices\n"
-        "from memgov._ledger import DeviceLedger\n"
+        "import ctypes, os, sys, time\nfrom memgov._gpu.devices import devices\n"
+        "from memgov._ledger.ledger import DeviceLedger\n"
         "lock = DeviceLedger(devices()[0]).locked(1).__enter__()\n"
         "pid = ctypes.CDLL(None).fork()\n"
         "if pid == 0:\n time.sleep(300); os._exit(0)\n"
@@ -99,15 +99,15 @@ def test_a_lock_held_from_outside_the_claimers_pid_namespace_says_so(
 ) -> None:
     holder = start(
         users["mgl_b"],
-        "import time\nfrom memgov._devices import devices\n"
-        "from memgov._ledger import DeviceLedger\n"
+        "import time\nfrom memgov._gpu.devices import devices\n"
+        "from memgov._ledger.ledger import DeviceLedger\n"
         "lock = DeviceLedger(devices()[0]).locked(1).__enter__()\n"
         "print('{}', flush=True)\ntime.sleep(300)\n",
     )
     try:
         inner = (
-            "from memgov._errors import LockTimeout\nfrom memgov._devices import devices\n"
-            "from memgov._ledger import DeviceLedger\ntry:\n"
+            "from memgov._base.errors import LockTimeout\nfrom memgov._gpu.devices import devices\n"
+            "from memgov._ledger.ledger import DeviceLedger\ntry:\n"
             " with DeviceLedger(devices()[0]).locked(timeout=0.5): print('got it')\n"
             "except LockTimeout as e: print(e)\n"
         )
@@ -196,7 +196,7 @@ def test_planted_cpu_records_shrink_no_ones_share_and_reach_no_terminal(
         "quota_key=None, threads=1, source='x', holder='', why='')\n"
         " os.write(fd, json.dumps(data).encode()); fcntl.flock(fd, fcntl.LOCK_EX)\n"
         " fds.append(fd)\n"
-        "from memgov import _cpus, _cpushare\n"
+        "from memgov._cpu import cpus as _cpus; from memgov._cpu import share as _cpushare\n"
         f"reg = _cpushare.register(_cpus.usable(), 1, {evil!r}, {evil!r}, {evil!r})\n"
         "print('{}', flush=True)\nsys.stdin.readline()\n"
     )

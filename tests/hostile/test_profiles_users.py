@@ -27,7 +27,7 @@ def test_a_planted_profile_folder_is_ignored(users: dict[str, User], shared: Pat
     # profile there that would make a's job claim 65 MiB and fail.
     planted = b.run(f"""
 import json, os
-from memgov import _profiles
+from memgov._profiles import store as _profiles
 base = {str(shared / "v1" / "_profiles")!r}
 os.mkdir(os.path.join(base, "{a.uid}"), 0o777)
 os.chmod(os.path.join(base, "{a.uid}"), 0o777)
@@ -48,7 +48,7 @@ def test_a_symlink_in_place_of_a_users_folder_is_refused(
     a, b = users["mgl_a"], users["mgl_b"]
     b.run(f"""
 import os
-from memgov import _profiles
+from memgov._profiles import store as _profiles
 _profiles.record("bait", "bait", [{{"peak": 1, "end": "exit", "time": 1.0, "claim": None,
                                    "simulated": True}}])
 base = {str(shared / "v1" / "_profiles")!r}
@@ -69,7 +69,7 @@ def test_a_users_store_is_private(users: dict[str, User], shared: Path) -> None:
     assert folder.stat().st_uid == a.uid and folder.stat().st_mode & 0o777 == 0o700
     seen = b.run(f"""
 import os
-from memgov import _profiles
+from memgov._profiles import store as _profiles
 try:
     os.listdir({str(folder)!r})
     listed = "listed"

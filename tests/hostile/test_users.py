@@ -15,7 +15,7 @@ import pytest
 
 import memgov
 from memgov import _status
-from memgov._ledger import new_record_name
+from memgov._ledger.ledger import new_record_name
 from tests.helpers.procs import Child
 
 from .conftest import User

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from memgov import _mps
-from memgov._mpsctl import MpsError
+from memgov._gpu import mps as _mps
+from memgov._gpu.mpsctl import MpsError
 from tests.helpers.procs import run_memgov
 
 

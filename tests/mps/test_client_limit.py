@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _admission, _enforce, _mpsctl
-from memgov._devices import candidates
-from memgov._ledger import DeviceLedger
-from memgov._records import Held
+from memgov._gpu import enforce as _enforce, mpsctl as _mpsctl
+from memgov._gpu.devices import candidates
+from memgov._ledger import admission as _admission
+from memgov._ledger.ledger import DeviceLedger
+from memgov._ledger.records import Held
 from tests.helpers import hard_holder
 
 GIB = 2**30

@@ -26,10 +26,11 @@ import psutil
 import pytest
 
 import memgov
-from memgov import _admission, _enforce, _mps, _mpsctl
-from memgov._devices import Device, candidates
-from memgov._ledger import DeviceLedger
-from memgov._records import Held
+from memgov._gpu import enforce as _enforce, mps as _mps, mpsctl as _mpsctl
+from memgov._gpu.devices import Device, candidates
+from memgov._ledger import admission as _admission
+from memgov._ledger.ledger import DeviceLedger
+from memgov._ledger.records import Held
 from tests.helpers import fake_mps_control, hard_holder
 
 GPU = Device(0, "GPU-00000000-1111-2222-3333-444444444444", "real GPU", 80 * 2**30, 0, False, 0)
@@ -250,7 +251,7 @@ def test_claims_without_mps_stop_at_the_context_limit(
 
 
 def test_context_limit_defaults_apply_to_real_gpus_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memgov import _config
+    from memgov._base import config as _config
 
     monkeypatch.delenv("MEMGOV_CONTEXTS", raising=False)
     assert _config.context_limit(simulated=False) == 72

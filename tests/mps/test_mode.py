@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import memgov
-from memgov import _enforce, _mpsctl
-from memgov._devices import Device
-from memgov._ledger import DeviceLedger
+from memgov._gpu import enforce as _enforce, mpsctl as _mpsctl
+from memgov._gpu.devices import Device
+from memgov._ledger.ledger import DeviceLedger
 
 MIB = 2**20
 GPU = Device(0, "GPU-00000000-1111-2222-3333-444444444444", "real GPU", 80 * 2**30, 0, False, 0)

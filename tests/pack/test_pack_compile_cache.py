@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 from memgov.pack import warmup
 from memgov.pack.runners import DockerRunner
 

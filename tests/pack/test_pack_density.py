@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import memgov
-from memgov import _mpsctl
+from memgov._gpu import mpsctl as _mpsctl
 from memgov.pack import stats
 from memgov.pack.config import PackConfig
 from memgov.pack.jobs import classify

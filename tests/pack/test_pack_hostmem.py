@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import pytest
 
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 from memgov.pack import PackConfig, hostmem
 
 from ._util import MNIST, mnist_args, report, run_pack

@@ -40,7 +40,7 @@ def private_kib():
 
 torch.ones(8).sum()
 auto = sys.modules.get("memgov._autoenable")
-budget = sys.modules["memgov._threads"].current() if auto else None
+budget = sys.modules["memgov._cpu.threads"].current() if auto else None
 claims = []
 for folder, _dirs, files in os.walk(os.environ.get("MEMGOV_DIR", "/nonexistent")):
     if os.path.basename(folder) == "claims":

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from memgov import _autoenable, _settings
-from memgov._errors import LedgerError
+from memgov import _autoenable
+from memgov._base import settings as _settings
+from memgov._base.errors import LedgerError
 from memgov.pack import config, history, jobenv, manifest, stats
 from memgov.pack.jobs import Job, JobSpec, classify
 from memgov.pack.monitor import JobSample
@@ -154,7 +155,7 @@ def _store(ledger: Path) -> Path:
 def test_history_is_the_profile_store_and_never_follows_a_symlink(
     private_ledger: Path, tmp_path: Path
 ) -> None:
-    from memgov import _profiles
+    from memgov._profiles import store as _profiles
 
     history.record("warm-up", [MiB])  # one store: pack's peaks are a job's profile
     assert _profiles.read("warm-up") is not None
@@ -170,7 +171,8 @@ def test_history_writes_whole_files_and_a_held_lock_fails_not_hangs(
 ) -> None:
     import fcntl
 
-    from memgov import _config, _profiles
+    from memgov._base import config as _config
+    from memgov._profiles import store as _profiles
 
     history.record("k", [MiB])
     folder = _store(private_ledger)

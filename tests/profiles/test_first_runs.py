@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import memgov.queue as q
-from memgov import _profiles
+from memgov._profiles import store as _profiles
 from tests.helpers.queuejobs import write_queue
 from tests.profiles.test_profiles import _live_peak, holding
 

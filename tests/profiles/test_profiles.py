@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from memgov import _autosize, _jobid, _profiles
-from memgov._errors import ConfigError, ProfileError
+from memgov._base.errors import ConfigError, ProfileError
+from memgov._files import flock as _flock
+from memgov._profiles import autosize as _autosize, jobid as _jobid, store as _profiles
 
 JOB = Path(__file__).with_name("job.py")
 
@@ -280,7 +281,7 @@ def test_bounds_runs_per_job_and_jobs_per_user(monkeypatch) -> None:
     for n, job in enumerate(["many", *(f"job{n}" for n in range(5))]):
         if job != "many":
             _profiles.record(job, job, [_run(MiB)])
-        with _profiles.folder() as (fd, _):  # distinct ages, whatever the clock's resolution
+        with _flock.private_folder() as (fd, _):  # distinct ages, whatever the clock's resolution
             os.utime(_profiles.file_name(job), (n + 1e9, n + 1e9), dir_fd=fd)
     found, _ = _profiles.every()
     assert sorted(p.job for p in found) == ["job2", "job3", "job4"]
@@ -348,7 +349,8 @@ def test_oom_floor_rules() -> None:
 REPLACER = """
 import sys
 import memgov
-from memgov import _profiles, _runs
+from memgov import _runs
+from memgov._profiles import store as _profiles
 
 memgov.claim("1GiB", job="replaced")
 run = _runs.current()

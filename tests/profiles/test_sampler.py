@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from memgov import _nvml, _runs
+from memgov import _runs
 from memgov._claim import Claim
+from memgov._gpu import nvml as _nvml
 from memgov.adapter import Budget
 
 MiB = 2**20
@@ -92,7 +93,8 @@ def test_the_sampler_sleeps_in_one_wait_that_finish_cuts_short(env: dict[str, st
 
 CUT_SHORT = """
 import json, time
-from memgov import _claim, _flock, _runs
+from memgov import _claim, _runs
+from memgov._files import flock as _flock
 import memgov
 
 _runs.SAMPLE_S = 0.05

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import memgov.queue as q
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 from tests.helpers.queuejobs import ROOT, memgov_cli, write_queue
 from tests.queue.test_queue_runner import cli_proc, wait_for
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import memgov.queue as q
-from memgov._errors import ConfigError, QueueError
+from memgov._base.errors import ConfigError, QueueError
 from memgov.queue.store import Store
 from tests.helpers.queuejobs import memgov_cli, sleeper
 
@@ -122,7 +122,7 @@ def test_a_store_folder_another_user_made_is_refused(tmp_path: Path) -> None:
 def test_no_gpu_is_said_before_anything_is_queued(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memgov._errors import NoDeviceError
+    from memgov._base.errors import NoDeviceError
 
     monkeypatch.delenv("MEMGOV_DEVICES")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import memgov.queue as q
-from memgov._devices import candidates
-from memgov._ledger import DeviceLedger
+from memgov._gpu.devices import candidates
+from memgov._ledger.ledger import DeviceLedger
 from memgov.queue.queuefile import job_spec
 from memgov.queue.store import Store
 from tests.helpers.queuejobs import (

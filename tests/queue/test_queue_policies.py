@@ -139,7 +139,7 @@ def test_memgov_reserves_room_for_a_big_job_instead_of_starving_it(tmp_path: Pat
 
 
 def test_an_unknown_policy_is_refused_with_the_accepted_names(tmp_path: Path) -> None:
-    from memgov._errors import ConfigError
+    from memgov._base.errors import ConfigError
 
     path = write_queue(tmp_path / "q.toml", [{"cmd": sleeper(0)}])
     with pytest.raises(ConfigError, match="accepted memgov, fifo, fifo-exclusive"):
@@ -204,7 +204,7 @@ def test_bestfit_puts_a_job_on_the_fuller_gpu_by_its_real_bytes(
 def test_a_slowdown_bound_runs_jobs_never_measured_together_alone(tmp_path: Path) -> None:
     """--max-slowdown 1.5: four small jobs never measured beside each other (utilisation
     unknown: 1 each, a predicted 2x) run one per GPU at a time; fifo's bound is refused."""
-    from memgov._errors import ConfigError
+    from memgov._base.errors import ConfigError
 
     jobs = [{"name": f"j{i}", "cmd": sleeper(0.3), "claim": "1GiB", "kind": "k"} for i in range(4)]
     path = write_queue(tmp_path / "q.toml", jobs)

@@ -24,9 +24,10 @@ import numpy as np  # noqa: E402
 
 import memgov.queue as q  # noqa: E402
 import memgov.ray  # noqa: E402
-from memgov import _autosize, _profiles, decide  # noqa: E402
-from memgov._devices import simulated_devices  # noqa: E402
-from memgov._ledger import DeviceLedger  # noqa: E402
+from memgov import decide  # noqa: E402
+from memgov._gpu.devices import simulated_devices  # noqa: E402
+from memgov._ledger.ledger import DeviceLedger  # noqa: E402
+from memgov._profiles import autosize as _autosize, store as _profiles  # noqa: E402
 from memgov.decide.policies import Fifo  # noqa: E402
 from memgov.queue import engine as engine_module  # noqa: E402
 from memgov.queue.model import Job  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import memgov.queue as q
-from memgov import _profiles
+from memgov._profiles import store as _profiles
 from memgov.queue.model import Attempt
 from memgov.queue.queuefile import job_spec
 from memgov.queue.store import Store
@@ -225,7 +225,7 @@ def test_a_retry_claims_at_least_the_peak_a_siblings_run_taught_meanwhile(tmp_pa
     counter = tmp_path / "n"
     code = (
         "import os, pathlib, sys, time\n"
-        "from memgov import _profiles\n"
+        "from memgov._profiles import store as _profiles\n"
         f"p = pathlib.Path({str(counter)!r})\n"
         "n = int(p.read_text()) if p.exists() else 0\n"
         "p.write_text(str(n + 1))\n"

@@ -215,8 +215,8 @@ def test_another_users_record_naming_a_queue_jobs_pid_is_not_the_queues(
         planter = as_user_proc(
             b,
             "import sys\n"
-            "from memgov._devices import candidates\n"
-            "from memgov._ledger import DeviceLedger, record_payload\n"
+            "from memgov._gpu.devices import candidates\n"
+            "from memgov._ledger.ledger import DeviceLedger, record_payload\n"
             "d = candidates('auto')[0]\n"
             "p = record_payload('claim', d, 30 * 2**30, 'planted', 'soft')\n"
             f"p['pid'] = {child}\n"
@@ -290,6 +290,6 @@ def test_roots_gc_clears_a_queue_or_profile_folder_another_user_squats(
         assert not path.exists()
     code, _, err = as_user(a, folder, "queue", "add", "--claim", "1GiB", "--", "true")
     assert code == 0, err
-    profiles = as_user_proc(a, "from memgov import _profiles\nwith _profiles.folder(): pass")
+    profiles = as_user_proc(a, "from memgov._files import flock\nwith flock.private_folder(): pass")
     assert profiles.wait(60) == 0, profiles.communicate()  # a's profile store is a's own again
     assert (shared / "v1" / "_profiles" / str(a.uid)).stat().st_uid == a.uid

@@ -28,9 +28,9 @@ ray = pytest.importorskip("ray")
 
 import memgov  # noqa: E402
 import memgov.ray  # noqa: E402
-from memgov._devices import Device, simulated_devices  # noqa: E402
-from memgov._errors import BudgetExceeded, ConfigError  # noqa: E402
-from memgov._ledger import DeviceLedger  # noqa: E402
+from memgov._base.errors import BudgetExceeded, ConfigError  # noqa: E402
+from memgov._gpu.devices import Device, simulated_devices  # noqa: E402
+from memgov._ledger.ledger import DeviceLedger  # noqa: E402
 from tests.helpers.procs import Child, wait_until  # noqa: E402
 from tests.helpers.ray_nodes import declared  # noqa: E402
 

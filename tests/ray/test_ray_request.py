@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 from memgov.ray._request import build, cluster_types, type_resource
 from tests.helpers.procs import memgov_without
 
@@ -183,7 +183,7 @@ def test_without_ray_node_resources_still_prints_the_flags(env: dict[str, str]) 
 def test_auto_budget_from_the_jobs_profile_else_a_first_run() -> None:
     import time
 
-    from memgov import _profiles
+    from memgov._profiles import store as _profiles
 
     first = build("auto", "16GiB", None, None, job="ray:train")
     assert first.budget == 4 * 2**30 and first.job == "ray:train"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from memgov import _cpuload
+from memgov._cpu import load as _cpuload
 
 ALL = frozenset(range(os.cpu_count() or 1))
 
@@ -61,7 +61,7 @@ def test_an_unreadable_stat_says_so(tmp_path: Path) -> None:
 def test_idle_cores_are_split_among_the_governed_processes_that_see_them(tmp_path: Path) -> None:
     """Every governed process on the cores sees the same idle cores: each grows into its part
     of them, not all of them (8 jobs each growing by 6 idle cores would oversubscribe them)."""
-    from memgov._threads import _Growth
+    from memgov._cpu.threads import _Growth
 
     stat = tmp_path / "stat"
     cpus = dict.fromkeys(range(8), (100, 100))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from memgov import _cpus
+from memgov._cpu import cpus as _cpus
 
 V1_CPU = Path("/sys/fs/cgroup/cpu")
 V2 = next(

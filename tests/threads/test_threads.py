@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from memgov import _cpushare
-from memgov._cpus import Quota, Usable
+from memgov._cpu import share as _cpushare
+from memgov._cpu.cpus import Quota, Usable
 
 CORES = len(os.sched_getaffinity(0))
 HALF = max(1, CORES // 2)
@@ -160,7 +160,7 @@ def test_a_late_arrival_starts_with_its_share(env: dict[str, str]) -> None:
 BUSY = "while True:\n    pass\n"
 PATIENT_OBSERVER = OBSERVER.replace(
     "import torch\n",
-    "from memgov import _threads\n_threads.GROW_WITHIN_S = 120.0\nimport torch\n",
+    "from memgov._cpu import threads as _threads\n_threads.GROW_WITHIN_S = 120.0\nimport torch\n",
     1,
 )
 """OBSERVER whose share waits for idle cores 120 s at most (not 10): on a loaded host its
@@ -199,7 +199,7 @@ def test_a_start_on_a_busy_host_waits_for_idle_cores(env: dict[str, str]) -> Non
 
 BARE = """
 import json, sys, memgov
-from memgov import _threads
+from memgov._cpu import threads as _threads
 memgov.claim("1GiB")
 print("ready", _threads.current().threads, flush=True)
 for line in sys.stdin:
@@ -234,7 +234,8 @@ def test_a_process_without_a_framework_follows_the_share_too(env: dict[str, str]
 
 COUNTED = """
 import json, sys, time, memgov
-from memgov import _cpushare, _threads
+from memgov._cpu import share as _cpushare
+from memgov._cpu import threads as _threads
 _threads.FOLLOW_INTERVAL_S, _threads.RESCAN_S = 0.02, 3600.0
 counts = {"rounds": 0, "reads": 0}
 stamp, peers = _threads._folder_stamp, _cpushare.peers
@@ -371,7 +372,8 @@ def test_the_record_stays_in_the_ledger_it_was_made_in(env: dict[str, str], tmp_
     code = (
         # Its full share after 0.5 s even on a busy machine (idle cores or not): the count of
         # governed processes is what this test looks at.
-        "import os, time, memgov\nfrom memgov import _threads\n_threads.GROW_WITHIN_S = 0.5\n"
+        "import os, time, memgov\nfrom memgov._cpu import threads as _threads\n"
+        "_threads.GROW_WITHIN_S = 0.5\n"
         "memgov.claim('1GiB')\n"
         f"os.environ['MEMGOV_DIR'] = {str(other)!r}\n"
         "time.sleep(2.5)\n"  # two rounds of following, then a late follower's round waited for

@@ -4,9 +4,9 @@ test writes to the JSON file named by FAKE_NVML_STATE, read afresh on every call
     {"devices": [{"uuid": "GPU-...", "name": "...", "total": BYTES, "used": BYTES}],
      "processes": {"GPU-...": {"HOST_PID": BYTES}}}
 
-A device's ``used`` is its own figure plus its processes'. Only the calls memgov._nvml makes exist;
-the exporter tests put this folder first on PYTHONPATH so that memgov's real NVML path (devices,
-attribution of host PIDs to claims) runs without a GPU.
+A device's ``used`` is its own figure plus its processes'. Only the calls memgov._gpu.nvml makes
+exist; the exporter tests put this folder first on PYTHONPATH so that memgov's real NVML path
+(devices, attribution of host PIDs to claims) runs without a GPU.
 """
 
 from __future__ import annotations

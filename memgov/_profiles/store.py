@@ -9,7 +9,7 @@
 Another user can neither read this store (0700) nor poison it: a ``<uid>`` folder that another
 user made first, or a file in it that is not this user's, is refused with an error saying so,
 and ``auto`` then sizes without a profile. Every open is O_NOFOLLOW relative to a checked folder
-(``_records.open_dir``), every write is ``_records.write_atomic`` (whole or not at all), content is
+(``_flock.open_dir``), every write is ``_flock.write_atomic`` (whole or not at all), content is
 parsed with the ledger's bounds (``_parse``). A file that is not a profile is never overwritten:
 the run that would have gone into it stays in its live file, so nothing is lost
 (docs/profiles.md).
@@ -35,14 +35,12 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _parse, _records, _trust
-from memgov._errors import LedgerError, ProfileError
-from memgov._flock import AdmissionLock, open_owned, try_lock
-from memgov._ledger import new_record_name
+from memgov._base import config as _config
+from memgov._base.errors import LedgerError, ProfileError
+from memgov._files import flock as _flock
+from memgov._files.flock import AdmissionLock, open_owned, try_lock
+from memgov._ledger import parse as _parse, records as _records
 
-PARTS = ("v1", "_profiles")
-"""``_profiles``: a name no device folder takes (simulated names start with a letter or digit,
-real ones with "GPU-"). Root's ``memgov gc`` makes it 1777 in a shared ledger."""
 LIVE = "live"
 VERSION = 1
 KEEP = 32
@@ -59,7 +57,6 @@ OOM_GROWTHS = 2
 claim that ran out): a job that runs out whatever it gets (a bug) stops growing there. The
 queue re-runs an OOMed ``auto`` job as often (memgov/queue/model.py MAX_RETRIES)."""
 FIRST = ".first"
-PRIVATE_MODE = 0o700
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 ENDS = ("exit", "released", "oom", "error", "killed")
 
@@ -86,54 +83,6 @@ class Profile:
 
 
 # -- the folder ---------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def folder(create: bool = True) -> Iterator[tuple[int, Path]]:
-    """This user's store: (descriptor, path), checked to be this user's and private."""
-    root = _config.ledger_dir()
-    uid = str(os.geteuid())
-    path = root.joinpath(*PARTS, uid)
-    # Each folder descriptor owned by an object that closes it when freed (_trust.Stack): an
-    # interrupt anywhere (Ctrl-C in a notebook) leaks none.
-    stack: _trust.Stack = []
-    try:
-        # The private folder is used inside the ledger operation: a fork meanwhile finds it
-        # (memgov/_flock.py, forked children).
-        with _records.open_dir(root, PARTS, create=create) as parent:
-            _open_private(stack, parent, uid, path, create)
-            yield _trust.top(stack), path
-    finally:
-        _trust.close_all(stack)
-
-
-def _open_private(stack: _trust.Stack, parent: int, name: str, path: Path, create: bool) -> None:
-    """Push this user's private folder ``name`` of ``parent`` onto ``stack`` (made if
-    ``create``); never through a link, never another user's."""
-    try:
-        _trust._open(stack, parent, name)
-    except FileNotFoundError:
-        if not create:
-            raise
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, PRIVATE_MODE, dir_fd=parent)
-        return _open_private(stack, parent, name, path, create=False)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise ProfileError(
-                f"profile folder {path} is a symlink or not a folder; memgov "
-                "never follows symlinks: ignored"
-            ) from None
-        raise ProfileError(f"profile folder {path}: {exc.strerror or exc}") from None
-    info = os.fstat(_trust.top(stack))
-    if info.st_uid != os.geteuid():
-        raise ProfileError(
-            f"profile folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
-            "another user made it, so its profiles are ignored; root's `memgov gc` removes it "
-            f"(or `sudo rm -r {path}`)"
-        )
-    if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
-        os.fchmod(_trust.top(stack), PRIVATE_MODE)  # the umask or an old memgov: make it private
 
 
 @contextlib.contextmanager
@@ -230,7 +179,7 @@ def read(job: str) -> Profile | None:
     """``job``'s profile (runs oldest first), None when nothing is recorded; ProfileError for a
     bad file or a folder that is not this user's."""
     collect()
-    with folder() as (fd, path):
+    with _flock.private_folder() as (fd, path):
         data = _load(fd, path, file_name(job))
         return None if data is None else _profile(data, file_name(job), fd)
 
@@ -240,9 +189,9 @@ def every() -> tuple[list[Profile], list[str]]:
     collect()
     found: list[Profile] = []
     problems: list[str] = []
-    with folder() as (fd, path):
+    with _flock.private_folder() as (fd, path):
         for name in sorted(os.listdir(fd)):
-            if not name.endswith(".json") or name.startswith(_records.TMP_PREFIX):
+            if not name.endswith(".json") or name.startswith(_flock.TMP_PREFIX):
                 continue
             try:
                 data = _load(fd, path, name)
@@ -261,7 +210,7 @@ def every() -> tuple[list[Profile], list[str]]:
 def record(job: str, label: str, runs: list[dict[str, Any]], command: str | None = None) -> Profile:
     """Add ``runs`` to ``job``'s profile (keeping the last KEEP); returns the profile. A bad
     file in the way raises ProfileError and is left as it is."""
-    with folder() as (fd, path), _writing(fd, path):
+    with _flock.private_folder() as (fd, path), _writing(fd, path):
         return _record(fd, path, job, label, runs, command)
 
 
@@ -277,14 +226,14 @@ def _record(
         data["command"] = command[:1024]
     data["runs"] = [*data["runs"], *(r for r in runs if _good_run(r))][-KEEP:]
     raw = json.dumps(data, indent=1, sort_keys=True).encode()
-    _records.write_atomic(fd, name, raw, mode=0o600)
+    _flock.write_atomic(fd, name, raw, mode=0o600)
     return _profile(data, name, fd)
 
 
 def _evict(fd: int, path: Path, keep: int) -> None:
     """Remove the least recently recorded profiles beyond ``keep``."""
     names = [
-        n for n in os.listdir(fd) if n.endswith(".json") and not n.startswith(_records.TMP_PREFIX)
+        n for n in os.listdir(fd) if n.endswith(".json") and not n.startswith(_flock.TMP_PREFIX)
     ]
     if len(names) <= keep:
         return
@@ -302,7 +251,7 @@ def _evict(fd: int, path: Path, keep: int) -> None:
 
 def forget(job: str) -> bool:
     """Remove ``job``'s profile, whatever its content; False when there was none."""
-    with folder() as (fd, path), _writing(fd, path):
+    with _flock.private_folder() as (fd, path), _writing(fd, path):
         try:
             os.unlink(file_name(job), dir_fd=fd)
         except FileNotFoundError:
@@ -316,7 +265,7 @@ def forget(job: str) -> bool:
 
 _first: dict[str, io.FileIO] = {}
 """Job -> the flock-held ``<job>.first`` file of this process's first run of it (closed by
-end_first; a forked child never holds it: the descriptor is registered, memgov/_flock.py)."""
+end_first; a forked child never holds it: the descriptor is registered, memgov/_files/flock.py)."""
 
 
 def hold_first(job: str) -> int | None:
@@ -326,7 +275,7 @@ def hold_first(job: str) -> int | None:
     if job in _first:
         return None
     name = file_name(job)[: -len(".json")] + FIRST
-    with folder() as (fd, path):
+    with _flock.private_folder() as (fd, path):
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             file = open_owned(name, flags, fd, mode=0o600, writable=True)
@@ -371,8 +320,10 @@ def live_peak(job: str) -> int:
 def _live(create: bool) -> Iterator[tuple[int, Path]]:
     """This user's live-run folder (inside the checked private store)."""
     with (
-        folder(create) as (_fd, path),
-        _records.open_dir(_config.ledger_dir(), (*PARTS, path.name, LIVE), create=create) as live,
+        _flock.private_folder(create) as (_fd, path),
+        _flock.open_dir(
+            _config.ledger_dir(), (*_flock.PARTS, path.name, LIVE), create=create
+        ) as live,
     ):
         yield live, path / LIVE
 
@@ -380,7 +331,7 @@ def _live(create: bool) -> Iterator[tuple[int, Path]]:
 def start_live(payload: dict[str, Any]) -> _records.Held:
     """This process's live run file, flock-held for its life; its holder updates the peak."""
     with _live(create=True) as (fd, path):
-        return _records.create(fd, path, new_record_name(), payload)
+        return _records.create(fd, path, _records.new_record_name(), payload)
 
 
 def update_live(held: _records.Held, payload: dict[str, Any]) -> None:
@@ -399,7 +350,11 @@ def collect() -> list[str]:
     live file (nothing is lost). Returns the jobs folded."""
     folded: list[str] = []
     try:
-        with folder() as (fd, path), _writing(fd, path), _live(create=True) as (live, where):
+        with (
+            _flock.private_folder() as (fd, path),
+            _writing(fd, path),
+            _live(create=True) as (live, where),
+        ):
             for seen in _records.scan(live, where):
                 # Dead for good only (``final``: unlocked, and still the file of its name): a
                 # running run whose peak grew replaces its file, and the old one, unlocked as

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgov import _config, _settings
-from memgov._errors import MpsError
+from memgov._base import config as _config, settings as _settings
+from memgov._base.errors import MpsError
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"

@@ -24,13 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from memgov import _config, _deadnames, _devices, _enforce, _signals, _stats
-from memgov._errors import BudgetExceeded, LockTimeout
-from memgov._ledger import STOPPED_WAITER_S, DeviceLedger, QueuePlace, Snapshot, record_payload
-from memgov._parse import printable
-from memgov._records import Held
-from memgov._sizes import format_size
-from memgov._wake import Waker
+from memgov._base import config as _config, signals as _signals
+from memgov._base.errors import BudgetExceeded, LockTimeout
+from memgov._base.sizes import format_size
+from memgov._gpu import devices as _devices, enforce as _enforce
+from memgov._ledger import deadnames as _deadnames, stats as _stats
+from memgov._ledger.ledger import (
+    STOPPED_WAITER_S,
+    DeviceLedger,
+    QueuePlace,
+    Snapshot,
+    record_payload,
+)
+from memgov._ledger.parse import printable
+from memgov._ledger.records import Held
+from memgov._ledger.wake import Waker
 
 
 @dataclass

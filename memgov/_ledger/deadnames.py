@@ -1,7 +1,7 @@
 """Names in a records folder that are nobody's live record, for good: what a scan need not open.
 
-A scan (memgov/_records.py) lists a shared folder and looks only at names it does not know to be
-dead. A name goes in here only on a verdict that holds forever (``Seen.final``), which rests on
+A scan (memgov/_ledger/records.py) lists a shared folder and looks only at names it does not know to
+be dead. A name goes in here only on a verdict that holds forever (``Seen.final``), which rests on
 how an honest writer uses names (_records._write_locked, replace, release):
 
 - a record's name is new: nanoseconds and 48 random bits, never chosen again, never guessable;
@@ -25,12 +25,12 @@ unlocked file (_records._pinned). A file this user cannot open is judged from th
 table, read before its stat, and only once older than the table by STALE_S (_records._unreadable).
 
 The names are kept per folder (its device and inode) in memory, and between processes in this
-user's private store (memgov/_profiles.py: ``_profiles/<uid>/``, 0700, owned by the user and
-checked), so that a new process does not look again at every file of another user's flood: it
-reads one file of names instead. Only this user's own file is read; a file that cannot be read
-is worth nothing and costs nothing but the looks it would have saved. It is written without
-fsync (a cache: lost or empty after a crash, nothing is wrong) and only outside the admission
-lock (``flush``).
+user's private store (memgov/_files/flock.py private_folder: ``_profiles/<uid>/``, 0700, owned
+by the user and checked), so that a new process does not look again at every file of another
+user's flood: it reads one file of names instead. Only this user's own file is read; a file
+that cannot be read is worth nothing and costs nothing but the looks it would have saved. It is
+written without fsync (a cache: lost or empty after a crash, nothing is wrong) and only outside
+the admission lock (``flush``).
 
 The store is a log: each flush appends the names learned since the last one (O_APPEND, one
 write), and each reader reads only what was appended since its last read (whole lines only: an
@@ -154,15 +154,15 @@ def _file(key: Key) -> str:
 
 @contextlib.contextmanager
 def _store() -> Iterator[int]:
-    from memgov import _profiles  # the user's private store (checked: owner, mode, no links)
+    from memgov._files import flock as _flock  # the user's private store (owner, mode, no links)
 
-    with _profiles.folder(create=True) as (fd, _path):
+    with _flock.private_folder(create=True) as (fd, _path):
         yield fd
 
 
 def _read(fd: int, key: Key, folder: Folder) -> None:
     """Read what was appended since this process's last read (all of a new file)."""
-    from memgov._flock import open_owned
+    from memgov._files.flock import open_owned
 
     try:
         file = open_owned(_file(key), _READ_FLAGS, fd)
@@ -196,7 +196,7 @@ def _read(fd: int, key: Key, folder: Folder) -> None:
 
 
 def _append(fd: int, key: Key, folder: Folder) -> None:
-    from memgov._flock import open_owned
+    from memgov._files.flock import open_owned
 
     file = open_owned(_file(key), _APPEND_FLAGS, fd, mode=0o600, writable=True)
     try:
@@ -220,7 +220,7 @@ def _append(fd: int, key: Key, folder: Folder) -> None:
 
 def _rewrite(fd: int, key: Key, folder: Folder) -> None:
     """The log replaced by the names still in the folder (and others' appended since)."""
-    from memgov._records import write_atomic
+    from memgov._files.flock import write_atomic
 
     _read(fd, key, folder)
     data = "".join(f"{name}\n" for name in folder.records).encode()

@@ -1,5 +1,5 @@
 """The settings the ledger and admission use, resolved for a device (the parsing is
-memgov/_settings.py's: every error names its variable)."""
+memgov/_base/settings.py's: every error names its variable)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import stat
 from pathlib import Path
 
-from memgov import _settings
-from memgov._settings import DEFAULT_CONTEXTS, DEFAULT_DIR, DEFAULT_RESERVE_REAL, SHARED_DIR
+from memgov._base import settings as _settings
+from memgov._base.settings import DEFAULT_CONTEXTS, DEFAULT_DIR, DEFAULT_RESERVE_REAL, SHARED_DIR
 
 __all__ = [
     "DEFAULT_CONTEXTS",
@@ -24,7 +24,7 @@ __all__ = [
 LOCK_TIMEOUT_S = 30.0
 """A claim's bound on one holder of a device's admission lock: a holder that is stopped, or that
 neither ran nor waited for a CPU through a whole bound, fails the claim; claims taking the lock in
-turn on a busy host do not (memgov/_flock.py, AdmissionLock; docs/ledger.md, "Bounds")."""
+turn on a busy host do not (memgov/_files/flock.py, AdmissionLock; docs/ledger.md, "Bounds")."""
 
 
 def ledger_dir() -> Path:
@@ -38,7 +38,7 @@ def ledger_dir() -> Path:
 def root_made(folder: Path) -> bool:
     """A folder root owns that no one else may write (the shared set-up's, docs/ledger.md):
     never one another user made first, or a link. Everything on its path is checked again when
-    it is used (memgov/_trust.py)."""
+    it is used (memgov/_files/trust.py)."""
     try:
         info = os.lstat(folder)
     except OSError:

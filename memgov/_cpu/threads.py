@@ -5,15 +5,15 @@ slower than one job alone (docs/pack.md, "Fast by default": 8 torch jobs, 3,129 
 default threads, 50,868 with one thread each). So every governed process (auto-enable,
 ``memgov run``, ``memgov.claim()``, ``memgov pack``'s jobs) gets, with no variable set:
 
-    share = usable cores (affinity, capped by the cgroup CPU quota: memgov/_cpus.py)
-            / governed processes on those cores (their records: memgov/_cpushare.py)
+    share = usable cores (affinity, capped by the cgroup CPU quota: memgov/_cpu/cpus.py)
+            / governed processes on those cores (their records: memgov/_cpu/share.py)
 
 and the share is *followed*: a background thread re-counts the records every
 :data:`FOLLOW_INTERVAL_S` and, when the share changed, has the main thread apply the new number
 (torch's OpenMP thread count is per calling thread, so it must be set from the main thread: a
 pending call, see :func:`_on_main_thread`). An early starter gives cores back within a second of
 others arriving, and the last one left gets all cores back. A share starts no higher than the
-cores free at that instant and grows only into cores that were idle (memgov/_cpuload.py): jobs
+cores free at that instant and grows only into cores that were idle (memgov/_cpu/load.py): jobs
 launched together all look alone to the first of them. Each second costs one stat of the
 records' folder: the records are read again only when it changed (a process arrived, left or
 changed its share) or :data:`RESCAN_S` passed (a process killed by a signal leaves its file, whose
@@ -43,8 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memgov import _cpuload, _cpus, _cpushare, _settings
-from memgov._errors import ConfigError, LedgerError
+from memgov._base import settings as _settings
+from memgov._base.errors import ConfigError, LedgerError
+from memgov._cpu import cpus as _cpus, load as _cpuload, share as _cpushare
 
 ENV_VARS = (
     "OMP_NUM_THREADS",
@@ -62,7 +63,7 @@ FOLLOW_INTERVAL_S = 1.0
 """How often a governed process looks whether its neighbours changed (one stat of their folder)."""
 GROW_WITHIN_S = 10.0
 """The longest a share stands above a process's threads, waiting for idle cores, before the
-process grows to it anyway (memgov/_cpuload.py): busy cores make it wait out a burst of starts
+process grows to it anyway (memgov/_cpu/load.py): busy cores make it wait out a burst of starts
 or a tail of exits, never keep it below its share for good."""
 RESCAN_S = 8.0
 """The longest time between two readings of the records while their folder looks unchanged
@@ -70,7 +71,7 @@ RESCAN_S = 8.0
 loop: results/cpu-2core/2026-11-24-governed-idle-cost.txt)."""
 
 Setting = _settings.Threads
-"""MEMGOV_THREADS, parsed (by memgov/_settings.py)."""
+"""MEMGOV_THREADS, parsed (by memgov/_base/settings.py)."""
 
 
 def setting() -> Setting:
@@ -517,6 +518,6 @@ def preloaded() -> list[str]:
 def frameworks_loaded() -> list[str]:
     """The frameworks imported already (one whose import has just begun, as when auto-enable
     decides the share, is not: its code, and its libraries' thread pools, are still to come)."""
-    from memgov import _importhook
+    from memgov._base import importhook as _importhook
 
     return [name for name in _importhook.frameworks() if _importhook.imported(name)]

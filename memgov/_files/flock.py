@@ -34,12 +34,13 @@ import os
 import stat
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memgov import _signals, _trust
-from memgov._errors import LedgerError, LockTimeout
+from memgov._base import config as _config, signals as _signals
+from memgov._base.errors import LedgerError, LockTimeout, MemgovError, ProfileError
+from memgov._files import trust as _trust
 
 LOCK_MODE = 0o644
 """admission.lock: everyone opens it read-only to lock it (flock needs no write access)."""
@@ -114,17 +115,17 @@ def _register(file: io.FileIO) -> None:
 
 
 LAYOUT_DIR = "v1"
-"""The folder under a ledger's root that holds the records memgov writes (memgov/_records.py
+"""The folder under a ledger's root that holds the records memgov writes (memgov/_ledger/records.py
 VERSION_DIR; defined here, below it, for the fork hook)."""
 OWNED_DIRS = (LAYOUT_DIR, "mps")
-"""memgov's folders under a ledger's root (memgov/_trust.py): the fork hook's reach there."""
+"""memgov's folders under a ledger's root (memgov/_files/trust.py): the fork hook's reach there."""
 
 _roots: dict[str, tuple[str, ...]] = {}
 """Every ledger folder this process opened, as given -> the names the kernel gives it."""
 _inside: list[object] = []
-"""One token per ledger operation in progress in any thread (memgov/_records.py open_dir), added
-and removed by single C calls (list append and remove): a descriptor no registered FileIO owns
-exists only while one is."""
+"""One token per ledger operation in progress in any thread (open_dir, below), added and removed
+by single C calls (list append and remove): a descriptor no registered FileIO owns exists only
+while one is."""
 _null: list[tuple[int, int, int]] = []
 """/dev/null, opened once (O_CLOEXEC) before the first ledger operation, with its (device,
 inode): a forked child needs no new descriptor to blank a stray, and checks that the number is
@@ -562,3 +563,186 @@ def _why(path: Path, exc: OSError) -> str:
             "ledger (mode 0644, owned by root or by you); remove it (root may have to)"
         )
     return f"cannot lock {path}: {exc.strerror or exc}"
+
+
+# -- folders and whole files: the records', the dead names', the profile store's and MPS's --
+
+TMP_PREFIX = ".tmp-"
+SHARED_DIR_MODE = 0o1777
+"""Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
+PRIVATE_DIR_MODE = 0o755
+SHARED_FOLDERS = ("claims", "queue", "cpu", "stats", "_profiles", "_queue")
+"""Folders every user writes in (root makes them 1777, sticky): claim records, queue tickets,
+CPU-share records, counters, and each user's private profile and job-queue folders
+(memgov/_profiles/store.py, memgov/queue/store.py)."""
+RECORD_MODE = 0o644
+
+
+PARTS = ("v1", "_profiles")
+"""``_profiles``: a name no device folder takes (simulated names start with a letter or digit,
+real ones with "GPU-"). Root's ``memgov gc`` makes it 1777 in a shared ledger."""
+PRIVATE_MODE = 0o700
+
+
+@contextlib.contextmanager
+def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
+    """Yield a descriptor of root/parts..., every folder on the way checked
+    (memgov/_files/trust.py).
+
+    The whole path from ``/`` is walked (symlinks above ``root`` only where root or this user
+    owns them); from ``root`` down nothing is followed. Only a folder's owner creates folders in
+    it: in a root-owned ledger the device folders are made by root (docs/ledger.md, "Set-ups").
+    A missing folder raises FileNotFoundError unless ``create``.
+    """
+    # The open folders, each owned by an object that closes it when freed (_trust.Stack): an
+    # exception anywhere leaks no folder descriptor and never closes a number twice.
+    stack: _trust.Stack = []
+    token = object()
+    try:
+        note_root(root)
+        entering(token)  # a fork meanwhile: the child looks for what this leaves it (_flock)
+        info = _trust.walk(root, stack, create)
+        note_root(root, _trust.top(stack))
+        path = root
+        for part in parts:
+            parent, path = path, path / part
+            try:
+                _trust._open(stack, _trust.top(stack), part)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                _mkdir(_trust.top(stack), part, path, parent)
+                try:
+                    _trust._open(stack, _trust.top(stack), part)
+                except OSError as exc:
+                    raise LedgerError(_trust.explain(path, exc)) from None
+            except OSError as exc:
+                raise LedgerError(_trust.explain(path, exc)) from None
+            _trust._drop_parent(stack)
+            role = _trust.SHARED if part in SHARED_FOLDERS else _trust.LEDGER
+            info = _trust.check(_trust.top(stack), path, role, info, root)
+        yield _trust.top(stack)
+    finally:
+        try:
+            _trust.close_all(stack)
+        finally:
+            left(token)
+
+
+def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:
+    if os.geteuid() != 0 and os.fstat(dir_fd).st_uid != os.geteuid():
+        # A folder this user made in root's ledger would be this user's: others would refuse it.
+        raise LedgerError(
+            f"ledger folder {path} is missing, and {parent} belongs to root: only root creates "
+            "folders there. Run `sudo memgov gc` once (it creates every device's folders; "
+            "docs/ledger.md, 'Set-ups')"
+        )
+    # Only claims/, queue/ and cpu/ are written by every user: root makes those 1777 (sticky,
+    # like /tmp) and every other folder 0755, so no user can plant files (admission.lock, a
+    # device folder) beside them. Any other user's folders are private (0755).
+    shared = os.geteuid() == 0 and name in SHARED_FOLDERS
+    mode = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
+    try:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        return  # another process made it first
+    except OSError as exc:
+        raise LedgerError(_trust.explain(path, exc)) from None
+    with contextlib.suppress(OSError):  # the umask trimmed the mode
+        os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
+
+
+@contextlib.contextmanager
+def private_folder(create: bool = True) -> Iterator[tuple[int, Path]]:
+    """This user's private store (profiles, dead names): (descriptor, path), checked to be this
+    user's and private."""
+    root = _config.ledger_dir()
+    uid = str(os.geteuid())
+    path = root.joinpath(*PARTS, uid)
+    # Each folder descriptor owned by an object that closes it when freed (_trust.Stack): an
+    # interrupt anywhere (Ctrl-C in a notebook) leaks none.
+    stack: _trust.Stack = []
+    try:
+        # The private folder is used inside the ledger operation: a fork meanwhile finds it
+        # (memgov/_files/flock.py, forked children).
+        with open_dir(root, PARTS, create=create) as parent:
+            open_private(stack, parent, path, create, ProfileError, "profile")
+            yield _trust.top(stack), path
+    finally:
+        _trust.close_all(stack)
+
+
+def open_private(
+    stack: _trust.Stack, parent: int, path: Path, create: bool, error: type[MemgovError], kind: str
+) -> None:
+    """Push this user's folder ``path`` of ``parent`` onto ``stack`` (made 0700 if ``create``),
+    never through a link, never another user's: else ``error``, naming the ``kind`` of folder."""
+    try:
+        _trust._open(stack, parent, path.name)
+    except FileNotFoundError:
+        if not create:
+            raise
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path.name, PRIVATE_MODE, dir_fd=parent)
+        return open_private(stack, parent, path, False, error, kind)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise error(
+                f"{kind} folder {path} is a symlink or not a folder; memgov never follows "
+                "symlinks: it does not use it"
+            ) from None
+        raise error(f"{kind} folder {path}: {exc.strerror or exc}") from None
+    info = os.fstat(_trust.top(stack))
+    if info.st_uid != os.geteuid():
+        raise error(
+            f"{kind} folder {path} belongs to uid {info.st_uid}, not you (uid {os.geteuid()}): "
+            "another user made it, so memgov does not use it; root's `memgov gc` removes it "
+            f"(or `sudo rm -r {path}`)"
+        )
+    if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
+        os.fchmod(_trust.top(stack), PRIVATE_MODE)  # the umask or an old memgov: make it private
+
+
+def is_dir(folder_fd: int, name: str) -> bool:
+    """Whether ``name`` of the folder is a folder itself (not through a link)."""
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def write_atomic(
+    folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE, durable: bool = True
+) -> os.stat_result:
+    """Replace file ``name`` of a folder with ``data``, whole or not at all, never via a symlink.
+
+    A temporary file in the same folder, fsync, ``os.replace``, then fsync of the folder: a reader
+    sees the old content or the new, never a torn file. For files without a holder (pack's
+    history); callers serialise writers themselves. Held records use create/replace.
+    ``durable=False`` skips both fsyncs (a file that may go back to an older content after a
+    crash of the host): an fsync commits every pending change of the filesystem, another
+    user's flood of files included, so none is taken under the admission lock. Returns the new
+    file's stat (to know it again without a stat by name).
+    """
+    tmp = f"{TMP_PREFIX}{name}-{os.urandom(4).hex()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    file = open_owned(tmp, flags, folder_fd, mode=mode, writable=True)  # no interrupt leaks it
+    try:
+        fd = file.fileno()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+        info = os.fstat(fd)
+        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder_fd)
+        raise
+    finally:
+        file.close()
+    if durable:
+        with contextlib.suppress(OSError):
+            os.fsync(folder_fd)
+    return info

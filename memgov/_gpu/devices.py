@@ -10,9 +10,10 @@ import os
 import re
 from dataclasses import dataclass
 
-from memgov import _nvml, _settings
-from memgov._errors import ConfigError, NoDeviceError
-from memgov._sizes import Size
+from memgov._base import settings as _settings
+from memgov._base.errors import ConfigError, NoDeviceError
+from memgov._base.sizes import Size
+from memgov._gpu import nvml as _nvml
 
 SIM_FORMAT = _settings.SIM_FORMAT
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from memgov._errors import ConfigError
-from memgov._sizes import Size
+from memgov._base.errors import ConfigError
+from memgov._base.sizes import Size
 
 DEFAULT_DIR = "/tmp/memgov-ledger"
 SHARED_DIR = "/run/memgov-ledger"
@@ -81,7 +81,7 @@ SCHEDULER_TRIGGERS = (
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
     "SLURM_SHARDS_ON_NODE",
 )
-"""Name prefixes of the GPU schedulers' budget variables (memgov/_schedulers.py reads them)."""
+"""Name prefixes of the GPU schedulers' budget variables (memgov/_gpu/schedulers.py reads them)."""
 
 
 def named(what: str, value: object) -> str:
@@ -484,5 +484,5 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # python -m memgov._settings: the docs' table
+if __name__ == "__main__":  # python -m memgov._base.settings: the docs' table
     print(markdown(), end="")

@@ -1,10 +1,11 @@
 """memgov's exceptions: one hierarchy under :class:`MemgovError`, all importable from ``memgov``.
 
 Every error a user can cause says what was wrong and what is accepted, and is raised where the
-problem is found (a bad size by memgov._sizes, a bad setting by its row in memgov._settings), so
-no caller rewords another's error. As psutil does, each class says it is ``memgov.X`` (its
-``__module__``): tracebacks, reprs and pickles name the public class, not this private module.
-README.md ("Errors") lists them; tests/core/test_errors.py holds the list to the code.
+problem is found (a bad size by memgov._base.sizes, a bad setting by its row in
+memgov._base.settings), so no caller rewords another's error. As psutil does, each class says it is
+``memgov.X`` (its ``__module__``): tracebacks, reprs and pickles name the public class, not this
+private module. README.md ("Errors") lists them; tests/core/test_errors.py holds the list to the
+code.
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@ run --claim auto``, Ray's ``budget="auto"``), and the one line that says where i
 
 In this order (docs/profiles.md):
 
-1. **a GPU scheduler's budget** in the environment (memgov/_schedulers.py), as before;
+1. **a GPU scheduler's budget** in the environment (memgov/_gpu/schedulers.py), as before;
 2. **the job's profile**: the largest peak of its recorded runs (measured the way this device
    measures: NVML on a real GPU, host memory on a simulated one) x 1.10 + 64 MiB, rounded up to
    a MiB; after a run that ran out of memory, at least 1.5 x the claim it failed under, until a
    run with at least that much ends without running out; at most OOM_GROWTHS such growths in a
    row (a job that runs out whatever it gets stops growing, and its line says so);
 3. **a sibling's first run**: while another process of this user runs the job's first run (it
-   holds the job's ``.first`` lock, memgov/_profiles.py), a claim of the same job waits for it
+   holds the job's ``.first`` lock, memgov/_profiles/store.py), a claim of the same job waits for it
    to end, up to :data:`FIRST_RUN_WAIT_S`, and is then sized from the profile it left: copies of
    one job started at once are never sized blind into an OOM. Past the wait it is a first run
    at least that sibling's peak so far + 10 % + 64 MiB;
@@ -29,12 +29,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memgov import _config, _profiles, _schedulers, _settings
-from memgov._ledger import DeviceLedger
-from memgov._sizes import format_size
+from memgov._base import config as _config, settings as _settings
+from memgov._base.sizes import format_size
+from memgov._gpu import schedulers as _schedulers
+from memgov._ledger.ledger import DeviceLedger
+from memgov._profiles import store as _profiles
 
 if TYPE_CHECKING:
-    from memgov._devices import Device
+    from memgov._gpu.devices import Device
 
 AUTO = "auto"
 FIRST_RUN_SHARE_OF_FREE = 0.5
@@ -132,7 +134,7 @@ def _wait_for_sibling(job: str, label: str, notes: list[str]) -> tuple[float | N
         if left <= 0:
             _gave_up.add(job)
             return None, holder
-        time.sleep(min(delay, left))  # a flock is only ever tried (memgov/_flock.py, Bounds)
+        time.sleep(min(delay, left))  # a flock is only ever tried (memgov/_files/flock.py, Bounds)
         delay = min(delay * 2, 0.5)
         try:
             found = _profiles.hold_first(job)

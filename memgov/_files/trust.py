@@ -29,7 +29,7 @@ import select
 import stat
 from pathlib import Path
 
-from memgov._errors import LedgerError
+from memgov._base.errors import LedgerError
 
 MAX_SYMLINKS = 40
 """As the kernel: more symlinks than this on one path is a loop."""

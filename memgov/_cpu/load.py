@@ -1,6 +1,6 @@
 """How busy the cores are now: what a thread share may start at and grow into.
 
-The share (memgov/_threads.py) divides the usable cores among the governed processes it can see.
+The share (memgov/_cpu/threads.py) divides the usable cores among the governed processes it can see.
 Two moments it cannot see enough at:
 
 - **A burst of starts.** 25 jobs launched together register one after another while all of
@@ -12,7 +12,7 @@ Two moments it cannot see enough at:
 - **Cores given back.** When neighbours end, the share grows; their DataLoader workers, test
   passes and teardown may still hold the cores. :class:`IdleMeter` measures the idle time of
   the process's own cores between two looks of the follower (/proc/stat, per CPU), and the
-  share grows only into cores that were idle, for up to memgov._threads.GROW_WITHIN_S: then
+  share grows only into cores that were idle, for up to memgov._cpu.threads.GROW_WITHIN_S: then
   all the way (cores busy with work memgov does not govern must not hold it back for good).
 
 Neither ever lowers a share below what the governed processes' count gives, and neither is

@@ -31,7 +31,7 @@ import stat
 import time
 from collections.abc import Callable
 
-from memgov import _deadnames, _records
+from memgov._ledger import deadnames as _deadnames, records as _records
 
 COMPACT_AT_BYTES = 1 << 20
 """A claims folder whose own size reaches this (about 14,000 names' worth of blocks) is rebuilt

@@ -35,8 +35,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from memgov import _settings
-from memgov._sizes import format_size
+from memgov._base import settings as _settings
+from memgov._base.sizes import format_size
 
 MARGIN_FRACTION = 0.05
 MARGIN_MIN = 64 * 2**20
@@ -150,29 +150,33 @@ def _hami(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | 
     return None
 
 
-def _aliyun(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
-    name, dev_name = "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_MEM_DEV"
+def _whole(env: Mapping[str, str], name: str, who: str, accepted: str) -> tuple[str, int] | None:
+    """``name``'s value and whole number >= 1, None if unset; else ``who``'s ValueError."""
     raw = _value(env, name)
     if raw is None:
         return None
     if not raw.strip().isdigit() or int(raw) <= 0:
-        raise ValueError(
-            f"Alibaba gpushare {name}={raw!r}: accepted a whole number of memory units (GiB by "
-            f"default), with {dev_name} the device's total in the same unit"
-        )
-    share = int(raw)
-    dev_raw = _value(env, dev_name)
-    if dev_raw is None:
+        raise ValueError(f"{who} {name}={raw!r}: accepted {accepted}")
+    return raw, int(raw)
+
+
+def _aliyun(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
+    name, dev_name = "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_MEM_DEV"
+    who = "Alibaba gpushare"
+    units = f"a whole number of memory units (GiB by default), with {dev_name} the device's"
+    found = _whole(env, name, who, f"{units} total in the same unit")
+    if found is None:
+        return None
+    raw, share = found
+    dev = _whole(
+        env, dev_name, who, f"the device's total memory as a whole number in the unit of {name}"
+    )
+    if dev is None:
         # Without the device total the unit is unknown; gpushare's default unit is GiB.
-        return _make(share * 2**30, f"Alibaba gpushare {name}={raw!r} (GiB assumed)", name, False)
-    if not dev_raw.strip().isdigit() or int(dev_raw) <= 0:
-        raise ValueError(
-            f"Alibaba gpushare {dev_name}={dev_raw!r}: accepted the device's total memory as a "
-            f"whole number in the unit of {name}"
-        )
-    limit = total * min(share, int(dev_raw)) // int(dev_raw)
-    source = f"Alibaba gpushare {name}={raw!r} of {dev_name}={dev_raw!r}"
-    return _make(limit, source, name, False)
+        return _make(share * 2**30, f"{who} {name}={raw!r} (GiB assumed)", name, False)
+    dev_raw, dev_total = dev
+    limit = total * min(share, dev_total) // dev_total
+    return _make(limit, f"{who} {name}={raw!r} of {dev_name}={dev_raw!r}", name, False)
 
 
 def _kai(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
@@ -235,11 +239,10 @@ def _mps(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | N
 
 def _slurm(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget | None:
     name, size_name = "SLURM_SHARDS_ON_NODE", "MEMGOV_SHARD_SIZE"
-    raw = _value(env, name)
-    if raw is None:
+    found = _whole(env, name, "Slurm", "a whole number of shards >= 1")
+    if found is None:
         return None
-    if not raw.strip().isdigit() or int(raw) <= 0:
-        raise ValueError(f"Slurm {name}={raw!r}: accepted a whole number of shards >= 1")
+    raw, shards = found
     size_raw = _value(env, size_name)
     if size_raw is None:
         raise ValueError(
@@ -248,4 +251,4 @@ def _slurm(env: Mapping[str, str], total: int, index: int | None) -> EnvBudget |
         )
     shard = _settings.get(size_name, env).on(total)  # ConfigError (a ValueError) names it
     source = f"Slurm {name}={raw!r} x {size_name}={size_raw!r}"
-    return _make(int(raw) * shard, source, name, False)
+    return _make(shards * shard, source, name, False)

@@ -29,14 +29,14 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from memgov._flock import adopt
+from memgov._files.flock import adopt
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 _IN_DELETE = 0x00000200
 """A record or ticket was removed (released, admitted, gave up, or cleaned)."""
 _IN_MOVE_SELF = 0x00000800
-"""The watched folder itself was moved: gc rebuilt it (memgov/_compact.py), and the folder at
+"""The watched folder itself was moved: gc rebuilt it (memgov/_ledger/compact.py), and the folder at
 its path is a new one, watched from then on."""
 _MASK = _IN_DELETE | _IN_MOVE_SELF
 _IN_Q_OVERFLOW = 0x00004000

@@ -1,4 +1,4 @@
-"""A job's identity: the name its profile (measured peaks, memgov/_profiles.py) is kept under.
+"""A job's identity: the name its profile (measured peaks, memgov/_profiles/store.py) is kept under.
 
 Given: ``claim(job=...)``, else ``MEMGOV_JOB`` (``memgov run --job`` sets it), verbatim.
 
@@ -64,7 +64,7 @@ _LABEL = re.compile(r"[^A-Za-z0-9_.-]")
 
 def job_for(given: str | None = None, argv: list[str] | None = None) -> tuple[str, str]:
     """(job name, label) of this process: ``given``, else MEMGOV_JOB, else derived from argv."""
-    from memgov import _settings
+    from memgov._base import settings as _settings
 
     if given is not None:
         name = _settings.job_name(given, "job")

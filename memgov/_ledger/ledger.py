@@ -22,20 +22,22 @@ import os
 import re
 import select
 import socket
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _deadnames, _nvml, _records
-from memgov._attribution import Attribution, Holder, attribute, pidns_of
-from memgov._devices import Device, refresh
-from memgov._errors import LedgerError
-from memgov._flock import AdmissionLock
-from memgov._parse import printable
-from memgov._sizes import format_size
+from memgov._base import config as _config
+from memgov._base.errors import LedgerError
+from memgov._base.sizes import format_size
+from memgov._files import flock as _flock
+from memgov._files.flock import AdmissionLock
+from memgov._gpu import nvml as _nvml
+from memgov._gpu.devices import Device, refresh
+from memgov._ledger import deadnames as _deadnames, records as _records
+from memgov._ledger.attribution import Attribution, Holder, attribute, pidns_of
+from memgov._ledger.parse import printable
 
 VERSION_DIR = _records.VERSION_DIR
 LOOK_AHEAD = 64
@@ -197,7 +199,7 @@ def claim_alive(uuid: str, record: str, root: Path | None = None) -> bool:
         return False
     try:
         parts = (VERSION_DIR, folder_name(uuid), "claims")
-        with _records.open_dir(root or _config.ledger_dir(), parts, create=False) as fd:
+        with _flock.open_dir(root or _config.ledger_dir(), parts, create=False) as fd:
             seen = _records._read(fd, record)
     except Exception:  # whatever another user left there: not a live claim of ours
         return False
@@ -229,7 +231,7 @@ class DeviceLedger:
         release takes none either), and each unlink in a folder another user floods waits for
         that folder's own lock, behind the flood's creations: root's gc held the admission lock
         for up to 383 ms so, and every claimer waited (docs/ledger.md, "Floods")."""
-        with _records.open_dir(self.root, self.parts, create=True) as fd:
+        with _flock.open_dir(self.root, self.parts, create=True) as fd:
             # Make the folders first (checked, no symlinks); only the folder's owner (or root)
             # creates the lock file in it.
             folder = os.fstat(fd)
@@ -250,7 +252,7 @@ class DeviceLedger:
         unlinks a name only while it still points at the file judged dead)."""
         for section in dict.fromkeys(b.section for b in burials):
             try:
-                with _records.open_dir(self.root, (*self.parts, section), create=False) as fd:
+                with _flock.open_dir(self.root, (*self.parts, section), create=False) as fd:
                     for burial in burials:
                         if burial.section == section:
                             burial.filing.remove(fd, self.path / section, burial.seen)
@@ -290,7 +292,7 @@ class DeviceLedger:
         filing = _Filing(device, clean, later=self._burials)
         for section in ("claims", "queue") if queue else ("claims",):
             folder = self.path / section
-            with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
+            with _flock.open_dir(self.root, (*self.parts, section), create=True) as fd:
                 found = _records.scan(fd, folder, sweep=sweep, remember=clean, memo=memo)
                 for seen in found:
                     filing.file(seen, fd, folder, section)
@@ -339,7 +341,7 @@ class DeviceLedger:
             due = False
             for section in ("claims", "queue"):
                 parts = (*self.parts, section)
-                with _records.open_dir(self.root, parts, create=False) as fd:
+                with _flock.open_dir(self.root, parts, create=False) as fd:
                     due = due or not _records.remembers(fd)
                     due = due or _records.unjudged(fd) >= LOOK_AHEAD
             if due:
@@ -352,11 +354,11 @@ class DeviceLedger:
         return None
 
     def compact(self) -> list[str]:
-        """Rebuild ``claims/`` where a flood left it large (memgov/_compact.py): gc's, under the
-        admission lock, as the folder's owner or root. What was rebuilt, in words."""
-        from memgov import _compact  # gc's alone: no claim imports it
+        """Rebuild ``claims/`` where a flood left it large (memgov/_ledger/compact.py): gc's, under
+        the admission lock, as the folder's owner or root. What was rebuilt, in words."""
+        from memgov._ledger import compact as _compact  # gc's alone: no claim imports it
 
-        with _records.open_dir(self.root, self.parts, create=False) as fd:
+        with _flock.open_dir(self.root, self.parts, create=False) as fd:
             size = os.stat("claims", dir_fd=fd, follow_symlinks=False).st_size
             carried = _compact.compact(fd, "claims")
         if carried is None:
@@ -368,9 +370,9 @@ class DeviceLedger:
 
     def remove_rebuilt(self) -> list[str]:
         """Remove what earlier rebuilds left (gc's, without the admission lock), in words."""
-        from memgov import _compact
+        from memgov._ledger import compact as _compact
 
-        with _records.open_dir(self.root, self.parts, create=False) as fd:
+        with _flock.open_dir(self.root, self.parts, create=False) as fd:
             old = _compact.remove_old(fd)
         return [f"{self.path / name} (left by an earlier rebuild)" for name in old]
 
@@ -380,7 +382,7 @@ class DeviceLedger:
         if not names:
             return 0
         stopped = time.time() - STOPPED_WAITER_S
-        with _records.open_dir(self.root, (*self.parts, "queue"), create=False) as fd:
+        with _flock.open_dir(self.root, (*self.parts, "queue"), create=False) as fd:
             return sum(1 for name in names if not _passed_over(fd, name, stopped))
 
     def snapshot(self) -> Snapshot:
@@ -393,17 +395,17 @@ class DeviceLedger:
 
     # -- writing -------------------------------------------------------------------------------
     def add(self, section: str, payload: dict[str, Any]) -> _records.Held:
-        with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
+        with _flock.open_dir(self.root, (*self.parts, section), create=True) as fd:
             return _records.create(fd, self.path / section, new_record_name(), payload)
 
     def update(self, section: str, held: _records.Held, payload: dict[str, Any]) -> None:
-        with _records.open_dir(self.root, (*self.parts, section), create=True) as fd:
+        with _flock.open_dir(self.root, (*self.parts, section), create=True) as fd:
             _records.replace(fd, held, payload)
 
     def remove(self, section: str, held: _records.Held) -> None:
         """Unlink a held record and drop its lock; the lock is dropped whatever fails."""
         try:
-            with _records.open_dir(self.root, (*self.parts, section), create=False) as fd:
+            with _flock.open_dir(self.root, (*self.parts, section), create=False) as fd:
                 _records.release(fd, held)
         except (FileNotFoundError, LedgerError):
             pass  # folder gone or unusable (someone wiped the ledger): dropping the lock is all
@@ -429,13 +431,6 @@ def record_payload(
         **_records.writer(),
         **extra,
     }
-
-
-def _is_dir(folder_fd: int, name: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
 
 
 def _old(folder_fd: int, name: str) -> bool:
@@ -525,8 +520,8 @@ class _Filing:
             self.problems.append(f"{where}: {seen.problem} (holder alive, uid {owner})")
 
     def _dead(self, seen: _records.Seen, fd: int, folder: Path, section: str) -> None:
-        debris = seen.name.startswith(_records.TMP_PREFIX)
-        folder_like = seen.problem == "not a regular file" and _is_dir(fd, seen.name)
+        debris = seen.name.startswith(_flock.TMP_PREFIX)
+        folder_like = seen.problem == "not a regular file" and _flock.is_dir(fd, seen.name)
         if not self.clean or folder_like or (debris and not _old(fd, seen.name)):
             if seen.problem and not debris:
                 self._leave(folder, seen, f"{seen.problem} (uid {_uid(seen.owner)})")
@@ -620,7 +615,7 @@ class QueuePlace:
                 return False
         self.ahead = None
         parts = (*self.ledger.parts, "queue")
-        with _records.open_dir(self.ledger.root, parts, create=False) as fd:
+        with _flock.open_dir(self.ledger.root, parts, create=False) as fd:
             self.close()
             # Duplicated and adopted in one C call: an interrupt in between leaks nothing.
             self._folder = next(map(select.epoll.fromfd, map(os.dup, (fd,))))

@@ -25,9 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memgov import _config
-from memgov._errors import MemgovError
-from memgov._mpsctl import (
+from memgov._base import config as _config
+from memgov._base.errors import MemgovError
+from memgov._base.signals import raise_on_signals
+from memgov._files import flock as _flock
+from memgov._gpu.mpsctl import (
     DEFAULT_PIPE,
     LOG_ENV,
     MAX_DAEMONS,
@@ -47,7 +49,6 @@ from memgov._mpsctl import (
     running_daemons,
     server_pids,
 )
-from memgov._signals import raise_on_signals
 
 __all__ = ["daemon", "read_state", "start", "status", "stop"]
 _CLIENT_ENV = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
@@ -107,7 +108,7 @@ def _one_status(k: int) -> dict[str, Any]:
 def _clients_per_gpu(clients: list[int]) -> dict[str, int]:
     if not clients:
         return {}
-    from memgov import _devices, _nvml
+    from memgov._gpu import devices as _devices, nvml as _nvml
 
     if _devices.simulated_spec() is not None:
         return {}
@@ -350,20 +351,16 @@ def _mine(info: os.stat_result) -> bool:
 
 
 def _write_state(p: Paths, data: dict[str, Any]) -> None:
-    from memgov import _records
-
     with _open_dir(p.root) as folder:
-        _records.write_atomic(folder, p.state.name, json.dumps(data, indent=1).encode())
+        _flock.write_atomic(folder, p.state.name, json.dumps(data, indent=1).encode())
 
 
 @contextlib.contextmanager
 def _open_dir(folder: Path, create: bool = True) -> Iterator[int]:
-    """A checked descriptor of one of memgov's MPS folders (memgov/_trust.py's rule: root's or
+    """A checked descriptor of one of memgov's MPS folders (memgov/_files/trust.py's rule: root's or
     this user's, no one else may write it, no symlink anywhere below MEMGOV_DIR)."""
-    from memgov import _records
-
     root = _config.ledger_dir()
-    with _records.open_dir(root, folder.relative_to(root).parts, create=create) as fd:
+    with _flock.open_dir(root, folder.relative_to(root).parts, create=create) as fd:
         yield fd
 
 
@@ -390,7 +387,7 @@ def _make_dirs(p: Paths) -> None:
 
 
 def _lock(p: Paths) -> Any:
-    from memgov._flock import AdmissionLock
+    from memgov._files.flock import AdmissionLock
 
     _make_dirs(p)
     with _open_dir(p.root) as fd:

@@ -2,7 +2,7 @@
 
     $MEMGOV_DIR/v1/cpu/<arrival>-<random>.json   one per governed process, held for its life
 
-Like a claim record (memgov/_records.py), the file is written under a temporary name, locked,
+Like a claim record (memgov/_ledger/records.py), the file is written under a temporary name, locked,
 then renamed into place, and its holder keeps the exclusive flock until it exits: the kernel drops
 it however the process ends, so a dead process stops counting at the next scan. Every governed
 process has one (claims and growth-only alike; a process without a GPU budget still runs thread
@@ -20,17 +20,18 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import stat
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memgov import _config, _deadnames, _flock, _records
-from memgov._attribution import pidns_of
-from memgov._cpus import Usable
-from memgov._errors import LedgerError
+from memgov._base import config as _config
+from memgov._base.errors import LedgerError
+from memgov._cpu.cpus import Usable
+from memgov._files import flock as _flock
+from memgov._ledger import deadnames as _deadnames, records as _records
+from memgov._ledger.attribution import pidns_of
 
 PARTS = (_records.VERSION_DIR, "cpu")
 """The CPU-share folder (a simulated GPU may not take its name: _settings.RESERVED_NAMES)."""
@@ -73,7 +74,7 @@ class Registration:
             payload = {**self.payload, **changes}
             before = self.held.file
             try:
-                with _records.open_dir(self.root, PARTS, create=False) as fd:
+                with _flock.open_dir(self.root, PARTS, create=False) as fd:
                     _records.replace(fd, self.held, payload)  # held for life still (_flock)
             finally:
                 if self.held.file is not before:  # the record is the new one, interrupted or not
@@ -81,7 +82,7 @@ class Registration:
 
     def close(self) -> None:
         with contextlib.suppress(OSError, LedgerError):
-            with _records.open_dir(self.root, PARTS, create=False) as fd:
+            with _flock.open_dir(self.root, PARTS, create=False) as fd:
                 _records.release(fd, self.held)
             return
         with contextlib.suppress(OSError):
@@ -107,7 +108,7 @@ def register(
         "why": why,
     }
     root = _config.ledger_dir()
-    with _records.open_dir(root, PARTS, create=True) as fd:
+    with _flock.open_dir(root, PARTS, create=True) as fd:
         held = _records.create(fd, root.joinpath(*PARTS), _records.new_record_name(), payload)
     _flock.held_for_life(held)  # the process's CPU record, by design (not a leaked lock)
     return Registration(held, payload, root)
@@ -121,7 +122,7 @@ def peers(clean: bool = True, root: Path | None = None) -> list[Peer]:
     can plant must not shrink everyone's share), one record per process."""
     root = root or _config.ledger_dir()
     try:
-        with _records.open_dir(root, PARTS, create=False) as fd:
+        with _flock.open_dir(root, PARTS, create=False) as fd:
             return _scan(fd, root.joinpath(*PARTS), clean)
     except FileNotFoundError:
         return []
@@ -172,7 +173,7 @@ def _remove_dead(fd: int, item: _records.Seen) -> None:
     flood costs no unlink each); an unfinished write only once it is stale."""
     if os.geteuid() not in (0, item.owner):
         return
-    if item.name.startswith(_records.TMP_PREFIX) and not _records.stale(fd, item.name):
+    if item.name.startswith(_flock.TMP_PREFIX) and not _records.stale(fd, item.name):
         return
     _records.remove_dead(fd, item)
 
@@ -204,13 +205,13 @@ def sweep(root: Path | None = None) -> int:
     user's). Returns how many went."""
     root = root or _config.ledger_dir()
     try:
-        with _records.open_dir(root, PARTS, create=False) as fd:
+        with _flock.open_dir(root, PARTS, create=False) as fd:
             gone = 0
             for item in _records.scan(fd, root.joinpath(*PARTS), sweep=True, kind=_records.CPU):
-                young = item.name.startswith(_records.TMP_PREFIX) and not _records.stale(
+                young = item.name.startswith(_flock.TMP_PREFIX) and not _records.stale(
                     fd, item.name
                 )
-                folder_like = item.problem == "not a regular file" and _is_dir(fd, item.name)
+                folder_like = item.problem == "not a regular file" and _flock.is_dir(fd, item.name)
                 if item.name and not item.alive and not young and not folder_like:
                     gone += _records.remove_dead(fd, item) is None
             return gone
@@ -240,13 +241,6 @@ def _peer(name: str, data: dict[str, Any] | None) -> Peer | None:
         holder=str(data.get("holder", "")),
         why=str(data.get("why", "")),
     )
-
-
-def _is_dir(fd: int, name: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
 
 
 @dataclass(frozen=True)

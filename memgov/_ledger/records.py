@@ -25,27 +25,25 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memgov import _deadnames, _trust
-from memgov._attribution import pidns_of
-from memgov._errors import LedgerError
-from memgov._flock import (
+from memgov._base.errors import LedgerError
+from memgov._files.flock import (
     LAYOUT_DIR,
-    entering,
+    RECORD_MODE,
+    TMP_PREFIX,
     flock_error,
-    left,
     lock_table,
-    note_root,
     open_owned,
     pid_running,
     process_alive,
     try_lock,
 )
-from memgov._parse import CLAIM_FIELDS, CPU_FIELDS, Fields, _parse
+from memgov._ledger import deadnames as _deadnames
+from memgov._ledger.attribution import pidns_of
+from memgov._ledger.parse import CLAIM_FIELDS, CPU_FIELDS, Fields, _parse
 
 VERSION_DIR = LAYOUT_DIR
 """The ledger's layout version: every folder memgov uses lies under MEMGOV_DIR/v1."""
@@ -54,85 +52,9 @@ VERSION = 1
 SUFFIX = ".json"
 RECORD_NAME = re.compile(r"^[0-9]{20}-[0-9a-f]{12}\.json$")
 """What memgov names a record (:func:`new_record_name`); anything else is not one."""
-TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 60.0
 """A temporary record older than this with no lock is debris of a dead writer."""
 MAX_BYTES = 64 * 1024
-SHARED_DIR_MODE = 0o1777
-"""Folders root makes are shared by every user; the sticky bit keeps others' files safe."""
-PRIVATE_DIR_MODE = 0o755
-SHARED_FOLDERS = ("claims", "queue", "cpu", "stats", "_profiles", "_queue")
-"""Folders every user writes in (root makes them 1777, sticky): claim records, queue tickets,
-CPU-share records, counters, and each user's private profile and job-queue folders
-(memgov/_profiles.py, memgov/queue/store.py)."""
-RECORD_MODE = 0o644
-
-
-@contextlib.contextmanager
-def open_dir(root: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
-    """Yield a descriptor of root/parts..., every folder on the way checked (memgov/_trust.py).
-
-    The whole path from ``/`` is walked (symlinks above ``root`` only where root or this user
-    owns them); from ``root`` down nothing is followed. Only a folder's owner creates folders in
-    it: in a root-owned ledger the device folders are made by root (docs/ledger.md, "Set-ups").
-    A missing folder raises FileNotFoundError unless ``create``.
-    """
-    # The open folders, each owned by an object that closes it when freed (_trust.Stack): an
-    # exception anywhere leaks no folder descriptor and never closes a number twice.
-    stack: _trust.Stack = []
-    token = object()
-    try:
-        note_root(root)
-        entering(token)  # a fork meanwhile: the child looks for what this leaves it (_flock)
-        info = _trust.walk(root, stack, create)
-        note_root(root, _trust.top(stack))
-        path = root
-        for part in parts:
-            parent, path = path, path / part
-            try:
-                _trust._open(stack, _trust.top(stack), part)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                _mkdir(_trust.top(stack), part, path, parent)
-                try:
-                    _trust._open(stack, _trust.top(stack), part)
-                except OSError as exc:
-                    raise LedgerError(_trust.explain(path, exc)) from None
-            except OSError as exc:
-                raise LedgerError(_trust.explain(path, exc)) from None
-            _trust._drop_parent(stack)
-            role = _trust.SHARED if part in SHARED_FOLDERS else _trust.LEDGER
-            info = _trust.check(_trust.top(stack), path, role, info, root)
-        yield _trust.top(stack)
-    finally:
-        try:
-            _trust.close_all(stack)
-        finally:
-            left(token)
-
-
-def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:
-    if os.geteuid() != 0 and os.fstat(dir_fd).st_uid != os.geteuid():
-        # A folder this user made in root's ledger would be this user's: others would refuse it.
-        raise LedgerError(
-            f"ledger folder {path} is missing, and {parent} belongs to root: only root creates "
-            "folders there. Run `sudo memgov gc` once (it creates every device's folders; "
-            "docs/ledger.md, 'Set-ups')"
-        )
-    # Only claims/, queue/ and cpu/ are written by every user: root makes those 1777 (sticky,
-    # like /tmp) and every other folder 0755, so no user can plant files (admission.lock, a
-    # device folder) beside them. Any other user's folders are private (0755).
-    shared = os.geteuid() == 0 and name in SHARED_FOLDERS
-    mode = SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
-    try:
-        os.mkdir(name, mode, dir_fd=dir_fd)
-    except FileExistsError:
-        return  # another process made it first
-    except OSError as exc:
-        raise LedgerError(_trust.explain(path, exc)) from None
-    with contextlib.suppress(OSError):  # the umask trimmed the mode
-        os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def new_record_name() -> str:
@@ -352,8 +274,9 @@ class Seen:
     inode: tuple[int, int] | None = None
     """(st_dev, st_ino) of the file that was read, so removal can tell it from a replacement."""
     final: bool = False
-    """Dead for good: the name is not, and never will be, a live record's (memgov/_deadnames.py
-    says why one look can prove that, and which looks do). Scans then skip it by name."""
+    """Dead for good: the name is not, and never will be, a live record's
+    (memgov/_ledger/deadnames.py says why one look can prove that, and which looks do). Scans then
+    skip it by name."""
     locked: bool = False
     """Someone holds the file's lock. Such a file is never removed and never dead for good,
     whatever its content or however its holder looks (a child forked from C that kept a dead
@@ -773,40 +696,3 @@ def remove_dead(folder_fd: int, seen: Seen) -> str | None:
     except OSError as exc:
         return f"cannot remove ({exc.strerror})"
     return None
-
-
-def write_atomic(
-    folder_fd: int, name: str, data: bytes, mode: int = RECORD_MODE, durable: bool = True
-) -> os.stat_result:
-    """Replace file ``name`` of a folder with ``data``, whole or not at all, never via a symlink.
-
-    A temporary file in the same folder, fsync, ``os.replace``, then fsync of the folder: a reader
-    sees the old content or the new, never a torn file. For files without a holder (pack's
-    history); callers serialise writers themselves. Held records use create/replace.
-    ``durable=False`` skips both fsyncs (a file that may go back to an older content after a
-    crash of the host): an fsync commits every pending change of the filesystem, another
-    user's flood of files included, so none is taken under the admission lock. Returns the new
-    file's stat (to know it again without a stat by name).
-    """
-    tmp = f"{TMP_PREFIX}{name}-{os.urandom(4).hex()}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    file = open_owned(tmp, flags, folder_fd, mode=mode, writable=True)  # no interrupt leaks it
-    try:
-        fd = file.fileno()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-        info = os.fstat(fd)
-        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=folder_fd)
-        raise
-    finally:
-        file.close()
-    if durable:
-        with contextlib.suppress(OSError):
-            os.fsync(folder_fd)
-    return info

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgov import _settings
-from memgov._devices import Device
-from memgov._errors import ConfigError
+from memgov._base import settings as _settings
+from memgov._base.errors import ConfigError
+from memgov._gpu.devices import Device
 
 PIN_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
@@ -87,7 +87,7 @@ def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
             f"{PIN_ENV}={preset!r} was set outside memgov; memgov does not "
             "replace a limit it did not set",
         )
-    from memgov import _mpsctl
+    from memgov._gpu import mpsctl as _mpsctl
 
     if _mpsctl.binary() is None:
         return Plan(
@@ -125,7 +125,7 @@ def decide(candidates: Sequence[Device], cuda_initialized: bool) -> Plan:
 def _server_uids(pipes: list[Path]) -> list[dict[int, int | None]]:
     """Each daemon's servers and their users, asked of all daemons at once: with many jobs
     starting together a control daemon can take seconds to answer, and the waits would add up."""
-    from memgov import _mpsctl
+    from memgov._gpu import mpsctl as _mpsctl
 
     if _mpsctl.servers_all_ours(pipes):
         return [{} for _ in pipes]  # nothing of another user's to find: no daemon asked
@@ -157,7 +157,7 @@ def apply(
     if compute is not None:
         wanted[THREADS_ENV] = str(compute)
     if plan.memgov_daemon and plan.pipe is not None:
-        from memgov._mpsctl import paths
+        from memgov._gpu.mpsctl import paths
 
         where = paths(daemon if daemon is not None else (plan.daemons or (0,))[0])
         wanted[PIPE_ENV] = str(where.pipe)
@@ -223,7 +223,7 @@ def client_limit_reason(hard_clients: int, mode: str, device: str) -> str | None
     """Why a hard claim cannot join a single MPS server on ``device``, or None when it can."""
     if mode != "hard":
         return None
-    from memgov._mpsctl import client_limit
+    from memgov._gpu.mpsctl import client_limit
 
     limit = client_limit()
     if hard_clients < limit:
@@ -243,7 +243,7 @@ def pick_daemon(
     Policy (MEMGOV_MPS_POLICY): ``fill`` takes the lowest-numbered daemon with room, ``spread``
     the one with the fewest clients (the lowest number on a tie).
     """
-    from memgov._mpsctl import client_limit, policy
+    from memgov._gpu.mpsctl import client_limit, policy
 
     limit = client_limit()
     room = [k for k in daemons if by_daemon.get(k, 0) < limit]
@@ -263,7 +263,7 @@ def context_limit_reason(contexts: int, mode: str, device: Device) -> str | None
     """Why a claim without MPS cannot get a CUDA context on ``device`` now, or None."""
     if mode == "hard":
         return None  # MPS clients are the server's, counted by pick_daemon
-    from memgov import _config
+    from memgov._base import config as _config
 
     limit = _config.context_limit(device.simulated)
     if limit is None or contexts < limit:

@@ -25,7 +25,7 @@ CLAIM_FIELDS: Fields = {
     "pid": int,
     "created": (int, float),
 }
-"""A claim record or queue ticket (memgov/_ledger.py)."""
+"""A claim record or queue ticket (memgov/_ledger/ledger.py)."""
 CPU_FIELDS: Fields = {
     "version": int,
     "kind": str,
@@ -33,7 +33,7 @@ CPU_FIELDS: Fields = {
     "created": (int, float),
     "cpus": list,
 }
-"""A CPU-share record (memgov/_cpushare.py)."""
+"""A CPU-share record (memgov/_cpu/share.py)."""
 _TEXT_FIELDS = ("id", "kind", "device", "name", "host", "mode", "holder", "source", "why")
 
 

@@ -33,12 +33,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memgov import _flock, _records
-from memgov._errors import LockTimeout
-from memgov._parse import _bounded_float, _bounded_int, _no_constant, too_deep
+from memgov._base.errors import LockTimeout
+from memgov._files import flock as _flock
+from memgov._ledger.parse import _bounded_float, _bounded_int, _no_constant, too_deep
 
 if TYPE_CHECKING:
-    from memgov._ledger import DeviceLedger
+    from memgov._ledger.ledger import DeviceLedger
 
 FOLDER = "stats"
 MAX_FILES = 100_000
@@ -142,7 +142,7 @@ def lock_timeouts(ledger: DeviceLedger, timeout: float | None) -> Iterator[None]
 def _add_lock_timeout(ledger: DeviceLedger) -> None:
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     name = f"u{os.geteuid()}.locktimeouts"
-    with _records.open_dir(ledger.root, (*ledger.parts, FOLDER), create=True) as fd:
+    with _flock.open_dir(ledger.root, (*ledger.parts, FOLDER), create=True) as fd:
         file = _flock.open_owned(name, flags, fd, mode=0o644, writable=True, register=False)
         with file:
             info = os.fstat(file.fileno())
@@ -154,7 +154,7 @@ def _add(
     ledger: DeviceLedger, reclaimed: int, refused: str | None, waited: tuple[str, float] | None
 ) -> None:
     name = f"u{os.geteuid()}.json"
-    with _records.open_dir(ledger.root, (*ledger.parts, FOLDER), create=True) as fd:
+    with _flock.open_dir(ledger.root, (*ledger.parts, FOLDER), create=True) as fd:
         counts, _ = _read_file(fd, name)
         counts = counts or Counts()
         counts.reclaimed += reclaimed
@@ -166,7 +166,7 @@ def _add(
         # No fsync: this runs under the admission lock, where an fsync would wait for every
         # pending change of the filesystem (another user's flood of files included) while all
         # claimers wait; counts lost to a crash of the host are counts, not budget.
-        _records.write_atomic(fd, name, data, durable=False)
+        _flock.write_atomic(fd, name, data, durable=False)
 
 
 def read(ledger: DeviceLedger) -> tuple[dict[int, Counts], list[str]]:
@@ -175,7 +175,7 @@ def read(ledger: DeviceLedger) -> tuple[dict[int, Counts], list[str]]:
     found: dict[int, Counts] = {}
     problems: list[str] = []
     try:
-        with _records.open_dir(ledger.root, (*ledger.parts, FOLDER), create=False) as fd:
+        with _flock.open_dir(ledger.root, (*ledger.parts, FOLDER), create=False) as fd:
             names = os.listdir(fd)
             if len(names) > MAX_FILES:
                 return {}, [f"{FOLDER}/ holds {len(names)} files; not read"]

@@ -44,7 +44,8 @@ _active: list[object] = []
 """One token per deferred block running (blocks nest: only the outermost takes over)."""
 RESTORE_TRIES = 100
 """How often putting the handlers back is begun again when a handler already back interrupts
-it (its signal arrived meanwhile): as memgov/_records.py's clean-up of an interrupted write."""
+it (its signal arrived meanwhile): as memgov/_ledger/records.py's clean-up of an interrupted
+write."""
 
 
 def _later(signum: int, _frame: FrameType | None) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 
-from memgov._errors import ConfigError
+from memgov._base.errors import ConfigError
 
 ACCEPTED = (
     "accepted: an integer number of bytes (e.g. 1073741824), a number with a unit "
@@ -91,7 +91,7 @@ class Size:
         """Bytes on a device of ``total`` bytes (None: no device known, percentages refused).
 
         The one comparison of a size with a device; ``where`` names that device in the error
-        (memgov/_devices.py's ``sizes_on`` is how claim(), memgov run and pack reach it)."""
+        (memgov/_gpu/devices.py's ``sizes_on`` is how claim(), memgov run and pack reach it)."""
         value = self.value
         size = self.bytes
         if size is None:

@@ -1,0 +1,1 @@
+"""The core's ground: errors, sizes, the MEMGOV_* settings table, config, signals, import hooks."""

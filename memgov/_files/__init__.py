@@ -1,0 +1,1 @@
+"""Files another user may plant things beside: checked folders, owned files, locks, whole writes."""

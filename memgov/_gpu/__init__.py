@@ -1,0 +1,1 @@
+"""The GPUs: NVML, devices, the GPU schedulers' budgets, MPS and its pipe, enforcement."""

@@ -1,0 +1,1 @@
+"""The host ledger: record fields, attribution, dead names, records, compaction, admission."""
