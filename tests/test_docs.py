@@ -4,9 +4,11 @@ as coming, and install hints name the distribution (memgov-gpu), not the unrelat
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer.main
 
 from memgov.cli import app
@@ -60,7 +62,8 @@ def test_install_hints_name_the_distribution() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-RESULTS_LINK = re.compile(r"(?<!\w)results/[\w.{},*/-]+")
+RESULTS_LINK = re.compile(r"(?<![\w:])results/[\w.{},*/-]+")
+"""A results path; one after ``COMMIT:`` is a raw file kept out of the tree (`git show` it)."""
 
 
 def test_every_results_file_the_docs_name_exists() -> None:
@@ -76,6 +79,25 @@ def test_every_results_file_the_docs_name_exists() -> None:
                     if name.rstrip("/") != "results" and not list(ROOT.glob(name)):
                         missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
     assert not missing, "no such results file:\n" + "\n".join(missing)
+
+
+KEPT_OUT = re.compile(r"\b([0-9a-f]{7,40}):(results/[\w./-]+)")
+
+
+def test_every_raw_file_kept_out_of_the_tree_is_in_its_commit() -> None:
+    """``git show COMMIT:results/...`` in the docs names a file that commit holds."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    missing = []
+    for path in [*DOCS, ROOT / "results" / "HISTORY.md"]:
+        for commit, name in KEPT_OUT.findall(path.read_text(encoding="utf-8")):
+            known = ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"]
+            if subprocess.run(known, capture_output=True).returncode:
+                continue  # a shallow clone has not that commit: nothing to check against
+            there = ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:{name}"]
+            if subprocess.run(there, capture_output=True).returncode:
+                missing.append(f"{path.relative_to(ROOT)}: {commit}:{name}")
+    assert not missing, "not in the commit named:\n" + "\n".join(missing)
 
 
 TRACKER = re.compile(r"(?i)\bmust-shows?\b|\bgoals? \d|\bissues? #?\d|\brounds? \d")
