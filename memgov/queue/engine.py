@@ -72,6 +72,10 @@ class Front(Protocol):
         ...
 
 
+HELD_KEPT = 200
+"""The report keeps this many of the jobs held back although a GPU had room (the count is whole)."""
+
+
 class Engine:
     def __init__(
         self, front: Front, policy: Policy, gates: Sequence[Gate] = (), cores: int | None = None
@@ -82,6 +86,11 @@ class Engine:
         self.cores = cores or os.cpu_count() or 1
         self.latencies: list[float] = []
         """Seconds each decision took: the front end's view and the policy."""
+        self.held: list[tuple[float, int, int, int, int]] = []
+        """(time, job id, GPU, its free bytes, the job's claim): a job left waiting although a
+        GPU it may use had room for it, after the decision's own placements (the first
+        HELD_KEPT; the policy's hold-backs and reservations, seen from outside)."""
+        self.held_count = 0
 
     def run(self, stopped: Callable[[], bool]) -> None:
         """Decide, launch and follow until the front end has nothing left or ``stopped()``;
@@ -113,6 +122,7 @@ class Engine:
         self.latencies.append(time.perf_counter() - began)
         started = self._launch(view, placements)
         waiting = [c for c in ready if c.id not in started]
+        self._note_held(view, waiting, placements, now)
         if waiting and not started and self.front.active() == 0:
             waiting = self._refuse(waiting)
         if waiting:
@@ -149,6 +159,20 @@ class Engine:
             self.front.refuse(waiting[0].id, reasons[0])
             waiting = waiting[1:]
         return waiting
+
+    def _note_held(
+        self, view: View, waiting: list[Candidate], placed: list[tuple[int, int]], now: float
+    ) -> None:
+        claims = {c.id: c.claim for c in view.jobs}
+        free = {g.index: g.free for g in view.gpus}
+        for job_id, index in placed:
+            free[index] -= claims[job_id]
+        for job in waiting:
+            room = [i for i, f in free.items() if f >= job.claim and job.gpu in (None, i)]
+            if room:
+                self.held_count += 1
+                if len(self.held) < HELD_KEPT:
+                    self.held.append((now, job.id, room[0], free[room[0]], job.claim))
 
     def decisions(self) -> dict[str, Any]:
         """count, p50_ms, p99_ms, max_ms of the decisions so far (as the queue's report)."""

@@ -432,6 +432,7 @@ class RayQueue:
             self.learned,
             self.started,
             nodes=self.cluster.nodes,
+            held=(self.engine.held, self.engine.held_count),
         )
         report.interrupted = self.stop.signal
         return report

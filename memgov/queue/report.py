@@ -160,10 +160,12 @@ def build_report(
     started: float,
     origin: float | None = None,
     nodes: dict[int, str] | None = None,
+    held: tuple[list[tuple[float, int, int, int, int]], int] = ([], 0),
 ) -> Report:
     """``origin``: time 0 of the report; default the earliest job's submission (a file's run
     start). A runner without a file (`run` of what is queued, `serve`) counts from its start.
-    ``nodes``: on Ray, the node of each GPU (``devices`` are then the cluster's)."""
+    ``nodes``: on Ray, the node of each GPU (``devices`` are then the cluster's).
+    ``held``: the engine's jobs left waiting although a GPU had room, and how many in all."""
     t0 = origin if origin is not None else min([j.created for j in jobs] or [started])
     rows = [_job_row(j, t0, solo, learned) for j in sorted(jobs, key=lambda j: j.id)]
     ends = [r["end_s"] for r in rows if r["end_s"] is not None]
@@ -184,7 +186,14 @@ def build_report(
         max_slowdown=getattr(policy, "max_slowdown", None),
         makespan_s=round(max(ends), 3) if ends else 0.0,
         jobs=rows,
-        decisions=decision_stats(latencies),
+        decisions=decision_stats(latencies)
+        | {
+            "held_with_room": held[1],
+            "held_with_room_first": [
+                {"t": round(t - t0, 3), "job": j, "gpu": g, "free_bytes": f, "claim_bytes": c}
+                for t, j, g, f, c in held[0]
+            ],
+        },
         samples=_shift(sampler.samples, sampler.started - t0),
         ooms=sum(j.ooms for j in jobs),
         killed_by_neighbour=neighbour,

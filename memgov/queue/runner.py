@@ -570,6 +570,7 @@ class Runner:
             self.learned,
             started,
             started if self.options.batch is None else None,
+            held=(self.engine.held, self.engine.held_count),
         )
         report.interrupted = self.stop.signal
         return report

@@ -254,6 +254,21 @@ def test_a_command_line_that_names_an_oom_is_not_an_oom(tmp_path: Path) -> None:
     assert (row["end"], row["ooms"], row["retries"]) == ("failed", 0, 0)
 
 
+def test_the_report_names_jobs_held_back_although_a_gpu_had_room(tmp_path: Path) -> None:
+    # one job per GPU (fifo-exclusive), both pinned to GPU 0: the second waits with room free
+    quick = ["python3", "-c", "import time; time.sleep(1)"]
+    jobs = [{"name": n, "cmd": quick, "claim": "1GiB", "gpu": 0} for n in ("a", "b")]
+    report = q.run(write_queue(tmp_path / "q.toml", jobs), "fifo-exclusive").to_json()
+    held = report["decisions"]
+    second = next(j["id"] for j in report["jobs"] if j["name"] == "b")
+    assert held["held_with_room"] >= 1
+    first = held["held_with_room_first"][0]
+    assert (first["job"], first["gpu"], first["claim_bytes"]) == (second, 0, 2**30)
+    assert first["free_bytes"] >= 2**30 and first["t"] >= 0
+    fifo = q.run(write_queue(tmp_path / "f.toml", jobs), "fifo").to_json()
+    assert fifo["decisions"]["held_with_room"] == 0  # both fit at once: none held
+
+
 def test_add_list_log_and_json_through_the_cli(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
