@@ -9,9 +9,9 @@ Importing memgov imports no framework and never initialises CUDA or NVML.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from memgov._base import note_env_set
 from memgov._base.errors import (
     BudgetExceeded,
     ConfigError,
@@ -57,20 +57,7 @@ NO_GREEDY_PREALLOCATION = {
     "TF_FORCE_GPU_ALLOW_GROWTH": "true",
     "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
 }
-ENV_SET_MARK = "MEMGOV_ENV_SET"
-"""Names of the variables memgov set in this process or a governed parent, comma-separated:
-`memgov doctor` shows them apart from the user's."""
-
-
-def _note_env_set(names: Iterable[str]) -> None:
-    """Add ``names`` to the variables marked as set by memgov (inherited by children)."""
-    marked = set(filter(None, os.environ.get(ENV_SET_MARK, "").split(",")))
-    added = set(names) - marked - {ENV_SET_MARK}
-    if added:
-        os.environ[ENV_SET_MARK] = ",".join(sorted(marked | added))
-
-
-_note_env_set([n for n in NO_GREEDY_PREALLOCATION if n not in os.environ])
+note_env_set([n for n in NO_GREEDY_PREALLOCATION if n not in os.environ])
 for _name, _value in NO_GREEDY_PREALLOCATION.items():
     os.environ.setdefault(_name, _value)
 del _name, _value

@@ -16,7 +16,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from memgov._base import importhook as _importhook, settings as _settings
+from memgov._base import importhook as _importhook, note_env_set, settings as _settings
 from memgov.adapter import GROUP, Adapter, Budget, Facts, Report
 
 log = logging.getLogger("memgov")
@@ -104,9 +104,8 @@ def govern(budget: Budget, reports: dict[str, str]) -> None:
                 log.warning("memgov: %s adapter could not apply the budget: %s", adapter.name, exc)
 
         _importhook.when_imported(adapter.module, apply)
-    from memgov import _note_env_set  # `memgov doctor` tells these from the user's
-
-    _note_env_set(k for k, v in _environ_now().items() if before.get(k) != v)
+    # `memgov doctor` tells these from the user's
+    note_env_set(k for k, v in _environ_now().items() if before.get(k) != v)
 
 
 def _environ_now() -> dict[str, str]:

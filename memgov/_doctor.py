@@ -76,8 +76,8 @@ def _environment() -> dict[str, Any]:
 
 def set_by_memgov(environ: Mapping[str, str]) -> dict[str, str]:
     """Which variables memgov set, and how it knows: its own marks, compared with the values."""
-    from memgov import ENV_SET_MARK, NO_GREEDY_PREALLOCATION
-    from memgov._base import settings as _settings
+    from memgov import NO_GREEDY_PREALLOCATION
+    from memgov._base import ENV_SET_MARK, settings as _settings
     from memgov._cpu import threads as _threads
     from memgov._gpu import enforce as _enforce
 
