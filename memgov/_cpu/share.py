@@ -123,7 +123,7 @@ def peers(clean: bool = True, root: Path | None = None) -> list[Peer]:
     root = root or _config.ledger_dir()
     try:
         with _flock.open_dir(root, PARTS, create=False) as fd:
-            return _scan(fd, root.joinpath(*PARTS), clean)
+            return _scan(fd, root, clean)
     except FileNotFoundError:
         return []
 
@@ -136,7 +136,8 @@ While the folder is unchanged (no record made or removed), only those are probed
 governed process's follower then costs O(live records), whatever else lies in the folder."""
 
 
-def _scan(fd: int, folder: Path, clean: bool) -> list[Peer]:
+def _scan(fd: int, root: Path, clean: bool) -> list[Peer]:
+    folder = root.joinpath(*PARTS)
     info = os.fstat(fd)
     key = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_ctime_ns, os.getpid())
     if _last.get("key") == key and _last.get("scans", 0) % RELIST_EVERY:
@@ -148,7 +149,7 @@ def _scan(fd: int, folder: Path, clean: bool) -> list[Peer]:
     else:
         # A full scan: names this user's processes found dead for good before are skipped
         # (_deadnames), so a flood of them costs a listing, not a stat each.
-        seen = _records.scan(fd, folder, remember=clean, kind=_records.CPU)
+        seen = _records.scan(fd, folder, remember=clean, kind=_records.CPU, root=root)
         if clean:
             _deadnames.flush()  # outside any lock: for this user's other and later processes
     found = []

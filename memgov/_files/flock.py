@@ -653,10 +653,10 @@ def _mkdir(dir_fd: int, name: str, path: Path, parent: Path) -> None:
 
 
 @contextlib.contextmanager
-def private_folder(create: bool = True) -> Iterator[tuple[int, Path]]:
-    """This user's private store (profiles, dead names): (descriptor, path), checked to be this
-    user's and private."""
-    root = _config.ledger_dir()
+def private_folder(create: bool = True, root: Path | None = None) -> Iterator[tuple[int, Path]]:
+    """This user's private store (profiles, dead names) in ledger ``root`` (default MEMGOV_DIR's):
+    (descriptor, path), checked to be this user's and private."""
+    root = root or _config.ledger_dir()
     uid = str(os.geteuid())
     path = root.joinpath(*PARTS, uid)
     # Each folder descriptor owned by an object that closes it when freed (_trust.Stack): an

@@ -51,6 +51,7 @@ import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 Key = tuple[int, int]
 """A folder's (st_dev, st_ino)."""
@@ -82,20 +83,23 @@ class Folder:
     offset: int = 0
     """How far into that file it has read (whole lines)."""
     loaded: bool = False
+    root: Path | None = None
+    """The ledger the folder is in (None: MEMGOV_DIR's): its store keeps what is learned, whatever
+    MEMGOV_DIR says when a background scan flushes (a thread of an earlier claim)."""
 
 
 _folders: dict[Key, Folder] = {}
 
 
-def known(key: Key, store: bool = True) -> set[str]:
+def known(key: Key, store: bool = True, root: Path | None = None) -> set[str]:
     """The names known dead in folder ``key``; ``store``: read this user's store on the first
     call (a read-only look, like `memgov status`, uses only what this process found itself)."""
     folder = _folders.get(key)
     if folder is None:
         if not store:
             return set()
-        folder = _folders[key] = Folder()
-        reload(key)
+        folder = _folders[key] = Folder(root=root)
+        reload(key, root)
     return folder.names
 
 
@@ -105,10 +109,10 @@ def remembers(key: Key) -> bool:
     return folder is not None and folder.loaded
 
 
-def learn(key: Key, names: set[str], listed: set[str]) -> None:
+def learn(key: Key, names: set[str], listed: set[str], root: Path | None = None) -> None:
     """Record a scan: ``names`` found dead for good, ``listed`` the folder's listing (names
     gone from it are dropped: the set never outgrows the folder)."""
-    folder = _folders.setdefault(key, Folder())
+    folder = _folders.setdefault(key, Folder(root=root))
     folder.names &= listed
     folder.records &= listed
     new = {name for name in names - folder.names if storable(name)}
@@ -124,10 +128,10 @@ def storable(name: str) -> bool:
     return RECORD_NAME.match(name) is not None
 
 
-def reload(key: Key) -> None:
+def reload(key: Key, root: Path | None = None) -> None:
     """Merge in the names this user's other processes stored, if the store changed."""
-    folder = _folders.setdefault(key, Folder())
-    with contextlib.suppress(Exception), _store() as fd:  # a cache: unreadable, unused
+    folder = _folders.setdefault(key, Folder(root=root))
+    with contextlib.suppress(Exception), _store(folder.root) as fd:  # a cache: unreadable, unused
         _read(fd, key, folder)
 
 
@@ -138,9 +142,11 @@ def flush() -> None:
     due = [(key, f) for key, f in list(_folders.items()) if f.pending]
     if not due:
         return
-    with contextlib.suppress(Exception), _store() as fd:
-        for key, folder in due:
-            _append(fd, key, folder)
+    for root in {f.root for _key, f in due}:
+        with contextlib.suppress(Exception), _store(root) as fd:
+            for key, folder in due:
+                if folder.root == root:
+                    _append(fd, key, folder)
 
 
 def forget() -> None:
@@ -153,10 +159,10 @@ def _file(key: Key) -> str:
 
 
 @contextlib.contextmanager
-def _store() -> Iterator[int]:
+def _store(root: Path | None) -> Iterator[int]:
     from memgov._files import flock as _flock  # the user's private store (owner, mode, no links)
 
-    with _flock.private_folder(create=True) as (fd, _path):
+    with _flock.private_folder(create=True, root=root) as (fd, _path):
         yield fd
 
 

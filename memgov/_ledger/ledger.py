@@ -293,7 +293,9 @@ class DeviceLedger:
         for section in ("claims", "queue") if queue else ("claims",):
             folder = self.path / section
             with _flock.open_dir(self.root, (*self.parts, section), create=True) as fd:
-                found = _records.scan(fd, folder, sweep=sweep, remember=clean, memo=memo)
+                found = _records.scan(
+                    fd, folder, sweep=sweep, remember=clean, memo=memo, root=self.root
+                )
                 for seen in found:
                     filing.file(seen, fd, folder, section)
                 filing.summarise(folder)

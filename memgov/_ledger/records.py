@@ -308,6 +308,7 @@ def scan(
     remember: bool = False,
     kind: Kind = CLAIMS,
     memo: str | None = None,
+    root: Path | None = None,
 ) -> list[Seen]:
     """Read every record in a folder; probe each one's lock. Never raises for a bad file; a
     LedgerError when the folder cannot be read or a file's state cannot be known (EMFILE, a
@@ -329,7 +330,8 @@ def scan(
         listed = set(os.listdir(folder_fd))
     except OSError as exc:
         raise LedgerError(f"cannot list {folder}: {exc.strerror or exc}") from None
-    fresh = listed if sweep else listed - _deadnames.known(key, store=remember)
+    # ``root``: the ledger the folder is in, whose store keeps what is learned of it
+    fresh = listed if sweep else listed - _deadnames.known(key, store=remember, root=root)
     if memo == "use" and not remember:
         fresh -= _read_only_dead.get(key, set())
     new = fresh - _fresh_last.get(key, set())
@@ -337,8 +339,8 @@ def scan(
         # Many names new since this process's last scan: this user's other processes may have
         # judged them. (Names the last scan saw and could not judge for good, such as a hung
         # writer's temporary files, do not count again: they would reload the store every time.)
-        _deadnames.reload(key)
-        fresh = listed - _deadnames.known(key)
+        _deadnames.reload(key, root)
+        fresh = listed - _deadnames.known(key, root=root)
     final = set()
     seen = []
     locks = LockTable()
@@ -359,7 +361,7 @@ def scan(
             if item.final:
                 final.add(name)
     if remember:
-        _deadnames.learn(key, final, listed)
+        _deadnames.learn(key, final, listed, root)
         _fresh_last[key] = fresh - final
     elif memo == "note":
         _read_only_dead[key] = final

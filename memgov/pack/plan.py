@@ -422,7 +422,7 @@ def _why_not_forked(cfg: PackConfig, argv: list[str], folder: Path) -> str | Non
     # Its import leaves no thread running through fork (TensorFlow's jemalloc thread does).
     forkable = [name for name, facts in _adapters.facts().items() if facts.forkable]
     if cfg.framework not in forkable:
-        return f"forks only {', '.join(forkable)} jobs (--framework {cfg.framework})"
+        return f"forks only {', '.join(sorted(forkable))} jobs (--framework {cfg.framework})"
     if len(argv) < 2 or argv[1].startswith("-") or not (folder / argv[1]).is_file():
         return f"forks only `python SCRIPT` commands, not {' '.join(argv[:2])}"
     return None

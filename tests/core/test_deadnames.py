@@ -182,9 +182,9 @@ def test_names_a_scan_cannot_judge_for_good_do_not_reload_the_store_every_scan(
     reloads: list[object] = []
     real_reload = _deadnames.reload
 
-    def counted(key: tuple[int, int]) -> None:
+    def counted(key: tuple[int, int], root: Path | None = None) -> None:
         reloads.append(key)
-        real_reload(key)
+        real_reload(key, root)
 
     monkeypatch.setattr(_deadnames, "reload", counted)
     fd = os.open(claims_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -261,3 +261,23 @@ def test_a_log_grown_past_the_folder_is_rewritten_with_the_names_still_there(
     last = _names(10 * 10**18, 20)
     _deadnames.forget()
     assert last <= _deadnames.known(key)  # the latest names survive a rewrite
+
+
+def test_names_are_stored_in_the_ledger_they_were_learned_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background scan (an earlier claim's thread) flushing after MEMGOV_DIR changed keeps what
+    it learned in its own ledger's store and makes nothing in the new one: a folder made there by
+    root would lock every user out of that ledger."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    monkeypatch.setenv("MEMGOV_DIR", str(first))
+    _deadnames.forget()
+    key = (0, 424242)
+    names = _names(7, 3)
+    _deadnames.learn(key, names, names, root=first)
+    monkeypatch.setenv("MEMGOV_DIR", str(second))
+    _deadnames.flush()
+    assert not second.exists()
+    monkeypatch.setenv("MEMGOV_DIR", str(first))
+    assert set(_store_file(key).read_text().split()) == names
+    _deadnames.forget()

@@ -70,7 +70,7 @@ def test_auto_runner_forks_the_jobs_when_processes_would_not_fit(tmp_path: Path)
     chosen = prepared("chosen", n=many, runner="process")
     assert (chosen.runner.name, chosen.runner_why) == ("process", "--runner process")
     tf = prepared("tf", n=many, framework="tensorflow")
-    assert tf.runner.name == "process" and "forks only torch, jax jobs" in tf.runner_why
+    assert tf.runner.name == "process" and "forks only jax, torch jobs" in tf.runner_why
 
 
 def test_gate_counts_growth_still_ahead_of_running_jobs() -> None:

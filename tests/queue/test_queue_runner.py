@@ -316,7 +316,11 @@ def test_the_report_has_the_agreed_keys(tmp_path: Path) -> None:
         "device",
     } <= set(report)
     assert report["policy"] == "memgov"
-    assert set(report["decisions"]) == {"count", "p50_ms", "p99_ms", "max_ms"}
+    assert set(report["decisions"]) == {
+        *("count", "p50_ms", "p99_ms", "max_ms"),
+        *("held_with_room", "held_with_room_first"),
+    }
+    assert report["max_slowdown"] is None  # none asked for
     assert set(report["device"]) == {"name", "total_bytes"}
     row = report["jobs"][0]
     assert {
