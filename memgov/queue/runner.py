@@ -545,7 +545,8 @@ class Runner:
 
     def _ran_out(self, job: Job, result: dict[str, Any]) -> bool:
         tail, size = self.store.read_log(job.id, 16 * 1024)
-        banner = int(result.get("output_at") or 0) - (size - len(tail))
+        at = result.get("output_at")  # the shepherd's; anything else: the whole tail is read
+        banner = (at if isinstance(at, int) else 0) - (size - len(tail))
         tail = tail[max(0, banner) :]  # the command's output only, not the banner naming it
         run = ends.profile_run(job.job, result.get("pid"))
         return ends.ran_out(run, tail.decode(errors="replace"))
